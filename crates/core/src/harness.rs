@@ -1,0 +1,359 @@
+//! A deterministic driver of the scheduler in virtual time, for tests and what-if runs.
+//!
+//! Simulated workers receive assignments after a network latency, run tasks on their slots for
+//! a duration chosen by the test, and report back after the same latency. Everything happens in
+//! the order of a virtual clock, so a run is the same every time.
+
+use crate::outcome::{Command, Failure, Finished, RunEnd};
+use crate::scheduler::{Scheduler, WorkerOffer};
+use crate::spec::{JobId, JobSpec, Resources, TaskIndex, TaskSet, WorkerId};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+/// How a simulated run of a task behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimRun {
+    pub duration_us: u64,
+    pub succeed: bool,
+}
+
+type RunModel = Box<dyn FnMut(JobId, TaskIndex, u32) -> SimRun>;
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// Commands reach a worker.
+    Deliver(WorkerId, Vec<(JobId, TaskIndex)>),
+    CancelAt(WorkerId, Vec<(JobId, TaskIndex)>),
+    /// A task's run ends on a worker.
+    RunEnds(WorkerId, JobId, TaskIndex, u64, bool),
+    /// A report reaches the server.
+    Report(WorkerId, FinishedOrd),
+}
+
+/// `Finished` with an ordering, so events can sit in a heap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FinishedOrd(Finished);
+impl PartialOrd for FinishedOrd {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for FinishedOrd {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0.job, self.0.index).cmp(&(other.0.job, other.0.index))
+    }
+}
+
+#[derive(Debug, Default)]
+struct SimWorker {
+    slots: u32,
+    free: u32,
+    waiting: VecDeque<(JobId, TaskIndex)>,
+    running: BTreeMap<(JobId, TaskIndex), u64>,
+    alive: bool,
+    /// Highest number of tasks held at once (running + waiting), to check credits.
+    max_held: usize,
+    max_running: usize,
+    runs: u64,
+}
+
+/// The scheduler plus simulated workers and network.
+pub struct Harness {
+    pub sched: Scheduler,
+    pub now_us: u64,
+    latency_us: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    workers: BTreeMap<WorkerId, SimWorker>,
+    attempts: BTreeMap<(JobId, TaskIndex), u32>,
+    model: RunModel,
+    /// Every command the scheduler issued, in order.
+    pub commands: Vec<Command>,
+}
+
+impl Harness {
+    /// A harness whose tasks all succeed after `duration_us`, with one-way latency `latency_us`.
+    pub fn new(sched: Scheduler, latency_us: u64, duration_us: u64) -> Harness {
+        Self::with_model(sched, latency_us, move |_, _, _| SimRun {
+            duration_us,
+            succeed: true,
+        })
+    }
+
+    /// A harness whose runs are decided by `model(job, index, attempt)`.
+    pub fn with_model(
+        sched: Scheduler,
+        latency_us: u64,
+        model: impl FnMut(JobId, TaskIndex, u32) -> SimRun + 'static,
+    ) -> Harness {
+        Harness {
+            sched,
+            now_us: 1_000_000,
+            latency_us,
+            seq: 0,
+            events: BinaryHeap::new(),
+            workers: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            model: Box::new(model),
+            commands: Vec::new(),
+        }
+    }
+
+    fn at(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq, ev)));
+    }
+
+    pub fn add_worker(&mut self, slots: u32, prefetch: u32) -> WorkerId {
+        let offer = WorkerOffer {
+            hostname: "sim".into(),
+            resources: Resources {
+                cpus: slots,
+                gpus: 0,
+            },
+            prefetch,
+        };
+        let id = self.sched.worker_joined(self.now_us, offer);
+        self.workers.insert(
+            id,
+            SimWorker {
+                slots,
+                free: slots,
+                alive: true,
+                ..Default::default()
+            },
+        );
+        self.pump();
+        id
+    }
+
+    pub fn submit(&mut self, spec: JobSpec, tasks: TaskSet) -> JobId {
+        let id = self
+            .sched
+            .submit(self.now_us, spec, tasks, false)
+            .expect("valid job");
+        self.pump();
+        id
+    }
+
+    pub fn cancel(&mut self, job: JobId) -> (u32, u32) {
+        let r = self.sched.cancel_job(self.now_us, job).expect("job exists");
+        self.pump();
+        r
+    }
+
+    /// The worker dies: it stops running and reporting; the server learns at once.
+    pub fn kill_worker(&mut self, id: WorkerId) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.alive = false;
+        }
+        self.sched.worker_lost(self.now_us, id);
+        self.pump();
+    }
+
+    /// The worker freezes: it stops running and reporting, and the server learns only through
+    /// the heartbeat timeout (driven by [`Self::tick`]).
+    pub fn freeze_worker(&mut self, id: WorkerId) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.alive = false;
+        }
+    }
+
+    /// Advances the clock, delivering heartbeats of live workers, and runs the timeout check.
+    pub fn tick(&mut self, advance_us: u64) {
+        self.run_until(self.now_us + advance_us);
+        let alive: Vec<_> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.alive)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in alive {
+            self.sched.worker_seen(self.now_us, id);
+        }
+        self.sched.tick(self.now_us);
+        self.pump();
+    }
+
+    /// Highest number of tasks a worker held at once, and highest number running at once.
+    pub fn worker_peaks(&self, id: WorkerId) -> (usize, usize) {
+        let w = &self.workers[&id];
+        (w.max_held, w.max_running)
+    }
+
+    /// Runs started on a worker.
+    pub fn worker_runs(&self, id: WorkerId) -> u64 {
+        self.workers[&id].runs
+    }
+
+    /// Times a task was started, across all workers.
+    pub fn attempts(&self, job: JobId, index: TaskIndex) -> u32 {
+        self.attempts.get(&(job, index)).copied().unwrap_or(0)
+    }
+
+    /// Processes events until none is left.
+    pub fn run_until_idle(&mut self) {
+        self.run_until(u64::MAX);
+    }
+
+    /// Processes events up to virtual time `t` (inclusive).
+    pub fn run_until(&mut self, t: u64) {
+        while let Some(Reverse((when, _, _))) = self.events.peek() {
+            if *when > t {
+                break;
+            }
+            let Some(Reverse((when, _, ev))) = self.events.pop() else {
+                break;
+            };
+            self.now_us = when;
+            self.handle(ev);
+            self.pump();
+        }
+        if t != u64::MAX {
+            self.now_us = self.now_us.max(t);
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Deliver(w, tasks) => {
+                let Some(sw) = self.workers.get_mut(&w) else {
+                    return;
+                };
+                if !sw.alive {
+                    return;
+                }
+                sw.waiting.extend(tasks);
+                self.start_tasks(w);
+            }
+            Ev::CancelAt(w, tasks) => {
+                let Some(sw) = self.workers.get_mut(&w) else {
+                    return;
+                };
+                if !sw.alive {
+                    return;
+                }
+                let mut ended = Vec::new();
+                for t in tasks {
+                    if let Some(started) = sw.running.remove(&t) {
+                        sw.free += 1;
+                        ended.push((t, started));
+                    } else if let Some(pos) = sw.waiting.iter().position(|x| *x == t) {
+                        sw.waiting.remove(pos);
+                        ended.push((t, self.now_us));
+                    }
+                }
+                for ((job, index), started_us) in ended {
+                    let f = Finished {
+                        job,
+                        index,
+                        started_us,
+                        finished_us: self.now_us,
+                        end: RunEnd::Canceled,
+                    };
+                    self.at(self.now_us + self.latency_us, Ev::Report(w, FinishedOrd(f)));
+                }
+                self.start_tasks(w);
+            }
+            Ev::RunEnds(w, job, index, started_us, succeed) => {
+                let Some(sw) = self.workers.get_mut(&w) else {
+                    return;
+                };
+                if !sw.alive || sw.running.remove(&(job, index)).is_none() {
+                    return;
+                }
+                sw.free += 1;
+                let end = if succeed {
+                    RunEnd::Success
+                } else {
+                    RunEnd::Failed(Failure {
+                        exit_code: Some(1),
+                        signal: None,
+                        reason: "exit code 1".into(),
+                        stderr_tail: String::new(),
+                    })
+                };
+                let f = Finished {
+                    job,
+                    index,
+                    started_us,
+                    finished_us: self.now_us,
+                    end,
+                };
+                self.at(self.now_us + self.latency_us, Ev::Report(w, FinishedOrd(f)));
+                self.start_tasks(w);
+            }
+            Ev::Report(w, FinishedOrd(f)) => {
+                if self.workers.get(&w).is_some_and(|sw| sw.alive) {
+                    self.sched.worker_seen(self.now_us, w);
+                    self.sched.task_finished(self.now_us, w, f);
+                }
+            }
+        }
+    }
+
+    fn start_tasks(&mut self, w: WorkerId) {
+        let now = self.now_us;
+        let mut started = Vec::new();
+        {
+            let Some(sw) = self.workers.get_mut(&w) else {
+                return;
+            };
+            while sw.free > 0 {
+                let Some(t) = sw.waiting.pop_front() else {
+                    break;
+                };
+                sw.free -= 1;
+                sw.running.insert(t, now);
+                sw.runs += 1;
+                started.push(t);
+            }
+            sw.max_held = sw.max_held.max(sw.running.len() + sw.waiting.len());
+            sw.max_running = sw.max_running.max(sw.running.len());
+            debug_assert!(sw.running.len() <= sw.slots as usize);
+        }
+        for (job, index) in started {
+            let attempt = {
+                let a = self.attempts.entry((job, index)).or_insert(0);
+                *a += 1;
+                *a
+            };
+            self.sched.task_started(w, job, index, now);
+            let run = (self.model)(job, index, attempt);
+            self.at(
+                now + run.duration_us,
+                Ev::RunEnds(w, job, index, now, run.succeed),
+            );
+        }
+    }
+
+    /// Runs a scheduling pass and turns its commands into future events (call after driving
+    /// `sched` directly).
+    pub fn pump(&mut self) {
+        self.sched.schedule(self.now_us);
+        for cmd in self.sched.take_commands() {
+            match &cmd {
+                Command::Assign { worker, runs } => {
+                    let tasks = runs
+                        .iter()
+                        .flat_map(|r| (r.first..r.first + r.count).map(move |i| (r.job, i)))
+                        .collect();
+                    self.at(self.now_us + self.latency_us, Ev::Deliver(*worker, tasks));
+                }
+                Command::Cancel { worker, tasks } => {
+                    self.at(
+                        self.now_us + self.latency_us,
+                        Ev::CancelAt(*worker, tasks.clone()),
+                    );
+                }
+                Command::Disconnect { worker, .. } => {
+                    if let Some(sw) = self.workers.get_mut(worker) {
+                        sw.alive = false;
+                    }
+                }
+                Command::DefineJob { .. } | Command::JobDone { .. } => {}
+            }
+            self.commands.push(cmd);
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Kestrel's scheduler core: a pure state machine.
+//!
+//! Events go in ([`Scheduler::submit`], [`Scheduler::worker_joined`], [`Scheduler::task_finished`],
+//! [`Scheduler::tick`], ...), commands come out ([`Scheduler::take_commands`]). There are no
+//! sockets, threads or clocks here: the server and the simulator are two drivers of the same
+//! code, and [`harness::Harness`] drives it in virtual time for tests.
+
+pub mod harness;
+pub mod outcome;
+pub mod queue;
+pub mod scheduler;
+pub mod spec;
+pub mod table;
+
+pub use outcome::{Command, Failure, Finished, IndexRun, RunEnd};
+pub use scheduler::{
+    Accepted, Config, Counts, Job, SchedError, Scheduler, Timing, Worker, WorkerOffer,
+};
+pub use spec::{
+    IdRanges, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex, TaskSet,
+    TaskState, TaskTemplate, WorkerId,
+};

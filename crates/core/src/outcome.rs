@@ -1,0 +1,66 @@
+//! What workers report about tasks, and what the scheduler tells its driver to do.
+
+use crate::spec::{JobId, TaskIndex, WorkerId};
+use serde::{Deserialize, Serialize};
+
+/// How a run of a task ended, as the worker saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunEnd {
+    /// Exit code 0.
+    Success,
+    /// Anything else; spends one retry.
+    Failed(Failure),
+    /// Killed because the server asked (cancel).
+    Canceled,
+}
+
+/// Why a run failed, kept by the server for `kestrel task list --status failed`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// One line: "exit code 3", "killed by signal 9", "timed out after 5s", "program 'x' not found".
+    pub reason: String,
+    /// The last bytes of the task's stderr, when it went to a file.
+    pub stderr_tail: String,
+}
+
+/// A worker's report that a task's run ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finished {
+    pub job: JobId,
+    pub index: TaskIndex,
+    /// Microseconds since the Unix epoch, on the worker's clock.
+    pub started_us: u64,
+    pub finished_us: u64,
+    pub end: RunEnd,
+}
+
+/// A run of consecutive task indices of one job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexRun {
+    pub job: JobId,
+    pub first: TaskIndex,
+    pub count: u32,
+}
+
+/// What the scheduler asks its driver to carry out, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Send the job's template to the worker; precedes the worker's first task of that job.
+    DefineJob { worker: WorkerId, job: JobId },
+    /// Hand these tasks to the worker.
+    Assign {
+        worker: WorkerId,
+        runs: Vec<IndexRun>,
+    },
+    /// Kill these tasks on the worker if they are still there.
+    Cancel {
+        worker: WorkerId,
+        tasks: Vec<(JobId, TaskIndex)>,
+    },
+    /// Every task of the job has reached a terminal state.
+    JobDone { job: JobId },
+    /// The worker is considered lost (missed heartbeats); close its connection.
+    Disconnect { worker: WorkerId, reason: String },
+}

@@ -1,0 +1,386 @@
+//! What a user asks for: jobs, their tasks and the options that shape how each task runs.
+//!
+//! These types are plain data shared by the scheduler, the wire protocol and the CLI. The
+//! scheduler only looks at resources, priority, retries and the shape of the task set; the
+//! command itself is carried through to the worker untouched.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A job's number, unique for the life of a server.
+pub type JobId = u32;
+/// A task's user-visible id inside its job (the array value, or the position in a list).
+pub type TaskId = u32;
+/// A task's position in its job, `0..job.len()`; the scheduler's internal handle.
+pub type TaskIndex = u32;
+/// A worker's number, unique for the life of a server.
+pub type WorkerId = u32;
+
+/// Where a task's stdout or stderr goes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Sink {
+    /// Discarded (`/dev/null`).
+    Null,
+    /// A file path that may contain `{job}` and `{task}` placeholders.
+    File(String),
+}
+
+/// Resources a task holds while it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    /// Slots (cores); at least 1.
+    pub cpus: u32,
+    /// Whole GPUs.
+    pub gpus: u32,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources { cpus: 1, gpus: 0 }
+    }
+}
+
+/// How every task of a job runs, apart from its own command line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskTemplate {
+    /// Program and arguments for array jobs (with `{job}`/`{task}` placeholders); empty for lists.
+    pub argv: Vec<String>,
+    /// Extra environment variables, added to the worker's own.
+    pub env: Vec<(String, String)>,
+    /// Working directory (placeholders allowed); the worker's own if `None`.
+    pub cwd: Option<String>,
+    pub stdout: Sink,
+    pub stderr: Sink,
+    /// Kill the task's process group after this many milliseconds.
+    pub timeout_ms: Option<u64>,
+}
+
+/// The set of task ids of an array job, kept as ranges so a 10-million-task array costs bytes.
+/// On the wire only the runs travel; the index is rebuilt (and checked) on arrival.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<IdRun>", into = "Vec<IdRun>")]
+pub struct IdRanges {
+    /// `(first, count, step)` runs, in the order given by the user.
+    runs: Vec<IdRun>,
+    /// `starts[i]` is the task index of the first id of `runs[i]`.
+    starts: Vec<u32>,
+}
+
+impl TryFrom<Vec<IdRun>> for IdRanges {
+    type Error = RangeError;
+    fn try_from(runs: Vec<IdRun>) -> Result<Self, RangeError> {
+        if runs.iter().any(|r| r.step == 0) {
+            return Err(RangeError::ZeroStep("(from the wire)".into()));
+        }
+        if runs.iter().any(|r| {
+            r.count > 0 && r.first as u64 + (r.count as u64 - 1) * r.step as u64 > u32::MAX as u64
+        }) {
+            return Err(RangeError::TooLarge);
+        }
+        IdRanges::from_runs(runs)
+    }
+}
+
+impl From<IdRanges> for Vec<IdRun> {
+    fn from(r: IdRanges) -> Vec<IdRun> {
+        r.runs
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdRun {
+    first: u32,
+    count: u32,
+    step: u32,
+}
+
+/// Why an array expression was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RangeError {
+    #[error("empty array expression; write e.g. 1-100, 0-98:2 or 1,5,9-12")]
+    Empty,
+    #[error("'{0}' is not a number, a range a-b, or a range with a step a-b:s")]
+    Syntax(String),
+    #[error("range '{0}' runs backwards; write the smaller number first, e.g. 1-5")]
+    Backwards(String),
+    #[error("step in '{0}' must be at least 1")]
+    ZeroStep(String),
+    #[error("the array has more than 4294967295 tasks")]
+    TooLarge,
+}
+
+impl IdRanges {
+    /// Parses `1-100`, `0-98:2`, `7`, and comma-separated lists of those.
+    pub fn parse(text: &str) -> Result<IdRanges, RangeError> {
+        let mut runs = Vec::new();
+        for part in text.split(',').map(str::trim) {
+            if part.is_empty() {
+                continue;
+            }
+            runs.push(parse_run(part)?);
+        }
+        if runs.is_empty() {
+            return Err(RangeError::Empty);
+        }
+        Self::from_runs(runs)
+    }
+
+    /// The ids `first ..= last`, every one.
+    pub fn span(first: u32, last: u32) -> IdRanges {
+        Self::from_runs(vec![IdRun {
+            first,
+            count: last - first + 1,
+            step: 1,
+        }])
+        .expect("one run fits")
+    }
+
+    /// The ids `0..count` (a list job's ids).
+    pub fn first_n(count: u32) -> IdRanges {
+        let runs = if count == 0 {
+            vec![]
+        } else {
+            vec![IdRun {
+                first: 0,
+                count,
+                step: 1,
+            }]
+        };
+        Self::from_runs(runs).expect("one run fits")
+    }
+
+    fn from_runs(runs: Vec<IdRun>) -> Result<IdRanges, RangeError> {
+        let mut starts = Vec::with_capacity(runs.len());
+        let mut total: u64 = 0;
+        for r in &runs {
+            starts.push(total as u32);
+            total += r.count as u64;
+            if total > u32::MAX as u64 {
+                return Err(RangeError::TooLarge);
+            }
+        }
+        Ok(IdRanges { runs, starts })
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> u32 {
+        self.runs.iter().map(|r| r.count).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The user-visible id of the task at `index`.
+    pub fn id_at(&self, index: TaskIndex) -> Option<TaskId> {
+        let run = self
+            .starts
+            .partition_point(|&s| s <= index)
+            .checked_sub(1)?;
+        let r = self.runs[run];
+        let off = index - self.starts[run];
+        (off < r.count).then(|| r.first + off * r.step)
+    }
+
+    /// The index of the task with id `id`, if the array has it (first match for repeated ids).
+    pub fn index_of(&self, id: TaskId) -> Option<TaskIndex> {
+        self.runs.iter().zip(&self.starts).find_map(|(r, &start)| {
+            let off = id.checked_sub(r.first)?;
+            (off % r.step == 0 && off / r.step < r.count).then(|| start + off / r.step)
+        })
+    }
+}
+
+fn parse_run(part: &str) -> Result<IdRun, RangeError> {
+    let num = |s: &str| {
+        s.trim()
+            .parse::<u32>()
+            .map_err(|_| RangeError::Syntax(part.into()))
+    };
+    let (range, step) = match part.split_once(':') {
+        Some((r, s)) => (r, num(s)?),
+        None => (part, 1),
+    };
+    if step == 0 {
+        return Err(RangeError::ZeroStep(part.into()));
+    }
+    let (first, last) = match range.split_once('-') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => {
+            let v = num(range)?;
+            (v, v)
+        }
+    };
+    if last < first {
+        return Err(RangeError::Backwards(part.into()));
+    }
+    let count =
+        u32::try_from((last - first) as u64 / step as u64 + 1).map_err(|_| RangeError::TooLarge)?;
+    Ok(IdRun { first, count, step })
+}
+
+/// The tasks of a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskSet {
+    /// One task per id, all running the template's command.
+    Array(IdRanges),
+    /// One task per entry, each with its own argv (ids `0..n`).
+    List(Vec<Vec<String>>),
+}
+
+impl TaskSet {
+    pub fn len(&self) -> u32 {
+        match self {
+            TaskSet::Array(r) => r.len(),
+            TaskSet::List(l) => l.len() as u32,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Everything the scheduler needs to know about a job at submission.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub name: String,
+    pub template: TaskTemplate,
+    pub resources: Resources,
+    /// Higher runs first.
+    pub priority: i32,
+    /// How many times a failed task is run again.
+    pub retries: u32,
+}
+
+/// Why a job specification was refused at submission.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("a task needs at least one cpu (got --cpus 0)")]
+    NoCpus,
+    #[error("the job has no tasks")]
+    NoTasks,
+    #[error("an array job needs a command: give it after `--`, e.g. `kestrel submit --array 1-10 -- ./sim {{task}}`")]
+    NoCommand,
+    #[error("task {0} of the list has an empty command line")]
+    EmptyTask(u32),
+    #[error("array: {0}")]
+    Range(#[from] RangeError),
+}
+
+impl JobSpec {
+    /// Checks what the scheduler relies on; the server calls this on every submission.
+    pub fn validate(&self, tasks: &TaskSet) -> Result<(), SpecError> {
+        if self.resources.cpus == 0 {
+            return Err(SpecError::NoCpus);
+        }
+        match tasks {
+            TaskSet::Array(r) => {
+                if r.is_empty() {
+                    return Err(SpecError::NoTasks);
+                }
+                if self.template.argv.is_empty() {
+                    return Err(SpecError::NoCommand);
+                }
+            }
+            TaskSet::List(list) => {
+                if list.is_empty() {
+                    return Err(SpecError::NoTasks);
+                }
+                if let Some(i) = list.iter().position(|argv| argv.is_empty()) {
+                    return Err(SpecError::EmptyTask(i as u32));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a task is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum TaskState {
+    Ready = 0,
+    Assigned = 1,
+    Running = 2,
+    Finished = 3,
+    Failed = 4,
+    Canceled = 5,
+}
+
+impl TaskState {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Finished | TaskState::Failed | TaskState::Canceled
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskState::Ready => "ready",
+            TaskState::Assigned => "assigned",
+            TaskState::Running => "running",
+            TaskState::Finished => "finished",
+            TaskState::Failed => "failed",
+            TaskState::Canceled => "canceled",
+        }
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_ranges_steps_and_lists() {
+        let r = IdRanges::parse("1-5").unwrap();
+        assert_eq!(r.len(), 5);
+        assert_eq!(r.id_at(0), Some(1));
+        assert_eq!(r.id_at(4), Some(5));
+        assert_eq!(r.id_at(5), None);
+        let r = IdRanges::parse("0-10:5, 20,30-31").unwrap();
+        let ids: Vec<_> = (0..r.len()).map(|i| r.id_at(i).unwrap()).collect();
+        assert_eq!(ids, vec![0, 5, 10, 20, 30, 31]);
+        assert_eq!(r.index_of(20), Some(3));
+        assert_eq!(r.index_of(7), None);
+    }
+
+    #[test]
+    fn refuses_bad_ranges() {
+        assert_eq!(
+            IdRanges::parse("5-1"),
+            Err(RangeError::Backwards("5-1".into()))
+        );
+        assert_eq!(IdRanges::parse(""), Err(RangeError::Empty));
+        assert_eq!(
+            IdRanges::parse("1-x"),
+            Err(RangeError::Syntax("1-x".into()))
+        );
+        assert_eq!(
+            IdRanges::parse("1-9:0"),
+            Err(RangeError::ZeroStep("1-9:0".into()))
+        );
+        assert_eq!(IdRanges::parse("0-4294967295,1"), Err(RangeError::TooLarge));
+    }
+
+    proptest! {
+        #[test]
+        fn index_and_id_are_inverse(first in 0u32..1000, count in 1u32..500, step in 1u32..7) {
+            let last = first + (count - 1) * step;
+            let r = IdRanges::parse(&format!("{first}-{last}:{step}")).unwrap();
+            prop_assert_eq!(r.len(), count);
+            for i in 0..count {
+                let id = r.id_at(i).unwrap();
+                prop_assert_eq!(r.index_of(id), Some(i));
+            }
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! The scheduler driven through the virtual-time harness: assignment, credits, retries,
+//! worker loss, cancel, priorities and stale reports.
+
+use kestrel_core::harness::{Harness, SimRun};
+use kestrel_core::*;
+
+fn spec(name: &str) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        template: TaskTemplate {
+            argv: vec!["/bin/true".into()],
+            env: vec![],
+            cwd: None,
+            stdout: Sink::Null,
+            stderr: Sink::Null,
+            timeout_ms: None,
+        },
+        resources: Resources::default(),
+        priority: 0,
+        retries: 0,
+    }
+}
+
+fn array(n: u32) -> TaskSet {
+    TaskSet::Array(IdRanges::span(1, n))
+}
+
+fn finished(h: &Harness, job: JobId) -> Counts {
+    h.sched.job(job).unwrap().counts
+}
+
+#[test]
+fn every_task_runs_once_and_the_job_ends() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 100, 10_000);
+    let a = h.add_worker(2, 2);
+    let b = h.add_worker(2, 2);
+    let job = h.submit(spec("sweep"), array(1000));
+    h.run_until_idle();
+    let c = finished(&h, job);
+    assert_eq!(c.finished, 1000);
+    assert_eq!(c.total(), 1000);
+    assert!(h.sched.job(job).unwrap().finished_us.is_some());
+    assert!(h.commands.contains(&Command::JobDone { job }));
+    for i in 0..1000 {
+        assert_eq!(h.attempts(job, i), 1, "task index {i}");
+    }
+    // Both workers share the work about evenly.
+    let (ra, rb) = (h.worker_runs(a), h.worker_runs(b));
+    assert_eq!(ra + rb, 1000);
+    assert!(ra.abs_diff(rb) <= 10, "{ra} vs {rb}");
+    // The template is sent once per worker, before its first assignment.
+    let defines = h
+        .commands
+        .iter()
+        .filter(|c| matches!(c, Command::DefineJob { .. }))
+        .count();
+    assert_eq!(defines, 2);
+}
+
+#[test]
+fn credits_bound_what_a_worker_holds_and_runs() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 1_000, 5_000);
+    let w = h.add_worker(3, 2);
+    h.submit(spec("a"), array(200));
+    h.run_until_idle();
+    let (held, running) = h.worker_peaks(w);
+    assert_eq!(running, 3, "all slots busy at some point, never more");
+    assert_eq!(held, 5, "slots + prefetch outstanding, never more");
+}
+
+#[test]
+fn prefetch_keeps_slots_busy_across_the_round_trip() {
+    // Tasks of 1 ms, 1 ms one-way latency: without prefetch each slot idles 2 ms per task.
+    let run = |prefetch| {
+        let mut h = Harness::new(Scheduler::new(Config::default()), 1_000, 1_000);
+        h.add_worker(2, prefetch);
+        let job = h.submit(spec("a"), array(1000));
+        h.run_until_idle();
+        let j = h.sched.job(job).unwrap();
+        j.finished_us.unwrap() - j.submitted_us
+    };
+    let without = run(0);
+    let with = run(8);
+    assert!(
+        without > 1000 * 3 * 1_000 / 2 - 10_000,
+        "without prefetch {without} us"
+    );
+    assert!(with < 1000 * 1_000 / 2 + 10_000, "with prefetch {with} us");
+}
+
+#[test]
+fn failed_tasks_retry_up_to_their_count_then_fail_with_the_reason() {
+    // Index 3 always fails; index 5 fails on its first attempt only.
+    let mut h = Harness::with_model(
+        Scheduler::new(Config::default()),
+        10,
+        move |_, i, attempt| SimRun {
+            duration_us: 100,
+            succeed: !(i == 3 || (i == 5 && attempt == 1)),
+        },
+    );
+    h.add_worker(1, 1);
+    let mut s = spec("flaky");
+    s.retries = 2;
+    let job = h.submit(s, array(10));
+    h.run_until_idle();
+    let j = h.sched.job(job).unwrap();
+    assert_eq!(j.counts.finished, 9);
+    assert_eq!(j.counts.failed, 1);
+    assert_eq!(h.attempts(job, 3), 3, "1 run + 2 retries");
+    assert_eq!(h.attempts(job, 5), 2);
+    assert_eq!(j.record(3).state, TaskState::Failed);
+    assert_eq!(j.failure(3).unwrap().reason, "exit code 1");
+    assert!(j.finished_us.is_some());
+}
+
+#[test]
+fn a_lost_worker_gives_its_tasks_back_without_spending_retries() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 100, 50_000);
+    let a = h.add_worker(2, 2);
+    let job = h.submit(spec("a"), array(20));
+    h.run_until(h.now_us + 10_000);
+    assert_eq!(h.sched.worker(a).unwrap().outstanding(), 4);
+    h.kill_worker(a);
+    assert_eq!(finished(&h, job).ready, 20);
+    let b = h.add_worker(2, 2);
+    h.run_until_idle();
+    let j = h.sched.job(job).unwrap();
+    assert_eq!(j.counts.finished, 20);
+    assert_eq!(h.worker_runs(b), 20);
+    let lost: Vec<_> = (0..4).map(|i| j.record(i).lost).collect();
+    assert_eq!(lost, vec![1, 1, 1, 1]);
+    assert!((0..20).all(|i| j.record(i).failures == 0));
+}
+
+#[test]
+fn requeued_tasks_go_ahead_of_new_work() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 100, 50_000);
+    let a = h.add_worker(1, 0);
+    let job = h.submit(spec("a"), array(5));
+    h.run_until(h.now_us + 1_000);
+    h.kill_worker(a);
+    let b = h.add_worker(1, 0);
+    h.run_until(h.now_us + 1_000);
+    // The first task handed to the new worker is the one lost with the old.
+    let first_to_b = h.commands.iter().find_map(|c| match c {
+        Command::Assign { worker, runs } if *worker == b => Some(runs[0]),
+        _ => None,
+    });
+    assert_eq!(
+        first_to_b,
+        Some(IndexRun {
+            job,
+            first: 0,
+            count: 1
+        })
+    );
+}
+
+#[test]
+fn a_silent_worker_is_lost_after_the_heartbeat_timeout() {
+    let config = Config {
+        heartbeat_timeout_us: 5_000_000,
+        ..Config::default()
+    };
+    let mut h = Harness::new(Scheduler::new(config), 100, 60_000_000);
+    let a = h.add_worker(1, 0);
+    let job = h.submit(spec("a"), array(2));
+    h.run_until(h.now_us + 1_000);
+    h.freeze_worker(a);
+    h.tick(4_000_000);
+    assert!(h.sched.worker(a).is_some(), "not yet past the timeout");
+    h.tick(2_000_000);
+    assert!(h.sched.worker(a).is_none());
+    assert!(h
+        .commands
+        .iter()
+        .any(|c| matches!(c, Command::Disconnect { worker, .. } if *worker == a)));
+    h.add_worker(1, 0);
+    h.run_until_idle();
+    assert_eq!(finished(&h, job).finished, 2);
+}
+
+#[test]
+fn a_late_report_from_a_lost_worker_is_not_recorded_twice() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 100, 1_000);
+    let a = h.add_worker(1, 0);
+    let job = h.submit(spec("a"), array(1));
+    h.run_until(h.now_us + 150);
+    h.sched.worker_lost(h.now_us, a);
+    let b = h.add_worker(1, 0);
+    h.run_until_idle();
+    assert_eq!(finished(&h, job).finished, 1);
+    let late = Finished {
+        job,
+        index: 0,
+        started_us: 1,
+        finished_us: 2,
+        end: RunEnd::Success,
+    };
+    assert_eq!(
+        h.sched.task_finished(h.now_us, a, late.clone()),
+        Accepted::Ignored
+    );
+    assert_eq!(
+        h.sched.task_finished(h.now_us, b, late),
+        Accepted::Ignored,
+        "duplicate"
+    );
+    assert_eq!(finished(&h, job).finished, 1);
+}
+
+#[test]
+fn cancel_ends_queued_tasks_at_once_and_running_ones_through_their_worker() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 100, 1_000_000);
+    let w = h.add_worker(2, 0);
+    let job = h.submit(spec("a"), array(100));
+    h.run_until(h.now_us + 1_000);
+    let (queued, running) = h.cancel(job);
+    assert_eq!((queued, running), (98, 2));
+    assert!(h.commands.iter().any(
+        |c| matches!(c, Command::Cancel { worker, tasks } if *worker == w && tasks.len() == 2)
+    ));
+    h.run_until_idle();
+    let j = h.sched.job(job).unwrap();
+    assert_eq!(j.counts.canceled, 100);
+    assert!(j.is_done());
+    assert_eq!(j.record(50).state, TaskState::Canceled);
+    assert_eq!(h.sched.queued(), 0);
+    // A second job still runs on the freed worker.
+    let next = h.submit(spec("b"), array(3));
+    h.run_until_idle();
+    assert_eq!(finished(&h, next).finished, 3);
+}
+
+#[test]
+fn higher_priority_jobs_run_first() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 10, 100);
+    let low = h.submit(spec("low"), array(50));
+    let mut s = spec("high");
+    s.priority = 10;
+    let high = h.submit(s, array(50));
+    h.add_worker(1, 0);
+    h.run_until_idle();
+    let last_high = h.sched.job(high).unwrap().finished_us.unwrap();
+    let first_low = (0..50)
+        .map(|i| h.sched.job(low).unwrap().record(i).started_us)
+        .min()
+        .unwrap();
+    assert!(
+        last_high <= first_low,
+        "high ended {last_high}, low began {first_low}"
+    );
+}
+
+#[test]
+fn tasks_wait_for_a_worker_with_enough_resources() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 10, 100);
+    let mut big = spec("big");
+    big.resources = Resources { cpus: 4, gpus: 0 };
+    let big_job = h.submit(big, array(3));
+    let small_job = h.submit(spec("small"), array(3));
+    h.add_worker(2, 0);
+    h.run_until_idle();
+    assert_eq!(
+        finished(&h, small_job).finished,
+        3,
+        "small tasks pass the big ones"
+    );
+    assert_eq!(finished(&h, big_job).ready, 3, "no worker fits them yet");
+    let w = h.add_worker(4, 0);
+    h.run_until_idle();
+    assert_eq!(finished(&h, big_job).finished, 3);
+    assert_eq!(h.worker_peaks(w).1, 1, "a 4-cpu task fills a 4-slot worker");
+}
+
+#[test]
+fn a_queued_array_costs_no_per_task_memory() {
+    let mut s = Scheduler::new(Config::default());
+    let job = s.submit(1, spec("huge"), array(10_000_000), false).unwrap();
+    assert_eq!(s.queued(), 10_000_000);
+    let j = s.job(job).unwrap();
+    assert_eq!(j.counts.ready, 10_000_000);
+    assert_eq!(j.touched().count(), 0);
+}
+
+#[test]
+fn open_list_jobs_take_more_tasks_until_closed() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 10, 100);
+    h.add_worker(1, 1);
+    let list = TaskSet::List(vec![vec!["echo".into(), "a".into()]]);
+    let job = h.sched.submit(h.now_us, spec("l"), list, true).unwrap();
+    h.pump();
+    h.run_until_idle();
+    assert!(!h.sched.job(job).unwrap().is_done(), "open job is not done");
+    h.sched
+        .extend(h.now_us, job, vec![vec!["echo".into(), "b".into()]], true)
+        .unwrap();
+    h.pump();
+    h.run_until_idle();
+    let j = h.sched.job(job).unwrap();
+    assert_eq!(j.counts.finished, 2);
+    assert!(j.is_done());
+    assert_eq!(j.task_argv(1).unwrap()[1], "b");
+    assert_eq!(
+        h.sched.extend(h.now_us, job, vec![], true),
+        Err(SchedError::JobClosed(job))
+    );
+}
+
+#[test]
+fn invalid_submissions_are_refused() {
+    let mut s = Scheduler::new(Config::default());
+    let mut bad = spec("x");
+    bad.resources.cpus = 0;
+    assert!(matches!(
+        s.submit(1, bad, array(1), false),
+        Err(SchedError::Spec(SpecError::NoCpus))
+    ));
+    let mut nocmd = spec("x");
+    nocmd.template.argv.clear();
+    assert!(matches!(
+        s.submit(1, nocmd, array(1), false),
+        Err(SchedError::Spec(SpecError::NoCommand))
+    ));
+    let empty = TaskSet::List(vec![vec![]]);
+    assert!(matches!(
+        s.submit(1, spec("x"), empty, false),
+        Err(SchedError::Spec(SpecError::EmptyTask(0)))
+    ));
+    assert_eq!(s.jobs().count(), 0);
+}

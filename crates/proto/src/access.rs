@@ -1,0 +1,149 @@
+//! The access file: where a server listens and the secret to prove to it.
+//!
+//! The server writes `access.json` into its directory (mode 0600); workers and clients read it.
+//! Anyone who can read the file can use the server, so it is never made readable by others.
+
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The file name inside a server directory.
+pub const ACCESS_FILE: &str = "access.json";
+
+/// Contents of an access file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Access {
+    /// Host name or address that workers and clients connect to.
+    pub host: String,
+    pub port: u16,
+    /// Hex-encoded shared secret.
+    pub secret: String,
+    /// Process id of the server that wrote it (for `server stop` and stale-file messages).
+    pub pid: u32,
+    /// The protocol version the server speaks.
+    pub protocol: u32,
+}
+
+/// Why an access file could not be used, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    #[error("no access file at {0}: no server has been started there; start one with `kestrel server start` (or point to it with --server-dir / --access)")]
+    Missing(PathBuf),
+    #[error("cannot read access file {path}: {err}")]
+    Unreadable { path: PathBuf, err: std::io::Error },
+    #[error("access file {path} is malformed ({err}); start the server again to write a new one")]
+    Malformed { path: PathBuf, err: String },
+    #[error("cannot write access file {path}: {err}")]
+    Write { path: PathBuf, err: std::io::Error },
+}
+
+impl Access {
+    /// A fresh access record with a new random 256-bit secret.
+    pub fn generate(host: String, port: u16) -> Access {
+        use rand::RngCore;
+        let mut secret = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut secret);
+        Access {
+            host,
+            port,
+            secret: hex::encode(secret),
+            pid: std::process::id(),
+            protocol: crate::auth::PROTOCOL_VERSION,
+        }
+    }
+
+    /// The secret as bytes.
+    pub fn secret_bytes(&self) -> Vec<u8> {
+        hex::decode(&self.secret).unwrap_or_else(|_| self.secret.as_bytes().to_vec())
+    }
+
+    /// `host:port`.
+    pub fn address(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    /// Writes the file atomically with mode 0600 (a reader never sees half a file).
+    pub fn write(&self, path: &Path) -> Result<(), AccessError> {
+        let werr = |err| AccessError::Write {
+            path: path.to_owned(),
+            err,
+        };
+        let tmp = path.with_extension("json.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(werr)?;
+        let body = serde_json::to_vec_pretty(self).expect("access serializes");
+        f.write_all(&body)
+            .and_then(|_| f.sync_all())
+            .map_err(werr)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(werr)?;
+        std::fs::rename(&tmp, path).map_err(werr)
+    }
+
+    /// Reads an access file.
+    pub fn read(path: &Path) -> Result<Access, AccessError> {
+        let body = std::fs::read(path).map_err(|err| {
+            if err.kind() == std::io::ErrorKind::NotFound {
+                AccessError::Missing(path.to_owned())
+            } else {
+                AccessError::Unreadable {
+                    path: path.to_owned(),
+                    err,
+                }
+            }
+        })?;
+        serde_json::from_slice(&body).map_err(|e| AccessError::Malformed {
+            path: path.to_owned(),
+            err: e.to_string(),
+        })
+    }
+}
+
+/// The server directory: `$KESTREL_SERVER_DIR`, else `~/.kestrel/server`.
+pub fn default_server_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("KESTREL_SERVER_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".kestrel").join("server")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_access_files_are_private_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ACCESS_FILE);
+        let a = Access::generate("127.0.0.1".into(), 4242);
+        a.write(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(Access::read(&path).unwrap(), a);
+        assert_eq!(a.secret_bytes().len(), 32);
+        assert_ne!(Access::generate("h".into(), 1).secret, a.secret);
+    }
+
+    #[test]
+    fn missing_and_malformed_files_say_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ACCESS_FILE);
+        let e = Access::read(&path).unwrap_err().to_string();
+        assert!(e.contains("kestrel server start"), "{e}");
+        std::fs::write(&path, b"{not json").unwrap();
+        let e = Access::read(&path).unwrap_err().to_string();
+        assert!(e.contains("malformed"), "{e}");
+    }
+}

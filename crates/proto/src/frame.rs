@@ -1,0 +1,269 @@
+//! Framing: each message is a 4-byte big-endian length followed by that many bytes of
+//! MessagePack. Frames above [`MAX_FRAME_BYTES`] are refused before any byte of them is buffered.
+
+use bytes::{Bytes, BytesMut};
+use futures::{SinkExt, StreamExt};
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+/// The largest frame either side accepts (16 MiB). Larger submissions are sent in pieces.
+pub const MAX_FRAME_BYTES: usize = 16 << 20;
+
+/// What can go wrong on a connection, each with a message a person can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("connection error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("frame of {size} bytes is larger than the limit of {max} bytes; the peer is not speaking Kestrel's protocol or sent too much at once")]
+    FrameTooLarge { size: usize, max: usize },
+    #[error("malformed message: {0}")]
+    Decode(String),
+    #[error("the peer closed the connection")]
+    Closed,
+    #[error("protocol version mismatch: this side speaks {ours}, the peer speaks {theirs}; use the same kestrel version on both sides")]
+    Version { ours: u32, theirs: u32 },
+    #[error("the peer is not a Kestrel endpoint ({0})")]
+    NotKestrel(String),
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    #[error("refused by the server: {0}")]
+    Refused(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .max_frame_length(MAX_FRAME_BYTES)
+        .new_codec()
+}
+
+fn map_io(e: std::io::Error) -> ProtoError {
+    // tokio-util reports an oversized frame as InvalidData with this text.
+    if e.kind() == std::io::ErrorKind::InvalidData && e.to_string().contains("frame size too big") {
+        ProtoError::FrameTooLarge {
+            size: 0,
+            max: MAX_FRAME_BYTES,
+        }
+    } else {
+        ProtoError::Io(e)
+    }
+}
+
+/// Encodes a message as one frame body.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Bytes, ProtoError> {
+    let body = rmp_serde::to_vec(msg).map_err(|e| ProtoError::Decode(e.to_string()))?;
+    if body.len() > MAX_FRAME_BYTES {
+        return Err(ProtoError::FrameTooLarge {
+            size: body.len(),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    Ok(Bytes::from(body))
+}
+
+/// Decodes one frame body.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
+    rmp_serde::from_slice(body).map_err(|e| ProtoError::Decode(e.to_string()))
+}
+
+/// The receiving half of a connection.
+pub struct FrameReader<R> {
+    inner: FramedRead<R, LengthDelimitedCodec>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(r: R) -> Self {
+        FrameReader {
+            inner: FramedRead::new(r, codec()),
+        }
+    }
+
+    /// The next raw frame, or `None` at a clean end of stream.
+    pub async fn next_frame(&mut self) -> Result<Option<BytesMut>, ProtoError> {
+        match self.inner.next().await {
+            None => Ok(None),
+            Some(Ok(b)) => Ok(Some(b)),
+            Some(Err(e)) => Err(map_io(e)),
+        }
+    }
+
+    /// The next message; a closed connection is an error.
+    pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<T, ProtoError> {
+        match self.next_frame().await? {
+            Some(b) => decode(&b),
+            None => Err(ProtoError::Closed),
+        }
+    }
+
+    /// The next message, or `None` at a clean end of stream.
+    pub async fn try_recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ProtoError> {
+        match self.next_frame().await? {
+            Some(b) => decode(&b).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub fn into_inner(self) -> R {
+        self.inner.into_inner()
+    }
+}
+
+/// The sending half of a connection. `feed` queues without flushing, so a burst of messages
+/// leaves in one write.
+pub struct FrameWriter<W> {
+    inner: FramedWrite<W, LengthDelimitedCodec>,
+}
+
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    pub fn new(w: W) -> Self {
+        FrameWriter {
+            inner: FramedWrite::new(w, codec()),
+        }
+    }
+
+    /// Sends one message and flushes.
+    pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ProtoError> {
+        self.inner.send(encode(msg)?).await.map_err(map_io)
+    }
+
+    /// Queues an encoded frame without flushing.
+    pub async fn feed(&mut self, frame: Bytes) -> Result<(), ProtoError> {
+        self.inner.feed(frame).await.map_err(map_io)
+    }
+
+    pub async fn flush(&mut self) -> Result<(), ProtoError> {
+        SinkExt::<Bytes>::flush(&mut self.inner)
+            .await
+            .map_err(map_io)
+    }
+
+    pub fn into_inner(self) -> W {
+        self.inner.into_inner()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::*;
+    use kestrel_core::{Failure, Finished, IndexRun, RunEnd};
+    use proptest::prelude::*;
+    use tokio::io::AsyncWriteExt;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn finished_strategy() -> impl Strategy<Value = Finished> {
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            prop_oneof![
+                Just(RunEnd::Success),
+                Just(RunEnd::Canceled),
+                (
+                    any::<Option<i32>>(),
+                    any::<Option<i32>>(),
+                    ".{0,40}",
+                    ".{0,200}"
+                )
+                    .prop_map(|(exit_code, signal, reason, stderr_tail)| {
+                        RunEnd::Failed(Failure {
+                            exit_code,
+                            signal,
+                            reason,
+                            stderr_tail,
+                        })
+                    }),
+            ],
+        )
+            .prop_map(|(job, index, started_us, finished_us, end)| Finished {
+                job,
+                index,
+                started_us,
+                finished_us,
+                end,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn worker_updates_round_trip(
+            started in proptest::collection::vec((any::<u32>(), any::<u32>(), any::<u64>()), 0..50),
+            finished in proptest::collection::vec(finished_strategy(), 0..50),
+        ) {
+            let msg = FromWorker::Update {
+                started: started.into_iter().map(|(job, index, at_us)| Started { job, index, at_us }).collect(),
+                finished,
+            };
+            let bytes = encode(&msg).unwrap();
+            prop_assert_eq!(decode::<FromWorker>(&bytes).unwrap(), msg);
+        }
+
+        #[test]
+        fn assignments_round_trip_through_a_stream(
+            runs in proptest::collection::vec((any::<u32>(), any::<u32>(), 1u32..1000,
+                proptest::collection::vec(proptest::collection::vec(".{0,12}", 1..4), 0..3)), 1..20)
+        ) {
+            let msgs: Vec<ToWorker> = runs.into_iter().map(|(job, first, count, argvs)| ToWorker::Assign {
+                tasks: vec![Assigned { run: IndexRun { job, first, count }, argvs }],
+            }).collect();
+            let got = rt().block_on(async {
+                let (a, b) = tokio::io::duplex(1 << 16);
+                let sender = async {
+                    let mut w = FrameWriter::new(a);
+                    for m in &msgs { w.feed(encode(m).unwrap()).await.unwrap(); }
+                    w.flush().await.unwrap();
+                };
+                let receiver = async {
+                    let mut r = FrameReader::new(b);
+                    let mut out = Vec::new();
+                    for _ in 0..msgs.len() { out.push(r.recv::<ToWorker>().await.unwrap()); }
+                    out
+                };
+                tokio::join!(sender, receiver).1
+            });
+            prop_assert_eq!(got, msgs);
+        }
+
+        /// Arbitrary bytes never panic the decoder: they decode or give an error.
+        #[test]
+        fn garbage_bodies_are_errors_not_panics(body in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<FromWorker>(&body);
+            let _ = decode::<Request>(&body);
+            let _ = decode::<ToWorker>(&body);
+        }
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_before_buffering() {
+        let err = rt().block_on(async {
+            let (mut a, b) = tokio::io::duplex(1024);
+            let header = ((MAX_FRAME_BYTES + 1) as u32).to_be_bytes();
+            a.write_all(&header).await.unwrap();
+            let mut r = FrameReader::new(b);
+            r.recv::<FromWorker>().await.unwrap_err()
+        });
+        assert!(matches!(err, ProtoError::FrameTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_truncated_stream_is_an_error() {
+        let err = rt().block_on(async {
+            let (mut a, b) = tokio::io::duplex(1024);
+            a.write_all(&[0, 0, 0, 10, 1, 2]).await.unwrap();
+            drop(a);
+            let mut r = FrameReader::new(b);
+            r.recv::<FromWorker>().await.unwrap_err()
+        });
+        assert!(matches!(err, ProtoError::Io(_)), "{err}");
+    }
+}

@@ -1,0 +1,325 @@
+//! The messages that cross the wire after the handshake.
+//!
+//! Encoded as MessagePack with positional fields (compact; both ends agree on the schema through
+//! the protocol version checked in the handshake). Every hot message carries a batch.
+
+use kestrel_core::{
+    Finished, IdRanges, IndexRun, JobId, JobSpec, TaskIndex, TaskSet, TaskState, TaskTemplate,
+    WorkerId,
+};
+use serde::{Deserialize, Serialize};
+
+// ----- worker <-> server --------------------------------------------------------------------
+
+/// Worker to server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FromWorker {
+    /// First message after the handshake.
+    Register(Registration),
+    /// Batched task progress: starts and ends since the last update.
+    Update {
+        started: Vec<Started>,
+        finished: Vec<Finished>,
+    },
+    /// Nothing to report, still alive.
+    Heartbeat,
+}
+
+/// What a worker offers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    pub hostname: String,
+    pub slots: u32,
+    pub gpus: u32,
+    /// Extra cpus' worth of tasks to keep queued on the worker ahead of free slots.
+    pub prefetch: u32,
+    /// `"process"` normally; `"noop"` for the benchmark-only executor.
+    pub exec: String,
+}
+
+/// A task's process started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    pub job: JobId,
+    pub index: TaskIndex,
+    pub at_us: u64,
+}
+
+/// Server to worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// Reply to `Register`.
+    Registered {
+        worker: WorkerId,
+        heartbeat_ms: u64,
+        server: String,
+    },
+    /// How a job's tasks run; sent before the worker's first task of the job.
+    DefineJob {
+        job: JobId,
+        template: TaskTemplate,
+        ids: JobIds,
+    },
+    /// Tasks to run, in batches of consecutive indices.
+    Assign { tasks: Vec<Assigned> },
+    /// Kill these tasks if still there and report them canceled.
+    Cancel { tasks: Vec<(JobId, TaskIndex)> },
+    /// The job is over; drop its template.
+    ForgetJob { job: JobId },
+    /// The server is going away (stop); do not reconnect.
+    Shutdown { reason: String },
+}
+
+/// How a worker turns a task index into the user-visible task id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobIds {
+    /// Array: ids from the ranges.
+    Array(IdRanges),
+    /// List: id = index; each assignment carries the task's argv.
+    List,
+}
+
+/// A run of assigned tasks; for list jobs, with one argv per task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assigned {
+    pub run: IndexRun,
+    pub argvs: Vec<Vec<String>>,
+}
+
+// ----- client <-> server --------------------------------------------------------------------
+
+/// Client to server: a numbered request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    pub body: Ask,
+}
+
+/// What a client can ask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ask {
+    /// A new job. With `open`, more list tasks follow through `Extend`.
+    Submit {
+        spec: JobSpec,
+        tasks: TaskSet,
+        open: bool,
+    },
+    /// More tasks for an open list job.
+    Extend {
+        job: JobId,
+        argvs: Vec<Vec<String>>,
+        close: bool,
+    },
+    JobList,
+    JobInfo {
+        job: JobId,
+    },
+    /// Tasks of a job, optionally only those in one state; at most `limit` rows.
+    TaskList {
+        job: JobId,
+        state: Option<TaskState>,
+        limit: u32,
+    },
+    WorkerList,
+    Cancel {
+        jobs: Vec<JobId>,
+    },
+    /// Progress messages every `progress_ms`, then the reply when every job is done.
+    /// An empty list waits for every job not yet done.
+    Wait {
+        jobs: Vec<JobId>,
+        progress_ms: u64,
+    },
+    ServerInfo,
+    /// Stop the server (workers are told to exit).
+    Stop,
+}
+
+/// Server to client.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ToClient {
+    /// The answer to request `id`.
+    Reply {
+        id: u64,
+        result: Result<Answer, String>,
+    },
+    /// Progress of a `Wait` request `id`.
+    Progress { id: u64, progress: WaitProgress },
+}
+
+/// The answers, one per kind of request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Answer {
+    Submitted { job: JobId },
+    Extended,
+    Jobs(Vec<JobSummary>),
+    Job(Box<JobDetail>),
+    Tasks(TaskPage),
+    Workers(Vec<WorkerRow>),
+    Canceled(Vec<CancelResult>),
+    WaitDone(WaitProgress),
+    Info(ServerInfo),
+    Stopping,
+}
+
+/// Task counts by state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub ready: u32,
+    pub assigned: u32,
+    pub running: u32,
+    pub finished: u32,
+    pub failed: u32,
+    pub canceled: u32,
+}
+
+impl Counts {
+    pub fn total(&self) -> u64 {
+        [
+            self.ready,
+            self.assigned,
+            self.running,
+            self.finished,
+            self.failed,
+            self.canceled,
+        ]
+        .iter()
+        .map(|&c| c as u64)
+        .sum()
+    }
+
+    pub fn done(&self) -> u64 {
+        self.finished as u64 + self.failed as u64 + self.canceled as u64
+    }
+
+    pub fn add(&mut self, o: &Counts) {
+        self.ready += o.ready;
+        self.assigned += o.assigned;
+        self.running += o.running;
+        self.finished += o.finished;
+        self.failed += o.failed;
+        self.canceled += o.canceled;
+    }
+}
+
+impl From<kestrel_core::Counts> for Counts {
+    fn from(c: kestrel_core::Counts) -> Counts {
+        Counts {
+            ready: c.ready,
+            assigned: c.assigned,
+            running: c.running,
+            finished: c.finished,
+            failed: c.failed,
+            canceled: c.canceled,
+        }
+    }
+}
+
+/// One line of `kestrel job list`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub id: JobId,
+    pub name: String,
+    /// "queued", "running", "finished", "failed", "canceled".
+    pub state: String,
+    pub counts: Counts,
+    pub submitted_us: u64,
+    pub finished_us: Option<u64>,
+}
+
+/// `kestrel job info`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobDetail {
+    pub summary: JobSummary,
+    pub spec: JobSpec,
+    /// "array 1-100" or "list of 12 tasks".
+    pub tasks: String,
+    pub timing: Timing,
+}
+
+/// Means over the successful tasks of a job, from the server's timestamps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    pub tasks: u64,
+    /// Submission to assignment.
+    pub mean_queue_us: f64,
+    /// Assignment to process start (network, prefetch wait, spawn).
+    pub mean_dispatch_us: f64,
+    /// Process start to exit.
+    pub mean_run_us: f64,
+    /// First start to last end.
+    pub span_us: u64,
+}
+
+/// A page of `kestrel task list`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskPage {
+    pub rows: Vec<TaskRow>,
+    /// Rows that matched but were left out by the limit.
+    pub more: u64,
+}
+
+/// One task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRow {
+    pub id: u32,
+    pub state: TaskState,
+    pub worker: Option<WorkerId>,
+    pub assigned_us: u64,
+    pub started_us: u64,
+    pub finished_us: u64,
+    pub failures: u32,
+    pub lost: u32,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    pub stderr_tail: Option<String>,
+}
+
+/// One line of `kestrel worker list`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerRow {
+    pub id: WorkerId,
+    pub hostname: String,
+    pub address: String,
+    pub slots: u32,
+    pub gpus: u32,
+    pub prefetch: u32,
+    pub exec: String,
+    /// Tasks assigned and not finished.
+    pub tasks: u64,
+    pub finished: u64,
+    pub failed: u64,
+    pub joined_us: u64,
+    pub last_seen_us: u64,
+}
+
+/// The result of canceling one job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelResult {
+    pub job: JobId,
+    /// Queued tasks canceled at once, running ones asked to stop; or why not.
+    pub result: Result<(u32, u32), String>,
+}
+
+/// Progress of the jobs a client waits for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitProgress {
+    pub jobs: u32,
+    pub jobs_done: u32,
+    pub counts: Counts,
+}
+
+/// `kestrel server info`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub version: String,
+    pub protocol: u32,
+    pub address: String,
+    pub dir: String,
+    pub pid: u32,
+    pub started_us: u64,
+    pub workers: u32,
+    pub jobs: u32,
+    pub live_jobs: u32,
+    pub queued: u64,
+}

@@ -225,10 +225,9 @@ impl Worker {
     fn room_for(&self, need: Resources) -> u32 {
         let cap = self.capacity();
         let by_cpu = cap.cpus.saturating_sub(self.used.cpus) / need.cpus.max(1);
-        if need.gpus == 0 {
-            by_cpu
-        } else {
-            by_cpu.min(cap.gpus.saturating_sub(self.used.gpus) / need.gpus)
+        match cap.gpus.saturating_sub(self.used.gpus).checked_div(need.gpus) {
+            Some(by_gpu) => by_cpu.min(by_gpu),
+            None => by_cpu,
         }
     }
 

@@ -4,8 +4,8 @@
 //! the protocol version checked in the handshake). Every hot message carries a batch.
 
 use kestrel_core::{
-    Finished, IdRanges, IndexRun, JobId, JobSpec, TaskIndex, TaskSet, TaskState, TaskTemplate,
-    WorkerId,
+    Finished, IdRanges, IndexRun, JobId, JobSpec, Resources, TaskIndex, TaskSet, TaskState,
+    TaskTemplate, WorkerId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +59,7 @@ pub enum ToWorker {
         job: JobId,
         template: TaskTemplate,
         ids: JobIds,
+        resources: Resources,
     },
     /// Tasks to run, in batches of consecutive indices.
     Assign { tasks: Vec<Assigned> },

@@ -1,0 +1,257 @@
+//! The command line: every command, option and its help text.
+
+use crate::jobs::TaskOptions;
+use crate::output::Format;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+const ABOUT: &str =
+    "Kestrel runs many short tasks (thousands to millions of command lines) on the \
+cores of a laptop, a batch allocation or a cluster, with millisecond overheads.";
+
+const EXAMPLES: &str = "\
+Quick start (no daemon, everything in one process):
+  kestrel run --array 1-1000 -- echo hello from task {task}
+
+A server and workers that outlive one command:
+  kestrel server start &                        # writes ~/.kestrel/server/access.json
+  kestrel worker start --slots 4 &              # one per node; connects out to the server
+  kestrel submit --array 1-100000 -- ./sim --seed {task}
+  kestrel job wait 1                            # progress bar; exit code 1 if a task failed
+  kestrel task list 1 --status failed           # exit codes and the tail of stderr
+  kestrel server stop";
+
+#[derive(Parser, Debug)]
+#[command(name = "kestrel", version, about = ABOUT, after_help = EXAMPLES, arg_required_else_help = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub global: Global,
+}
+
+/// Options every command takes.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Server directory holding access.json [env: KESTREL_SERVER_DIR; default: ~/.kestrel/server]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub server_dir: Option<PathBuf>,
+    /// Access file to use instead of DIR/access.json
+    #[arg(long, global = true, value_name = "FILE")]
+    pub access: Option<PathBuf>,
+    /// Output format
+    #[arg(long, global = true, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+    /// More log output (-v info, -vv debug); also RUST_LOG
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run tasks on an embedded server and local workers, then exit (no daemon needed)
+    #[command(
+        after_help = "Examples:\n  kestrel run -- ./analyze input.dat\n  kestrel run --workers 2 --slots 1 --array 1-500 -- ./sim --seed {task}\n  kestrel run --file sweep.toml"
+    )]
+    Run(RunArgs),
+    /// Submit a job to a running server
+    #[command(after_help = SUBMIT_HELP)]
+    Submit(SubmitArgs),
+    /// Start, stop or inspect the server
+    #[command(subcommand)]
+    Server(ServerCommand),
+    /// Start or list workers
+    #[command(subcommand)]
+    Worker(WorkerCommand),
+    /// List, inspect, wait for or cancel jobs
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// List the tasks of a job
+    #[command(subcommand)]
+    Task(TaskCommand),
+}
+
+const SUBMIT_HELP: &str = "\
+Placeholders {job} and {task} are replaced in arguments, paths and --env values; {line} is the
+line of the --each file. Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID and
+KESTREL_SERVER in their environment.
+
+Examples:
+  kestrel submit -- ./one-task
+  kestrel submit --array 1-1000 --cpus 2 --retries 2 -- ./sim --seed {task}
+  kestrel submit --each inputs.txt --stdout out/{task}.txt -- ./process {line}
+  kestrel submit --array 0-98:2 --timeout 10m --wait -- ./step {task}
+  kestrel submit --file sweep.toml --wait
+
+Job file (TOML):
+  [defaults]                 # options for every job below
+  retries = 1
+  [[job]]
+  name = \"sim\"
+  array = \"1-100\"
+  command = [\"./sim\", \"--seed\", \"{task}\"]   # or a string, split like a shell
+  cpus = 2
+  [[job]]
+  tasks = [\"./post a\", \"./post b\"]            # a list of commands";
+
+/// How the tasks of a job are given.
+#[derive(Args, Debug, Clone, Default)]
+pub struct Shape {
+    /// Task ids: 1-100, 0-98:2 (step), 1,5,9-12
+    #[arg(long, value_name = "RANGE", conflicts_with_all = ["each", "file"])]
+    pub array: Option<String>,
+    /// One task per line of FILE, with {line} replaced by the line
+    #[arg(long, value_name = "FILE", conflicts_with = "file")]
+    pub each: Option<PathBuf>,
+    /// Submit the jobs of a TOML job file (see below)
+    #[arg(long, value_name = "JOBFILE")]
+    pub file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub shape: Shape,
+    #[command(flatten)]
+    pub options: TaskOptions,
+    /// Wait until the job ends (progress bar; exit code 1 if any task failed)
+    #[arg(long)]
+    pub wait: bool,
+    /// The program and its arguments
+    #[arg(last = true, value_name = "PROGRAM ARGS")]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Local workers to start
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub workers: u32,
+    /// Slots per worker [default: the number of CPUs divided among the workers]
+    #[arg(long, value_name = "N")]
+    pub slots: Option<u32>,
+    /// Tasks each worker keeps queued beyond its free slots [default: slots]
+    #[arg(long, value_name = "N")]
+    pub prefetch: Option<u32>,
+    /// How workers execute tasks; `noop` is for benchmarks only
+    #[arg(long, value_enum, default_value_t = Exec::Process)]
+    pub exec: Exec,
+    /// No progress display
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub shape: Shape,
+    #[command(flatten)]
+    pub options: TaskOptions,
+    /// The program and its arguments
+    #[arg(last = true, value_name = "PROGRAM ARGS")]
+    pub command: Vec<String>,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exec {
+    /// Run each task as a process (the normal mode)
+    Process,
+    /// BENCHMARK ONLY: complete tasks without running them, to measure dispatch alone
+    Noop,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ServerCommand {
+    /// Start a server in the foreground; it writes DIR/access.json for workers and clients
+    #[command(
+        after_help = "Examples:\n  kestrel server start &\n  kestrel server start --server-dir /shared/kestrel --port 9800"
+    )]
+    Start {
+        /// Address to listen on
+        #[arg(long, default_value = "0.0.0.0", value_name = "HOST")]
+        host: String,
+        /// Port to listen on (0 = any free port)
+        #[arg(long, default_value_t = 0, value_name = "PORT")]
+        port: u16,
+        /// Host name workers and clients use to reach the server [default: --host, or this machine's name for 0.0.0.0]
+        #[arg(long, value_name = "HOST")]
+        advertise: Option<String>,
+        /// How often workers send a heartbeat; a worker silent for 4 of them is lost
+        #[arg(long, default_value = "5s", value_name = "DURATION")]
+        heartbeat: String,
+        /// Alias of --server-dir
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Stop the server (its workers exit too)
+    Stop,
+    /// Show the server's address, version and load
+    Info,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum WorkerCommand {
+    /// Start a worker in the foreground; it connects out to the server and runs tasks
+    #[command(
+        after_help = "Examples:\n  kestrel worker start --slots 8\n  kestrel worker start --access /shared/kestrel/access.json --gpus 2"
+    )]
+    Start {
+        /// Task slots (cores) [default: number of CPUs]
+        #[arg(long, value_name = "N")]
+        slots: Option<u32>,
+        /// GPUs to hand to tasks
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        gpus: u32,
+        /// Tasks kept queued beyond free slots, so no slot waits a round trip [default: slots]
+        #[arg(long, value_name = "N")]
+        prefetch: Option<u32>,
+        /// How tasks are executed; `noop` is for benchmarks only and never the default
+        #[arg(long, value_enum, default_value_t = Exec::Process)]
+        exec: Exec,
+        /// Keep trying to reconnect this long after losing the server
+        #[arg(long, default_value = "2m", value_name = "DURATION")]
+        reconnect_for: String,
+    },
+    /// List connected workers
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobCommand {
+    /// List jobs
+    List,
+    /// Show a job's options, task counts and timing (queue, dispatch and run time)
+    Info { job: u32 },
+    /// Wait for jobs to end (all unfinished jobs if none given); exit code 1 if a task failed
+    Wait {
+        jobs: Vec<u32>,
+        /// No progress display
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Cancel jobs: queued tasks at once, running ones are killed
+    Cancel {
+        #[arg(required = true)]
+        jobs: Vec<u32>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCommand {
+    /// List a job's tasks (failed ones with exit code and the tail of stderr)
+    List {
+        job: u32,
+        /// Only tasks in this state
+        #[arg(long, value_enum)]
+        status: Option<Status>,
+        /// At most this many rows
+        #[arg(long, default_value_t = 1000)]
+        limit: u32,
+    },
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub enum Status {
+    Queued,
+    Assigned,
+    Running,
+    Finished,
+    Failed,
+    Canceled,
+}

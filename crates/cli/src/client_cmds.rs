@@ -1,0 +1,442 @@
+//! Commands that talk to a running server: submit, job, task, worker list, server info/stop.
+
+use crate::args::{Global, JobCommand, Shape, Status, SubmitArgs, TaskCommand};
+use crate::jobs::{self, Submission, TaskShape};
+use crate::output::{self, Format, Progress};
+use anyhow::{anyhow, bail, Context, Result};
+use comfy_table::Cell;
+use kestrel_core::{JobId, TaskSet, TaskState};
+use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress};
+use kestrel_proto::{default_server_dir, Access, Client, ACCESS_FILE};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The access file the global options point to.
+pub fn access_path(g: &Global) -> PathBuf {
+    match &g.access {
+        Some(a) => a.clone(),
+        None => g
+            .server_dir
+            .clone()
+            .unwrap_or_else(default_server_dir)
+            .join(ACCESS_FILE),
+    }
+}
+
+pub fn read_access(g: &Global) -> Result<Access> {
+    Ok(Access::read(&access_path(g))?)
+}
+
+pub async fn connect(g: &Global) -> Result<Client> {
+    let access = read_access(g)?;
+    Client::connect(&access).await.map_err(|e| anyhow!("{e}"))
+}
+
+/// Submits jobs; list jobs too large for one frame go in pieces. Returns their ids.
+pub async fn submit_all(client: &mut Client, subs: Vec<Submission>) -> Result<Vec<JobId>> {
+    /// Task argv bytes per message, well under the frame limit.
+    const CHUNK_BYTES: usize = 4 << 20;
+    let mut ids = Vec::with_capacity(subs.len());
+    for s in subs {
+        let (first, rest) = match s.tasks {
+            TaskSet::List(list) => {
+                let mut chunks = chunk_by_bytes(list, CHUNK_BYTES);
+                let first = chunks.remove(0);
+                (TaskSet::List(first), chunks)
+            }
+            array => (array, Vec::new()),
+        };
+        let open = !rest.is_empty();
+        let job = match client
+            .call(Ask::Submit {
+                spec: s.spec,
+                tasks: first,
+                open,
+            })
+            .await
+        {
+            Ok(Answer::Submitted { job }) => job,
+            Ok(other) => bail!("unexpected answer to a submission: {other:?}"),
+            Err(e) => bail!("submission refused: {e}"),
+        };
+        let n = rest.len();
+        for (i, argvs) in rest.into_iter().enumerate() {
+            client
+                .call(Ask::Extend {
+                    job,
+                    argvs,
+                    close: i + 1 == n,
+                })
+                .await
+                .with_context(|| format!("adding tasks to job {job}"))?;
+        }
+        ids.push(job);
+    }
+    Ok(ids)
+}
+
+fn chunk_by_bytes(list: Vec<Vec<String>>, max: usize) -> Vec<Vec<Vec<String>>> {
+    let mut chunks = vec![Vec::new()];
+    let mut size = 0;
+    for argv in list {
+        let n: usize = argv.iter().map(|a| a.len() + 4).sum::<usize>() + 4;
+        if size + n > max && !chunks.last().is_some_and(Vec::is_empty) {
+            chunks.push(Vec::new());
+            size = 0;
+        }
+        size += n;
+        chunks.last_mut().expect("never empty").push(argv);
+    }
+    chunks
+}
+
+/// Builds the submissions of `submit`/`run` from their flags.
+pub fn submissions(
+    shape: &Shape,
+    opts: &jobs::TaskOptions,
+    command: Vec<String>,
+) -> Result<Vec<Submission>> {
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    match &shape.file {
+        Some(file) => {
+            if !command.is_empty() {
+                bail!("--file takes its commands from the job file; drop the command after `--`");
+            }
+            jobs::from_file(file)
+        }
+        None => {
+            let shape = TaskShape {
+                array: shape.array.as_deref(),
+                each: shape.each.as_deref(),
+            };
+            Ok(vec![jobs::from_flags(opts, shape, command, &cwd)?])
+        }
+    }
+}
+
+/// Waits with a progress display; returns the final counts.
+pub async fn wait_for(client: &mut Client, jobs: Vec<JobId>, quiet: bool) -> Result<WaitProgress> {
+    let mut progress = Progress::new(quiet);
+    let every = Duration::from_millis(250);
+    let done = client.wait(jobs, every, |p| progress.update(p)).await;
+    progress.finish();
+    Ok(done?)
+}
+
+/// Exit code of a wait: 1 if any task failed or was canceled.
+pub fn wait_exit(p: &WaitProgress) -> ExitCode {
+    if p.counts.failed > 0 || p.counts.canceled > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
+    let subs = submissions(&args.shape, &args.options, args.command)?;
+    let total: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
+    let mut client = connect(g).await?;
+    let ids = submit_all(&mut client, subs).await?;
+    match g.output {
+        Format::Json => output::json(&serde_json::json!({ "jobs": ids, "tasks": total })),
+        Format::Table => {
+            let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+            let noun = if ids.len() == 1 { "job" } else { "jobs" };
+            eprintln!("submitted {noun} {} with {total} tasks", list.join(", "));
+        }
+    }
+    if !args.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let p = wait_for(&mut client, ids, g.output == Format::Json).await?;
+    report_wait(g, &p);
+    Ok(wait_exit(&p))
+}
+
+fn report_wait(g: &Global, p: &WaitProgress) {
+    match g.output {
+        Format::Json => output::json(p),
+        Format::Table => println!("{} jobs done: {}", p.jobs_done, output::counts(&p.counts)),
+    }
+}
+
+pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
+    let mut client = connect(g).await?;
+    match cmd {
+        JobCommand::List => {
+            let Answer::Jobs(jobs) = client.call(Ask::JobList).await? else {
+                bail!("unexpected answer")
+            };
+            if g.output == Format::Json {
+                output::json(&jobs);
+            } else if jobs.is_empty() {
+                println!("no jobs; submit one with `kestrel submit`");
+            } else {
+                let mut t =
+                    output::table(&["id", "name", "state", "tasks", "progress", "submitted"]);
+                for j in &jobs {
+                    t.add_row(vec![
+                        Cell::new(j.id),
+                        Cell::new(&j.name),
+                        Cell::new(&j.state),
+                        Cell::new(j.counts.total()),
+                        Cell::new(output::counts(&j.counts)),
+                        Cell::new(output::ago(j.submitted_us)),
+                    ]);
+                }
+                println!("{t}");
+            }
+        }
+        JobCommand::Info { job } => {
+            let Answer::Job(d) = client.call(Ask::JobInfo { job }).await? else {
+                bail!("unexpected answer")
+            };
+            if g.output == Format::Json {
+                output::json(&d);
+            } else {
+                print_job(&d);
+            }
+        }
+        JobCommand::Wait { jobs, quiet } => {
+            let p = wait_for(&mut client, jobs, quiet || g.output == Format::Json).await?;
+            report_wait(g, &p);
+            return Ok(wait_exit(&p));
+        }
+        JobCommand::Cancel { jobs } => {
+            let Answer::Canceled(results) = client.call(Ask::Cancel { jobs }).await? else {
+                bail!("unexpected answer")
+            };
+            if g.output == Format::Json {
+                output::json(&results);
+            }
+            let mut failed = false;
+            for r in &results {
+                match &r.result {
+                    Ok((queued, running)) if g.output == Format::Table => println!(
+                        "job {}: canceled {queued} queued tasks, stopping {running} running",
+                        r.job
+                    ),
+                    Ok(_) => {}
+                    Err(e) => {
+                        failed = true;
+                        eprintln!("job {}: {e}", r.job);
+                    }
+                }
+            }
+            if failed {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_job(d: &JobDetail) {
+    let s = &d.summary;
+    let t = &d.spec.template;
+    let sink = |k: &kestrel_core::Sink| match k {
+        kestrel_core::Sink::Null => "none".to_string(),
+        kestrel_core::Sink::File(p) => p.clone(),
+    };
+    let rows: Vec<(&str, String)> = vec![
+        ("job", s.id.to_string()),
+        ("name", s.name.clone()),
+        ("state", s.state.clone()),
+        ("tasks", d.tasks.clone()),
+        ("progress", output::counts(&s.counts)),
+        (
+            "command",
+            if t.argv.is_empty() {
+                "(one per task)".into()
+            } else {
+                shell_words(&t.argv)
+            },
+        ),
+        (
+            "directory",
+            t.cwd.clone().unwrap_or_else(|| "(worker's)".into()),
+        ),
+        (
+            "stdout / stderr",
+            format!("{} / {}", sink(&t.stdout), sink(&t.stderr)),
+        ),
+        (
+            "resources",
+            format!(
+                "{} cpus, {} gpus per task",
+                d.spec.resources.cpus, d.spec.resources.gpus
+            ),
+        ),
+        (
+            "priority / retries",
+            format!("{} / {}", d.spec.priority, d.spec.retries),
+        ),
+        (
+            "timeout",
+            t.timeout_ms.map_or("none".into(), |ms| {
+                output::duration(Duration::from_millis(ms))
+            }),
+        ),
+        ("submitted", output::ago(s.submitted_us)),
+        (
+            "wall time",
+            s.finished_us.map_or("(running)".into(), |f| {
+                output::micros(f.saturating_sub(s.submitted_us) as f64)
+            }),
+        ),
+        ("mean queue time", output::micros(d.timing.mean_queue_us)),
+        (
+            "mean dispatch overhead",
+            output::micros(d.timing.mean_dispatch_us),
+        ),
+        ("mean run time", output::micros(d.timing.mean_run_us)),
+    ];
+    let mut table = output::table(&["", ""]);
+    table.set_header(Vec::<Cell>::new());
+    for (k, v) in rows {
+        table.add_row(vec![Cell::new(k), Cell::new(v)]);
+    }
+    println!("{table}");
+}
+
+fn shell_words(argv: &[String]) -> String {
+    shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_else(|_| argv.join(" "))
+}
+
+pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
+    let TaskCommand::List { job, status, limit } = cmd;
+    let state = status.map(|s| match s {
+        Status::Queued => TaskState::Ready,
+        Status::Assigned => TaskState::Assigned,
+        Status::Running => TaskState::Running,
+        Status::Finished => TaskState::Finished,
+        Status::Failed => TaskState::Failed,
+        Status::Canceled => TaskState::Canceled,
+    });
+    let mut client = connect(g).await?;
+    let Answer::Tasks(page) = client.call(Ask::TaskList { job, state, limit }).await? else {
+        bail!("unexpected answer")
+    };
+    if g.output == Format::Json {
+        output::json(&page);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = output::table(&[
+        "task",
+        "state",
+        "worker",
+        "run time",
+        "attempts",
+        "exit",
+        "reason / stderr tail",
+    ]);
+    for r in &page.rows {
+        let run = if r.finished_us > 0 && r.started_us > 0 {
+            output::micros(r.finished_us.saturating_sub(r.started_us) as f64)
+        } else {
+            "-".into()
+        };
+        let mut why = r.reason.clone().unwrap_or_default();
+        if let Some(tail) = &r.stderr_tail {
+            let last: Vec<&str> = tail.lines().rev().take(3).collect();
+            let tail = last.into_iter().rev().collect::<Vec<_>>().join(" | ");
+            why = if why.is_empty() {
+                tail
+            } else {
+                format!("{why}: {tail}")
+            };
+        }
+        t.add_row(vec![
+            Cell::new(r.id),
+            Cell::new(if r.state == TaskState::Ready {
+                "queued".to_string()
+            } else {
+                r.state.to_string()
+            }),
+            Cell::new(r.worker.map_or("-".into(), |w| w.to_string())),
+            Cell::new(run),
+            Cell::new(r.failures + r.lost + u32::from(r.started_us > 0 && r.failures == 0)),
+            Cell::new(r.exit_code.map_or("-".into(), |c| c.to_string())),
+            Cell::new(why),
+        ]);
+    }
+    if page.rows.is_empty() {
+        println!("no tasks match");
+    } else {
+        println!("{t}");
+    }
+    if page.more > 0 {
+        println!("... and {} more (raise --limit)", page.more);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn worker_list(g: &Global) -> Result<ExitCode> {
+    let mut client = connect(g).await?;
+    let Answer::Workers(ws) = client.call(Ask::WorkerList).await? else {
+        bail!("unexpected answer")
+    };
+    if g.output == Format::Json {
+        output::json(&ws);
+    } else if ws.is_empty() {
+        println!("no workers connected; start one with `kestrel worker start`");
+    } else {
+        let mut t = output::table(&[
+            "id",
+            "host",
+            "address",
+            "slots",
+            "gpus",
+            "exec",
+            "tasks",
+            "finished",
+            "failed",
+            "last seen",
+        ]);
+        for w in &ws {
+            t.add_row(vec![
+                Cell::new(w.id),
+                Cell::new(&w.hostname),
+                Cell::new(&w.address),
+                Cell::new(w.slots),
+                Cell::new(w.gpus),
+                Cell::new(&w.exec),
+                Cell::new(w.tasks),
+                Cell::new(w.finished),
+                Cell::new(w.failed),
+                Cell::new(output::ago(w.last_seen_us)),
+            ]);
+        }
+        println!("{t}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn server_info(g: &Global) -> Result<ExitCode> {
+    let mut client = connect(g).await?;
+    let Answer::Info(i) = client.call(Ask::ServerInfo).await? else {
+        bail!("unexpected answer")
+    };
+    if g.output == Format::Json {
+        output::json(&i);
+    } else {
+        println!(
+            "server    {} (pid {}, kestrel {}, protocol {})",
+            i.address, i.pid, i.version, i.protocol
+        );
+        println!("directory {}", i.dir);
+        println!("started   {}", output::ago(i.started_us));
+        println!("workers   {}", i.workers);
+        println!("jobs      {} ({} not done)", i.jobs, i.live_jobs);
+        println!("queued    {} tasks", i.queued);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn server_stop(g: &Global) -> Result<ExitCode> {
+    let mut client = connect(g).await?;
+    client.call(Ask::Stop).await?;
+    eprintln!("server stopping");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,502 @@
+//! Turning what a user typed (flags, or a TOML job file) into job specifications.
+//!
+//! `kestrel submit`, `kestrel run` and job files share [`TaskOptions`], so an option means the
+//! same thing wherever it is written.
+
+use anyhow::{anyhow, bail, Context, Result};
+use kestrel_core::{IdRanges, JobSpec, Resources, Sink, TaskSet, TaskTemplate};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Options of a job's tasks, from flags or from a job file.
+#[derive(clap::Args, Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskOptions {
+    /// A name for the job, shown by `kestrel job list` [default: the program name]
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Slots (cores) each task holds while it runs
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<u32>,
+    /// GPUs each task holds (the worker sets CUDA_VISIBLE_DEVICES)
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
+    /// Higher-priority jobs' tasks are dispatched first (may be negative)
+    #[arg(long, value_name = "P", allow_hyphen_values = true)]
+    pub priority: Option<i32>,
+    /// Run a failed task again up to N more times
+    #[arg(long, value_name = "N")]
+    pub retries: Option<u32>,
+    /// Kill a task's whole process group after this long, e.g. 90s, 10m, 2h
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// Where each task's stdout goes: `none`, or a path with {job}/{task} placeholders,
+    /// relative to the task's directory [default: job-{job}/{task}.out]
+    #[arg(long, value_name = "none|PATH")]
+    pub stdout: Option<String>,
+    /// Where each task's stderr goes, like --stdout [default: job-{job}/{task}.err]
+    #[arg(long, value_name = "none|PATH")]
+    pub stderr: Option<String>,
+    /// Directory tasks run in (placeholders allowed) [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Set an environment variable for each task (repeat for more)
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    #[serde(default, deserialize_with = "env_entries")]
+    pub env: Vec<String>,
+}
+
+impl TaskOptions {
+    /// Fills options left unset from `defaults`.
+    pub fn or(mut self, defaults: &TaskOptions) -> TaskOptions {
+        macro_rules! fill {
+            ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = defaults.$f.clone(); } )* };
+        }
+        fill!(name, cpus, gpus, priority, retries, timeout, stdout, stderr, cwd);
+        let mut env = defaults.env.clone();
+        env.append(&mut self.env);
+        self.env = env;
+        self
+    }
+
+    /// The job specification for tasks running `argv` (empty for list jobs).
+    pub fn spec(&self, argv: Vec<String>, default_name: &str, base_dir: &Path) -> Result<JobSpec> {
+        let timeout_ms = match &self.timeout {
+            None => None,
+            Some(t) => Some(
+                parse_duration(t)
+                    .with_context(|| format!("--timeout {t:?}"))?
+                    .as_millis()
+                    .max(1) as u64,
+            ),
+        };
+        let env = self
+            .env
+            .iter()
+            .map(|kv| match kv.split_once('=') {
+                Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+                _ => Err(anyhow!("--env {kv:?} must look like KEY=VALUE")),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let cwd = match &self.cwd {
+            Some(c) => absolute(base_dir, c),
+            None => base_dir.display().to_string(),
+        };
+        let sink = |s: &Option<String>, default: &str| match s.as_deref() {
+            Some("none") | Some("null") => Sink::Null,
+            Some(p) => Sink::File(p.to_string()),
+            None => Sink::File(default.to_string()),
+        };
+        let cpus = self.cpus.unwrap_or(1);
+        if cpus == 0 {
+            bail!("--cpus must be at least 1");
+        }
+        Ok(JobSpec {
+            name: self
+                .name
+                .clone()
+                .unwrap_or_else(|| default_name.to_string()),
+            template: TaskTemplate {
+                argv,
+                env,
+                cwd: Some(cwd),
+                stdout: sink(&self.stdout, "job-{job}/{task}.out"),
+                stderr: sink(&self.stderr, "job-{job}/{task}.err"),
+                timeout_ms,
+            },
+            resources: Resources {
+                cpus,
+                gpus: self.gpus.unwrap_or(0),
+            },
+            priority: self.priority.unwrap_or(0),
+            retries: self.retries.unwrap_or(0),
+        })
+    }
+}
+
+/// `KEY=VALUE` strings from a TOML table `{ KEY = "VALUE" }` or a list `["KEY=VALUE"]`.
+fn env_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Env {
+        Table(std::collections::BTreeMap<String, String>),
+        List(Vec<String>),
+    }
+    Ok(match Env::deserialize(d)? {
+        Env::Table(t) => t.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        Env::List(l) => l,
+    })
+}
+
+/// Parses `500ms`, `30s`, `10m`, `2h`, `1d`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs > 0.0 {
+            return Ok(std::time::Duration::from_secs_f64(secs));
+        }
+        bail!("a duration must be positive");
+    }
+    humantime::parse_duration(s).map_err(|e| anyhow!("{e}; write e.g. 500ms, 30s, 10m or 2h"))
+}
+
+fn absolute(base: &Path, p: &str) -> String {
+    let path = Path::new(p);
+    if path.is_absolute() {
+        p.to_string()
+    } else {
+        base.join(path).display().to_string()
+    }
+}
+
+/// The program name of an argv, for default job names.
+pub fn program_name(argv: &[String]) -> String {
+    argv.first()
+        .map(|p| {
+            Path::new(p)
+                .file_name()
+                .map_or(p.clone(), |f| f.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "job".into())
+}
+
+/// One job ready to submit.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub spec: JobSpec,
+    pub tasks: TaskSet,
+}
+
+/// How the tasks of a job from the command line are given.
+pub struct TaskShape<'a> {
+    pub array: Option<&'a str>,
+    pub each: Option<&'a Path>,
+}
+
+/// Builds the job for `kestrel submit`/`kestrel run` flags.
+pub fn from_flags(
+    opts: &TaskOptions,
+    shape: TaskShape<'_>,
+    argv: Vec<String>,
+    base_dir: &Path,
+) -> Result<Submission> {
+    if argv.is_empty() {
+        bail!("no command given: put the program and its arguments after `--`, e.g. `kestrel submit --array 1-10 -- ./sim --seed {{task}}`");
+    }
+    let name = program_name(&argv);
+    match (shape.array, shape.each) {
+        (Some(_), Some(_)) => bail!("--array and --each cannot be combined; pick one"),
+        (None, Some(file)) => {
+            let tasks = each_line(file, &argv)?;
+            let spec = opts.spec(Vec::new(), &name, base_dir)?;
+            Ok(Submission { spec, tasks })
+        }
+        (array, None) => {
+            let ids = match array {
+                Some(a) => IdRanges::parse(a).map_err(|e| anyhow!("--array {a:?}: {e}"))?,
+                None => IdRanges::span(0, 0),
+            };
+            let spec = opts.spec(argv, &name, base_dir)?;
+            Ok(Submission {
+                spec,
+                tasks: TaskSet::Array(ids),
+            })
+        }
+    }
+}
+
+/// One task per non-empty line of `file`, with `{line}` replaced in the command.
+fn each_line(file: &Path, argv: &[String]) -> Result<TaskSet> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read --each file {}", file.display()))?;
+    let tasks: Vec<Vec<String>> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| argv.iter().map(|a| a.replace("{line}", line)).collect())
+        .collect();
+    if tasks.is_empty() {
+        bail!(
+            "--each file {} has no non-empty lines, so there would be no tasks",
+            file.display()
+        );
+    }
+    Ok(TaskSet::List(tasks))
+}
+
+/// A command in a job file: a list of words, or a string split like a shell would.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+enum CommandLine {
+    Words(Vec<String>),
+    Line(String),
+}
+
+impl CommandLine {
+    fn words(&self) -> Result<Vec<String>> {
+        match self {
+            CommandLine::Words(w) => Ok(w.clone()),
+            CommandLine::Line(l) => {
+                shlex::split(l).ok_or_else(|| anyhow!("cannot split {l:?}: unbalanced quotes"))
+            }
+        }
+    }
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct JobFile {
+    #[serde(default)]
+    defaults: TaskOptions,
+    #[serde(default)]
+    job: Vec<JobEntry>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct JobEntry {
+    array: Option<String>,
+    command: Option<CommandLine>,
+    tasks: Option<Vec<CommandLine>>,
+    each: Option<PathBuf>,
+    name: Option<String>,
+    cpus: Option<u32>,
+    gpus: Option<u32>,
+    priority: Option<i32>,
+    retries: Option<u32>,
+    timeout: Option<String>,
+    stdout: Option<String>,
+    stderr: Option<String>,
+    cwd: Option<String>,
+    #[serde(default, deserialize_with = "env_entries")]
+    env: Vec<String>,
+}
+
+/// Reads a TOML job file: `[defaults]` options and one `[[job]]` table per job.
+pub fn from_file(path: &Path) -> Result<Vec<Submission>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read job file {}", path.display()))?;
+    let file: JobFile = toml::from_str(&text)
+        .map_err(|e| anyhow!("job file {} is not valid: {e}", path.display()))?;
+    if file.job.is_empty() {
+        bail!(
+            "job file {} has no [[job]] entries; see `kestrel submit --help`",
+            path.display()
+        );
+    }
+    // Relative paths in a job file are relative to the file.
+    let base = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
+    file.job
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            entry(e, &file.defaults, &base)
+                .with_context(|| format!("job file {}, job #{}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission> {
+    let opts = TaskOptions {
+        name: e.name,
+        cpus: e.cpus,
+        gpus: e.gpus,
+        priority: e.priority,
+        retries: e.retries,
+        timeout: e.timeout,
+        stdout: e.stdout,
+        stderr: e.stderr,
+        cwd: e.cwd,
+        env: e.env,
+    }
+    .or(defaults);
+    match (e.command, e.tasks) {
+        (Some(_), Some(_)) => {
+            bail!("give either `command` (with `array` or `each`) or `tasks`, not both")
+        }
+        (None, None) => bail!("a job needs `command` (with `array` or `each`) or `tasks`"),
+        (None, Some(tasks)) => {
+            if e.array.is_some() || e.each.is_some() {
+                bail!("`array` and `each` go with `command`, not with `tasks`");
+            }
+            let argvs = tasks
+                .iter()
+                .map(CommandLine::words)
+                .collect::<Result<Vec<_>>>()?;
+            let name = argvs
+                .first()
+                .map(|a| program_name(a))
+                .unwrap_or_else(|| "job".into());
+            let spec = opts.spec(Vec::new(), &name, base)?;
+            let tasks = TaskSet::List(argvs);
+            spec.validate(&tasks).map_err(|e| anyhow!("{e}"))?;
+            Ok(Submission { spec, tasks })
+        }
+        (Some(cmd), None) => {
+            let each = e
+                .each
+                .map(|p| if p.is_relative() { base.join(p) } else { p });
+            let shape = TaskShape {
+                array: e.array.as_deref(),
+                each: each.as_deref(),
+            };
+            from_flags(&opts, shape, cmd.words()?, base)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_make_an_array_job() {
+        let opts = TaskOptions {
+            cpus: Some(2),
+            timeout: Some("1m".into()),
+            stdout: Some("none".into()),
+            env: vec!["A=1".into()],
+            ..Default::default()
+        };
+        let argv = vec!["/bin/echo".to_string(), "{task}".to_string()];
+        let s = from_flags(
+            &opts,
+            TaskShape {
+                array: Some("1-10"),
+                each: None,
+            },
+            argv,
+            Path::new("/w"),
+        )
+        .unwrap();
+        assert_eq!(s.tasks.len(), 10);
+        assert_eq!(s.spec.name, "echo");
+        assert_eq!(s.spec.resources.cpus, 2);
+        assert_eq!(s.spec.template.timeout_ms, Some(60_000));
+        assert_eq!(s.spec.template.stdout, Sink::Null);
+        assert_eq!(
+            s.spec.template.stderr,
+            Sink::File("job-{job}/{task}.err".into())
+        );
+        assert_eq!(s.spec.template.cwd.as_deref(), Some("/w"));
+        assert_eq!(
+            s.spec.template.env,
+            vec![("A".to_string(), "1".to_string())]
+        );
+    }
+
+    #[test]
+    fn bad_flags_say_what_is_wrong() {
+        let argv = || vec!["x".to_string()];
+        let arr = |a| TaskShape {
+            array: Some(a),
+            each: None,
+        };
+        let e =
+            from_flags(&TaskOptions::default(), arr("5-1"), argv(), Path::new("/")).unwrap_err();
+        assert!(format!("{e:#}").contains("backwards"), "{e:#}");
+        let e =
+            from_flags(&TaskOptions::default(), arr("1-3"), vec![], Path::new("/")).unwrap_err();
+        assert!(format!("{e:#}").contains("after `--`"), "{e:#}");
+        let opts = TaskOptions {
+            env: vec!["NOEQUALS".into()],
+            ..Default::default()
+        };
+        let e = from_flags(&opts, arr("1"), argv(), Path::new("/")).unwrap_err();
+        assert!(format!("{e:#}").contains("KEY=VALUE"), "{e:#}");
+        let opts = TaskOptions {
+            timeout: Some("soon".into()),
+            ..Default::default()
+        };
+        assert!(from_flags(&opts, arr("1"), argv(), Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn each_makes_one_task_per_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("inputs.txt");
+        std::fs::write(&f, "a.fits\n\nb.fits\n").unwrap();
+        let argv = vec![
+            "proc".to_string(),
+            "{line}".to_string(),
+            "{task}".to_string(),
+        ];
+        let s = from_flags(
+            &TaskOptions::default(),
+            TaskShape {
+                array: None,
+                each: Some(&f),
+            },
+            argv,
+            dir.path(),
+        )
+        .unwrap();
+        match s.tasks {
+            TaskSet::List(l) => assert_eq!(
+                l,
+                vec![
+                    vec!["proc", "a.fits", "{task}"],
+                    vec!["proc", "b.fits", "{task}"]
+                ]
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn job_files_take_defaults_arrays_and_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("jobs.toml");
+        std::fs::write(
+            &f,
+            r#"
+[defaults]
+retries = 2
+stdout = "none"
+env = { MODE = "fast" }
+
+[[job]]
+name = "sim"
+array = "1-100"
+command = ["./sim", "--seed", "{task}"]
+cpus = 2
+
+[[job]]
+tasks = ["./post 'a b'", ["./post", "c"]]
+retries = 0
+"#,
+        )
+        .unwrap();
+        let jobs = from_file(&f).unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[0].spec.name, "sim");
+        assert_eq!(jobs[0].spec.retries, 2);
+        assert_eq!(jobs[0].spec.resources.cpus, 2);
+        assert_eq!(jobs[0].tasks.len(), 100);
+        assert_eq!(jobs[1].spec.retries, 0);
+        assert_eq!(jobs[1].spec.name, "post");
+        match &jobs[1].tasks {
+            TaskSet::List(l) => assert_eq!(l[0], vec!["./post", "a b"]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            jobs[1].spec.template.env,
+            vec![("MODE".to_string(), "fast".to_string())]
+        );
+    }
+
+    #[test]
+    fn job_file_mistakes_name_the_file_and_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("bad.toml");
+        std::fs::write(&f, "[[job]]\narray = \"1-3\"\ncommand = \"x\"\ncpu = 2\n").unwrap();
+        let e = format!("{:#}", from_file(&f).unwrap_err());
+        assert!(e.contains("bad.toml") && e.contains("cpu"), "{e}");
+        std::fs::write(&f, "[[job]]\narray = \"1-3\"\n").unwrap();
+        let e = format!("{:#}", from_file(&f).unwrap_err());
+        assert!(e.contains("job #1") && e.contains("needs `command`"), "{e}");
+    }
+}

@@ -1,0 +1,171 @@
+//! The `kestrel` command: parses arguments, calls into the server, worker and protocol crates,
+//! and prints results.
+
+mod args;
+mod client_cmds;
+mod jobs;
+mod output;
+mod run;
+
+use anyhow::{Context, Result};
+use args::{Cli, Command, Exec, Global, ServerCommand, WorkerCommand};
+use clap::Parser;
+use kestrel_proto::default_server_dir;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.global.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let g = cli.global;
+    match cli.command {
+        Command::Run(a) => run::run(&g, a).await,
+        Command::Submit(a) => client_cmds::submit(&g, a).await,
+        Command::Job(c) => client_cmds::job(&g, c).await,
+        Command::Task(c) => client_cmds::task(&g, c).await,
+        Command::Worker(WorkerCommand::List) => client_cmds::worker_list(&g).await,
+        Command::Worker(WorkerCommand::Start {
+            slots,
+            gpus,
+            prefetch,
+            exec,
+            reconnect_for,
+        }) => worker_start(&g, slots, gpus, prefetch, exec, &reconnect_for).await,
+        Command::Server(ServerCommand::Start {
+            host,
+            port,
+            advertise,
+            heartbeat,
+            dir,
+        }) => server_start(&g, host, port, advertise, &heartbeat, dir).await,
+        Command::Server(ServerCommand::Stop) => client_cmds::server_stop(&g).await,
+        Command::Server(ServerCommand::Info) => client_cmds::server_info(&g).await,
+    }
+}
+
+async fn server_start(
+    g: &Global,
+    host: String,
+    port: u16,
+    advertise: Option<String>,
+    heartbeat: &str,
+    dir: Option<std::path::PathBuf>,
+) -> Result<ExitCode> {
+    let dir = dir
+        .or_else(|| g.server_dir.clone())
+        .unwrap_or_else(default_server_dir);
+    let advertise = advertise.unwrap_or_else(|| {
+        if host == "0.0.0.0" || host == "::" {
+            kestrel_worker::hostname()
+        } else {
+            host.clone()
+        }
+    });
+    let config = kestrel_server::ServerConfig {
+        dir: dir.clone(),
+        bind_host: host,
+        port,
+        advertise_host: advertise,
+        heartbeat: jobs::parse_duration(heartbeat).context("--heartbeat")?,
+    };
+    let server = kestrel_server::start(config).await?;
+    eprintln!(
+        "kestrel server listening on {} (access file {})",
+        server.access.address(),
+        server.access_path.display()
+    );
+    server_until_stopped(server).await;
+    eprintln!("kestrel server stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs until a client asks to stop or the process gets SIGINT/SIGTERM.
+async fn server_until_stopped(server: kestrel_server::RunningServer) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let terminated = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let stop = server.stop_handle();
+    let waiting = server.wait();
+    tokio::pin!(waiting);
+    tokio::select! {
+        _ = &mut waiting => return,
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminated => {}
+    }
+    stop.stop();
+    waiting.await;
+}
+
+async fn worker_start(
+    g: &Global,
+    slots: Option<u32>,
+    gpus: u32,
+    prefetch: Option<u32>,
+    exec: Exec,
+    reconnect_for: &str,
+) -> Result<ExitCode> {
+    let path = client_cmds::access_path(g);
+    let access = client_cmds::read_access(g)?;
+    let slots = slots.unwrap_or_else(cpus).max(1);
+    let mut config = kestrel_worker::WorkerConfig::new(slots);
+    config.gpus = gpus;
+    config.prefetch = prefetch.unwrap_or(slots);
+    config.exec = match exec {
+        Exec::Process => kestrel_worker::ExecMode::Process,
+        Exec::Noop => kestrel_worker::ExecMode::Noop,
+    };
+    config.reconnect_for = jobs::parse_duration(reconnect_for).context("--reconnect-for")?;
+    config.server_dir = path.parent().map(|p| p.display().to_string());
+    config.access_file = Some(path);
+    if exec == Exec::Noop {
+        eprintln!("warning: --exec noop completes tasks WITHOUT running them (benchmark mode)");
+    }
+    kestrel_worker::run(config, access).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Number of CPUs this process may use.
+pub fn cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}

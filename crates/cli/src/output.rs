@@ -1,0 +1,158 @@
+//! Human tables by default, JSON for scripts, and the progress display of waiting commands.
+
+use comfy_table::{presets, Cell, ContentArrangement, Table};
+use indicatif::{ProgressBar, ProgressStyle};
+use kestrel_proto::messages::{Counts, WaitProgress};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// How results are printed.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Format {
+    /// Aligned columns for people
+    #[default]
+    Table,
+    /// One JSON document, for scripts
+    Json,
+}
+
+/// Prints a value as JSON.
+pub fn json<T: Serialize>(v: &T) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("error: cannot render JSON: {e}"),
+    }
+}
+
+/// A table with a header row and no borders, fitted to the terminal.
+pub fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.iter().map(|h| Cell::new(h.to_uppercase())));
+    t
+}
+
+/// `1.5 ms`, `2.30 s`, `3m 12s`, `1h 02m`.
+pub fn duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 0.001 {
+        format!("{} µs", d.as_micros())
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1000.0)
+    } else if s < 60.0 {
+        format!("{s:.2} s")
+    } else if s < 3600.0 {
+        format!("{}m {:02}s", d.as_secs() / 60, d.as_secs() % 60)
+    } else {
+        format!("{}h {:02}m", d.as_secs() / 3600, d.as_secs() / 60 % 60)
+    }
+}
+
+/// Microseconds as a duration string.
+pub fn micros(us: f64) -> String {
+    duration(Duration::from_secs_f64(us.max(0.0) / 1e6))
+}
+
+/// A Unix-epoch microsecond time as local `HH:MM:SS` age, e.g. `12s ago`.
+pub fn ago(us: u64) -> String {
+    if us == 0 {
+        return "-".into();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(us);
+    format!(
+        "{} ago",
+        duration(Duration::from_micros(now.saturating_sub(us)))
+    )
+}
+
+/// `9990 finished, 10 failed` (only the non-zero parts; `nothing` when empty).
+pub fn counts(c: &Counts) -> String {
+    let parts: Vec<String> = [
+        (c.finished, "finished"),
+        (c.failed, "failed"),
+        (c.canceled, "canceled"),
+        (c.running, "running"),
+        (c.assigned, "assigned"),
+        (c.ready, "queued"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, s)| format!("{n} {s}"))
+    .collect();
+    if parts.is_empty() {
+        "no tasks".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Shows the progress of a wait: a bar on a terminal, a plain line every few seconds otherwise.
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    started: Instant,
+    last_line: Instant,
+    quiet: bool,
+}
+
+impl Progress {
+    pub fn new(quiet: bool) -> Progress {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let b = ProgressBar::new(0);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} tasks  {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+            );
+            b.enable_steady_tick(Duration::from_millis(200));
+            b
+        });
+        Progress {
+            bar,
+            started: Instant::now(),
+            last_line: Instant::now(),
+            quiet,
+        }
+    }
+
+    pub fn update(&mut self, p: &WaitProgress) {
+        let c = &p.counts;
+        let done = c.done();
+        let elapsed = self.started.elapsed().as_secs_f64().max(1e-3);
+        let rate = done as f64 / elapsed;
+        let left = c.total().saturating_sub(done);
+        let eta = if rate > 0.0 && left > 0 {
+            format!(
+                ", ETA {}",
+                duration(Duration::from_secs_f64(left as f64 / rate))
+            )
+        } else {
+            String::new()
+        };
+        let msg = format!("{} failed  {:.0} tasks/s{eta}", c.failed, rate);
+        if let Some(b) = &self.bar {
+            b.set_length(c.total());
+            b.set_position(done);
+            b.set_message(msg);
+        } else if !self.quiet && self.last_line.elapsed() >= Duration::from_secs(5) {
+            self.last_line = Instant::now();
+            eprintln!(
+                "[{}] {done}/{} tasks done, {msg}",
+                duration(self.started.elapsed()),
+                c.total()
+            );
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}

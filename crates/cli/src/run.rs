@@ -1,0 +1,88 @@
+//! `kestrel run`: an embedded server and local workers in this process, over loopback, for one
+//! batch of work. The same code paths as a standalone server, so what works here works there.
+
+use crate::args::{Exec, Global, RunArgs};
+use crate::client_cmds::{submissions, submit_all, wait_exit, wait_for};
+use crate::output::{self, Format};
+use anyhow::{anyhow, bail, Context, Result};
+use kestrel_proto::Client;
+use kestrel_server::ServerConfig;
+use kestrel_worker::{ExecMode, WorkerConfig};
+use std::process::ExitCode;
+use std::time::Instant;
+
+pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
+    if a.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let subs = submissions(&a.shape, &a.options, a.command)?;
+    let tasks: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
+    let slots = a
+        .slots
+        .unwrap_or_else(|| (crate::cpus() / a.workers).max(1));
+    if slots == 0 {
+        bail!("--slots must be at least 1");
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("kestrel-run-")
+        .tempdir()
+        .context("cannot create a directory for the embedded server")?;
+    let started = Instant::now();
+    let server = kestrel_server::start(ServerConfig::local(dir.path().to_path_buf())).await?;
+    let mut workers = Vec::new();
+    for _ in 0..a.workers {
+        let mut config = WorkerConfig::new(slots);
+        config.prefetch = a.prefetch.unwrap_or(slots);
+        config.exec = match a.exec {
+            Exec::Process => ExecMode::Process,
+            Exec::Noop => ExecMode::Noop,
+        };
+        workers.push(tokio::spawn(kestrel_worker::run(
+            config,
+            server.access.clone(),
+        )));
+    }
+    let mut client = Client::connect(&server.access)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    let outcome = async {
+        let ids = submit_all(&mut client, subs).await?;
+        wait_for(&mut client, ids, a.quiet || g.output == Format::Json).await
+    }
+    .await;
+    let wall = started.elapsed();
+    server.stop().await;
+    for w in workers {
+        match w.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: a local worker ended with: {e}"),
+            Err(e) => eprintln!("warning: a local worker crashed: {e}"),
+        }
+    }
+    let p = outcome?;
+    let rate = tasks as f64 / wall.as_secs_f64().max(1e-9);
+    match g.output {
+        Format::Json => output::json(&serde_json::json!({
+            "tasks": tasks,
+            "finished": p.counts.finished,
+            "failed": p.counts.failed,
+            "canceled": p.counts.canceled,
+            "wall_s": wall.as_secs_f64(),
+            "tasks_per_s": rate,
+            "workers": a.workers,
+            "slots": slots,
+        })),
+        Format::Table => {
+            println!(
+                "{tasks} tasks on {} worker(s) x {slots} slots: {} in {} ({rate:.1} tasks/s)",
+                a.workers,
+                output::counts(&p.counts),
+                output::duration(wall),
+            );
+            if p.counts.failed > 0 {
+                println!("some tasks failed; their exit codes and stderr are in the job-<id>/ logs (the embedded server is gone, so `kestrel task list` cannot show them)");
+            }
+        }
+    }
+    Ok(wait_exit(&p))
+}

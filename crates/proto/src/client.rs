@@ -1,0 +1,120 @@
+//! A client connection: connect, authenticate, ask, wait.
+
+use crate::access::Access;
+use crate::auth::{connect_handshake, Role};
+use crate::frame::{FrameReader, FrameWriter, ProtoError};
+use crate::messages::{Answer, Ask, Request, ToClient, WaitProgress};
+use kestrel_core::JobId;
+use std::time::Duration;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+/// How long to try to reach a server before giving up.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a client call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the server at {addr} ({err}); it is not running or the access file is stale: start it with `kestrel server start`, or point to the right one with --server-dir")]
+    Unreachable { addr: String, err: std::io::Error },
+    #[error("the server at {0} did not answer within {CONNECT_TIMEOUT:?}; check the address and that no firewall is in the way")]
+    ConnectTimeout(String),
+    #[error("{0}")]
+    Proto(#[from] ProtoError),
+    /// The server refused the request; its message says why.
+    #[error("{0}")]
+    Server(String),
+    #[error("the server sent an unexpected answer: {0}")]
+    Unexpected(String),
+}
+
+/// Connects TCP to the access file's address, with a timeout and a clear message on failure.
+pub async fn dial(access: &Access) -> Result<TcpStream, ClientError> {
+    let addr = access.address();
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr)).await {
+        Err(_) => return Err(ClientError::ConnectTimeout(addr)),
+        Ok(Err(err)) => return Err(ClientError::Unreachable { addr, err }),
+        Ok(Ok(s)) => s,
+    };
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// An authenticated client connection.
+pub struct Client {
+    reader: FrameReader<OwnedReadHalf>,
+    writer: FrameWriter<OwnedWriteHalf>,
+    next_id: u64,
+}
+
+impl Client {
+    /// Connects and authenticates.
+    pub async fn connect(access: &Access) -> Result<Client, ClientError> {
+        let (r, w) = dial(access).await?.into_split();
+        let mut reader = FrameReader::new(r);
+        let mut writer = FrameWriter::new(w);
+        let secret = access.secret_bytes();
+        tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            connect_handshake(&mut reader, &mut writer, Role::Client, &secret),
+        )
+        .await
+        .map_err(|_| ClientError::ConnectTimeout(access.address()))??;
+        Ok(Client {
+            reader,
+            writer,
+            next_id: 1,
+        })
+    }
+
+    /// Sends a request and returns its answer.
+    pub async fn call(&mut self, ask: Ask) -> Result<Answer, ClientError> {
+        let id = self.send(ask).await?;
+        loop {
+            match self.reader.recv::<ToClient>().await? {
+                ToClient::Reply { id: rid, result } if rid == id => {
+                    return result.map_err(ClientError::Server)
+                }
+                _ => continue,
+            }
+        }
+    }
+
+    async fn send(&mut self, body: Ask) -> Result<u64, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.writer.send(&Request { id, body }).await?;
+        Ok(id)
+    }
+
+    /// Waits until every job in `jobs` (every unfinished job if empty) is done, calling
+    /// `progress` with the counts every `every`.
+    pub async fn wait(
+        &mut self,
+        jobs: Vec<JobId>,
+        every: Duration,
+        mut progress: impl FnMut(&WaitProgress),
+    ) -> Result<WaitProgress, ClientError> {
+        let id = self
+            .send(Ask::Wait {
+                jobs,
+                progress_ms: every.as_millis() as u64,
+            })
+            .await?;
+        loop {
+            match self.reader.recv::<ToClient>().await? {
+                ToClient::Progress {
+                    id: pid,
+                    progress: p,
+                } if pid == id => progress(&p),
+                ToClient::Reply { id: rid, result } if rid == id => {
+                    return match result.map_err(ClientError::Server)? {
+                        Answer::WaitDone(p) => Ok(p),
+                        other => Err(ClientError::Unexpected(format!("{other:?}"))),
+                    };
+                }
+                _ => continue,
+            }
+        }
+    }
+}

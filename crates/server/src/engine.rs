@@ -1,0 +1,489 @@
+//! The engine: one task that owns the scheduler and applies events to it in batches.
+//!
+//! Connections send [`Inbound`] events over one channel. The engine takes everything waiting
+//! (up to a bound), applies it, runs one scheduling pass and sends the commands, so under load
+//! many completions share one pass and one frame per worker.
+
+use crate::views;
+use crate::{now_us, ServerConfig};
+use bytes::Bytes;
+use kestrel_core::Resources;
+use kestrel_core::{Command, Config, JobId, Scheduler, TaskSet, WorkerId, WorkerOffer};
+use kestrel_proto::messages::*;
+use kestrel_proto::{encode, Access};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// A connection's number, for routing replies.
+pub type ConnId = u64;
+
+/// The sending side of a connection: frames queued here are written by its writer task.
+pub struct Outbox {
+    pub conn: ConnId,
+    pub tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl Outbox {
+    /// Encodes and queues a message; a closed connection is noticed by its reader.
+    pub fn send<T: Serialize + std::fmt::Debug>(&self, msg: &T) {
+        match encode(msg) {
+            Ok(frame) => {
+                let _ = self.tx.send(frame);
+            }
+            Err(e) => tracing::error!(conn = self.conn, "cannot encode a reply: {e}"),
+        }
+    }
+}
+
+/// Events from connections to the engine.
+pub enum Inbound {
+    WorkerJoin {
+        registration: Registration,
+        peer: SocketAddr,
+        outbox: Outbox,
+        reply: oneshot::Sender<WorkerId>,
+    },
+    FromWorker {
+        worker: WorkerId,
+        msg: FromWorker,
+    },
+    WorkerGone {
+        worker: WorkerId,
+        reason: String,
+    },
+    ClientJoin {
+        outbox: Outbox,
+    },
+    Client {
+        conn: ConnId,
+        request: Request,
+    },
+    ClientGone {
+        conn: ConnId,
+    },
+    Stop,
+}
+
+struct WorkerConn {
+    outbox: Outbox,
+    peer: SocketAddr,
+    exec: String,
+}
+
+struct Waiter {
+    conn: ConnId,
+    request: u64,
+    jobs: Vec<JobId>,
+    every_us: u64,
+    last_us: u64,
+}
+
+/// How many events one batch applies before the engine schedules and sends.
+const BATCH: usize = 4096;
+/// How often time-driven work runs (heartbeat checks, wait progress).
+const TICK: Duration = Duration::from_millis(100);
+
+pub struct Engine {
+    core: Scheduler,
+    rx: mpsc::UnboundedReceiver<Inbound>,
+    workers: FxHashMap<WorkerId, WorkerConn>,
+    clients: FxHashMap<ConnId, Outbox>,
+    waiters: Vec<Waiter>,
+    info: ServerInfo,
+    heartbeat_ms: u64,
+    stopping: bool,
+    /// Worker reports that did not match a current assignment (late or duplicate).
+    ignored_reports: u64,
+}
+
+impl Engine {
+    pub fn new(
+        config: &ServerConfig,
+        access: &Access,
+        rx: mpsc::UnboundedReceiver<Inbound>,
+        _tx: mpsc::UnboundedSender<Inbound>,
+    ) -> Engine {
+        let heartbeat_ms = config.heartbeat.as_millis().max(1) as u64;
+        let core = Scheduler::new(Config {
+            heartbeat_timeout_us: heartbeat_ms * 4 * 1000,
+            ..Config::default()
+        });
+        let info = ServerInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: kestrel_proto::PROTOCOL_VERSION,
+            address: access.address(),
+            dir: config.dir.display().to_string(),
+            pid: std::process::id(),
+            started_us: now_us(),
+            workers: 0,
+            jobs: 0,
+            live_jobs: 0,
+            queued: 0,
+        };
+        Engine {
+            core,
+            rx,
+            workers: FxHashMap::default(),
+            clients: FxHashMap::default(),
+            waiters: Vec::new(),
+            info,
+            heartbeat_ms,
+            stopping: false,
+            ignored_reports: 0,
+        }
+    }
+
+    /// Runs until a stop request.
+    pub async fn run(mut self) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            tokio::select! {
+                n = self.rx.recv_many(&mut batch, BATCH) => {
+                    if n == 0 {
+                        break;
+                    }
+                    let now = now_us();
+                    for ev in batch.drain(..) {
+                        self.handle(now, ev);
+                    }
+                }
+                _ = tick.tick() => {
+                    let now = now_us();
+                    self.core.tick(now);
+                    self.send_progress(now);
+                }
+            }
+            let now = now_us();
+            self.core.schedule(now);
+            self.route();
+            if self.stopping {
+                break;
+            }
+        }
+        for w in self.workers.values() {
+            w.outbox.send(&ToWorker::Shutdown {
+                reason: "the server is stopping".into(),
+            });
+        }
+        if self.ignored_reports > 0 {
+            tracing::info!(
+                "{} late or duplicate task reports were ignored",
+                self.ignored_reports
+            );
+        }
+    }
+
+    fn handle(&mut self, now: u64, ev: Inbound) {
+        match ev {
+            Inbound::WorkerJoin {
+                registration: r,
+                peer,
+                outbox,
+                reply,
+            } => {
+                let offer = WorkerOffer {
+                    hostname: r.hostname.clone(),
+                    resources: Resources {
+                        cpus: r.slots.max(1),
+                        gpus: r.gpus,
+                    },
+                    prefetch: r.prefetch,
+                };
+                let id = self.core.worker_joined(now, offer);
+                outbox.send(&ToWorker::Registered {
+                    worker: id,
+                    heartbeat_ms: self.heartbeat_ms,
+                    server: self.info.address.clone(),
+                });
+                tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
+                self.workers.insert(
+                    id,
+                    WorkerConn {
+                        outbox,
+                        peer,
+                        exec: r.exec,
+                    },
+                );
+                let _ = reply.send(id);
+            }
+            Inbound::FromWorker { worker, msg } => {
+                self.core.worker_seen(now, worker);
+                match msg {
+                    FromWorker::Update { started, finished } => {
+                        for s in started {
+                            self.core.task_started(worker, s.job, s.index, s.at_us);
+                        }
+                        for f in finished {
+                            if self.core.task_finished(now, worker, f)
+                                == kestrel_core::Accepted::Ignored
+                            {
+                                self.ignored_reports += 1;
+                            }
+                        }
+                    }
+                    FromWorker::Heartbeat => {}
+                    FromWorker::Register(_) => {
+                        tracing::warn!(worker, "worker registered twice; ignored");
+                    }
+                }
+            }
+            Inbound::WorkerGone { worker, reason } => {
+                if self.workers.remove(&worker).is_some() {
+                    tracing::info!(worker, "worker left: {reason}");
+                }
+                self.core.worker_lost(now, worker);
+            }
+            Inbound::ClientJoin { outbox } => {
+                self.clients.insert(outbox.conn, outbox);
+            }
+            Inbound::ClientGone { conn } => {
+                self.clients.remove(&conn);
+                self.waiters.retain(|w| w.conn != conn);
+            }
+            Inbound::Client { conn, request } => self.answer(now, conn, request),
+            Inbound::Stop => self.stopping = true,
+        }
+    }
+
+    fn reply(&self, conn: ConnId, id: u64, result: Result<Answer, String>) {
+        if let Some(c) = self.clients.get(&conn) {
+            c.send(&ToClient::Reply { id, result });
+        }
+    }
+
+    fn answer(&mut self, now: u64, conn: ConnId, req: Request) {
+        let result = match req.body {
+            Ask::Submit { spec, tasks, open } => {
+                let name = spec.name.clone();
+                let n = tasks.len();
+                match self.core.submit(now, spec, tasks, open) {
+                    Ok(job) => {
+                        tracing::info!(job, tasks = n, %name, "job submitted");
+                        Ok(Answer::Submitted { job })
+                    }
+                    Err(e) => {
+                        tracing::info!("submission refused: {e}");
+                        Err(e.to_string())
+                    }
+                }
+            }
+            Ask::Extend { job, argvs, close } => self
+                .core
+                .extend(now, job, argvs, close)
+                .map(|_| Answer::Extended)
+                .map_err(|e| e.to_string()),
+            Ask::JobList => Ok(Answer::Jobs(
+                self.core.jobs().map(views::job_summary).collect(),
+            )),
+            Ask::JobInfo { job } => match self.core.job(job) {
+                Some(j) => Ok(Answer::Job(Box::new(views::job_detail(j)))),
+                None => Err(no_such_job(job)),
+            },
+            Ask::TaskList { job, state, limit } => match self.core.job(job) {
+                Some(j) => Ok(Answer::Tasks(views::task_page(j, state, limit))),
+                None => Err(no_such_job(job)),
+            },
+            Ask::WorkerList => Ok(Answer::Workers(
+                self.core
+                    .workers()
+                    .map(|w| {
+                        let c = self.workers.get(&w.id);
+                        views::worker_row(
+                            w,
+                            c.map(|c| c.peer.to_string()).unwrap_or_default(),
+                            c.map(|c| c.exec.clone()).unwrap_or_default(),
+                        )
+                    })
+                    .collect(),
+            )),
+            Ask::Cancel { jobs } => Ok(Answer::Canceled(
+                jobs.into_iter()
+                    .map(|job| CancelResult {
+                        job,
+                        result: self.core.cancel_job(now, job).map_err(|e| e.to_string()),
+                    })
+                    .collect(),
+            )),
+            Ask::Wait { jobs, progress_ms } => {
+                let jobs = if jobs.is_empty() {
+                    self.core
+                        .jobs()
+                        .filter(|j| !j.is_done())
+                        .map(|j| j.id)
+                        .collect()
+                } else {
+                    jobs
+                };
+                if let Some(missing) = jobs.iter().find(|j| self.core.job(**j).is_none()) {
+                    Err(no_such_job(*missing))
+                } else {
+                    let w = Waiter {
+                        conn,
+                        request: req.id,
+                        jobs,
+                        every_us: progress_ms.max(50) * 1000,
+                        last_us: now,
+                    };
+                    if self.wait_done(&w) {
+                        Ok(Answer::WaitDone(self.progress_of(&w.jobs)))
+                    } else {
+                        self.waiters.push(w);
+                        return;
+                    }
+                }
+            }
+            Ask::ServerInfo => {
+                let mut info = self.info.clone();
+                info.workers = self.core.workers().count() as u32;
+                info.jobs = self.core.jobs().count() as u32;
+                info.live_jobs = self.core.live_jobs() as u32;
+                info.queued = self.core.queued();
+                Ok(Answer::Info(info))
+            }
+            Ask::Stop => {
+                tracing::info!("stop requested by a client");
+                self.stopping = true;
+                Ok(Answer::Stopping)
+            }
+        };
+        self.reply(conn, req.id, result);
+    }
+
+    fn progress_of(&self, jobs: &[JobId]) -> WaitProgress {
+        let mut p = WaitProgress {
+            jobs: jobs.len() as u32,
+            ..Default::default()
+        };
+        for j in jobs.iter().filter_map(|id| self.core.job(*id)) {
+            p.counts.add(&j.counts.into());
+            if j.is_done() {
+                p.jobs_done += 1;
+            }
+        }
+        p
+    }
+
+    fn wait_done(&self, w: &Waiter) -> bool {
+        w.jobs
+            .iter()
+            .all(|id| self.core.job(*id).is_none_or(|j| j.is_done()))
+    }
+
+    fn send_progress(&mut self, now: u64) {
+        for i in 0..self.waiters.len() {
+            let w = &self.waiters[i];
+            if now.saturating_sub(w.last_us) < w.every_us {
+                continue;
+            }
+            let progress = self.progress_of(&w.jobs);
+            if let Some(c) = self.clients.get(&w.conn) {
+                c.send(&ToClient::Progress {
+                    id: w.request,
+                    progress,
+                });
+            }
+            self.waiters[i].last_us = now;
+        }
+    }
+
+    /// Carries out the scheduler's commands.
+    fn route(&mut self) {
+        if !self.core.has_commands() {
+            return;
+        }
+        let mut done_jobs = false;
+        for cmd in self.core.take_commands() {
+            match cmd {
+                Command::DefineJob { worker, job } => {
+                    let (Some(c), Some(j)) = (self.workers.get(&worker), self.core.job(job)) else {
+                        continue;
+                    };
+                    let ids = match &j.tasks {
+                        TaskSet::Array(r) => JobIds::Array(r.clone()),
+                        TaskSet::List(_) => JobIds::List,
+                    };
+                    c.outbox.send(&ToWorker::DefineJob {
+                        job,
+                        template: j.spec.template.clone(),
+                        ids,
+                        resources: j.spec.resources,
+                    });
+                }
+                Command::Assign { worker, runs } => {
+                    let Some(c) = self.workers.get(&worker) else {
+                        continue;
+                    };
+                    let tasks = runs
+                        .into_iter()
+                        .map(|run| {
+                            let argvs = match self.core.job(run.job) {
+                                Some(j) if matches!(j.tasks, TaskSet::List(_)) => (run.first
+                                    ..run.first + run.count)
+                                    .map(|i| {
+                                        j.task_argv(i).map(<[String]>::to_vec).unwrap_or_default()
+                                    })
+                                    .collect(),
+                                _ => Vec::new(),
+                            };
+                            Assigned { run, argvs }
+                        })
+                        .collect();
+                    c.outbox.send(&ToWorker::Assign { tasks });
+                }
+                Command::Cancel { worker, tasks } => {
+                    if let Some(c) = self.workers.get(&worker) {
+                        c.outbox.send(&ToWorker::Cancel { tasks });
+                    }
+                }
+                Command::JobDone { job } => {
+                    done_jobs = true;
+                    if let Some(j) = self.core.job(job) {
+                        let c = j.counts;
+                        tracing::info!(
+                            job,
+                            finished = c.finished,
+                            failed = c.failed,
+                            canceled = c.canceled,
+                            "job done"
+                        );
+                    }
+                    for w in self.workers.values() {
+                        w.outbox.send(&ToWorker::ForgetJob { job });
+                    }
+                }
+                Command::Disconnect { worker, reason } => {
+                    // Dropping the outbox closes the connection's sending side; a worker that
+                    // is merely slow sees the end of stream and reconnects as a new worker.
+                    if let Some(c) = self.workers.remove(&worker) {
+                        tracing::warn!(worker, peer = %c.peer, "worker lost: {reason}");
+                    }
+                }
+            }
+        }
+        if done_jobs {
+            self.finish_waiters();
+        }
+    }
+
+    fn finish_waiters(&mut self) {
+        let mut i = 0;
+        while i < self.waiters.len() {
+            if self.wait_done(&self.waiters[i]) {
+                let w = self.waiters.swap_remove(i);
+                let progress = self.progress_of(&w.jobs);
+                self.reply(w.conn, w.request, Ok(Answer::WaitDone(progress)));
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+fn no_such_job(job: JobId) -> String {
+    format!("job {job} does not exist; `kestrel job list` shows the jobs")
+}

@@ -1,0 +1,140 @@
+//! Kestrel's server: the tokio driver around the scheduler core.
+//!
+//! - [`conn`] accepts connections, runs the handshake and turns frames into [`engine::Inbound`]
+//!   events; each connection decodes on its own task, so decoding scales with cores.
+//! - [`engine`] owns the [`kestrel_core::Scheduler`], applies events in batches, runs one
+//!   scheduling pass per batch and sends the resulting commands as coalesced frames.
+//! - [`views`] renders scheduler state into the protocol's answers.
+
+pub mod conn;
+pub mod engine;
+pub mod views;
+
+use kestrel_proto::{Access, ACCESS_FILE};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// How to run a server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Directory holding the access file (and later the journal).
+    pub dir: PathBuf,
+    /// Address to listen on.
+    pub bind_host: String,
+    /// 0 picks a free port.
+    pub port: u16,
+    /// Host name written into the access file for workers and clients to connect to.
+    pub advertise_host: String,
+    /// How often workers send a heartbeat; a worker silent for 4 intervals is lost.
+    pub heartbeat: Duration,
+}
+
+impl ServerConfig {
+    /// A server on loopback with a free port, for embedded use and tests.
+    pub fn local(dir: PathBuf) -> ServerConfig {
+        ServerConfig {
+            dir,
+            bind_host: "127.0.0.1".into(),
+            port: 0,
+            advertise_host: "127.0.0.1".into(),
+            heartbeat: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A started server.
+pub struct RunningServer {
+    pub access: Access,
+    pub access_path: PathBuf,
+    pub local_addr: SocketAddr,
+    stop: mpsc::UnboundedSender<engine::Inbound>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// Waits until the server stops (a `kestrel server stop`, or [`Self::stop`]).
+    pub async fn wait(self) {
+        let _ = self.done.await;
+        let _ = std::fs::remove_file(&self.access_path);
+    }
+
+    /// A handle that can ask the server to stop from elsewhere.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.stop.clone())
+    }
+
+    /// Asks the server to stop and waits for it.
+    pub async fn stop(self) {
+        let _ = self.stop.send(engine::Inbound::Stop);
+        self.wait().await;
+    }
+}
+
+/// Asks a running server to stop (as `kestrel server stop` does).
+#[derive(Clone)]
+pub struct StopHandle(mpsc::UnboundedSender<engine::Inbound>);
+
+impl StopHandle {
+    pub fn stop(&self) {
+        let _ = self.0.send(engine::Inbound::Stop);
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot create server directory {path}: {err}")]
+    Dir { path: PathBuf, err: std::io::Error },
+    #[error("cannot listen on {addr}: {err}; pick another --host/--port")]
+    Bind { addr: String, err: std::io::Error },
+    #[error(transparent)]
+    Access(#[from] kestrel_proto::AccessError),
+}
+
+/// Binds, writes the access file and starts serving on the current tokio runtime.
+pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
+    std::fs::create_dir_all(&config.dir).map_err(|err| StartError::Dir {
+        path: config.dir.clone(),
+        err,
+    })?;
+    let addr = format!("{}:{}", config.bind_host, config.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|err| StartError::Bind {
+            addr: addr.clone(),
+            err,
+        })?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|err| StartError::Bind { addr, err })?;
+    let access = Access::generate(config.advertise_host.clone(), local_addr.port());
+    let access_path = config.dir.join(ACCESS_FILE);
+    access.write(&access_path)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let secret = access.secret_bytes();
+    let engine = engine::Engine::new(&config, &access, rx, tx.clone());
+    let accept = tokio::spawn(conn::accept_loop(listener, secret, tx.clone()));
+    let done = tokio::spawn(async move {
+        engine.run().await;
+        accept.abort();
+    });
+    tracing::info!(address = %access.address(), dir = %config.dir.display(), "server listening");
+    Ok(RunningServer {
+        access,
+        access_path,
+        local_addr,
+        stop: tx,
+        done,
+    })
+}
+
+/// Microseconds since the Unix epoch (the core has no clock; the drivers read it here).
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}

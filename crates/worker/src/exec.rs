@@ -1,0 +1,1116 @@
+//! Runs one task as a child process on the calling thread, as fast as Linux allows.
+//!
+//! Kestrel must start `/bin/true` at close to `xargs -P` speed, so this module keeps the
+//! per-task cost to the unavoidable system calls:
+//!
+//! * **Spawn** goes through `std::process::Command`, which on Linux/glibc uses
+//!   `posix_spawn` (a `CLONE_VFORK` clone, no page-table copy). Nothing here may force std
+//!   onto its slower fork path: no `pre_exec`, no uid/gid changes, and no `PATH` override
+//!   combined with a bare program name (we resolve such a name ourselves instead). The
+//!   child gets its own process group via `process_group(0)`, which posix_spawn supports.
+//! * **Waiting** uses a pidfd (`pidfd_open`, Linux >= 5.3) polled together with a per-thread
+//!   eventfd that [`CancelHandle::cancel`] writes to. One `poll` covers exit, timeout and
+//!   cancel without races and without helper threads.
+//! * **Killing** (timeout/cancel) happens only on the waiting thread, which owns the
+//!   unreaped child: a pid cannot be reused before it is reaped, so `killpg(pid, SIGKILL)`
+//!   can never hit a stranger. [`CancelHandle`] itself never sends signals.
+//!
+//! On kernels without `pidfd_open` the child is waited for with a plain blocking wait and
+//! timeouts/cancellation are not enforced (a warning is logged once).
+
+use std::cell::OnceCell;
+use std::ffi::{CString, OsStr};
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How many trailing bytes of a failed task's stderr file are returned in
+/// [`Outcome::stderr_tail`]; enough for an error message, small enough for a status report.
+pub const STDERR_TAIL_BYTES: u64 = 1024;
+
+/// Everything needed to start one task; built by the caller after placeholder substitution,
+/// so this module never interprets the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Launch {
+    /// Command line; `argv[0]` is the program, looked up in `PATH` like `execvp` when it
+    /// contains no `/` (using the `PATH` from [`Launch::env`] if it sets one).
+    pub argv: Vec<String>,
+    /// Variables added to (overriding) the worker's own environment, so tasks inherit the
+    /// worker's setup while still getting per-task settings.
+    pub env: Vec<(String, String)>,
+    /// Working directory of the child; `None` keeps the worker's.
+    pub cwd: Option<PathBuf>,
+    /// Where the child's standard output goes.
+    pub stdout: Sink,
+    /// Where the child's standard error goes; a file here also feeds
+    /// [`Outcome::stderr_tail`] when the task fails.
+    pub stderr: Sink,
+    /// Kill the whole process group after this long; `None` waits forever.
+    /// Needs Linux >= 5.3 (pidfd); see the module docs.
+    pub timeout: Option<Duration>,
+}
+
+/// Destination of a child's output stream; files let users inspect output after the run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Sink {
+    /// Discard the output (`/dev/null`), the cheapest choice.
+    #[default]
+    Null,
+    /// Write to this file: missing parent directories are created and the file is
+    /// created or truncated. If stdout and stderr name the same path, they share one
+    /// open file so their output interleaves instead of overwriting each other.
+    File(PathBuf),
+}
+
+/// What happened to one task, reported back to the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Wall-clock time just before the task was launched (sink files opened, then spawned).
+    pub started: SystemTime,
+    /// Wall-clock time after the process (group leader) was reaped or the launch failed.
+    pub finished: SystemTime,
+    /// How the task ended.
+    pub status: ExitKind,
+    /// For a failed run (not [`ExitKind::SpawnFailed`]) whose stderr went to a file: the
+    /// last <= [`STDERR_TAIL_BYTES`] bytes of that file as lossy UTF-8, so failures can be
+    /// explained without fetching the file. `None` otherwise, or if the file is empty or
+    /// unreadable.
+    pub stderr_tail: Option<String>,
+}
+
+/// How a task ended; distinguishes the user's failures from the engine's interventions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitKind {
+    /// The program exited with this code (0 = success).
+    Exited(i32),
+    /// The program was killed by signal N, not by Kestrel.
+    Signaled(i32),
+    /// Kestrel killed the process group because [`Launch::timeout`] elapsed.
+    TimedOut,
+    /// Kestrel killed the process group (or never started it) because of
+    /// [`CancelHandle::cancel`].
+    Canceled,
+    /// The task could not be started (or, in the rare case that the worker lost track of
+    /// the child, e.g. because `SIGCHLD` is ignored, could not be waited for). The text is
+    /// a one-line message naming the program or path and what to do.
+    SpawnFailed(String),
+}
+
+impl ExitKind {
+    /// True only for exit code 0: the scheduler needs one unambiguous success test.
+    pub fn is_success(&self) -> bool {
+        matches!(self, ExitKind::Exited(0))
+    }
+}
+
+impl fmt::Display for ExitKind {
+    /// Short human wording for logs and CLI output.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitKind::Exited(code) => write!(f, "exited with code {code}"),
+            ExitKind::Signaled(sig) => write!(f, "killed by signal {sig}"),
+            ExitKind::TimedOut => f.write_str("timed out"),
+            ExitKind::Canceled => f.write_str("canceled"),
+            ExitKind::SpawnFailed(msg) => write!(f, "failed to start: {msg}"),
+        }
+    }
+}
+
+/// Cancels a running task from another thread.
+///
+/// Clone it freely: all clones share one state. A handle serves one [`run`] at a time and
+/// stays canceled once [`cancel`](CancelHandle::cancel) was called (later runs with it
+/// return [`ExitKind::Canceled`] without spawning). For pid-reuse safety the handle never
+/// signals a process itself: it only wakes the thread waiting in [`run`], which still owns
+/// the unreaped child and does the killing.
+#[derive(Debug, Clone, Default)]
+pub struct CancelHandle {
+    inner: Arc<Mutex<CancelState>>,
+}
+
+#[derive(Debug, Default)]
+struct CancelState {
+    canceled: bool,
+    /// Eventfd of the thread currently inside `run` with this handle. It is only written
+    /// while registered, and registration ends (under this mutex) before `run` returns,
+    /// so the fd is always open when written.
+    waker: Option<RawFd>,
+}
+
+impl CancelHandle {
+    /// Creates a handle that is not canceled; same as `Default`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requests cancellation: if a task is running with this handle, its whole process
+    /// group is killed with SIGKILL and [`run`] returns [`ExitKind::Canceled`]; if [`run`]
+    /// has not started the process yet, it returns `Canceled` without spawning.
+    pub fn cancel(&self) {
+        let mut state = lock(&self.inner);
+        state.canceled = true;
+        if let Some(fd) = state.waker {
+            eventfd_signal(fd);
+        }
+    }
+
+    /// Whether [`cancel`](CancelHandle::cancel) has been called, for callers that want to
+    /// skip work early.
+    pub fn is_canceled(&self) -> bool {
+        lock(&self.inner).canceled
+    }
+}
+
+/// Locks the cancel state, ignoring poisoning: the state is two plain fields that are
+/// always consistent, and cancellation must keep working after an unrelated panic.
+fn lock(m: &Mutex<CancelState>) -> MutexGuard<'_, CancelState> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registration of this thread's eventfd in a [`CancelHandle`] for the duration of a run.
+/// Dropping it deregisters and drains any wake-up, so the reused eventfd never carries a
+/// stale cancel into the next task.
+struct Registration<'a> {
+    handle: &'a CancelHandle,
+    waker: RawFd,
+}
+
+impl<'a> Registration<'a> {
+    /// Registers `waker`, or returns `None` if the handle is already canceled.
+    fn new(handle: &'a CancelHandle, waker: RawFd) -> Option<Self> {
+        let mut state = lock(&handle.inner);
+        if state.canceled {
+            return None;
+        }
+        state.waker = Some(waker);
+        Some(Registration { handle, waker })
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.handle.inner);
+        if state.waker == Some(self.waker) {
+            state.waker = None;
+        }
+        if state.canceled {
+            // cancel() may have written after we stopped polling; drain it (EAGAIN if not).
+            eventfd_drain(self.waker);
+        }
+    }
+}
+
+thread_local! {
+    /// One eventfd per executor thread, created on first use and reused for every task,
+    /// so cancellation support costs no system calls per task.
+    static WAKER: OnceCell<OwnedFd> = const { OnceCell::new() };
+}
+
+/// Returns this thread's eventfd (non-blocking, close-on-exec), creating it once.
+fn thread_waker() -> io::Result<RawFd> {
+    WAKER
+        .try_with(|cell| {
+            if let Some(fd) = cell.get() {
+                return Ok(fd.as_raw_fd());
+            }
+            // SAFETY: plain syscall wrapper; the result is checked before use.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            Ok(cell.get_or_init(|| owned).as_raw_fd())
+        })
+        .map_err(|_| io::Error::other("thread is shutting down"))?
+}
+
+fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64; `fd` is open while registered (see
+    // CancelState::waker). Failure (counter overflow) still leaves the fd readable.
+    unsafe {
+        libc::write(fd, (&one as *const u64).cast(), std::mem::size_of::<u64>());
+    }
+}
+
+fn eventfd_drain(fd: RawFd) {
+    let mut buf: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a valid u64; non-blocking fd, EAGAIN is fine.
+    unsafe {
+        libc::read(
+            fd,
+            (&mut buf as *mut u64).cast(),
+            std::mem::size_of::<u64>(),
+        );
+    }
+}
+
+/// Runs one task to completion on the current thread and reports how it ended.
+///
+/// Blocks until the process group leader exits, the timeout elapses, or `cancel` fires;
+/// on timeout/cancel the whole process group is killed with SIGKILL before the leader is
+/// reaped. Background processes left behind by a task that exits by itself are not
+/// touched. Never panics on OS errors: launch problems become [`ExitKind::SpawnFailed`].
+pub fn run(launch: &Launch, cancel: &CancelHandle) -> Outcome {
+    let started = SystemTime::now();
+    let status = run_inner(launch, cancel);
+    let finished = SystemTime::now();
+    let stderr_tail = match (&status, &launch.stderr) {
+        (ExitKind::SpawnFailed(_), _) | (_, Sink::Null) => None,
+        (s, _) if s.is_success() => None,
+        (_, Sink::File(path)) => read_tail(path, STDERR_TAIL_BYTES),
+    };
+    Outcome {
+        started,
+        finished,
+        status,
+        stderr_tail,
+    }
+}
+
+fn run_inner(launch: &Launch, cancel: &CancelHandle) -> ExitKind {
+    if cancel.is_canceled() {
+        return ExitKind::Canceled;
+    }
+    let Some(program) = launch.argv.first() else {
+        return ExitKind::SpawnFailed("empty command line: no program given".to_string());
+    };
+    let waker = match thread_waker() {
+        Ok(fd) => fd,
+        Err(e) => {
+            return ExitKind::SpawnFailed(format!(
+                "cannot create eventfd to run '{program}': {e}; the worker may be out of file descriptors (raise `ulimit -n`)"
+            ))
+        }
+    };
+    let Some(registration) = Registration::new(cancel, waker) else {
+        return ExitKind::Canceled;
+    };
+
+    let mut cmd = match build_command(launch, program) {
+        Ok(cmd) => cmd,
+        Err(msg) => return ExitKind::SpawnFailed(msg),
+    };
+    // A cancel may have arrived while the sinks were opened; don't start a doomed task.
+    if cancel.is_canceled() {
+        return ExitKind::Canceled;
+    }
+    let spawned = cmd.spawn();
+    // Close our copies of the sink files right away.
+    drop(cmd);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => return ExitKind::SpawnFailed(describe_spawn_error(launch, program, &e)),
+    };
+
+    let status = wait_child(&mut child, launch.timeout, cancel, waker);
+    drop(registration);
+    status
+}
+
+/// Builds the `Command` without doing anything that would make std leave its posix_spawn
+/// fast path. Errors are ready-made `SpawnFailed` messages.
+fn build_command(launch: &Launch, program: &str) -> Result<Command, String> {
+    let path_override = launch
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let mut cmd = match path_override {
+        // std falls back to fork+execvp when PATH is overridden and the program is a bare
+        // name; resolving it here keeps posix_spawn (argv[0] stays as the user wrote it).
+        Some(path) if !program.contains('/') => {
+            match lookup_in_path(program, OsStr::new(path), launch.cwd.as_deref()) {
+                Lookup::Found(full) => {
+                    let mut cmd = Command::new(full);
+                    cmd.arg0(program);
+                    cmd
+                }
+                Lookup::NotExecutable(p) => {
+                    return Err(format!(
+                        "program '{program}' found at '{}' is not executable (permission denied); run `chmod +x` on it",
+                        p.display()
+                    ))
+                }
+                Lookup::Missing => {
+                    return Err(format!(
+                        "program '{program}' not found in PATH '{path}' (set by the task's environment); check the name or give a full path"
+                    ))
+                }
+            }
+        }
+        _ => Command::new(program),
+    };
+    cmd.args(&launch.argv[1..]);
+    cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
+    if let Some(cwd) = &launch.cwd {
+        cmd.current_dir(cwd);
+    }
+    cmd.stdin(Stdio::null());
+    cmd.process_group(0);
+
+    let out_file = match &launch.stdout {
+        Sink::Null => None,
+        Sink::File(path) => Some(open_sink(path, "stdout")?),
+    };
+    let err_stdio = match &launch.stderr {
+        Sink::Null => Stdio::null(),
+        Sink::File(path) => match (&launch.stdout, &out_file) {
+            (Sink::File(out_path), Some(out)) if out_path == path => Stdio::from(
+                out.try_clone()
+                    .map_err(|e| format!("cannot open stderr file '{}': {e}", path.display()))?,
+            ),
+            _ => Stdio::from(open_sink(path, "stderr")?),
+        },
+    };
+    cmd.stdout(match out_file {
+        Some(f) => Stdio::from(f),
+        None => Stdio::null(),
+    });
+    cmd.stderr(err_stdio);
+    Ok(cmd)
+}
+
+/// Creates/truncates a sink file; parent directories are created only if the first open
+/// says they are missing, so the common case is a single `open`.
+fn open_sink(path: &Path, which: &str) -> Result<File, String> {
+    let open_err = |e: io::Error| format!("cannot open {which} file '{}': {e}", path.display());
+    match File::create(path) {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                fs::create_dir_all(parent).map_err(|e| {
+                    format!(
+                        "cannot create directory '{}' for {which} file '{}': {e}",
+                        parent.display(),
+                        path.display()
+                    )
+                })?;
+            }
+            File::create(path).map_err(open_err)
+        }
+        Err(e) => Err(open_err(e)),
+    }
+}
+
+/// Waits for the child's exit, the timeout or a cancel, whichever comes first, and reaps it.
+fn wait_child(
+    child: &mut Child,
+    timeout: Option<Duration>,
+    cancel: &CancelHandle,
+    waker: RawFd,
+) -> ExitKind {
+    // Pids fit in pid_t; the kernel never hands out larger ones.
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: plain syscall; `pid` is our unreaped child, so it cannot name another process.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        let err = io::Error::last_os_error();
+        warn_no_pidfd(&err);
+        return reap(child);
+    }
+    // SAFETY: pidfd_open returned a new descriptor (close-on-exec) that we now own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    let mut fds = [
+        libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: waker,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let kill_reason = loop {
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => poll_timeout_ms(left),
+                _ => break ExitKind::TimedOut,
+            },
+        };
+        // SAFETY: `fds` is a valid array of two pollfds for the duration of the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::warn!(pid, error = %err, "poll on pidfd failed; waiting without timeout");
+            return reap(child);
+        }
+        if fds[0].revents != 0 {
+            // The leader exited (or the pidfd is in an error state): reap it.
+            return reap(child);
+        }
+        if fds[1].revents != 0 {
+            if fds[1].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+                // Should not happen; stop polling the waker rather than spin.
+                fds[1].fd = -1;
+            } else {
+                eventfd_drain(waker);
+            }
+            if cancel.is_canceled() {
+                break ExitKind::Canceled;
+            }
+        }
+        // Otherwise: timeout (re-checked at the top) or a stale wake-up.
+    };
+
+    // The leader is not reaped yet, so `pid` (and the group id equal to it) still belong
+    // to our child. Kill the group, and the leader directly in case it left the group.
+    // SAFETY: plain syscalls on our own unreaped child; errors (ESRCH) are harmless.
+    unsafe {
+        libc::killpg(pid, libc::SIGKILL);
+        libc::kill(pid, libc::SIGKILL);
+    }
+    match child.wait() {
+        Ok(_) => kill_reason,
+        Err(e) => lost_child(pid, &e),
+    }
+}
+
+/// Rounds up to whole milliseconds so `poll` never returns before the deadline.
+fn poll_timeout_ms(left: Duration) -> libc::c_int {
+    libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX)
+}
+
+fn reap(child: &mut Child) -> ExitKind {
+    match child.wait() {
+        Ok(status) => exit_kind(status),
+        Err(e) => lost_child(child.id() as libc::pid_t, &e),
+    }
+}
+
+fn exit_kind(status: ExitStatus) -> ExitKind {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitKind::Exited(code),
+        (None, Some(sig)) => ExitKind::Signaled(sig),
+        // Unreachable for a blocking waitpid without WUNTRACED; keep the raw value.
+        (None, None) => ExitKind::Exited(status.into_raw()),
+    }
+}
+
+fn lost_child(pid: libc::pid_t, err: &io::Error) -> ExitKind {
+    ExitKind::SpawnFailed(format!(
+        "cannot wait for process {pid}: {err}; make sure the worker does not ignore SIGCHLD"
+    ))
+}
+
+fn warn_no_pidfd(err: &io::Error) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if err.raw_os_error() != Some(libc::ENOSYS) {
+        tracing::warn!(error = %err, "pidfd_open failed; this task's timeout and cancel are not enforced");
+    } else if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!("pidfd_open is not available (Linux < 5.3): task timeouts and cancellation are not enforced");
+    }
+}
+
+/// Result of an execvp-style search.
+enum Lookup {
+    Found(PathBuf),
+    /// A matching regular file exists but lacks execute permission.
+    NotExecutable(PathBuf),
+    Missing,
+}
+
+/// execvp-style lookup of `name` in `path`; relative entries (empty = ".") are taken
+/// relative to `cwd` when given, since that is where the child will run.
+fn lookup_in_path(name: &str, path: &OsStr, cwd: Option<&Path>) -> Lookup {
+    let mut not_executable = None;
+    for entry in path.as_bytes().split(|b| *b == b':') {
+        let dir = if entry.is_empty() {
+            Path::new(".")
+        } else {
+            Path::new(OsStr::from_bytes(entry))
+        };
+        let mut candidate = match cwd {
+            Some(cwd) if dir.is_relative() => cwd.join(dir),
+            _ => dir.to_path_buf(),
+        };
+        candidate.push(name);
+        if !fs::metadata(&candidate).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        if is_executable(&candidate) {
+            return Lookup::Found(candidate);
+        }
+        not_executable.get_or_insert(candidate);
+    }
+    not_executable.map_or(Lookup::Missing, Lookup::NotExecutable)
+}
+
+fn is_executable(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated string.
+    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
+}
+
+/// Turns a spawn error into a one-line message. Only runs on failure, so the extra
+/// `stat`s it does cost nothing on the success path. posix_spawn reports a failed
+/// `chdir` with the same errno as a failed exec, so the working directory is checked first.
+fn describe_spawn_error(launch: &Launch, program: &str, err: &io::Error) -> String {
+    if let Some(cwd) = &launch.cwd {
+        match fs::metadata(cwd) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return format!(
+                    "working directory '{}' does not exist; create it or fix the task's cwd",
+                    cwd.display()
+                )
+            }
+            Err(e) => return format!("cannot use working directory '{}': {e}", cwd.display()),
+            Ok(m) if !m.is_dir() => {
+                return format!("working directory '{}' is not a directory", cwd.display())
+            }
+            Ok(_) if !is_executable(cwd) => {
+                return format!(
+                    "cannot enter working directory '{}' (permission denied)",
+                    cwd.display()
+                )
+            }
+            Ok(_) => {}
+        }
+    }
+
+    let bare = !program.contains('/');
+    // Where the program is (or would be), for precise messages.
+    let located: Option<PathBuf> = if bare {
+        let path = launch
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| OsStr::new(v).to_os_string())
+            .or_else(|| std::env::var_os("PATH"))
+            .unwrap_or_else(|| "/bin:/usr/bin".into());
+        match lookup_in_path(program, &path, launch.cwd.as_deref()) {
+            Lookup::Found(p) | Lookup::NotExecutable(p) => Some(p),
+            Lookup::Missing => None,
+        }
+    } else {
+        let p = Path::new(program);
+        Some(match &launch.cwd {
+            Some(cwd) if p.is_relative() => cwd.join(p),
+            _ => p.to_path_buf(),
+        })
+    };
+    let shown = match (&located, bare) {
+        (Some(p), true) => format!("program '{program}' (at '{}')", p.display()),
+        _ => format!("'{program}'"),
+    };
+    let exists = located.as_deref().is_some_and(|p| p.exists());
+
+    match err.raw_os_error() {
+        Some(libc::ENOENT) if bare && !exists => format!(
+            "program '{program}' not found in PATH; check the name or give a full path"
+        ),
+        Some(libc::ENOENT) if !exists => {
+            format!("'{program}' does not exist; check the path")
+        }
+        Some(libc::ENOENT) => format!(
+            "{shown} exists but its interpreter (the '#!' line) was not found; fix the '#!' line"
+        ),
+        Some(libc::EACCES) if located.as_deref().is_some_and(Path::is_dir) => {
+            format!("{shown} is a directory, not a program")
+        }
+        Some(libc::EACCES) => {
+            format!("{shown} is not executable (permission denied); run `chmod +x` on it")
+        }
+        Some(libc::ENOEXEC) => format!(
+            "{shown} is not a valid executable (exec format error); add a '#!' line if it is a script"
+        ),
+        Some(libc::ETXTBSY) => {
+            format!("{shown} is being written to (text file busy); retry when it is complete")
+        }
+        Some(libc::E2BIG) => {
+            format!("cannot start {shown}: argument list or environment too long")
+        }
+        Some(libc::ENOTDIR) => {
+            format!("cannot start {shown}: a component of its path is not a directory")
+        }
+        Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM) => format!(
+            "cannot start {shown}: {err}; the worker is out of resources (processes, memory or file descriptors)"
+        ),
+        _ => format!("cannot start {shown}: {err}"),
+    }
+}
+
+/// Last `max` bytes of `path` as lossy UTF-8, skipping a character cut in half at the
+/// start; `None` if the file is empty or unreadable.
+fn read_tail(path: &Path, max: u64) -> Option<String> {
+    let mut file = File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    if len == 0 {
+        return None;
+    }
+    let start = len.saturating_sub(max);
+    file.seek(SeekFrom::Start(start)).ok()?;
+    let mut buf = Vec::with_capacity(usize::try_from(len - start).unwrap_or(0));
+    file.take(max).read_to_end(&mut buf).ok()?;
+    let skip = if start > 0 {
+        buf.iter()
+            .take(3)
+            .take_while(|b| **b & 0xC0 == 0x80)
+            .count()
+    } else {
+        0
+    };
+    if buf.len() <= skip {
+        return None;
+    }
+    Some(String::from_utf8_lossy(&buf[skip..]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::thread;
+
+    fn sh(script: &str) -> Launch {
+        Launch {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            ..Launch::default()
+        }
+    }
+
+    fn run_it(launch: &Launch) -> Outcome {
+        run(launch, &CancelHandle::new())
+    }
+
+    fn spawn_failed(outcome: &Outcome) -> &str {
+        match &outcome.status {
+            ExitKind::SpawnFailed(msg) => msg,
+            other => panic!("expected SpawnFailed, got {other:?}"),
+        }
+    }
+
+    /// Executes a freshly written file, retrying while another test thread's concurrent
+    /// spawn briefly holds our write descriptor (ETXTBSY).
+    fn run_retrying_busy(launch: &Launch) -> Outcome {
+        for _ in 0..20 {
+            let out = run_it(launch);
+            match &out.status {
+                ExitKind::SpawnFailed(m) if m.contains("text file busy") => {
+                    thread::sleep(Duration::from_millis(20))
+                }
+                _ => return out,
+            }
+        }
+        panic!("file stayed busy");
+    }
+
+    /// State letter and process group of `pid` from /proc, or `None` if it is gone.
+    fn proc_state(pid: libc::pid_t) -> Option<(char, libc::pid_t)> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        let mut fields = rest.split_whitespace();
+        let state = fields.next()?.chars().next()?;
+        let pgrp = fields.nth(1)?.parse().ok()?;
+        Some((state, pgrp))
+    }
+
+    /// True once `pid` no longer runs: gone, or a zombie waiting for init to reap it.
+    fn process_dead(pid: libc::pid_t) -> bool {
+        // SAFETY: signal 0 only checks for existence.
+        if unsafe { libc::kill(pid, 0) } != 0 {
+            return true;
+        }
+        proc_state(pid).is_none_or(|(state, _)| state == 'Z')
+    }
+
+    /// Non-zombie processes still in process group `pgid`.
+    fn live_group_members(pgid: libc::pid_t) -> Vec<libc::pid_t> {
+        fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|pid| proc_state(*pid).is_some_and(|(st, pg)| pg == pgid && st != 'Z'))
+            .collect()
+    }
+
+    /// Asserts that the background process and every other member of the task's process
+    /// group die within a bounded time.
+    fn assert_group_dies_soon(group: &GroupScript) {
+        let leader = read_pid(&group.leader_file);
+        let bg = read_pid(&group.bg_file);
+        assert_ne!(leader, bg);
+        let until = Instant::now() + Duration::from_secs(3);
+        loop {
+            let live = live_group_members(leader);
+            if process_dead(bg) && live.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "survivors: bg {bg} dead={}, group {leader} members {live:?}",
+                process_dead(bg)
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn read_pid(path: &Path) -> libc::pid_t {
+        let text = fs::read_to_string(path).expect("pid file");
+        text.trim().parse().expect("pid in pid file")
+    }
+
+    /// A task that starts a background `sleep` and then sleeps itself, recording both pids.
+    struct GroupScript {
+        _dir: tempfile::TempDir,
+        leader_file: PathBuf,
+        bg_file: PathBuf,
+        launch: Launch,
+    }
+
+    fn group_script() -> GroupScript {
+        let dir = tempfile::tempdir().unwrap();
+        let leader_file = dir.path().join("leader.pid");
+        let bg_file = dir.path().join("bg.pid");
+        let launch = sh(&format!(
+            "echo $$ > '{}'; sleep 30 & echo $! > '{}'; sleep 30",
+            leader_file.display(),
+            bg_file.display()
+        ));
+        GroupScript {
+            _dir: dir,
+            leader_file,
+            bg_file,
+            launch,
+        }
+    }
+
+    #[test]
+    fn exit_code_zero_is_success() {
+        let before = SystemTime::now();
+        let out = run_it(&Launch {
+            argv: vec!["true".into()],
+            ..Launch::default()
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert!(out.status.is_success());
+        assert!(before <= out.started && out.started <= out.finished);
+        assert_eq!(out.stderr_tail, None);
+    }
+
+    #[test]
+    fn exit_code_three_is_failure() {
+        let out = run_it(&sh("exit 3"));
+        assert_eq!(out.status, ExitKind::Exited(3));
+        assert!(!out.status.is_success());
+    }
+
+    #[test]
+    fn signal_is_reported() {
+        let out = run_it(&sh("kill -TERM $$"));
+        assert_eq!(out.status, ExitKind::Signaled(libc::SIGTERM));
+        assert!(!out.status.is_success());
+    }
+
+    #[test]
+    fn missing_program() {
+        let out = run_it(&Launch {
+            argv: vec!["kestrel-no-such-program-xyz".into()],
+            ..Launch::default()
+        });
+        let msg = spawn_failed(&out);
+        assert!(
+            msg.contains("program 'kestrel-no-such-program-xyz' not found in PATH"),
+            "{msg}"
+        );
+        assert!(out.stderr_tail.is_none());
+    }
+
+    #[test]
+    fn missing_program_with_path_override() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = run_it(&Launch {
+            argv: vec!["kestrel-no-such-program-xyz".into()],
+            env: vec![("PATH".into(), dir.path().display().to_string())],
+            ..Launch::default()
+        });
+        let msg = spawn_failed(&out);
+        assert!(msg.contains("not found in PATH"), "{msg}");
+    }
+
+    #[test]
+    fn missing_absolute_path() {
+        let out = run_it(&Launch {
+            argv: vec!["/kestrel/no/such/prog".into()],
+            ..Launch::default()
+        });
+        let msg = spawn_failed(&out);
+        assert!(
+            msg.contains("'/kestrel/no/such/prog' does not exist"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn non_executable_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("script.sh");
+        fs::write(&path, "#!/bin/sh\nexit 0\n").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let out = run_retrying_busy(&Launch {
+            argv: vec![path.display().to_string()],
+            ..Launch::default()
+        });
+        let msg = spawn_failed(&out);
+        assert!(
+            msg.contains(&format!(
+                "'{}' is not executable (permission denied)",
+                path.display()
+            )),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn missing_cwd() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = dir.path().join("nope");
+        let out = run_it(&Launch {
+            argv: vec!["true".into()],
+            cwd: Some(cwd.clone()),
+            ..Launch::default()
+        });
+        let msg = spawn_failed(&out);
+        assert!(
+            msg.contains(&format!(
+                "working directory '{}' does not exist",
+                cwd.display()
+            )),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unwritable_stdout_path() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let target = file.path().join("x.out");
+        let out = run_it(&Launch {
+            argv: vec!["true".into()],
+            stdout: Sink::File(target.clone()),
+            ..Launch::default()
+        });
+        let msg = spawn_failed(&out);
+        assert!(
+            msg.starts_with(&format!("cannot open stdout file '{}': ", target.display())),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'));
+    }
+
+    #[test]
+    fn stdout_and_stderr_to_files_with_parent_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let out_path = dir.path().join("a/b/task.out");
+        let err_path = dir.path().join("c/task.err");
+        fs::create_dir_all(dir.path().join("c")).unwrap();
+        fs::write(&err_path, "old content that must be truncated\n").unwrap();
+        let out = run_it(&Launch {
+            stdout: Sink::File(out_path.clone()),
+            stderr: Sink::File(err_path.clone()),
+            ..sh("echo to-out; echo to-err >&2")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert_eq!(fs::read_to_string(&out_path).unwrap(), "to-out\n");
+        assert_eq!(fs::read_to_string(&err_path).unwrap(), "to-err\n");
+        assert_eq!(out.stderr_tail, None, "no tail for a successful run");
+    }
+
+    #[test]
+    fn stdout_and_stderr_to_same_file_interleave() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("both.log");
+        let out = run_it(&Launch {
+            stdout: Sink::File(path.clone()),
+            stderr: Sink::File(path.clone()),
+            ..sh("echo one; echo two >&2; echo three")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert_eq!(fs::read_to_string(&path).unwrap(), "one\ntwo\nthree\n");
+    }
+
+    #[test]
+    fn stderr_tail_on_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let err_path = dir.path().join("task.err");
+        let out = run_it(&Launch {
+            stderr: Sink::File(err_path.clone()),
+            ..sh("i=0; while [ $i -lt 300 ]; do echo line$i >&2; i=$((i+1)); done; exit 1")
+        });
+        assert_eq!(out.status, ExitKind::Exited(1));
+        let tail = out.stderr_tail.expect("tail");
+        assert!(tail.len() <= 1024);
+        assert!(tail.len() > 1000, "tail too short: {}", tail.len());
+        assert!(tail.ends_with("line298\nline299\n"), "{tail}");
+        let full = fs::read_to_string(&err_path).unwrap();
+        assert!(full.len() > 1024 && full.ends_with(&tail));
+
+        // Failure with stderr discarded: no tail.
+        let out = run_it(&sh("echo x >&2; exit 1"));
+        assert_eq!(out.status, ExitKind::Exited(1));
+        assert_eq!(out.stderr_tail, None);
+    }
+
+    #[test]
+    fn stderr_tail_skips_split_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        // 400 three-byte chars (1200 bytes): the 1024-byte window starts at byte 176,
+        // the last byte of a character.
+        let text = "€".repeat(400);
+        fs::write(&path, &text).unwrap();
+        let tail = read_tail(&path, 1024).unwrap();
+        assert!(!tail.contains('\u{FFFD}'));
+        assert_eq!(tail, "€".repeat(341));
+    }
+
+    #[test]
+    fn timeout_kills_whole_group() {
+        let group = group_script();
+        let t0 = Instant::now();
+        let out = run_it(&Launch {
+            timeout: Some(Duration::from_millis(200)),
+            ..group.launch.clone()
+        });
+        let took = t0.elapsed();
+        assert_eq!(out.status, ExitKind::TimedOut);
+        assert!(took >= Duration::from_millis(200), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        assert_group_dies_soon(&group);
+    }
+
+    #[test]
+    fn timeout_not_reached() {
+        let out = run_it(&Launch {
+            timeout: Some(Duration::from_secs(5)),
+            ..sh("exit 7")
+        });
+        assert_eq!(out.status, ExitKind::Exited(7));
+    }
+
+    #[test]
+    fn cancel_from_another_thread() {
+        let group = group_script();
+        let handle = CancelHandle::new();
+        let canceler = {
+            let handle = handle.clone();
+            let bg_file = group.bg_file.clone();
+            thread::spawn(move || {
+                // Cancel once the task is certainly running (it wrote its pid files).
+                let until = Instant::now() + Duration::from_secs(3);
+                while fs::read_to_string(&bg_file).map_or(true, |s| !s.ends_with('\n')) {
+                    if Instant::now() > until {
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                }
+                handle.cancel();
+            })
+        };
+        let t0 = Instant::now();
+        // The timeout is only a backstop so a broken cancel fails fast instead of hanging.
+        let launch = Launch {
+            timeout: Some(Duration::from_secs(4)),
+            ..group.launch.clone()
+        };
+        let out = run(&launch, &handle);
+        canceler.join().unwrap();
+        assert_eq!(out.status, ExitKind::Canceled);
+        assert!(t0.elapsed() < Duration::from_secs(3));
+        assert_group_dies_soon(&group);
+
+        // The thread's reused eventfd must not leak the cancel into the next task.
+        let out = run_it(&Launch {
+            timeout: Some(Duration::from_secs(5)),
+            ..sh("sleep 0.05; exit 4")
+        });
+        assert_eq!(out.status, ExitKind::Exited(4));
+    }
+
+    #[test]
+    fn cancel_before_start_does_not_spawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let handle = CancelHandle::new();
+        handle.cancel();
+        assert!(handle.is_canceled());
+        let out = run(
+            &sh(&format!("touch '{}'", marker.display())),
+            &handle.clone(),
+        );
+        assert_eq!(out.status, ExitKind::Canceled);
+        assert!(!marker.exists());
+        assert_eq!(out.stderr_tail, None);
+    }
+
+    #[test]
+    fn env_and_cwd_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = dir.path().canonicalize().unwrap();
+        let out_path = cwd.join("out.txt");
+        let out = run_it(&Launch {
+            env: vec![
+                ("KESTREL_TEST_VAR".into(), "hello world".into()),
+                ("HOME".into(), "/kestrel-home".into()),
+            ],
+            cwd: Some(cwd.clone()),
+            stdout: Sink::File(out_path.clone()),
+            ..sh("echo \"$KESTREL_TEST_VAR\"; echo \"$HOME\"; pwd -P")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert_eq!(
+            fs::read_to_string(&out_path).unwrap(),
+            format!("hello world\n/kestrel-home\n{}\n", cwd.display())
+        );
+    }
+
+    #[test]
+    fn path_override_resolves_program() {
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("kestrel-tool");
+        fs::write(&tool, "#!/bin/sh\necho \"tool:$1\"\n").unwrap();
+        fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
+        let out_path = dir.path().join("out.txt");
+        let path = format!("{}:/usr/bin:/bin", dir.path().display());
+        let out = run_retrying_busy(&Launch {
+            argv: vec!["kestrel-tool".into(), "arg".into()],
+            env: vec![("PATH".into(), path)],
+            stdout: Sink::File(out_path.clone()),
+            ..Launch::default()
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert_eq!(fs::read_to_string(&out_path).unwrap(), "tool:arg\n");
+    }
+
+    #[test]
+    fn empty_argv_fails_cleanly() {
+        let out = run_it(&Launch::default());
+        assert!(spawn_failed(&out).contains("empty command line"));
+    }
+
+    #[test]
+    fn poll_timeout_rounds_up() {
+        assert_eq!(poll_timeout_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(poll_timeout_ms(Duration::from_millis(200)), 200);
+        assert_eq!(poll_timeout_ms(Duration::from_secs(u64::MAX)), i32::MAX);
+    }
+}

@@ -1,0 +1,152 @@
+//! Kestrel's worker: connects out to the server, runs assigned tasks on its slots, reports.
+//!
+//! - [`exec`] runs one task as a process in its own process group (spawn, wait, timeout, kill).
+//! - [`local`] keeps templates, the local queue and free resources, and builds launches.
+//! - `session` is one connection's life; [`run`] reconnects with backoff when it drops.
+
+pub mod exec;
+pub mod local;
+mod session;
+
+use kestrel_proto::{Access, ClientError, ProtoError};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How tasks are executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecMode {
+    /// Each task is a child process (the normal mode).
+    Process,
+    /// Benchmark only: tasks complete at once without running anything, to measure dispatch.
+    Noop,
+}
+
+/// How to run a worker.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Where to re-read the access file when reconnecting (a restarted server writes a new one).
+    pub access_file: Option<PathBuf>,
+    pub slots: u32,
+    pub gpus: u32,
+    /// Extra cpus' worth of tasks kept queued here so no slot waits a round trip.
+    pub prefetch: u32,
+    pub exec: ExecMode,
+    pub hostname: String,
+    /// The server directory, passed to tasks as `KESTREL_SERVER_DIR`.
+    pub server_dir: Option<String>,
+    /// How long to keep trying to reconnect after the connection drops.
+    pub reconnect_for: Duration,
+}
+
+impl WorkerConfig {
+    /// A worker with `slots` slots, defaults elsewhere.
+    pub fn new(slots: u32) -> WorkerConfig {
+        WorkerConfig {
+            access_file: None,
+            slots,
+            gpus: 0,
+            prefetch: slots,
+            exec: ExecMode::Process,
+            hostname: hostname(),
+            server_dir: None,
+            reconnect_for: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Why a worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Connect(#[from] ClientError),
+    #[error("{0}")]
+    Proto(#[from] ProtoError),
+    #[error("{0}")]
+    Setup(String),
+    #[error("lost the server and could not reconnect within {0:?}: {1}")]
+    GaveUp(Duration, String),
+}
+
+impl WorkerError {
+    fn from_handshake(e: ProtoError) -> WorkerError {
+        WorkerError::Proto(e)
+    }
+
+    /// Whether trying again later might help (the server may be restarting).
+    fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            WorkerError::Connect(ClientError::Unreachable { .. } | ClientError::ConnectTimeout(_))
+                | WorkerError::Proto(ProtoError::Io(_) | ProtoError::Closed)
+        )
+    }
+}
+
+/// The machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Runs a worker until the server tells it to stop, or the server stays unreachable for
+/// `reconnect_for` after a drop. The first connection must succeed (a wrong address or secret
+/// is reported at once).
+pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError> {
+    let threads = match config.exec {
+        ExecMode::Process => config.slots.max(1),
+        ExecMode::Noop => 0,
+    };
+    let mut pool = if threads > 0 {
+        Some(session::Pool::new(threads)?)
+    } else {
+        None
+    };
+    let mut access = access;
+    let mut ever_registered = false;
+    loop {
+        let outcome = session::serve(&config, &access, &mut pool).await;
+        let reason = match outcome {
+            Ok(session::SessionEnd::Shutdown(reason)) => {
+                tracing::info!("server asked the worker to stop: {reason}");
+                return Ok(());
+            }
+            Ok(session::SessionEnd::Lost(reason)) => {
+                ever_registered = true;
+                reason
+            }
+            Err(e) if ever_registered && e.is_transient() => e.to_string(),
+            Err(e) => return Err(e),
+        };
+        tracing::warn!("connection to the server lost ({reason}); reconnecting");
+        access = reconnect(&config, access, &reason).await?;
+    }
+}
+
+/// Waits with exponential backoff until the server (maybe restarted, with a new access file)
+/// answers a TCP connect.
+async fn reconnect(
+    config: &WorkerConfig,
+    mut access: Access,
+    why: &str,
+) -> Result<Access, WorkerError> {
+    let deadline = Instant::now() + config.reconnect_for;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        if let Some(path) = &config.access_file {
+            if let Ok(a) = Access::read(path) {
+                access = a;
+            }
+        }
+        if kestrel_proto::client::dial(&access).await.is_ok() {
+            return Ok(access);
+        }
+        if Instant::now() >= deadline {
+            return Err(WorkerError::GaveUp(config.reconnect_for, why.to_string()));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,385 @@
+//! One connection's life: register, receive assignments, start tasks on free slots, report
+//! batched starts and ends, answer cancels, send heartbeats.
+
+use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
+use crate::local::{Identity, Local};
+use crate::{ExecMode, WorkerConfig, WorkerError};
+use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex};
+use kestrel_proto::client::dial;
+use kestrel_proto::messages::{FromWorker, Registration, Started, ToWorker};
+use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+type Key = (JobId, TaskIndex);
+
+/// A task handed to an executor thread.
+struct Work {
+    key: Key,
+    launch: Launch,
+    cancel: CancelHandle,
+}
+
+/// A task's run ended on an executor thread.
+pub(crate) struct Done {
+    key: Key,
+    outcome: Outcome,
+    timeout: Option<Duration>,
+}
+
+/// Threads that run task processes; one per slot, so a blocking wait never delays another task.
+pub(crate) struct Pool {
+    tx: crossbeam_channel::Sender<Work>,
+    pub(crate) done: mpsc::UnboundedReceiver<Done>,
+}
+
+impl Pool {
+    pub(crate) fn new(threads: u32) -> Result<Pool, WorkerError> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Work>();
+        let (done_tx, done) = mpsc::unbounded_channel();
+        for i in 0..threads {
+            let rx = rx.clone();
+            let done_tx = done_tx.clone();
+            std::thread::Builder::new()
+                .name(format!("kestrel-exec-{i}"))
+                .spawn(move || {
+                    while let Ok(w) = rx.recv() {
+                        let outcome = exec::run(&w.launch, &w.cancel);
+                        let timeout = w.launch.timeout;
+                        if done_tx
+                            .send(Done {
+                                key: w.key,
+                                outcome,
+                                timeout,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| WorkerError::Setup(format!("cannot start executor thread: {e}")))?;
+        }
+        Ok(Pool { tx, done })
+    }
+}
+
+/// How a session ended.
+pub(crate) enum SessionEnd {
+    /// The server told the worker to exit.
+    Shutdown(String),
+    /// The connection dropped after registering; worth reconnecting.
+    Lost(String),
+}
+
+struct Running {
+    cancel: CancelHandle,
+    gpus: Vec<u32>,
+}
+
+fn micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn now_us() -> u64 {
+    micros(SystemTime::now())
+}
+
+/// Maps how the process ended to what the server records.
+fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
+    let fail = |exit_code, signal, reason: String| {
+        RunEnd::Failed(Failure {
+            exit_code,
+            signal,
+            reason,
+            stderr_tail: outcome.stderr_tail.clone().unwrap_or_default(),
+        })
+    };
+    match &outcome.status {
+        ExitKind::Exited(0) => RunEnd::Success,
+        ExitKind::Exited(c) => fail(Some(*c), None, format!("exit code {c}")),
+        ExitKind::Signaled(s) => fail(None, Some(*s), format!("killed by signal {s}")),
+        ExitKind::TimedOut => fail(
+            None,
+            Some(libc::SIGKILL),
+            format!(
+                "timed out after {:?}; the process group was killed",
+                timeout.unwrap_or_default()
+            ),
+        ),
+        ExitKind::Canceled => RunEnd::Canceled,
+        ExitKind::SpawnFailed(msg) => fail(None, None, msg.clone()),
+    }
+}
+
+/// Connects, registers and serves until the connection ends.
+pub(crate) async fn serve(
+    config: &WorkerConfig,
+    access: &Access,
+    pool: &mut Option<Pool>,
+) -> Result<SessionEnd, WorkerError> {
+    let (r, w) = dial(access).await?.into_split();
+    let mut reader = FrameReader::new(r);
+    let mut writer = FrameWriter::new(w);
+    connect_handshake(
+        &mut reader,
+        &mut writer,
+        Role::Worker,
+        &access.secret_bytes(),
+    )
+    .await
+    .map_err(WorkerError::from_handshake)?;
+    let exec = match config.exec {
+        ExecMode::Process => "process",
+        ExecMode::Noop => "noop",
+    };
+    writer
+        .send(&FromWorker::Register(Registration {
+            hostname: config.hostname.clone(),
+            slots: config.slots,
+            gpus: config.gpus,
+            prefetch: config.prefetch,
+            exec: exec.into(),
+        }))
+        .await?;
+    let (worker, heartbeat_ms, server) = match reader.recv::<ToWorker>().await? {
+        ToWorker::Registered {
+            worker,
+            heartbeat_ms,
+            server,
+        } => (worker, heartbeat_ms, server),
+        ToWorker::Shutdown { reason } => return Ok(SessionEnd::Shutdown(reason)),
+        other => {
+            return Err(WorkerError::Proto(ProtoError::Decode(format!(
+                "expected registration, got {other:?}"
+            ))))
+        }
+    };
+    tracing::info!(worker, server = %server, slots = config.slots, exec, "registered");
+    let me = Identity {
+        worker,
+        server,
+        server_dir: config.server_dir.clone(),
+    };
+    let mut session = Session {
+        config,
+        me,
+        local: Local::new(config.slots, config.gpus),
+        running: FxHashMap::default(),
+        started: Vec::new(),
+        finished: Vec::new(),
+    };
+    let end = session
+        .run(&mut reader, &mut writer, pool, heartbeat_ms)
+        .await;
+    session.abandon(pool).await;
+    end
+}
+
+struct Session<'a> {
+    config: &'a WorkerConfig,
+    me: Identity,
+    local: Local,
+    running: FxHashMap<Key, Running>,
+    started: Vec<Started>,
+    finished: Vec<Finished>,
+}
+
+impl Session<'_> {
+    async fn run(
+        &mut self,
+        reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+        pool: &mut Option<Pool>,
+        heartbeat_ms: u64,
+    ) -> Result<SessionEnd, WorkerError> {
+        let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(10)));
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sent_since_tick = false;
+        loop {
+            tokio::select! {
+                msg = reader.try_recv::<ToWorker>() => match msg {
+                    Ok(Some(m)) => {
+                        if let Some(end) = self.on_message(m, pool) {
+                            return Ok(end);
+                        }
+                    }
+                    Ok(None) => return Ok(SessionEnd::Lost("the server closed the connection".into())),
+                    Err(ProtoError::Io(e)) => return Ok(SessionEnd::Lost(e.to_string())),
+                    Err(e) => return Err(e.into()),
+                },
+                Some(done) = recv_done(pool) => {
+                    self.on_done(done);
+                    if let Some(p) = pool.as_mut() {
+                        while let Ok(more) = p.done.try_recv() {
+                            self.on_done(more);
+                        }
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if !sent_since_tick {
+                        writer.send(&FromWorker::Heartbeat).await?;
+                    }
+                    sent_since_tick = false;
+                }
+            }
+            self.start_tasks(pool);
+            if !self.started.is_empty() || !self.finished.is_empty() {
+                self.send_update(writer).await?;
+                sent_since_tick = true;
+            }
+        }
+    }
+
+    fn on_message(&mut self, m: ToWorker, pool: &Option<Pool>) -> Option<SessionEnd> {
+        match m {
+            ToWorker::Registered { .. } => {}
+            ToWorker::DefineJob {
+                job,
+                template,
+                ids,
+                resources,
+            } => self.local.define(job, template, ids, resources),
+            ToWorker::Assign { tasks } => self.local.enqueue(tasks),
+            ToWorker::Cancel { tasks } => {
+                let now = now_us();
+                for (job, index) in self.local.unqueue(&tasks) {
+                    self.finished.push(Finished {
+                        job,
+                        index,
+                        started_us: now,
+                        finished_us: now,
+                        end: RunEnd::Canceled,
+                    });
+                }
+                for key in &tasks {
+                    if let Some(r) = self.running.get(key) {
+                        r.cancel.cancel();
+                    }
+                }
+                let _ = pool;
+            }
+            ToWorker::ForgetJob { job } => {
+                self.local.jobs.remove(&job);
+            }
+            ToWorker::Shutdown { reason } => return Some(SessionEnd::Shutdown(reason)),
+        }
+        None
+    }
+
+    fn on_done(&mut self, done: Done) {
+        let Some(r) = self.running.remove(&done.key) else {
+            return;
+        };
+        self.local.release(done.key.0, r.gpus);
+        let started_us = micros(done.outcome.started);
+        let finished_us = micros(done.outcome.finished);
+        let end = run_end(done.outcome, done.timeout);
+        self.finished.push(Finished {
+            job: done.key.0,
+            index: done.key.1,
+            started_us,
+            finished_us,
+            end,
+        });
+    }
+
+    /// Starts queued tasks while slots are free. The no-op executor completes them on the spot.
+    fn start_tasks(&mut self, pool: &Option<Pool>) {
+        while let Some((task, gpus)) = self.local.next_startable() {
+            let key = (task.job, task.index);
+            let now = now_us();
+            match (self.config.exec, pool) {
+                (ExecMode::Noop, _) | (_, None) => {
+                    self.local.release(task.job, gpus);
+                    self.finished.push(Finished {
+                        job: task.job,
+                        index: task.index,
+                        started_us: now,
+                        finished_us: now,
+                        end: RunEnd::Success,
+                    });
+                }
+                (ExecMode::Process, Some(p)) => match self.local.launch(&task, &gpus, &self.me) {
+                    Ok(launch) => {
+                        let cancel = CancelHandle::new();
+                        self.running.insert(
+                            key,
+                            Running {
+                                cancel: cancel.clone(),
+                                gpus,
+                            },
+                        );
+                        self.started.push(Started {
+                            job: task.job,
+                            index: task.index,
+                            at_us: now,
+                        });
+                        let _ = p.tx.send(Work {
+                            key,
+                            launch,
+                            cancel,
+                        });
+                    }
+                    Err(reason) => {
+                        self.local.release(task.job, gpus);
+                        self.finished.push(Finished {
+                            job: task.job,
+                            index: task.index,
+                            started_us: now,
+                            finished_us: now,
+                            end: RunEnd::Failed(Failure {
+                                exit_code: None,
+                                signal: None,
+                                reason,
+                                stderr_tail: String::new(),
+                            }),
+                        });
+                    }
+                },
+            }
+        }
+    }
+
+    async fn send_update(
+        &mut self,
+        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+    ) -> Result<(), WorkerError> {
+        // A start whose end is in the same update says nothing new.
+        if !self.finished.is_empty() && !self.started.is_empty() {
+            let ended: FxHashSet<Key> = self.finished.iter().map(|f| (f.job, f.index)).collect();
+            self.started.retain(|s| !ended.contains(&(s.job, s.index)));
+        }
+        let msg = FromWorker::Update {
+            started: std::mem::take(&mut self.started),
+            finished: std::mem::take(&mut self.finished),
+        };
+        writer.send(&msg).await?;
+        Ok(())
+    }
+
+    /// The connection is gone: the server re-queues this worker's tasks, so stop them and
+    /// wait until their slots are free before the next session.
+    async fn abandon(&mut self, pool: &mut Option<Pool>) {
+        self.local.queue.clear();
+        for r in self.running.values() {
+            r.cancel.cancel();
+        }
+        while !self.running.is_empty() {
+            let Some(done) = recv_done(pool).await else {
+                break;
+            };
+            self.running.remove(&done.key);
+        }
+    }
+}
+
+async fn recv_done(pool: &mut Option<Pool>) -> Option<Done> {
+    match pool {
+        Some(p) => p.done.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -5,6 +5,8 @@ use crate::args::{Exec, Global, RunArgs};
 use crate::client_cmds::{submissions, submit_all, wait_exit, wait_for};
 use crate::output::{self, Format};
 use anyhow::{anyhow, bail, Context, Result};
+use kestrel_core::TaskState;
+use kestrel_proto::messages::{Answer, Ask};
 use kestrel_proto::Client;
 use kestrel_server::ServerConfig;
 use kestrel_worker::{ExecMode, WorkerConfig};
@@ -47,7 +49,17 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         .map_err(|e| anyhow!("{e}"))?;
     let outcome = async {
         let ids = submit_all(&mut client, subs).await?;
-        wait_for(&mut client, ids, a.quiet || g.output == Format::Json).await
+        let p = wait_for(
+            &mut client,
+            ids.clone(),
+            a.quiet || g.output == Format::Json,
+        )
+        .await?;
+        if p.counts.failed > 0 && g.output == Format::Table {
+            // The embedded server goes away with this process: show the failures now.
+            show_failures(&mut client, &ids).await;
+        }
+        Ok::<_, anyhow::Error>(p)
     }
     .await;
     let wall = started.elapsed();
@@ -79,10 +91,39 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
                 output::counts(&p.counts),
                 output::duration(wall),
             );
-            if p.counts.failed > 0 {
-                println!("some tasks failed; their exit codes and stderr are in the job-<id>/ logs (the embedded server is gone, so `kestrel task list` cannot show them)");
-            }
         }
     }
     Ok(wait_exit(&p))
+}
+
+/// Prints the first failed tasks of each job with their reason and stderr tail.
+async fn show_failures(client: &mut Client, ids: &[kestrel_core::JobId]) {
+    const SHOWN: u32 = 10;
+    for &job in ids {
+        let ask = Ask::TaskList {
+            job,
+            state: Some(TaskState::Failed),
+            limit: SHOWN,
+        };
+        let Ok(Answer::Tasks(page)) = client.call(ask).await else {
+            continue;
+        };
+        for r in &page.rows {
+            let reason = r.reason.as_deref().unwrap_or("failed");
+            let tail = r
+                .stderr_tail
+                .as_deref()
+                .and_then(|t| t.lines().last())
+                .unwrap_or("");
+            let tail = if tail.is_empty() {
+                String::new()
+            } else {
+                format!(" | {tail}")
+            };
+            eprintln!("job {job} task {}: {reason}{tail}", r.id);
+        }
+        if page.more > 0 {
+            eprintln!("job {job}: ... and {} more failed tasks", page.more);
+        }
+    }
 }

@@ -275,8 +275,18 @@ struct JobEntry {
 pub fn from_file(path: &Path) -> Result<Vec<Submission>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read job file {}", path.display()))?;
-    let file: JobFile = toml::from_str(&text)
-        .map_err(|e| anyhow!("job file {} is not valid: {e}", path.display()))?;
+    let file: JobFile = toml::from_str(&text).map_err(|e| {
+        // One line: toml's Display adds a multi-line source excerpt; keep the line number.
+        let at = e
+            .span()
+            .map(|s| {
+                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                format!(" at line {line}")
+            })
+            .unwrap_or_default();
+        let msg = e.message().trim().replace('\n', "; ");
+        anyhow!("job file {} is not valid{at}: {msg}", path.display())
+    })?;
     if file.job.is_empty() {
         bail!(
             "job file {} has no [[job]] entries; see `kestrel submit --help`",

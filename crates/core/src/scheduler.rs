@@ -225,7 +225,11 @@ impl Worker {
     fn room_for(&self, need: Resources) -> u32 {
         let cap = self.capacity();
         let by_cpu = cap.cpus.saturating_sub(self.used.cpus) / need.cpus.max(1);
-        match cap.gpus.saturating_sub(self.used.gpus).checked_div(need.gpus) {
+        match cap
+            .gpus
+            .saturating_sub(self.used.gpus)
+            .checked_div(need.gpus)
+        {
             Some(by_gpu) => by_cpu.min(by_gpu),
             None => by_cpu,
         }

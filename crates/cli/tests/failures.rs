@@ -1,0 +1,237 @@
+//! Tasks that fail, retry, time out or get canceled, and workers that die, with a real server
+//! and real workers on loopback.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// The rows of `kestrel task list JOB [--status S] --output json`.
+fn task_rows(c: &Cluster, job: &str, status: Option<&str>) -> Vec<Value> {
+    let mut args = vec!["task", "list", job, "--output", "json"];
+    if let Some(s) = status {
+        args.extend_from_slice(&["--status", s]);
+    }
+    let page = c.run(&args).ok().json();
+    assert_eq!(page["more"], 0);
+    page["rows"].as_array().expect("rows").clone()
+}
+
+fn job_state(c: &Cluster, job: &str) -> Value {
+    c.run(&["job", "info", job, "--output", "json"]).ok().json()["summary"].clone()
+}
+
+#[test]
+fn failed_tasks_show_exit_code_reason_and_stderr() {
+    let c = Cluster::with_workers(&[2]);
+    let out = c.run(&[
+        "submit",
+        "--array",
+        "1-3",
+        "--",
+        "sh",
+        "-c",
+        "if [ {task} -eq 2 ]; then exit 0; fi; echo boom from {task} >&2; exit 3",
+    ]);
+    out.ok();
+    let wait = c.run(&["job", "wait", "1", "--quiet"]);
+    assert_eq!(wait.code(), Some(1), "{wait:#?}");
+    assert!(wait.stdout.contains("1 finished, 2 failed"), "{wait:#?}");
+
+    let failed = task_rows(&c, "1", Some("failed"));
+    let ids: Vec<&Value> = failed.iter().map(|r| &r["id"]).collect();
+    assert_eq!(ids, [1, 3], "{failed:#?}");
+    for r in &failed {
+        let id = &r["id"];
+        assert_eq!(r["state"], "Failed");
+        assert_eq!(r["exit_code"], 3);
+        assert_eq!(r["failures"], 1);
+        assert_eq!(r["lost"], 0);
+        assert_eq!(r["reason"], "exit code 3");
+        assert_eq!(r["stderr_tail"], format!("boom from {id}\n"));
+    }
+    let all = task_rows(&c, "1", None);
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[1]["state"], "Finished");
+    assert_eq!(all[1]["exit_code"], Value::Null);
+    assert_eq!(job_state(&c, "1")["state"], "failed");
+}
+
+#[test]
+fn retries_run_a_failing_task_again() {
+    let c = Cluster::with_workers(&[1]);
+    // Fails on runs 1 and 2, succeeds on run 3.
+    let script = "n=$(cat count 2>/dev/null || echo 0); n=$((n+1)); echo $n > count; \
+                  echo run $n >&2; [ $n -ge 3 ]";
+    let out = c.run(&[
+        "submit",
+        "--retries",
+        "2",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    out.ok();
+    assert!(out.stdout.contains("1 finished"), "{out:#?}");
+    assert_eq!(c.read("count").as_deref(), Some("3\n"));
+    let rows = task_rows(&c, "1", None);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["state"], "Finished");
+    assert_eq!(rows[0]["failures"], 2, "{rows:#?}");
+    assert_eq!(rows[0]["lost"], 0);
+    assert_eq!(job_state(&c, "1")["state"], "finished");
+
+    // Without enough retries the last failure sticks.
+    let out = c.run(&[
+        "submit",
+        "--retries",
+        "1",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "exit 5",
+    ]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    let rows = task_rows(&c, "2", None);
+    assert_eq!(rows[0]["state"], "Failed");
+    assert_eq!(rows[0]["failures"], 2, "first run and one retry: {rows:#?}");
+    assert_eq!(rows[0]["exit_code"], 5);
+}
+
+#[test]
+fn timeout_kills_a_long_task_quickly() {
+    let c = Cluster::with_workers(&[1]);
+    let started = Instant::now();
+    let out = c.run(&[
+        "submit",
+        "--timeout",
+        "300ms",
+        "--wait",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    let took = started.elapsed();
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let rows = task_rows(&c, "1", Some("failed"));
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    let reason = rows[0]["reason"].as_str().expect("a reason");
+    assert!(reason.contains("timed out"), "{reason}");
+    assert_eq!(rows[0]["exit_code"], Value::Null);
+    let run_us = rows[0]["finished_us"].as_u64().unwrap() - rows[0]["started_us"].as_u64().unwrap();
+    assert!(
+        (250_000..10_000_000).contains(&run_us),
+        "ran {run_us} µs for a 300 ms timeout"
+    );
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    assert_eq!(info["spec"]["template"]["timeout_ms"], 300);
+}
+
+#[test]
+fn cancel_stops_running_and_queued_tasks() {
+    let c = Cluster::with_workers(&[1, 1]);
+    c.run(&[
+        "submit",
+        "--array",
+        "1-10",
+        "--stdout",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid-{task}; exec sleep 30",
+    ])
+    .ok();
+    // One task runs on each worker; wait until both have started and written their pids.
+    let running = poll_every(
+        "two running tasks",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let rows = task_rows(&c, "1", Some("running"));
+            (rows.len() == 2).then_some(rows)
+        },
+    );
+    let pids: Vec<i32> = running
+        .iter()
+        .map(|r| {
+            let file = c.work.join(format!("pid-{}", r["id"]));
+            poll("a running task's pid file", Duration::from_secs(10), || {
+                read_pid(&file)
+            })
+        })
+        .collect();
+    for &pid in &pids {
+        assert!(alive(pid), "task process {pid} runs before the cancel");
+    }
+
+    let out = c.run(&["job", "cancel", "1", "--output", "json"]);
+    let result = out.ok().json();
+    // [queued canceled at once, outstanding on workers (running or prefetched) to stop]
+    let counts = &result[0]["result"]["Ok"];
+    assert_eq!(result[0]["job"], 1, "{out:#?}");
+    let (queued, outstanding) = (counts[0].as_u64().unwrap(), counts[1].as_u64().unwrap());
+    assert_eq!(queued + outstanding, 10, "{out:#?}");
+    assert!(outstanding >= 2, "{out:#?}");
+    let wait = c.run(&["job", "wait", "1", "--quiet"]);
+    assert_eq!(wait.code(), Some(1), "{wait:#?}");
+    assert!(wait.stdout.contains("10 canceled"), "{wait:#?}");
+
+    let rows = task_rows(&c, "1", None);
+    assert_eq!(rows.len(), 10);
+    assert!(rows.iter().all(|r| r["state"] == "Canceled"), "{rows:#?}");
+    assert_eq!(job_state(&c, "1")["state"], "canceled");
+    // The running sleeps were killed (and reaped by the worker); queued tasks never started.
+    for &pid in &pids {
+        poll(
+            "a canceled task's process to go",
+            Duration::from_secs(5),
+            || (!alive(pid)).then_some(()),
+        );
+    }
+    let started = (1..=10)
+        .filter(|t| c.work.join(format!("pid-{t}")).exists())
+        .count();
+    assert_eq!(started, 2, "only the two running tasks ever started");
+    // The workers are still there and take new work.
+    assert_eq!(c.wait_workers(2).len(), 2);
+    c.assert_serves();
+}
+
+#[test]
+fn a_lost_worker_task_runs_again_elsewhere() {
+    let mut c = Cluster::with_workers(&[1]);
+    // The first run records its pid and sleeps; the second one finishes.
+    let script = "if [ -e first-run ]; then echo second run > result; \
+                  else touch first-run; echo $$ > pid; exec sleep 30; fi";
+    c.run(&["submit", "--stdout", "none", "--", "sh", "-c", script])
+        .ok();
+    let pid = poll("the first run's pid", Duration::from_secs(10), || {
+        read_pid(&c.work.join("pid"))
+    });
+    // SIGKILL leaves the task running in its own process group; clean it up at the end.
+    c.adopt_group(pid);
+    c.kill_worker(0);
+    assert!(alive(pid), "the orphaned task still runs");
+
+    c.add_worker(1);
+    let wait = c.run(&["job", "wait", "1", "--quiet"]);
+    wait.ok();
+    assert!(wait.stdout.contains("1 finished"), "{wait:#?}");
+    assert_eq!(c.read("result").as_deref(), Some("second run\n"));
+    let rows = task_rows(&c, "1", None);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["state"], "Finished");
+    assert_eq!(rows[0]["lost"], 1, "{rows:#?}");
+    assert_eq!(rows[0]["failures"], 0, "{rows:#?}");
+    assert_eq!(rows[0]["worker"], 2, "ran on the second worker");
+    let workers = c.wait_workers(1);
+    assert_eq!(workers[0]["id"], 2);
+    assert_eq!(workers[0]["finished"], 1);
+    kill_group(pid);
+}

@@ -17,7 +17,7 @@ pub struct SimRun {
     pub succeed: bool,
 }
 
-type RunModel = Box<dyn FnMut(JobId, TaskIndex, u32) -> SimRun>;
+type RunModel = Box<dyn FnMut(WorkerId, JobId, TaskIndex, u32) -> SimRun>;
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -84,7 +84,17 @@ impl Harness {
     pub fn with_model(
         sched: Scheduler,
         latency_us: u64,
-        model: impl FnMut(JobId, TaskIndex, u32) -> SimRun + 'static,
+        mut model: impl FnMut(JobId, TaskIndex, u32) -> SimRun + 'static,
+    ) -> Harness {
+        Self::with_worker_model(sched, latency_us, move |_, j, i, a| model(j, i, a))
+    }
+
+    /// A harness whose runs are decided by `model(worker, job, index, attempt)` (to simulate a
+    /// broken node).
+    pub fn with_worker_model(
+        sched: Scheduler,
+        latency_us: u64,
+        model: impl FnMut(WorkerId, JobId, TaskIndex, u32) -> SimRun + 'static,
     ) -> Harness {
         Harness {
             sched,
@@ -197,9 +207,20 @@ impl Harness {
     }
 
     /// Processes events up to virtual time `t` (inclusive).
+    /// Retry backoffs that end on the way are honoured as the server's timer would.
     pub fn run_until(&mut self, t: u64) {
-        while let Some(Reverse((when, _, _))) = self.events.peek() {
-            if *when > t {
+        loop {
+            let next_event = self.events.peek().map(|Reverse((when, _, _))| *when);
+            let wakeup = self.sched.next_wakeup();
+            if let Some(due) = wakeup.filter(|d| *d <= t && next_event.is_none_or(|e| *d < e)) {
+                self.now_us = self.now_us.max(due);
+                self.pump();
+                continue;
+            }
+            let Some(when) = next_event else {
+                break;
+            };
+            if when > t {
                 break;
             }
             let Some(Reverse((when, _, ev))) = self.events.pop() else {
@@ -319,7 +340,7 @@ impl Harness {
                 *a
             };
             self.sched.task_started(w, job, index, now);
-            let run = (self.model)(job, index, attempt);
+            let run = (self.model)(w, job, index, attempt);
             self.at(
                 now + run.duration_us,
                 Ev::RunEnds(w, job, index, now, run.succeed),
@@ -351,7 +372,9 @@ impl Harness {
                         sw.alive = false;
                     }
                 }
-                Command::DefineJob { .. } | Command::JobDone { .. } => {}
+                Command::DefineJob { .. }
+                | Command::JobDone { .. }
+                | Command::Quarantined { .. } => {}
             }
             self.commands.push(cmd);
         }

@@ -14,7 +14,7 @@ pub mod table;
 
 pub use outcome::{Command, Failure, Finished, IndexRun, RunEnd};
 pub use scheduler::{
-    Accepted, Config, Counts, Job, SchedError, Scheduler, Timing, Worker, WorkerOffer,
+    Accepted, Config, Counts, Job, Resumed, SchedError, Scheduler, Timing, Worker, WorkerOffer,
 };
 pub use spec::{
     IdRanges, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex, TaskSet,

@@ -63,4 +63,6 @@ pub enum Command {
     JobDone { job: JobId },
     /// The worker is considered lost (missed heartbeats); close its connection.
     Disconnect { worker: WorkerId, reason: String },
+    /// The worker's tasks fail too often: it gets no new tasks until resumed.
+    Quarantined { worker: WorkerId, reason: String },
 }

@@ -9,7 +9,7 @@ use crate::queue::{ReadyQueue, Span};
 use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, TaskSet, TaskState, WorkerId};
 use crate::table::{TaskRecord, TaskTable};
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Tunables of the scheduler.
 #[derive(Clone, Debug)]
@@ -18,6 +18,16 @@ pub struct Config {
     pub heartbeat_timeout_us: u64,
     /// How many queue entries that fit no worker one assignment pass may look past.
     pub max_queue_skips: usize,
+    /// Wait before a failed task runs again; doubles with each failure of that task.
+    pub retry_backoff_us: u64,
+    /// The longest wait before a retry.
+    pub retry_backoff_max_us: u64,
+    /// A task that was on this many lost workers is failed: it probably kills its worker.
+    pub max_crashes: u8,
+    /// A worker whose tasks fail this many times within `quarantine_window_us`, while other
+    /// workers succeed, gets no new tasks (0 turns quarantine off).
+    pub quarantine_failures: u32,
+    pub quarantine_window_us: u64,
 }
 
 impl Default for Config {
@@ -25,6 +35,11 @@ impl Default for Config {
         Config {
             heartbeat_timeout_us: 30_000_000,
             max_queue_skips: 64,
+            retry_backoff_us: 500_000,
+            retry_backoff_max_us: 60_000_000,
+            max_crashes: 5,
+            quarantine_failures: 10,
+            quarantine_window_us: 60_000_000,
         }
     }
 }
@@ -208,6 +223,15 @@ pub struct Worker {
     known_jobs: FxHashSet<JobId>,
     pub tasks_finished: u64,
     pub tasks_failed: u64,
+    /// Why it gets no new tasks, if quarantined (see [`Scheduler::resume_worker`]).
+    pub quarantined: Option<String>,
+    /// When its recent task failures happened (within the quarantine window).
+    recent_failures: VecDeque<u64>,
+    /// When a task last succeeded on it.
+    last_success_us: Option<u64>,
+    /// Tasks it reported running when it resumed that were already assigned to another worker:
+    /// the first successful result of either run is kept.
+    duplicates: FxHashSet<(JobId, TaskIndex)>,
 }
 
 impl Worker {
@@ -256,6 +280,10 @@ pub enum SchedError {
     JobClosed(JobId),
     #[error("job {0} is an array; only list jobs take more tasks")]
     NotAList(JobId),
+    #[error("worker {0} is not connected; `kestrel worker list` shows the workers")]
+    NoSuchWorker(WorkerId),
+    #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
+    RetryCanceled(JobId),
     #[error(transparent)]
     Spec(#[from] SpecError),
 }
@@ -266,6 +294,17 @@ pub enum Accepted {
     Recorded,
     /// The report was stale (the task was re-queued or finished elsewhere) and was ignored.
     Ignored,
+}
+
+/// How a resumed worker's task relates to the server's view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claim {
+    /// The task is now assigned to the worker.
+    Taken,
+    /// Another worker has it too.
+    Duplicate,
+    /// The task already ended, or does not exist.
+    Ended,
 }
 
 /// The scheduler state machine.
@@ -282,6 +321,24 @@ pub struct Scheduler {
     live_jobs: FxHashSet<JobId>,
     /// Worker to start the next assignment pass from, so no worker is always served last.
     rotate: WorkerId,
+    /// Failed tasks waiting out their retry backoff: (due time, job, index).
+    delayed: BTreeSet<(u64, JobId, TaskIndex)>,
+    /// The due time of each delayed task, to find it in `delayed`.
+    delayed_at: FxHashMap<(JobId, TaskIndex), u64>,
+}
+
+/// What [`Scheduler::worker_resumed`] did with a reconnected worker's report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// Running tasks taken back by the worker instead of being run again.
+    pub taken: u32,
+    /// Running tasks already assigned to another worker: both runs go on, the first success
+    /// is kept.
+    pub duplicates: u32,
+    /// Results recorded.
+    pub recorded: u32,
+    /// Results and running tasks ignored (task already ended, unknown job or task).
+    pub ignored: u32,
 }
 
 impl Scheduler {
@@ -406,6 +463,10 @@ impl Scheduler {
                 known_jobs: FxHashSet::default(),
                 tasks_finished: 0,
                 tasks_failed: 0,
+                quarantined: None,
+                recent_failures: VecDeque::new(),
+                last_success_us: None,
+                duplicates: FxHashSet::default(),
             },
         );
         id
@@ -419,19 +480,37 @@ impl Scheduler {
     }
 
     /// A worker is gone (disconnected or silent). Its tasks go back to the queue, ahead of new
-    /// work, without spending their retries.
+    /// work, without spending their retries; each counts one crash, and a task that was on
+    /// [`Config::max_crashes`] lost workers fails (it probably kills its worker).
     pub fn worker_lost(&mut self, now_us: u64, worker: WorkerId) {
+        self.drop_worker(now_us, worker, true, &FxHashSet::default());
+    }
+
+    /// Removes a worker and re-queues its tasks, except those in `keep` (taken over by its
+    /// reconnection); `crashed` says whether the re-queued tasks count a crash.
+    fn drop_worker(
+        &mut self,
+        now_us: u64,
+        worker: WorkerId,
+        crashed: bool,
+        keep: &FxHashSet<(JobId, TaskIndex)>,
+    ) {
         let Some(w) = self.workers.remove(&worker) else {
             return;
         };
-        let mut tasks: Vec<_> = w.outstanding.into_iter().collect();
+        let mut tasks: Vec<_> = w
+            .outstanding
+            .into_iter()
+            .filter(|t| !keep.contains(t))
+            .collect();
         tasks.sort_unstable();
+        let max_crashes = self.config.max_crashes.max(1);
         for (job, index) in tasks {
             let Some(j) = self.jobs.get_mut(&job) else {
                 continue;
             };
             let rec = j.table.get(index);
-            if rec.state.is_terminal() {
+            if rec.state.is_terminal() || rec.worker != worker {
                 continue;
             }
             if j.canceled {
@@ -440,7 +519,25 @@ impl Scheduler {
                 continue;
             }
             let rec = j.set_state(index, TaskState::Ready);
-            rec.lost = rec.lost.saturating_add(1);
+            if crashed {
+                rec.lost = rec.lost.saturating_add(1);
+            }
+            if rec.lost >= max_crashes {
+                let lost = rec.lost;
+                rec.finished_us = now_us;
+                j.set_state(index, TaskState::Failed);
+                j.failures.insert(
+                    index,
+                    Failure {
+                        exit_code: None,
+                        signal: None,
+                        reason: format!("lost with {lost} workers (it may kill its worker)"),
+                        stderr_tail: String::new(),
+                    },
+                );
+                self.check_job_done(now_us, job);
+                continue;
+            }
             self.ready.push_requeued(
                 j.spec.priority,
                 Span {
@@ -450,6 +547,135 @@ impl Scheduler {
                 },
             );
         }
+    }
+
+    /// A worker that lost its connection registered again (new id `worker`) and reports the
+    /// tasks it still runs and the results it got while disconnected. `previous` is its id
+    /// before, if it was registered with this scheduler (its connection may not have been
+    /// noticed dead yet): that registration is dropped without counting crashes.
+    ///
+    /// - A result of a task not yet ended is recorded, once: a task that already ended ignores
+    ///   it. A result of a task now assigned to another worker is recorded too if it is a
+    ///   success (the other run is canceled); a failure there is ignored (the other run decides).
+    /// - A running task that is ready again (re-queued after the loss) or was assigned to
+    ///   `previous` is taken back by `worker` instead of being run again.
+    /// - A running task already assigned to another worker keeps both runs; the first
+    ///   success to arrive is kept, the other report is ignored.
+    pub fn worker_resumed(
+        &mut self,
+        now_us: u64,
+        worker: WorkerId,
+        previous: Option<WorkerId>,
+        running: Vec<(JobId, TaskIndex)>,
+        finished: Vec<Finished>,
+    ) -> Resumed {
+        let mut out = Resumed::default();
+        if !self.workers.contains_key(&worker) {
+            out.ignored = (running.len() + finished.len()) as u32;
+            return out;
+        }
+        let previous = previous.filter(|p| *p != worker && self.workers.contains_key(p));
+        if let Some(p) = previous {
+            // Tasks it still runs or has results for move over; the rest go back to the queue.
+            let keep: FxHashSet<_> = running
+                .iter()
+                .copied()
+                .chain(finished.iter().map(|f| (f.job, f.index)))
+                .collect();
+            let moved: Vec<_> = self.workers[&p]
+                .outstanding
+                .iter()
+                .filter(|t| keep.contains(t))
+                .copied()
+                .collect();
+            self.drop_worker(now_us, p, false, &keep);
+            for (job, index) in moved {
+                // Reassign to the new id so its report matches; state stays as it was.
+                let Some(j) = self.jobs.get_mut(&job) else {
+                    continue;
+                };
+                let need = j.spec.resources;
+                j.table.get_mut(index).worker = worker;
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.outstanding.insert((job, index));
+                    w.used.cpus += need.cpus;
+                    w.used.gpus += need.gpus;
+                    w.known_jobs.insert(job);
+                }
+            }
+        }
+        for (job, index) in running {
+            match self.claim(now_us, worker, job, index, true) {
+                Claim::Taken => out.taken += 1,
+                Claim::Duplicate => out.duplicates += 1,
+                Claim::Ended => out.ignored += 1,
+            }
+        }
+        for f in finished {
+            if self.claim(now_us, worker, f.job, f.index, false) == Claim::Ended {
+                out.ignored += 1;
+                continue;
+            }
+            match self.task_finished(now_us, worker, f) {
+                Accepted::Recorded => out.recorded += 1,
+                Accepted::Ignored => out.ignored += 1,
+            }
+        }
+        out
+    }
+
+    /// Makes a task a resumed worker runs (or ran) its own if it is ready again; notes it as a
+    /// duplicate run if another worker has it.
+    fn claim(
+        &mut self,
+        now_us: u64,
+        worker: WorkerId,
+        job: JobId,
+        index: TaskIndex,
+        running: bool,
+    ) -> Claim {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return Claim::Ended;
+        };
+        if index >= j.len() {
+            return Claim::Ended;
+        }
+        let rec = j.table.get(index);
+        let shown = j.record(index).state;
+        if shown.is_terminal() {
+            return Claim::Ended;
+        }
+        if rec.state != TaskState::Ready {
+            if rec.worker == worker {
+                // Moved over from its previous registration.
+                if running && rec.state == TaskState::Assigned {
+                    j.set_state(index, TaskState::Running);
+                }
+                return Claim::Taken;
+            }
+            let Some(w) = self.workers.get_mut(&worker) else {
+                return Claim::Ended;
+            };
+            w.duplicates.insert((job, index));
+            return Claim::Duplicate;
+        }
+        // Ready: re-queued after the loss. Its queue entry is skipped when reached.
+        if let Some(due) = self.delayed_at.remove(&(job, index)) {
+            self.delayed.remove(&(due, job, index));
+        }
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return Claim::Ended;
+        };
+        let need = j.spec.resources;
+        let rec = j.set_state(index, TaskState::Running);
+        rec.worker = worker;
+        rec.assigned_us = now_us;
+        rec.started_us = now_us;
+        w.outstanding.insert((job, index));
+        w.used.cpus += need.cpus;
+        w.used.gpus += need.gpus;
+        w.known_jobs.insert(job);
+        Claim::Taken
     }
 
     /// A worker reports that a task's process started.
@@ -476,8 +702,10 @@ impl Scheduler {
 
     /// A worker reports that a task's run ended. Reports that do not match the task's current
     /// assignment (late, duplicate, or from a worker it was taken from) are ignored, so each
-    /// completion is recorded once.
+    /// completion is recorded once. The exception is a success of a duplicate run noted by
+    /// [`Self::worker_resumed`]: the first success wins and the other run is canceled.
     pub fn task_finished(&mut self, now_us: u64, worker: WorkerId, f: Finished) -> Accepted {
+        let key = (f.job, f.index);
         let Some(j) = self.jobs.get_mut(&f.job) else {
             return Accepted::Ignored;
         };
@@ -485,23 +713,48 @@ impl Scheduler {
             return Accepted::Ignored;
         }
         let rec = j.table.get(f.index);
-        let ours =
-            rec.worker == worker && matches!(rec.state, TaskState::Assigned | TaskState::Running);
+        let active = matches!(rec.state, TaskState::Assigned | TaskState::Running);
+        let ours = rec.worker == worker && active;
+        let need = j.spec.resources;
         let Some(w) = self.workers.get_mut(&worker) else {
             return Accepted::Ignored;
         };
-        if !ours || !w.outstanding.remove(&(f.job, f.index)) {
-            return Accepted::Ignored;
+        if ours {
+            if !w.outstanding.remove(&key) {
+                return Accepted::Ignored;
+            }
+            w.used.cpus -= need.cpus;
+            w.used.gpus -= need.gpus;
+        } else {
+            let dup = w.duplicates.remove(&key);
+            if !(dup && active && f.end == RunEnd::Success) {
+                return Accepted::Ignored;
+            }
+            // The duplicate run finished first: take the task from the other worker.
+            let other = rec.worker;
+            if let Some(o) = self.workers.get_mut(&other) {
+                if o.outstanding.remove(&key) {
+                    o.used.cpus -= need.cpus;
+                    o.used.gpus -= need.gpus;
+                    self.commands.push(Command::Cancel {
+                        worker: other,
+                        tasks: vec![key],
+                    });
+                }
+            }
+            j.table.get_mut(f.index).worker = worker;
         }
-        let need = j.spec.resources;
-        w.used.cpus -= need.cpus;
-        w.used.gpus -= need.gpus;
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return Accepted::Ignored;
+        };
         let retries = j.spec.retries;
         let priority = j.spec.priority;
         let canceled = j.canceled;
+        let mut failed = false;
         match f.end {
             RunEnd::Success => {
                 w.tasks_finished += 1;
+                w.last_success_us = Some(now_us);
                 let rec = j.set_state(f.index, TaskState::Finished);
                 rec.started_us = f.started_us;
                 rec.finished_us = f.finished_us;
@@ -512,25 +765,190 @@ impl Scheduler {
             }
             RunEnd::Failed(failure) => {
                 w.tasks_failed += 1;
+                failed = true;
                 let rec = j.set_state(f.index, TaskState::Failed);
                 rec.started_us = f.started_us;
                 rec.finished_us = f.finished_us;
                 rec.failures = rec.failures.saturating_add(1);
-                let again = !canceled && (rec.failures as u32) <= retries;
+                let failures = rec.failures;
+                let again = !canceled && (failures as u32) <= retries;
                 j.failures.insert(f.index, failure);
                 if again {
                     j.set_state(f.index, TaskState::Ready);
-                    let span = Span {
-                        job: f.job,
-                        next: f.index,
-                        end: f.index + 1,
-                    };
-                    self.ready.push_requeued(priority, span);
+                    let delay = self.backoff_us(failures);
+                    if delay == 0 {
+                        let span = Span {
+                            job: f.job,
+                            next: f.index,
+                            end: f.index + 1,
+                        };
+                        self.ready.push_requeued(priority, span);
+                    } else {
+                        let due = now_us + delay;
+                        self.delayed.insert((due, f.job, f.index));
+                        self.delayed_at.insert(key, due);
+                    }
                 }
             }
         }
+        if failed {
+            self.note_failure(now_us, worker);
+        }
         self.check_job_done(now_us, f.job);
         Accepted::Recorded
+    }
+
+    /// The wait before the retry after a task's `failures`-th failure.
+    fn backoff_us(&self, failures: u8) -> u64 {
+        let base = self.config.retry_backoff_us;
+        let shift = u32::from(failures.saturating_sub(1)).min(40);
+        base.saturating_mul(1u64 << shift)
+            .min(self.config.retry_backoff_max_us)
+    }
+
+    /// Counts a task failure on a worker and quarantines it when its tasks fail too often
+    /// while some other worker has succeeded in the same window (so the tasks are not simply
+    /// broken everywhere).
+    fn note_failure(&mut self, now_us: u64, worker: WorkerId) {
+        let k = self.config.quarantine_failures;
+        if k == 0 {
+            return;
+        }
+        let window = self.config.quarantine_window_us;
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        w.recent_failures.push_back(now_us);
+        while w
+            .recent_failures
+            .front()
+            .is_some_and(|t| now_us.saturating_sub(*t) > window)
+        {
+            w.recent_failures.pop_front();
+        }
+        if w.quarantined.is_some() || (w.recent_failures.len() as u32) < k {
+            return;
+        }
+        let since = w.recent_failures.front().copied().unwrap_or(now_us);
+        let others_succeed = self
+            .workers
+            .values()
+            .any(|o| o.id != worker && o.last_success_us.is_some_and(|t| t >= since));
+        if !others_succeed {
+            return;
+        }
+        let reason = format!(
+            "{} task failures within {} s while other workers succeeded",
+            k,
+            window / 1_000_000
+        );
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.quarantined = Some(reason.clone());
+            w.recent_failures.clear();
+        }
+        self.commands.push(Command::Quarantined { worker, reason });
+    }
+
+    /// Lifts a worker's quarantine: it gets tasks again.
+    pub fn resume_worker(&mut self, worker: WorkerId) -> Result<bool, SchedError> {
+        let w = self
+            .workers
+            .get_mut(&worker)
+            .ok_or(SchedError::NoSuchWorker(worker))?;
+        w.recent_failures.clear();
+        Ok(w.quarantined.take().is_some())
+    }
+
+    /// Puts a job's failed tasks (and with `failed_only` false, its canceled ones) back in the
+    /// queue with fresh retry and crash counts; the job is live again. Returns how many failed
+    /// and how many canceled tasks were resubmitted.
+    pub fn retry_job(&mut self, job: JobId, failed_only: bool) -> Result<(u32, u32), SchedError> {
+        let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
+        if j.canceled && failed_only {
+            return Err(SchedError::RetryCanceled(job));
+        }
+        let mut spans: Vec<Span> = Vec::new();
+        let (mut failed, mut canceled) = (0u32, 0u32);
+        for index in 0..j.len() {
+            let raw = j.table.get(index).state;
+            let shown = j.record(index).state;
+            let take = match shown {
+                TaskState::Failed => true,
+                TaskState::Canceled => !failed_only,
+                _ => false,
+            };
+            if !take {
+                continue;
+            }
+            if shown == TaskState::Failed {
+                failed += 1;
+            } else {
+                canceled += 1;
+            }
+            if raw == shown {
+                let rec = j.set_state(index, TaskState::Ready);
+                rec.failures = 0;
+                rec.lost = 0;
+                j.failures.remove(&index);
+            } else {
+                // Untouched or re-queued task of a canceled job: counted canceled, stored ready.
+                j.counts.canceled -= 1;
+                j.counts.ready += 1;
+                if let Some(due) = self.delayed_at.remove(&(job, index)) {
+                    self.delayed.remove(&(due, job, index));
+                }
+            }
+            match spans.last_mut() {
+                Some(s) if s.end == index => s.end += 1,
+                _ => spans.push(Span {
+                    job,
+                    next: index,
+                    end: index + 1,
+                }),
+            }
+        }
+        if failed + canceled == 0 {
+            return Ok((0, 0));
+        }
+        j.canceled = false;
+        j.finished_us = None;
+        let priority = j.spec.priority;
+        for span in spans {
+            self.ready.push_requeued(priority, span);
+        }
+        self.live_jobs.insert(job);
+        Ok((failed, canceled))
+    }
+
+    /// Moves failed tasks whose retry backoff has passed to the queue.
+    pub fn release_due(&mut self, now_us: u64) {
+        while let Some(&(due, job, index)) = self.delayed.first() {
+            if due > now_us {
+                break;
+            }
+            self.delayed.pop_first();
+            self.delayed_at.remove(&(job, index));
+            let Some(j) = self.jobs.get(&job) else {
+                continue;
+            };
+            if j.canceled || j.table.get(index).state != TaskState::Ready {
+                continue;
+            }
+            self.ready.push_requeued(
+                j.spec.priority,
+                Span {
+                    job,
+                    next: index,
+                    end: index + 1,
+                },
+            );
+        }
+    }
+
+    /// When the driver should call [`Self::tick`] or [`Self::schedule`] next for time-driven
+    /// work (a retry backoff ending), if any; heartbeat checks are on top of this.
+    pub fn next_wakeup(&self) -> Option<u64> {
+        self.delayed.first().map(|(due, _, _)| *due)
     }
 
     /// Cancels every task of a job that has not ended: queued tasks at once, running ones by
@@ -546,6 +964,14 @@ impl Scheduler {
         j.counts.canceled += queued;
         j.counts.ready = 0;
         self.ready.retain(|s| s.job != job);
+        let delayed_at = &mut self.delayed_at;
+        self.delayed.retain(|(_, jb, index)| {
+            let keep = *jb != job;
+            if !keep {
+                delayed_at.remove(&(job, *index));
+            }
+            keep
+        });
         let mut running = 0;
         for w in self.workers.values() {
             let tasks: Vec<_> = w
@@ -567,8 +993,10 @@ impl Scheduler {
         Ok((queued, running))
     }
 
-    /// Time passes: workers silent past the heartbeat timeout are lost.
+    /// Time passes: workers silent past the heartbeat timeout are lost, and failed tasks whose
+    /// retry backoff has passed are queued.
     pub fn tick(&mut self, now_us: u64) {
+        self.release_due(now_us);
         let timeout = self.config.heartbeat_timeout_us;
         let silent: Vec<WorkerId> = self
             .workers
@@ -590,6 +1018,7 @@ impl Scheduler {
 
     /// Hands ready tasks to workers with free credit. Call after a batch of events.
     pub fn schedule(&mut self, now_us: u64) {
+        self.release_due(now_us);
         if self.ready.is_empty() || self.workers.is_empty() {
             return;
         }
@@ -612,6 +1041,9 @@ impl Scheduler {
         let Some(w) = self.workers.get_mut(&id) else {
             return;
         };
+        if w.quarantined.is_some() {
+            return;
+        }
         let jobs = &mut self.jobs;
         let mut runs: Vec<IndexRun> = Vec::new();
         let mut defines: Vec<JobId> = Vec::new();
@@ -633,24 +1065,30 @@ impl Scheduler {
                 };
             }
             let n = room.min(span.len());
+            let mut given = 0;
             for index in span.next..span.next + n {
+                // A resumed worker may have taken the task back while its entry was queued.
+                if j.table.get(index).state != TaskState::Ready {
+                    continue;
+                }
                 let rec = j.set_state(index, TaskState::Assigned);
                 rec.assigned_us = now_us;
                 rec.worker = id;
                 w.outstanding.insert((span.job, index));
+                given += 1;
+                match runs.last_mut() {
+                    Some(r) if r.job == span.job && r.first + r.count == index => r.count += 1,
+                    _ => runs.push(IndexRun {
+                        job: span.job,
+                        first: index,
+                        count: 1,
+                    }),
+                }
             }
-            w.used.cpus += need.cpus * n;
-            w.used.gpus += need.gpus * n;
-            if w.known_jobs.insert(span.job) {
+            w.used.cpus += need.cpus * given;
+            w.used.gpus += need.gpus * given;
+            if given > 0 && w.known_jobs.insert(span.job) {
                 defines.push(span.job);
-            }
-            match runs.last_mut() {
-                Some(r) if r.job == span.job && r.first + r.count == span.next => r.count += n,
-                _ => runs.push(IndexRun {
-                    job: span.job,
-                    first: span.next,
-                    count: n,
-                }),
             }
             Some(n)
         });

@@ -35,6 +35,23 @@ pub struct Registration {
     pub prefetch: u32,
     /// `"process"` normally; `"noop"` for the benchmark-only executor.
     pub exec: String,
+    /// Set when reconnecting: what the worker still runs and what ended while it was away.
+    #[serde(default)]
+    pub resume: Option<Resume>,
+}
+
+/// A reconnecting worker's state, so its tasks are taken back rather than run again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    /// The `server_id` of the server it was registered with; a server with another id ignores
+    /// the rest (its jobs are not the ones these tasks belong to).
+    pub server_id: String,
+    /// Its worker id on that server.
+    pub previous_worker: WorkerId,
+    /// Tasks whose processes still run.
+    pub running: Vec<(JobId, TaskIndex)>,
+    /// Runs that ended while the connection was down.
+    pub finished: Vec<Finished>,
 }
 
 /// A task's process started.
@@ -53,6 +70,8 @@ pub enum ToWorker {
         worker: WorkerId,
         heartbeat_ms: u64,
         server: String,
+        /// Identifies this server (and its journal); a worker resumes only with the same id.
+        server_id: String,
     },
     /// How a job's tasks run; sent before the worker's first task of the job.
     DefineJob {
@@ -134,6 +153,16 @@ pub enum Ask {
     ServerInfo,
     /// Stop the server (workers are told to exit).
     Stop,
+    /// Put a job's failed tasks (and unless `failed_only`, its canceled ones) back in the queue
+    /// with fresh retry counts.
+    Retry {
+        job: JobId,
+        failed_only: bool,
+    },
+    /// Lift a worker's quarantine.
+    ResumeWorker {
+        worker: WorkerId,
+    },
 }
 
 /// Server to client.
@@ -151,7 +180,9 @@ pub enum ToClient {
 /// The answers, one per kind of request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Answer {
-    Submitted { job: JobId },
+    Submitted {
+        job: JobId,
+    },
     Extended,
     Jobs(Vec<JobSummary>),
     Job(Box<JobDetail>),
@@ -161,6 +192,17 @@ pub enum Answer {
     WaitDone(WaitProgress),
     Info(ServerInfo),
     Stopping,
+    /// Tasks resubmitted by `Retry`.
+    Retried {
+        job: JobId,
+        failed: u32,
+        canceled: u32,
+    },
+    /// `ResumeWorker` done; whether it was quarantined.
+    WorkerResumed {
+        worker: WorkerId,
+        was_quarantined: bool,
+    },
 }
 
 /// Task counts by state.
@@ -292,6 +334,9 @@ pub struct WorkerRow {
     pub failed: u64,
     pub joined_us: u64,
     pub last_seen_us: u64,
+    /// Why it gets no new tasks, if quarantined.
+    #[serde(default)]
+    pub quarantined: Option<String>,
 }
 
 /// The result of canceling one job.

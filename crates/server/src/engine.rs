@@ -97,6 +97,16 @@ pub struct Engine {
     stopping: bool,
     /// Worker reports that did not match a current assignment (late or duplicate).
     ignored_reports: u64,
+    /// Identifies this server to reconnecting workers: they hand over their tasks and results
+    /// only to the server they were registered with (random per start unless restored).
+    pub server_id: String,
+}
+
+/// A random id for a server start.
+fn new_server_id() -> String {
+    use rand::Rng;
+    let bytes: [u8; 12] = rand::thread_rng().gen();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Engine {
@@ -133,6 +143,7 @@ impl Engine {
             heartbeat_ms,
             stopping: false,
             ignored_reports: 0,
+            server_id: new_server_id(),
         }
     }
 
@@ -199,8 +210,12 @@ impl Engine {
                     worker: id,
                     heartbeat_ms: self.heartbeat_ms,
                     server: self.info.address.clone(),
+                    server_id: self.server_id.clone(),
                 });
                 tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
+                if let Some(resume) = r.resume {
+                    self.resume(now, id, resume);
+                }
                 self.workers.insert(
                     id,
                     WorkerConn {
@@ -248,6 +263,38 @@ impl Engine {
             Inbound::Client { conn, request } => self.answer(now, conn, request),
             Inbound::Stop => self.stopping = true,
         }
+    }
+
+    /// Hands a reconnected worker's running tasks and results to the core, if it was
+    /// registered with this server.
+    fn resume(&mut self, now: u64, worker: WorkerId, resume: Resume) {
+        if resume.server_id != self.server_id {
+            tracing::info!(
+                worker,
+                "worker was registered with another server ({}); its {} running tasks and {} results are not taken",
+                resume.server_id,
+                resume.running.len(),
+                resume.finished.len()
+            );
+            return;
+        }
+        let r = self.core.worker_resumed(
+            now,
+            worker,
+            Some(resume.previous_worker),
+            resume.running,
+            resume.finished,
+        );
+        self.ignored_reports += r.ignored as u64;
+        tracing::info!(
+            worker,
+            previous = resume.previous_worker,
+            taken = r.taken,
+            duplicates = r.duplicates,
+            recorded = r.recorded,
+            ignored = r.ignored,
+            "worker resumed"
+        );
     }
 
     fn reply(&self, conn: ConnId, id: u64, result: Result<Answer, String>) {
@@ -345,6 +392,29 @@ impl Engine {
                 info.queued = self.core.queued();
                 Ok(Answer::Info(info))
             }
+            Ask::Retry { job, failed_only } => match self.core.retry_job(job, failed_only) {
+                Ok((failed, canceled)) => {
+                    tracing::info!(job, failed, canceled, "job retried");
+                    Ok(Answer::Retried {
+                        job,
+                        failed,
+                        canceled,
+                    })
+                }
+                Err(e) => Err(e.to_string()),
+            },
+            Ask::ResumeWorker { worker } => match self.core.resume_worker(worker) {
+                Ok(was_quarantined) => {
+                    if was_quarantined {
+                        tracing::info!(worker, "quarantine lifted");
+                    }
+                    Ok(Answer::WorkerResumed {
+                        worker,
+                        was_quarantined,
+                    })
+                }
+                Err(e) => Err(e.to_string()),
+            },
             Ask::Stop => {
                 tracing::info!("stop requested by a client");
                 self.stopping = true;
@@ -455,6 +525,14 @@ impl Engine {
                     for w in self.workers.values() {
                         w.outbox.send(&ToWorker::ForgetJob { job });
                     }
+                }
+                Command::Quarantined { worker, reason } => {
+                    let peer = self.workers.get(&worker).map(|c| c.peer.to_string());
+                    tracing::warn!(
+                        worker,
+                        peer = peer.as_deref().unwrap_or("?"),
+                        "worker quarantined: {reason}; `kestrel worker resume {worker}` lifts it"
+                    );
                 }
                 Command::Disconnect { worker, reason } => {
                     // Dropping the outbox closes the connection's sending side; a worker that

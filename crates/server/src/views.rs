@@ -113,5 +113,6 @@ pub fn worker_row(w: &Worker, address: String, exec: String) -> WorkerRow {
         failed: w.tasks_failed,
         joined_us: w.joined_us,
         last_seen_us: w.last_seen_us,
+        quarantined: w.quarantined.clone(),
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! - [`exec`] runs one task as a process in its own process group (spawn, wait, timeout, kill).
 //! - [`local`] keeps templates, the local queue and free resources, and builds launches.
-//! - `session` is one connection's life; [`run`] reconnects with backoff when it drops.
+//! - `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
+//!   running tasks survive the drop: the next registration hands them and their results over.
 
 pub mod exec;
 pub mod local;
@@ -106,8 +107,9 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
     };
     let mut access = access;
     let mut ever_registered = false;
+    let mut carry = session::Carry::default();
     loop {
-        let outcome = session::serve(&config, &access, &mut pool).await;
+        let outcome = session::serve(&config, &access, &mut pool, &mut carry).await;
         let reason = match outcome {
             Ok(session::SessionEnd::Shutdown(reason)) => {
                 tracing::info!("server asked the worker to stop: {reason}");
@@ -120,8 +122,16 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
             Err(e) if ever_registered && e.is_transient() => e.to_string(),
             Err(e) => return Err(e),
         };
-        tracing::warn!("connection to the server lost ({reason}); reconnecting");
-        access = reconnect(&config, access, &reason).await?;
+        tracing::warn!(
+            "connection to the server lost ({reason}); reconnecting; tasks keep running"
+        );
+        access = match reconnect(&config, access, &reason).await {
+            Ok(a) => a,
+            Err(e) => {
+                carry.abandon(&mut pool).await;
+                return Err(e);
+            }
+        };
     }
 }
 

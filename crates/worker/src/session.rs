@@ -4,9 +4,9 @@
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::local::{Identity, Local};
 use crate::{ExecMode, WorkerConfig, WorkerError};
-use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex};
+use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex, WorkerId};
 use kestrel_proto::client::dial;
-use kestrel_proto::messages::{FromWorker, Registration, Started, ToWorker};
+use kestrel_proto::messages::{FromWorker, Registration, Resume, Started, ToWorker};
 use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -78,6 +78,33 @@ struct Running {
     gpus: Vec<u32>,
 }
 
+/// What outlives a dropped connection: templates, running tasks and their buffered results,
+/// so the next registration hands them over instead of the server running them again.
+#[derive(Default)]
+pub(crate) struct Carry {
+    local: Option<Local>,
+    running: FxHashMap<Key, Running>,
+    finished: Vec<Finished>,
+    /// Worker id and server id of the last registration.
+    prev: Option<(WorkerId, String)>,
+}
+
+impl Carry {
+    /// The connection is gone for good: stop the tasks and wait until they are reaped.
+    pub(crate) async fn abandon(&mut self, pool: &mut Option<Pool>) {
+        for r in self.running.values() {
+            r.cancel.cancel();
+        }
+        while !self.running.is_empty() {
+            let Some(done) = recv_done(pool).await else {
+                break;
+            };
+            self.running.remove(&done.key);
+        }
+        self.finished.clear();
+    }
+}
+
 fn micros(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -115,11 +142,13 @@ fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
     }
 }
 
-/// Connects, registers and serves until the connection ends.
+/// Connects, registers and serves until the connection ends. Running tasks and results not
+/// yet sent stay in `carry` when the connection drops, and go into the next registration.
 pub(crate) async fn serve(
     config: &WorkerConfig,
     access: &Access,
     pool: &mut Option<Pool>,
+    carry: &mut Carry,
 ) -> Result<SessionEnd, WorkerError> {
     let (r, w) = dial(access).await?.into_split();
     let mut reader = FrameReader::new(r);
@@ -136,46 +165,52 @@ pub(crate) async fn serve(
         ExecMode::Process => "process",
         ExecMode::Noop => "noop",
     };
-    writer
-        .send(&FromWorker::Register(Registration {
-            hostname: config.hostname.clone(),
-            slots: config.slots,
-            gpus: config.gpus,
-            prefetch: config.prefetch,
-            exec: exec.into(),
-        }))
-        .await?;
-    let (worker, heartbeat_ms, server) = match reader.recv::<ToWorker>().await? {
-        ToWorker::Registered {
-            worker,
-            heartbeat_ms,
-            server,
-        } => (worker, heartbeat_ms, server),
-        ToWorker::Shutdown { reason } => return Ok(SessionEnd::Shutdown(reason)),
-        other => {
-            return Err(WorkerError::Proto(ProtoError::Decode(format!(
-                "expected registration, got {other:?}"
-            ))))
-        }
-    };
-    tracing::info!(worker, server = %server, slots = config.slots, exec, "registered");
-    let me = Identity {
-        worker,
-        server,
-        server_dir: config.server_dir.clone(),
-    };
     let mut session = Session {
         config,
-        me,
-        local: Local::new(config.slots, config.gpus),
-        running: FxHashMap::default(),
+        me: Identity {
+            worker: 0,
+            server: String::new(),
+            server_dir: config.server_dir.clone(),
+        },
+        local: carry
+            .local
+            .take()
+            .unwrap_or_else(|| Local::new(config.slots, config.gpus)),
+        running: std::mem::take(&mut carry.running),
         started: Vec::new(),
-        finished: Vec::new(),
+        finished: std::mem::take(&mut carry.finished),
     };
+    // Runs that ended while disconnected.
+    if let Some(p) = pool.as_mut() {
+        while let Ok(done) = p.done.try_recv() {
+            session.on_done(done);
+        }
+    }
     let end = session
-        .run(&mut reader, &mut writer, pool, heartbeat_ms)
+        .register(&mut reader, &mut writer, pool, carry, exec)
         .await;
-    session.abandon(pool).await;
+    let end = match end {
+        Ok(Ok((_, heartbeat_ms))) => {
+            session
+                .run(&mut reader, &mut writer, pool, heartbeat_ms)
+                .await
+        }
+        Ok(Err(end)) => Ok(end),
+        Err(e) => Err(e),
+    };
+    let keep = match &end {
+        Ok(SessionEnd::Lost(_)) => true,
+        Ok(SessionEnd::Shutdown(_)) => false,
+        Err(e) => e.is_transient(),
+    };
+    // Tasks only queued here go back to the server's queue when it drops this registration.
+    session.local.queue.clear();
+    carry.local = Some(session.local);
+    carry.running = session.running;
+    carry.finished = session.finished;
+    if !keep {
+        carry.abandon(pool).await;
+    }
     end
 }
 
@@ -189,6 +224,87 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
+    /// Sends the registration (with what survived the last connection) and waits for the
+    /// answer. Returns the worker id and heartbeat interval.
+    async fn register(
+        &mut self,
+        reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+        pool: &mut Option<Pool>,
+        carry: &mut Carry,
+        exec: &str,
+    ) -> Result<Result<(WorkerId, u64), SessionEnd>, WorkerError> {
+        let resume = carry.prev.as_ref().map(|(worker, server_id)| {
+            let mut running: Vec<Key> = self.running.keys().copied().collect();
+            running.sort_unstable();
+            Resume {
+                server_id: server_id.clone(),
+                previous_worker: *worker,
+                running,
+                finished: self.finished.clone(),
+            }
+        });
+        writer
+            .send(&FromWorker::Register(Registration {
+                hostname: self.config.hostname.clone(),
+                slots: self.config.slots,
+                gpus: self.config.gpus,
+                prefetch: self.config.prefetch,
+                exec: exec.into(),
+                resume,
+            }))
+            .await?;
+        let (worker, heartbeat_ms, server, server_id) = match reader.recv::<ToWorker>().await? {
+            ToWorker::Registered {
+                worker,
+                heartbeat_ms,
+                server,
+                server_id,
+            } => (worker, heartbeat_ms, server, server_id),
+            ToWorker::Shutdown { reason } => return Ok(Err(SessionEnd::Shutdown(reason))),
+            other => {
+                return Err(WorkerError::Proto(ProtoError::Decode(format!(
+                    "expected registration, got {other:?}"
+                ))))
+            }
+        };
+        match carry.prev.take() {
+            Some((_, old)) if old != server_id => {
+                // Another server: its tasks are not this one's; stop them and drop their results.
+                tracing::warn!(
+                    running = self.running.len(),
+                    results = self.finished.len(),
+                    "registered with a different server; dropping the previous server's tasks"
+                );
+                let mut old = Carry {
+                    local: None,
+                    running: std::mem::take(&mut self.running),
+                    finished: Vec::new(),
+                    prev: None,
+                };
+                old.abandon(pool).await;
+                self.finished.clear();
+                self.local = Local::new(self.config.slots, self.config.gpus);
+            }
+            Some(_) => {
+                if !self.running.is_empty() || !self.finished.is_empty() {
+                    tracing::info!(
+                        running = self.running.len(),
+                        results = self.finished.len(),
+                        "handed running tasks and results to the server"
+                    );
+                }
+                self.finished.clear();
+            }
+            None => {}
+        }
+        carry.prev = Some((worker, server_id));
+        tracing::info!(worker, server = %server, slots = self.config.slots, exec, "registered");
+        self.me.worker = worker;
+        self.me.server = server;
+        Ok(Ok((worker, heartbeat_ms)))
+    }
+
     async fn run(
         &mut self,
         reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
@@ -359,21 +475,6 @@ impl Session<'_> {
         };
         writer.send(&msg).await?;
         Ok(())
-    }
-
-    /// The connection is gone: the server re-queues this worker's tasks, so stop them and
-    /// wait until their slots are free before the next session.
-    async fn abandon(&mut self, pool: &mut Option<Pool>) {
-        self.local.queue.clear();
-        for r in self.running.values() {
-            r.cancel.cancel();
-        }
-        while !self.running.is_empty() {
-            let Some(done) = recv_done(pool).await else {
-                break;
-            };
-            self.running.remove(&done.key);
-        }
     }
 }
 

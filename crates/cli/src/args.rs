@@ -208,8 +208,13 @@ pub enum WorkerCommand {
         #[arg(long, default_value = "2m", value_name = "DURATION")]
         reconnect_for: String,
     },
-    /// List connected workers
+    /// List connected workers (quarantined ones with the reason)
     List,
+    /// Lift a worker's quarantine so it gets tasks again
+    #[command(
+        after_help = "A worker whose tasks fail 10 times within 60 s while other workers succeed is\nquarantined: it keeps running what it has but gets no new tasks.\n\nExample:\n  kestrel worker resume 3"
+    )]
+    Resume { worker: u32 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -229,6 +234,19 @@ pub enum JobCommand {
     Cancel {
         #[arg(required = true)]
         jobs: Vec<u32>,
+    },
+    /// Run a job's failed tasks again, with fresh retry counts
+    #[command(
+        after_help = "Examples:\n  kestrel job retry 4            # its failed tasks\n  kestrel job retry 4 --all      # failed and canceled tasks (also of a canceled job)"
+    )]
+    Retry {
+        job: u32,
+        /// Only failed tasks (the default)
+        #[arg(long)]
+        failed: bool,
+        /// Failed and canceled tasks
+        #[arg(long, conflicts_with = "failed")]
+        all: bool,
     },
 }
 

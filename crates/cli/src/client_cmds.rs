@@ -228,6 +228,58 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
+        JobCommand::Retry {
+            job,
+            failed: _,
+            all,
+        } => {
+            let Answer::Retried {
+                job,
+                failed,
+                canceled,
+            } = client
+                .call(Ask::Retry {
+                    job,
+                    failed_only: !all,
+                })
+                .await?
+            else {
+                bail!("unexpected answer")
+            };
+            if g.output == Format::Json {
+                output::json(
+                    &serde_json::json!({ "job": job, "failed": failed, "canceled": canceled }),
+                );
+            } else if failed + canceled == 0 {
+                println!(
+                    "job {job}: no failed{} tasks to retry",
+                    if all { " or canceled" } else { "" }
+                );
+            } else if all {
+                println!("job {job}: resubmitted {failed} failed and {canceled} canceled tasks");
+            } else {
+                println!("job {job}: resubmitted {failed} failed tasks");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
+    let mut client = connect(g).await?;
+    let Answer::WorkerResumed {
+        worker,
+        was_quarantined,
+    } = client.call(Ask::ResumeWorker { worker }).await?
+    else {
+        bail!("unexpected answer")
+    };
+    if g.output == Format::Json {
+        output::json(&serde_json::json!({ "worker": worker, "was_quarantined": was_quarantined }));
+    } else if was_quarantined {
+        println!("worker {worker}: quarantine lifted; it gets tasks again");
+    } else {
+        println!("worker {worker} was not quarantined");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -393,6 +445,7 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
             "finished",
             "failed",
             "last seen",
+            "state",
         ]);
         for w in &ws {
             t.add_row(vec![
@@ -406,6 +459,7 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
                 Cell::new(w.finished),
                 Cell::new(w.failed),
                 Cell::new(output::ago(w.last_seen_us)),
+                Cell::new(output::worker_state(w)),
             ]);
         }
         println!("{t}");

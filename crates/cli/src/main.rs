@@ -57,6 +57,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Job(c) => client_cmds::job(&g, c).await,
         Command::Task(c) => client_cmds::task(&g, c).await,
         Command::Worker(WorkerCommand::List) => client_cmds::worker_list(&g).await,
+        Command::Worker(WorkerCommand::Resume { worker }) => {
+            client_cmds::worker_resume(&g, worker).await
+        }
         Command::Worker(WorkerCommand::Start {
             slots,
             gpus,

@@ -26,6 +26,14 @@ pub fn json<T: Serialize>(v: &T) {
 }
 
 /// A table with a header row and no borders, fitted to the terminal.
+/// "active", or "quarantined: why" (see `kestrel worker resume`).
+pub fn worker_state(w: &kestrel_proto::messages::WorkerRow) -> String {
+    match &w.quarantined {
+        Some(why) => format!("quarantined: {why}"),
+        None => "active".into(),
+    }
+}
+
 pub fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING)

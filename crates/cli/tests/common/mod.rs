@@ -236,11 +236,18 @@ pub struct Cluster {
     orphans: Vec<i32>,
     starts: usize,
     probes: std::cell::Cell<u32>,
+    /// Extra arguments of `kestrel server start` (e.g. a short heartbeat).
+    server_args: Vec<String>,
 }
 
 impl Cluster {
     /// A running server with no workers.
     pub fn new() -> Cluster {
+        Cluster::with_server_args(&[])
+    }
+
+    /// A running server started with extra `kestrel server start` arguments, no workers.
+    pub fn with_server_args(args: &[&str]) -> Cluster {
         let root = tempfile::Builder::new()
             .prefix("kestrel-it-")
             .tempdir()
@@ -260,6 +267,7 @@ impl Cluster {
             orphans: Vec::new(),
             starts: 0,
             probes: std::cell::Cell::new(0),
+            server_args: args.iter().map(|a| a.to_string()).collect(),
         };
         c.start_server();
         c
@@ -296,6 +304,7 @@ impl Cluster {
         c.args(["server", "start", "--host", "127.0.0.1", "--port", "0"])
             .arg("--server-dir")
             .arg(&self.server_dir)
+            .args(&self.server_args)
             .current_dir(&self.work)
             .stdout(log.try_clone().unwrap())
             .stderr(log);

@@ -231,3 +231,53 @@ fn a_cut_off_worker_s_late_results_are_not_recorded_twice() {
     assert!(c.worker_running(a) && c.worker_running(b));
     c.assert_serves();
 }
+
+#[test]
+fn a_cut_off_worker_still_running_its_tasks_keeps_the_first_result() {
+    let mut c = Cluster::with_server_args(&["--heartbeat", "200ms", "-v"]);
+    let a = c.add_worker(4);
+    c.wait_workers(1);
+    std::fs::create_dir_all(c.path("out")).unwrap();
+    c.run(&[
+        "submit",
+        "--array",
+        "1-4",
+        "--",
+        "sh",
+        "-c",
+        "sleep 3; echo {task} >> out/{task}",
+    ])
+    .ok();
+    poll_every(
+        "4 running tasks",
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || (counts(&c, "1")["running"] == 4).then_some(()),
+    );
+    signal(c.worker_pid(a), libc::SIGSTOP);
+    c.wait_workers(0);
+    c.add_worker(4);
+    poll_every(
+        "the tasks to run again",
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || {
+            let rows = task_rows(&c, "1");
+            rows.iter()
+                .all(|r| r["state"] == "Running" && r["worker"] == 2)
+                .then_some(())
+        },
+    );
+    // Back while both copies run: the first success of each task is kept, once.
+    signal(c.worker_pid(a), libc::SIGCONT);
+    c.run(&["job", "wait", "1", "--quiet"]).ok();
+    let n = counts(&c, "1");
+    assert_eq!(n["finished"], 4, "{n}");
+    assert_eq!(n["failed"], 0, "{n}");
+    assert!(c.server_log().contains("worker resumed"));
+    for i in 1..=4 {
+        let text = c.read(&format!("out/{i}")).expect("task file");
+        assert!(text.lines().count() >= 1 && text.lines().all(|l| l == i.to_string()));
+    }
+    c.assert_serves();
+}

@@ -1144,7 +1144,9 @@ impl Scheduler {
         self.workers.values()
     }
 
-    /// Tasks waiting for a worker.
+    /// Tasks waiting for a worker. Approximate after a worker resume: a queue entry of a task
+    /// the resumed worker took back counts until the entry is reached and skipped. Tasks waiting
+    /// out a retry backoff are not counted (see [`Self::next_wakeup`]).
     pub fn queued(&self) -> u64 {
         self.ready.len()
     }

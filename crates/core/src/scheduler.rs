@@ -716,3 +716,7 @@ impl Scheduler {
         self.live_jobs.len()
     }
 }
+
+/// Replay of a journal after a crash (a child module so it can reach the private state).
+#[path = "restore.rs"]
+pub mod restore;

@@ -104,6 +104,10 @@ pub enum Ask {
         spec: JobSpec,
         tasks: TaskSet,
         open: bool,
+        /// Client-generated idempotency key: a submit repeated with the same key (after a lost
+        /// reply or a server restart) answers with the job the first one created.
+        #[serde(default)]
+        key: Option<String>,
     },
     /// More tasks for an open list job.
     Extend {
@@ -323,4 +327,19 @@ pub struct ServerInfo {
     pub jobs: u32,
     pub live_jobs: u32,
     pub queued: u64,
+    /// The journal, when the server keeps one.
+    #[serde(default)]
+    pub journal: Option<JournalInfo>,
+}
+
+/// Where a server journals its state, and how big the journal is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalInfo {
+    pub path: String,
+    /// The database file plus its write-ahead log.
+    pub bytes: u64,
+    /// Entries in the log.
+    pub rows: u64,
+    /// Why the journal can no longer be written (new submissions are refused), if so.
+    pub error: Option<String>,
 }

@@ -97,6 +97,8 @@ pub struct Request {
 }
 
 /// What a client can ask.
+// One request at a time per client: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ask {
     /// A new job. With `open`, more list tasks follow through `Extend`.

@@ -84,6 +84,8 @@ struct Waiter {
 
 /// How many events one batch applies before the engine schedules and sends.
 const BATCH: usize = 4096;
+/// How long accepted task ends may wait for a journal commit when nothing else needs one.
+const ENDS_COMMIT_EVERY: Duration = Duration::from_millis(20);
 /// How often time-driven work runs (heartbeat checks, wait progress).
 const TICK: Duration = Duration::from_millis(100);
 
@@ -107,6 +109,7 @@ pub struct Engine {
     deferred: Vec<Deferred>,
     /// Submission key -> job, so a retried submit finds its job.
     keys: FxHashMap<String, JobId>,
+    last_commit: std::time::Instant,
 }
 
 /// A reply held back until the journal commit that makes it true.
@@ -158,6 +161,7 @@ impl Engine {
             journal_error: None,
             deferred: Vec::new(),
             keys: FxHashMap::default(),
+            last_commit: std::time::Instant::now(),
         }
     }
 
@@ -172,9 +176,16 @@ impl Engine {
     /// Writes the batch's journal entries in one transaction, then sends the replies that
     /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
     /// submitters told why, and no new work is accepted from then on.
-    fn commit(&mut self) {
-        if let Some(j) = self.journal.as_mut() {
+    fn commit(&mut self, force: bool) {
+        // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
+        // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
+        let due = force
+            || !self.deferred.is_empty()
+            || self.pending.has_inputs()
+            || self.last_commit.elapsed() >= ENDS_COMMIT_EVERY;
+        if let (Some(j), true) = (self.journal.as_mut(), due) {
             if !self.pending.is_empty() {
+                self.last_commit = std::time::Instant::now();
                 if let Err(e) = j.commit(&mut self.pending) {
                     let msg = format!(
                         "the journal in {} cannot be written: {e}; free disk space and restart the server",
@@ -237,7 +248,7 @@ impl Engine {
             let now = now_us();
             self.core.schedule(now);
             self.route();
-            self.commit();
+            self.commit(self.stopping);
             if self.stopping {
                 break;
             }

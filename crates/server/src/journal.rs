@@ -97,6 +97,11 @@ impl Pending {
         self.rows.is_empty() && self.ok.is_empty() && self.other.is_empty()
     }
 
+    /// Whether entries other than task ends wait (submissions, extensions, cancels).
+    pub fn has_inputs(&self) -> bool {
+        !self.rows.is_empty()
+    }
+
     pub fn clear(&mut self) {
         self.rows.clear();
         self.ok.clear();

@@ -117,6 +117,9 @@ pub struct SubmitArgs {
     /// Wait until the job ends (progress bar; exit code 1 if any task failed)
     #[arg(long)]
     pub wait: bool,
+    /// With --wait: keep trying to reconnect this long after losing the server
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    pub reconnect_for: String,
     /// The program and its arguments
     #[arg(last = true, value_name = "PROGRAM ARGS")]
     pub command: Vec<String>,
@@ -178,6 +181,12 @@ pub enum ServerCommand {
         /// Alias of --server-dir
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Keep no journal: state is in memory only and lost if the server dies
+        #[arg(long)]
+        no_journal: bool,
+        /// Cap the journal's size (e.g. 512M); past it new submissions are refused
+        #[arg(long, value_name = "SIZE")]
+        journal_limit: Option<String>,
     },
     /// Stop the server (its workers exit too)
     Stop,
@@ -229,6 +238,9 @@ pub enum JobCommand {
         /// No progress display
         #[arg(long, short)]
         quiet: bool,
+        /// Keep trying to reconnect this long after losing the server
+        #[arg(long, default_value = "5m", value_name = "DURATION")]
+        reconnect_for: String,
     },
     /// Cancel jobs: queued tasks at once, running ones are killed
     Cancel {

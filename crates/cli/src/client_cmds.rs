@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use comfy_table::Cell;
 use kestrel_core::{JobId, TaskSet, TaskState};
 use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress};
-use kestrel_proto::{default_server_dir, Access, Client, ACCESS_FILE};
+use kestrel_proto::{default_server_dir, Access, Client, ClientError, ProtoError, ACCESS_FILE};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -35,29 +35,62 @@ pub async fn connect(g: &Global) -> Result<Client> {
 
 /// Submits jobs; list jobs too large for one frame go in pieces. Returns their ids.
 pub async fn submit_all(client: &mut Client, subs: Vec<Submission>) -> Result<Vec<JobId>> {
+    let subs = keyed(subs);
+    let mut ids = Vec::with_capacity(subs.len());
+    submit_keyed(client, &subs, &mut ids).await?;
+    Ok(ids)
+}
+
+/// A submission with its client-generated idempotency key: the server answers a repeated key
+/// with the job the first submit created, so resending after a lost connection is safe.
+pub struct Keyed {
+    pub key: String,
+    pub sub: Submission,
+}
+
+/// Gives each submission a fresh random key.
+pub fn keyed(subs: Vec<Submission>) -> Vec<Keyed> {
+    use rand::RngCore;
+    subs.into_iter()
+        .map(|sub| {
+            let mut k = [0u8; 16];
+            rand::rngs::OsRng.fill_bytes(&mut k);
+            Keyed {
+                key: hex::encode(k),
+                sub,
+            }
+        })
+        .collect()
+}
+
+/// Submits `subs[ids.len()..]`, pushing each job's id once the server holds all its tasks.
+/// A lost connection comes back as a [`ClientError`] (see [`connection_lost`]); calling again
+/// after reconnecting resumes with the first job not yet confirmed.
+pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<JobId>) -> Result<()> {
     /// Task argv bytes per message, well under the frame limit.
     const CHUNK_BYTES: usize = 4 << 20;
-    let mut ids = Vec::with_capacity(subs.len());
-    for s in subs {
-        let (first, rest) = match s.tasks {
+    for k in &subs[ids.len()..] {
+        let (first, rest) = match &k.sub.tasks {
             TaskSet::List(list) => {
-                let mut chunks = chunk_by_bytes(list, CHUNK_BYTES);
+                let mut chunks = chunk_by_bytes(list.clone(), CHUNK_BYTES);
                 let first = chunks.remove(0);
                 (TaskSet::List(first), chunks)
             }
-            array => (array, Vec::new()),
+            array => (array.clone(), Vec::new()),
         };
         let open = !rest.is_empty();
         let job = match client
             .call(Ask::Submit {
-                spec: s.spec,
+                spec: k.sub.spec.clone(),
                 tasks: first,
                 open,
+                key: Some(k.key.clone()),
             })
             .await
         {
             Ok(Answer::Submitted { job }) => job,
             Ok(other) => bail!("unexpected answer to a submission: {other:?}"),
+            Err(e) if client_lost(&e) => return Err(e.into()),
             Err(e) => bail!("submission refused: {e}"),
         };
         let n = rest.len();
@@ -69,11 +102,74 @@ pub async fn submit_all(client: &mut Client, subs: Vec<Submission>) -> Result<Ve
                     close: i + 1 == n,
                 })
                 .await
-                .with_context(|| format!("adding tasks to job {job}"))?;
+                .with_context(|| {
+                    format!("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again)")
+                })?;
         }
         ids.push(job);
     }
-    Ok(ids)
+    Ok(())
+}
+
+fn client_lost(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Unreachable { .. }
+            | ClientError::ConnectTimeout(_)
+            | ClientError::Proto(ProtoError::Io(_) | ProtoError::Closed | ProtoError::Timeout(_))
+    )
+}
+
+/// Whether an error means the connection to the server went away (worth reconnecting).
+pub fn connection_lost(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<ClientError>().is_some_and(client_lost)
+}
+
+/// Reconnects after the server went away, with backoff, re-reading the access file each time
+/// (a restarted server may listen elsewhere); gives up after `within`.
+pub async fn reconnect(g: &Global, within: Duration, cause: &anyhow::Error) -> Result<Client> {
+    eprintln!(
+        "lost the server ({cause}); reconnecting for up to {}",
+        humantime::format_duration(within)
+    );
+    let deadline = std::time::Instant::now() + within;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+        let attempt = async {
+            let access = read_access(g)?;
+            Ok::<_, anyhow::Error>(Client::connect(&access).await?)
+        }
+        .await;
+        match attempt {
+            Ok(c) => {
+                eprintln!("reconnected to the server");
+                return Ok(c);
+            }
+            Err(e) if std::time::Instant::now() >= deadline => bail!(
+                "lost the server and could not reconnect within {} (last try: {e}); check it with `kestrel server info`, start it again with `kestrel server start`, then `kestrel job wait`",
+                humantime::format_duration(within)
+            ),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Waits like [`wait_for`], reconnecting and waiting again when the server goes away.
+pub async fn wait_reconnecting(
+    g: &Global,
+    client: &mut Client,
+    jobs: Vec<JobId>,
+    quiet: bool,
+    within: Duration,
+) -> Result<WaitProgress> {
+    loop {
+        match wait_for(client, jobs.clone(), quiet).await {
+            Err(e) if connection_lost(&e) => *client = reconnect(g, within, &e).await?,
+            done => return done,
+        }
+    }
 }
 
 fn chunk_by_bytes(list: Vec<Vec<String>>, max: usize) -> Vec<Vec<Vec<String>>> {
@@ -134,10 +230,17 @@ pub fn wait_exit(p: &WaitProgress) -> ExitCode {
 }
 
 pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
-    let subs = submissions(&args.shape, &args.options, args.command)?;
-    let total: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
+    let within = jobs::parse_duration(&args.reconnect_for).context("--reconnect-for")?;
+    let subs = keyed(submissions(&args.shape, &args.options, args.command)?);
+    let total: u64 = subs.iter().map(|s| s.sub.tasks.len() as u64).sum();
     let mut client = connect(g).await?;
-    let ids = submit_all(&mut client, subs).await?;
+    let mut ids = Vec::with_capacity(subs.len());
+    loop {
+        match submit_keyed(&mut client, &subs, &mut ids).await {
+            Err(e) if connection_lost(&e) => client = reconnect(g, within, &e).await?,
+            done => break done?,
+        }
+    }
     match g.output {
         Format::Json => output::json(&serde_json::json!({ "jobs": ids, "tasks": total })),
         Format::Table => {
@@ -149,7 +252,7 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
     if !args.wait {
         return Ok(ExitCode::SUCCESS);
     }
-    let p = wait_for(&mut client, ids, g.output == Format::Json).await?;
+    let p = wait_reconnecting(g, &mut client, ids, g.output == Format::Json, within).await?;
     report_wait(g, &p);
     Ok(wait_exit(&p))
 }
@@ -198,8 +301,14 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                 print_job(&d);
             }
         }
-        JobCommand::Wait { jobs, quiet } => {
-            let p = wait_for(&mut client, jobs, quiet || g.output == Format::Json).await?;
+        JobCommand::Wait {
+            jobs,
+            quiet,
+            reconnect_for,
+        } => {
+            let within = jobs::parse_duration(&reconnect_for).context("--reconnect-for")?;
+            let quiet = quiet || g.output == Format::Json;
+            let p = wait_reconnecting(g, &mut client, jobs, quiet, within).await?;
             report_wait(g, &p);
             return Ok(wait_exit(&p));
         }
@@ -484,6 +593,20 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
         println!("workers   {}", i.workers);
         println!("jobs      {} ({} not done)", i.jobs, i.live_jobs);
         println!("queued    {} tasks", i.queued);
+        match &i.journal {
+            Some(j) => {
+                println!(
+                    "journal   {} ({}, {} log rows)",
+                    j.path,
+                    output::bytes(j.bytes),
+                    j.rows
+                );
+                if let Some(e) = &j.error {
+                    println!("          NOT WRITABLE: {e}");
+                }
+            }
+            None => println!("journal   none (state is lost if the server dies)"),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

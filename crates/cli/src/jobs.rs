@@ -140,6 +140,26 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
     humantime::parse_duration(s).map_err(|e| anyhow!("{e}; write e.g. 500ms, 30s, 10m or 2h"))
 }
 
+/// A size in bytes: `4096`, `64K`, `512M`, `2G` (powers of 1024; a trailing `B`/`iB` is fine).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim().to_ascii_uppercase();
+    let t = t.trim_end_matches("IB").trim_end_matches('B');
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("{s:?} is not a size; write e.g. 4096, 64K, 512M or 2G"))?;
+    n.checked_mul(mult)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| anyhow!("{s:?} is not a usable size; write e.g. 64K, 512M or 2G"))
+}
+
 fn absolute(base: &Path, p: &str) -> String {
     let path = Path::new(p);
     if path.is_absolute() {
@@ -361,6 +381,16 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("512mb").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert!(parse_size("lots").unwrap_err().to_string().contains("64K"));
+        assert!(parse_size("0").is_err());
+    }
 
     #[test]
     fn flags_make_an_array_job() {

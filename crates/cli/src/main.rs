@@ -73,7 +73,17 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             advertise,
             heartbeat,
             dir,
-        }) => server_start(&g, host, port, advertise, &heartbeat, dir).await,
+            no_journal,
+            journal_limit,
+        }) => {
+            let journal_limit = journal_limit
+                .as_deref()
+                .map(jobs::parse_size)
+                .transpose()
+                .context("--journal-limit")?;
+            let journal = (!no_journal).then_some(journal_limit);
+            server_start(&g, host, port, advertise, &heartbeat, dir, journal).await
+        }
         Command::Server(ServerCommand::Stop) => client_cmds::server_stop(&g).await,
         Command::Server(ServerCommand::Info) => client_cmds::server_info(&g).await,
     }
@@ -86,6 +96,7 @@ async fn server_start(
     advertise: Option<String>,
     heartbeat: &str,
     dir: Option<std::path::PathBuf>,
+    journal: Option<Option<u64>>,
 ) -> Result<ExitCode> {
     let dir = dir
         .or_else(|| g.server_dir.clone())
@@ -103,6 +114,8 @@ async fn server_start(
         port,
         advertise_host: advertise,
         heartbeat: jobs::parse_duration(heartbeat).context("--heartbeat")?,
+        journal: journal.is_some(),
+        journal_limit: journal.flatten(),
     };
     let server = kestrel_server::start(config).await?;
     eprintln!(

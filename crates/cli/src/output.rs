@@ -79,6 +79,22 @@ pub fn ago(us: u64) -> String {
 }
 
 /// `9990 finished, 10 failed` (only the non-zero parts; `nothing` when empty).
+/// A byte count for people: 512 B, 3.2 MiB.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
 pub fn counts(c: &Counts) -> String {
     let parts: Vec<String> = [
         (c.finished, "finished"),

@@ -374,6 +374,7 @@ impl Harness {
                 }
                 Command::DefineJob { .. }
                 | Command::JobDone { .. }
+                | Command::GaveUp { .. }
                 | Command::Quarantined { .. } => {}
             }
             self.commands.push(cmd);

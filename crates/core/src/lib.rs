@@ -13,6 +13,7 @@ pub mod spec;
 pub mod table;
 
 pub use outcome::{Command, Failure, Finished, IndexRun, RunEnd};
+pub use scheduler::restore::RestoreError;
 pub use scheduler::{
     Accepted, Config, Counts, Job, Resumed, SchedError, Scheduler, Timing, Worker, WorkerOffer,
 };

@@ -63,6 +63,9 @@ pub enum Command {
     JobDone { job: JobId },
     /// The worker is considered lost (missed heartbeats); close its connection.
     Disconnect { worker: WorkerId, reason: String },
+    /// A task was given up without a report from a worker (it was on too many lost workers);
+    /// its failure is recorded in the job. The driver journals it.
+    GaveUp { job: JobId, index: TaskIndex },
     /// The worker's tasks fail too often: it gets no new tasks until resumed.
     Quarantined { worker: WorkerId, reason: String },
 }

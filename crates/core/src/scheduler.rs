@@ -328,7 +328,7 @@ pub struct Scheduler {
 }
 
 /// What [`Scheduler::worker_resumed`] did with a reconnected worker's report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Resumed {
     /// Running tasks taken back by the worker instead of being run again.
     pub taken: u32,
@@ -337,6 +337,8 @@ pub struct Resumed {
     pub duplicates: u32,
     /// Results recorded.
     pub recorded: u32,
+    /// The results recorded, for the driver's journal.
+    pub recorded_ends: Vec<Finished>,
     /// Results and running tasks ignored (task already ended, unknown job or task).
     pub ignored: u32,
 }
@@ -535,6 +537,7 @@ impl Scheduler {
                         stderr_tail: String::new(),
                     },
                 );
+                self.commands.push(Command::GaveUp { job, index });
                 self.check_job_done(now_us, job);
                 continue;
             }
@@ -616,8 +619,12 @@ impl Scheduler {
                 out.ignored += 1;
                 continue;
             }
+            let kept = f.clone();
             match self.task_finished(now_us, worker, f) {
-                Accepted::Recorded => out.recorded += 1,
+                Accepted::Recorded => {
+                    out.recorded += 1;
+                    out.recorded_ends.push(kept);
+                }
                 Accepted::Ignored => out.ignored += 1,
             }
         }
@@ -1156,3 +1163,7 @@ impl Scheduler {
         self.live_jobs.len()
     }
 }
+
+/// Replay of a journal after a crash (a child module so it can reach the private state).
+#[path = "restore.rs"]
+pub mod restore;

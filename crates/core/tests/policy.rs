@@ -283,7 +283,8 @@ fn a_resumed_worker_takes_back_its_running_tasks_and_reports_results_once() {
             taken: 1,
             duplicates: 0,
             recorded: 1,
-            ignored: 0
+            ignored: 0,
+            recorded_ends: vec![success(job, 1)],
         }
     );
     let c = h.sched.job(job).unwrap().counts;

@@ -116,6 +116,8 @@ pub struct Request {
 }
 
 /// What a client can ask.
+// One request at a time per client: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ask {
     /// A new job. With `open`, more list tasks follow through `Extend`.
@@ -123,6 +125,10 @@ pub enum Ask {
         spec: JobSpec,
         tasks: TaskSet,
         open: bool,
+        /// Client-generated idempotency key: a submit repeated with the same key (after a lost
+        /// reply or a server restart) answers with the job the first one created.
+        #[serde(default)]
+        key: Option<String>,
     },
     /// More tasks for an open list job.
     Extend {
@@ -368,4 +374,19 @@ pub struct ServerInfo {
     pub jobs: u32,
     pub live_jobs: u32,
     pub queued: u64,
+    /// The journal, when the server keeps one.
+    #[serde(default)]
+    pub journal: Option<JournalInfo>,
+}
+
+/// Where a server journals its state, and how big the journal is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalInfo {
+    pub path: String,
+    /// The database file plus its write-ahead log.
+    pub bytes: u64,
+    /// Entries in the log.
+    pub rows: u64,
+    /// Why the journal can no longer be written (new submissions are refused), if so.
+    pub error: Option<String>,
 }

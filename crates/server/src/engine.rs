@@ -4,6 +4,7 @@
 //! (up to a bound), applies it, runs one scheduling pass and sends the commands, so under load
 //! many completions share one pass and one frame per worker.
 
+use crate::journal::{Journal, JournalError, Pending, Restored};
 use crate::views;
 use crate::{now_us, ServerConfig};
 use bytes::Bytes;
@@ -83,6 +84,8 @@ struct Waiter {
 
 /// How many events one batch applies before the engine schedules and sends.
 const BATCH: usize = 4096;
+/// How long accepted task ends may wait for a journal commit when nothing else needs one.
+const ENDS_COMMIT_EVERY: Duration = Duration::from_millis(20);
 /// How often time-driven work runs (heartbeat checks, wait progress).
 const TICK: Duration = Duration::from_millis(100);
 
@@ -98,11 +101,30 @@ pub struct Engine {
     /// Worker reports that did not match a current assignment (late or duplicate).
     ignored_reports: u64,
     /// Identifies this server to reconnecting workers: they hand over their tasks and results
-    /// only to the server they were registered with (random per start unless restored).
+    /// only to the server they were registered with (kept in the journal across restarts).
     pub server_id: String,
+    /// The journal, when kept; entries of the current batch wait in `pending`.
+    journal: Option<Journal>,
+    pending: Pending,
+    /// Why the journal can no longer be written; new work is refused from then on.
+    journal_error: Option<String>,
+    /// Client replies held until the batch's journal entries are committed.
+    deferred: Vec<Deferred>,
+    /// Submission key -> job, so a retried submit finds its job.
+    keys: FxHashMap<String, JobId>,
+    last_commit: std::time::Instant,
 }
 
-/// A random id for a server start.
+/// A reply held back until the journal commit that makes it true.
+struct Deferred {
+    conn: ConnId,
+    id: u64,
+    result: Result<Answer, String>,
+    /// A job this batch created (canceled again if the commit fails).
+    created: Option<(JobId, Option<String>)>,
+}
+
+/// A random id for a server start without a journal.
 fn new_server_id() -> String {
     use rand::Rng;
     let bytes: [u8; 12] = rand::thread_rng().gen();
@@ -132,6 +154,7 @@ impl Engine {
             jobs: 0,
             live_jobs: 0,
             queued: 0,
+            journal: None,
         };
         Engine {
             core,
@@ -144,7 +167,76 @@ impl Engine {
             stopping: false,
             ignored_reports: 0,
             server_id: new_server_id(),
+            journal: None,
+            pending: Pending::default(),
+            journal_error: None,
+            deferred: Vec::new(),
+            keys: FxHashMap::default(),
+            last_commit: std::time::Instant::now(),
         }
+    }
+
+    /// Replays the journal into the (fresh) scheduler and journals from now on.
+    pub fn attach_journal(&mut self, journal: Journal) -> Result<Restored, JournalError> {
+        let mut restored = Restored::default();
+        self.keys = journal.replay(&mut self.core, &mut restored)?;
+        if let Ok(meta) = journal.meta() {
+            if !meta.server_id.is_empty() {
+                self.server_id = meta.server_id;
+            }
+        }
+        self.journal = Some(journal);
+        Ok(restored)
+    }
+
+    /// Writes the batch's journal entries in one transaction, then sends the replies that
+    /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
+    /// submitters told why, and no new work is accepted from then on.
+    fn commit(&mut self, force: bool) {
+        // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
+        // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
+        let due = force
+            || !self.deferred.is_empty()
+            || self.pending.has_inputs()
+            || self.last_commit.elapsed() >= ENDS_COMMIT_EVERY;
+        if let (Some(j), true) = (self.journal.as_mut(), due) {
+            if !self.pending.is_empty() {
+                self.last_commit = std::time::Instant::now();
+                if let Err(e) = j.commit(&mut self.pending) {
+                    let msg = format!(
+                        "the journal in {} cannot be written: {e}; free disk space and restart the server",
+                        self.info.dir
+                    );
+                    tracing::error!("{msg}; new submissions are refused from now on");
+                    self.journal_error = Some(msg.clone());
+                    let now = now_us();
+                    for d in &mut self.deferred {
+                        if let Some((job, key)) = d.created.take() {
+                            let _ = self.core.cancel_job(now, job);
+                            if let Some(k) = key {
+                                self.keys.remove(&k);
+                            }
+                            d.result = Err(msg.clone());
+                        } else if matches!(d.result, Ok(Answer::Extended)) {
+                            d.result = Err(msg.clone());
+                        }
+                    }
+                }
+            }
+        }
+        for d in std::mem::take(&mut self.deferred) {
+            if let Some(c) = self.clients.get(&d.conn) {
+                c.send(&ToClient::Reply {
+                    id: d.id,
+                    result: d.result,
+                });
+            }
+        }
+    }
+
+    /// Whether inputs are being journaled right now.
+    fn journaling(&self) -> bool {
+        self.journal.is_some() && self.journal_error.is_none()
     }
 
     /// Runs until a stop request.
@@ -172,6 +264,7 @@ impl Engine {
             let now = now_us();
             self.core.schedule(now);
             self.route();
+            self.commit(self.stopping);
             if self.stopping {
                 break;
             }
@@ -233,11 +326,20 @@ impl Engine {
                         for s in started {
                             self.core.task_started(worker, s.job, s.index, s.at_us);
                         }
+                        let journaling = self.journaling();
                         for f in finished {
+                            let (job, index) = (f.job, f.index);
+                            let kept = journaling.then(|| f.clone());
                             if self.core.task_finished(now, worker, f)
                                 == kestrel_core::Accepted::Ignored
                             {
                                 self.ignored_reports += 1;
+                            } else if let Some(f) = kept {
+                                let assigned_us = self
+                                    .core
+                                    .job(job)
+                                    .map_or(0, |j| j.record(index).assigned_us);
+                                self.pending.task_end(f, assigned_us);
                             }
                         }
                     }
@@ -286,6 +388,15 @@ impl Engine {
             resume.finished,
         );
         self.ignored_reports += r.ignored as u64;
+        if self.journaling() {
+            for f in r.recorded_ends.iter().cloned() {
+                let assigned_us = self
+                    .core
+                    .job(f.job)
+                    .map_or(0, |j| j.record(f.index).assigned_us);
+                self.pending.task_end(f, assigned_us);
+            }
+        }
         tracing::info!(
             worker,
             previous = resume.previous_worker,
@@ -297,33 +408,74 @@ impl Engine {
         );
     }
 
-    fn reply(&self, conn: ConnId, id: u64, result: Result<Answer, String>) {
-        if let Some(c) = self.clients.get(&conn) {
-            c.send(&ToClient::Reply { id, result });
-        }
+    /// Queues a reply; it goes out after this batch's journal commit (see [`Self::commit`]).
+    fn reply(&mut self, conn: ConnId, id: u64, result: Result<Answer, String>) {
+        self.deferred.push(Deferred {
+            conn,
+            id,
+            result,
+            created: None,
+        });
     }
 
     fn answer(&mut self, now: u64, conn: ConnId, req: Request) {
         let result = match req.body {
-            Ask::Submit { spec, tasks, open } => {
-                let name = spec.name.clone();
-                let n = tasks.len();
-                match self.core.submit(now, spec, tasks, open) {
-                    Ok(job) => {
-                        tracing::info!(job, tasks = n, %name, "job submitted");
-                        Ok(Answer::Submitted { job })
-                    }
-                    Err(e) => {
-                        tracing::info!("submission refused: {e}");
-                        Err(e.to_string())
+            Ask::Submit {
+                spec,
+                tasks,
+                open,
+                key,
+            } => {
+                if let Some(job) = key.as_ref().and_then(|k| self.keys.get(k)) {
+                    tracing::info!(job, "repeated submission answered with its job");
+                    Ok(Answer::Submitted { job: *job })
+                } else if let Some(e) = &self.journal_error {
+                    Err(e.clone())
+                } else {
+                    let name = spec.name.clone();
+                    let n = tasks.len();
+                    let journaling = self.journaling();
+                    match self.core.submit(now, spec, tasks, open) {
+                        Ok(job) => {
+                            // Encoded from the core's copy: a big task list is never cloned.
+                            if let (true, Some(j)) = (journaling, self.core.job(job)) {
+                                self.pending
+                                    .submit(job, now, key.clone(), &j.spec, &j.tasks, open);
+                            }
+                            if let Some(k) = &key {
+                                self.keys.insert(k.clone(), job);
+                            }
+                            tracing::info!(job, tasks = n, %name, "job submitted");
+                            self.deferred.push(Deferred {
+                                conn,
+                                id: req.id,
+                                result: Ok(Answer::Submitted { job }),
+                                created: Some((job, key)),
+                            });
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::info!("submission refused: {e}");
+                            Err(e.to_string())
+                        }
                     }
                 }
             }
-            Ask::Extend { job, argvs, close } => self
-                .core
-                .extend(now, job, argvs, close)
-                .map(|_| Answer::Extended)
-                .map_err(|e| e.to_string()),
+            Ask::Extend { job, argvs, close } => {
+                if let Some(e) = &self.journal_error {
+                    Err(e.clone())
+                } else {
+                    let before = self.core.job(job).map_or(0, |j| j.len()) as usize;
+                    let r = self.core.extend(now, job, argvs, close);
+                    if let (Ok(()), true) = (&r, self.journaling()) {
+                        if let Some(TaskSet::List(list)) = self.core.job(job).map(|j| &j.tasks) {
+                            self.pending
+                                .extend(job, now, list.get(before..).unwrap_or(&[]), close);
+                        }
+                    }
+                    r.map(|_| Answer::Extended).map_err(|e| e.to_string())
+                }
+            }
             Ask::JobList => Ok(Answer::Jobs(
                 self.core.jobs().map(views::job_summary).collect(),
             )),
@@ -348,14 +500,17 @@ impl Engine {
                     })
                     .collect(),
             )),
-            Ask::Cancel { jobs } => Ok(Answer::Canceled(
-                jobs.into_iter()
-                    .map(|job| CancelResult {
-                        job,
-                        result: self.core.cancel_job(now, job).map_err(|e| e.to_string()),
-                    })
-                    .collect(),
-            )),
+            Ask::Cancel { jobs } => {
+                let mut results = Vec::with_capacity(jobs.len());
+                for job in jobs {
+                    let result = self.core.cancel_job(now, job).map_err(|e| e.to_string());
+                    if result.is_ok() && self.journaling() {
+                        self.pending.cancel(job, now);
+                    }
+                    results.push(CancelResult { job, result });
+                }
+                Ok(Answer::Canceled(results))
+            }
             Ask::Wait { jobs, progress_ms } => {
                 let jobs = if jobs.is_empty() {
                     self.core
@@ -390,11 +545,20 @@ impl Engine {
                 info.jobs = self.core.jobs().count() as u32;
                 info.live_jobs = self.core.live_jobs() as u32;
                 info.queued = self.core.queued();
+                info.journal = self.journal.as_ref().map(|j| JournalInfo {
+                    path: j.path().display().to_string(),
+                    bytes: j.bytes(),
+                    rows: j.rows(),
+                    error: self.journal_error.clone(),
+                });
                 Ok(Answer::Info(info))
             }
             Ask::Retry { job, failed_only } => match self.core.retry_job(job, failed_only) {
                 Ok((failed, canceled)) => {
                     tracing::info!(job, failed, canceled, "job retried");
+                    if self.journaling() {
+                        self.pending.retry(job, now, failed_only);
+                    }
                     Ok(Answer::Retried {
                         job,
                         failed,
@@ -524,6 +688,12 @@ impl Engine {
                     }
                     for w in self.workers.values() {
                         w.outbox.send(&ToWorker::ForgetJob { job });
+                    }
+                }
+                Command::GaveUp { job, index } => {
+                    let failure = self.core.job(job).and_then(|j| j.failure(index)).cloned();
+                    if let (true, Some(failure)) = (self.journaling(), failure) {
+                        self.pending.give_up(job, index, now_us(), failure);
                     }
                 }
                 Command::Quarantined { worker, reason } => {

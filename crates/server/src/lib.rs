@@ -8,6 +8,8 @@
 
 pub mod conn;
 pub mod engine;
+pub mod journal;
+pub mod lock;
 pub mod views;
 
 use kestrel_proto::{Access, ACCESS_FILE};
@@ -30,6 +32,10 @@ pub struct ServerConfig {
     pub advertise_host: String,
     /// How often workers send a heartbeat; a worker silent for 4 intervals is lost.
     pub heartbeat: Duration,
+    /// Keep a journal (`DIR/journal.sqlite`) so the server's state survives a crash.
+    pub journal: bool,
+    /// Cap on the journal's size in bytes (mostly for tests of a full disk).
+    pub journal_limit: Option<u64>,
 }
 
 impl ServerConfig {
@@ -41,6 +47,8 @@ impl ServerConfig {
             port: 0,
             advertise_host: "127.0.0.1".into(),
             heartbeat: Duration::from_secs(5),
+            journal: false,
+            journal_limit: None,
         }
     }
 }
@@ -50,6 +58,8 @@ pub struct RunningServer {
     pub access: Access,
     pub access_path: PathBuf,
     pub local_addr: SocketAddr,
+    /// Held until the server is dropped, so no second server uses the directory.
+    _lock: lock::DirLock,
     stop: mpsc::UnboundedSender<engine::Inbound>,
     done: tokio::task::JoinHandle<()>,
 }
@@ -92,30 +102,72 @@ pub enum StartError {
     Bind { addr: String, err: std::io::Error },
     #[error(transparent)]
     Access(#[from] kestrel_proto::AccessError),
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error(transparent)]
+    Journal(#[from] journal::JournalError),
 }
 
-/// Binds, writes the access file and starts serving on the current tokio runtime.
+/// Locks the directory, restores the journal, binds, writes the access file and starts serving
+/// on the current tokio runtime.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     std::fs::create_dir_all(&config.dir).map_err(|err| StartError::Dir {
         path: config.dir.clone(),
         err,
     })?;
+    let lock = lock::DirLock::acquire(&config.dir)?;
+    let journal = if config.journal {
+        Some(journal::Journal::open(&config.dir, config.journal_limit)?)
+    } else {
+        None
+    };
+    let meta = match &journal {
+        Some(j) => j.meta()?,
+        None => journal::Meta::default(),
+    };
+    // The previous server's port first, so workers and clients holding the old address find us.
+    let mut listener = None;
+    if let (0, Some(port)) = (config.port, meta.port) {
+        listener = TcpListener::bind(format!("{}:{port}", config.bind_host))
+            .await
+            .ok();
+    }
     let addr = format!("{}:{}", config.bind_host, config.port);
-    let listener = TcpListener::bind(&addr)
-        .await
-        .map_err(|err| StartError::Bind {
-            addr: addr.clone(),
-            err,
-        })?;
+    let listener = match listener {
+        Some(l) => l,
+        None => TcpListener::bind(&addr)
+            .await
+            .map_err(|err| StartError::Bind {
+                addr: addr.clone(),
+                err,
+            })?,
+    };
     let local_addr = listener
         .local_addr()
         .map_err(|err| StartError::Bind { addr, err })?;
-    let access = Access::generate(config.advertise_host.clone(), local_addr.port());
+    let mut access = Access::generate(config.advertise_host.clone(), local_addr.port());
+    if let Some(secret) = meta.secret.filter(|s| !s.is_empty()) {
+        access.secret = secret;
+    }
     let access_path = config.dir.join(ACCESS_FILE);
-    access.write(&access_path)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let secret = access.secret_bytes();
-    let engine = engine::Engine::new(&config, &access, rx, tx.clone());
+    let mut engine = engine::Engine::new(&config, &access, rx, tx.clone());
+    if let Some(mut j) = journal {
+        j.set_access(&access.secret, local_addr.port())?;
+        let t0 = std::time::Instant::now();
+        let r = engine.attach_journal(j)?;
+        if r.rows > 0 {
+            tracing::info!(
+                rows = r.rows,
+                jobs = r.jobs,
+                task_ends = r.task_ends,
+                "restored from the journal in {:.2?}",
+                t0.elapsed()
+            );
+        }
+    }
+    access.write(&access_path)?;
     let accept = tokio::spawn(conn::accept_loop(listener, secret, tx.clone()));
     let done = tokio::spawn(async move {
         engine.run().await;
@@ -126,6 +178,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
         access,
         access_path,
         local_addr,
+        _lock: lock,
         stop: tx,
         done,
     })

@@ -296,12 +296,18 @@ impl Cluster {
     /// Starts a server on loopback in `server_dir` and waits for its access file. Any access
     /// file already there (from a stopped server) is removed first, so the wait is for this one.
     pub fn start_server(&mut self) {
+        self.start_server_with(&[]);
+    }
+
+    /// [`Self::start_server`] with extra `server start` arguments.
+    pub fn start_server_with(&mut self, extra: &[&str]) {
         assert!(self.server.is_none(), "a server is already running");
         let access = self.server_dir.join("access.json");
         let _ = fs::remove_file(&access);
         let log = self.log_file("server");
         let mut c = kestrel();
         c.args(["server", "start", "--host", "127.0.0.1", "--port", "0"])
+            .args(extra)
             .arg("--server-dir")
             .arg(&self.server_dir)
             .args(&self.server_args)
@@ -403,6 +409,13 @@ impl Cluster {
         let mut w = self.workers[i].take().expect("worker running");
         let _ = w.kill();
         let _ = w.wait();
+    }
+
+    /// SIGKILLs the server: no clean shutdown, its access file and journal stay as they were.
+    pub fn kill_server(&mut self) {
+        let mut s = self.server.take().expect("server running");
+        let _ = s.kill();
+        let _ = s.wait();
     }
 
     /// Remembers a task process group to kill when the cluster is dropped.

@@ -1,0 +1,271 @@
+//! The journal: a server killed with SIGKILL and started again on the same directory keeps what
+//! it had acknowledged; the directory lock, a damaged journal, a full journal and repeated
+//! submission keys.
+
+mod common;
+
+use common::*;
+use kestrel_proto::messages::{Answer, Ask};
+use kestrel_proto::{Access, Client};
+use serde_json::Value;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+/// A job's task rows, without the worker ids (those are not kept across a restart).
+fn tasks(c: &Cluster, job: &str) -> Vec<Value> {
+    let mut rows = c
+        .run(&["task", "list", job, "--limit", "100", "--output", "json"])
+        .ok()
+        .json()["rows"]
+        .as_array()
+        .expect("rows")
+        .clone();
+    for r in &mut rows {
+        r.as_object_mut().expect("row").remove("worker");
+    }
+    rows
+}
+
+fn jobs(c: &Cluster) -> Vec<Value> {
+    c.run(&["job", "list", "--output", "json"])
+        .ok()
+        .json()
+        .as_array()
+        .expect("job list")
+        .clone()
+}
+
+/// A client command left running in the background (killed if the test fails).
+struct Background(Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_killed_server_restarts_with_its_results_and_reruns_the_rest() {
+    let mut c = Cluster::with_workers(&[2]);
+    // Job 1 finishes before the crash.
+    c.run(&[
+        "submit",
+        "--wait",
+        "--array",
+        "1-3",
+        "--",
+        "sh",
+        "-c",
+        "echo {task} > done-{task}",
+    ])
+    .ok();
+    let before = tasks(&c, "1");
+    // Job 2's two tasks are running when the server dies; they block until `go` exists.
+    let blocked = "echo $$ > pid-{task}; echo run >> runs-{task}; \
+                   while [ ! -f go ]; do sleep 0.05; done";
+    // Submitted by a client that waits for it and must ride through the crash; once the tasks
+    // run, that client is past its submission and waiting on its connection.
+    let mut wait = kestrel();
+    wait.arg("--server-dir")
+        .arg(&c.server_dir)
+        .args([
+            "submit",
+            "--wait",
+            "--reconnect-for",
+            "60s",
+            "--array",
+            "1-2",
+        ])
+        .args(["--", "sh", "-c", blocked])
+        .current_dir(&c.work)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut waiter = Background(wait.spawn().expect("start submit --wait"));
+    for t in 1..=2 {
+        let pid = poll("job 2's tasks to start", STARTUP, || {
+            read_pid(&c.work.join(format!("pid-{t}")))
+        });
+        c.adopt_group(pid);
+    }
+    let old_access = c.access();
+    let old_file = c.root().join("old-access.json");
+    std::fs::copy(c.server_dir.join("access.json"), &old_file).unwrap();
+
+    c.kill_server();
+    c.kill_worker(0);
+    std::fs::write(c.work.join("go"), "").unwrap();
+    c.start_server();
+
+    // Same secret and port: the old access file still works.
+    assert_eq!(c.access()["secret"], old_access["secret"]);
+    assert_eq!(c.access()["port"], old_access["port"]);
+    let out = run_bounded(
+        {
+            let mut k = kestrel();
+            k.arg("--access")
+                .arg(&old_file)
+                .args(["job", "list", "--output", "json"]);
+            k
+        },
+        COMMAND_LIMIT,
+    );
+    assert_eq!(out.ok().json().as_array().map(Vec::len), Some(2));
+
+    // Finished tasks kept their results and timings; the running ones are queued again.
+    assert_eq!(tasks(&c, "1"), before);
+    let js = jobs(&c);
+    assert_eq!(js[0]["state"], "finished", "{js:?}");
+    assert_eq!(js[1]["counts"]["ready"], 2, "{js:?}");
+
+    c.add_worker(2);
+    let status = poll(
+        "the waiting client to finish",
+        Duration::from_secs(60),
+        || waiter.0.try_wait().unwrap(),
+    );
+    let mut err = String::new();
+    std::io::Read::read_to_string(waiter.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "job wait failed: {err}");
+    assert!(err.contains("reconnect"), "{err}");
+    // Each interrupted task ran again (at-least-once) and is recorded finished once.
+    for t in 1..=2 {
+        assert_eq!(c.read(&format!("runs-{t}")).unwrap().lines().count(), 2);
+    }
+    let js = jobs(&c);
+    assert_eq!(js[1]["counts"]["finished"], 2, "{js:?}");
+    // Job ids continue after the restored ones.
+    let out = c.run(&["submit", "--output", "json", "--", "true"]);
+    assert_eq!(out.ok().json()["jobs"][0], 3);
+    let info = c.run(&["server", "info", "--output", "json"]).ok().json();
+    assert!(info["journal"]["rows"].as_u64().unwrap() >= 5, "{info}");
+    assert!(info["journal"]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("journal.sqlite"));
+}
+
+#[test]
+fn a_directory_held_by_a_live_server_is_refused() {
+    let c = Cluster::new();
+    let access_before = c.access();
+    let mut k = kestrel();
+    k.args(["server", "start", "--host", "127.0.0.1", "--port", "0"])
+        .arg("--server-dir")
+        .arg(&c.server_dir);
+    let out = run_bounded(k, COMMAND_LIMIT);
+    let err = out.one_line_error();
+    assert!(
+        err.contains(&format!(
+            "in use by a running server (pid {})",
+            c.server_pid()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("kestrel server stop --dir"), "{err}");
+    // The running server's access file was not touched.
+    assert_eq!(c.access(), access_before);
+    c.run(&["job", "list"]).ok();
+}
+
+#[test]
+fn a_damaged_or_truncated_journal_is_named_with_what_to_do() {
+    let mut c = Cluster::new();
+    c.run(&["submit", "--", "true"]).ok();
+    // A clean stop checkpoints the write-ahead log into the file, so the damage below is not
+    // covered by SQLite's own recovery.
+    c.run(&["server", "stop"]).ok();
+    c.wait_server_exit(STARTUP);
+    let path = c.server_dir.join("journal.sqlite");
+    let good = std::fs::read(&path).unwrap();
+    let mut damaged = good.clone();
+    damaged[..16].copy_from_slice(b"not a database!!");
+    for bytes in [damaged, good[..1000].to_vec()] {
+        std::fs::write(&path, bytes).unwrap();
+        let mut k = kestrel();
+        k.args(["server", "start", "--host", "127.0.0.1", "--port", "0"])
+            .arg("--server-dir")
+            .arg(&c.server_dir);
+        let out = run_bounded(k, COMMAND_LIMIT);
+        let err = out.one_line_error();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("aside to start empty"), "{err}");
+    }
+}
+
+#[test]
+fn a_full_journal_refuses_new_work_and_keeps_serving() {
+    let mut c = Cluster::new();
+    c.kill_server();
+    c.start_server_with(&["--journal-limit", "64K"]);
+    // Small work fits.
+    c.run(&["submit", "--", "true"]).ok();
+    // A list job bigger than the journal's room is refused, not acknowledged.
+    let lines: String = (0..20_000).map(|i| format!("input-{i:08}\n")).collect();
+    std::fs::write(c.work.join("inputs.txt"), lines).unwrap();
+    let out = c.run(&["submit", "--each", "inputs.txt", "--", "echo", "{line}"]);
+    let err = out.one_line_error();
+    assert!(err.contains("journal"), "{err}");
+    assert!(err.contains("cannot be written"), "{err}");
+    assert!(err.contains("free disk space"), "{err}");
+    // From then on new submissions are refused, and everything else still answers.
+    let err = c
+        .run(&["submit", "--", "true"])
+        .one_line_error()
+        .to_string();
+    assert!(err.contains("cannot be written"), "{err}");
+    let js = jobs(&c);
+    assert_eq!(js.len(), 2, "{js:?}");
+    assert_eq!(js[1]["state"], "canceled", "{js:?}");
+    let info = c.run(&["server", "info"]).ok().stdout.clone();
+    assert!(info.contains("NOT WRITABLE"), "{info}");
+}
+
+#[test]
+fn a_repeated_submission_key_gives_the_same_job_even_after_a_crash() {
+    let mut c = Cluster::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let submit = |access: Access, key: &str| {
+        let key = key.to_string();
+        rt.block_on(async move {
+            let mut client = Client::connect(&access).await.unwrap();
+            let ask = Ask::Submit {
+                spec: kestrel_core::JobSpec {
+                    name: "keyed".into(),
+                    template: kestrel_core::TaskTemplate {
+                        argv: vec!["true".into()],
+                        env: vec![],
+                        cwd: None,
+                        stdout: kestrel_core::Sink::Null,
+                        stderr: kestrel_core::Sink::Null,
+                        timeout_ms: None,
+                    },
+                    resources: kestrel_core::Resources::default(),
+                    priority: 0,
+                    retries: 0,
+                },
+                tasks: kestrel_core::TaskSet::Array(kestrel_core::IdRanges::span(1, 3)),
+                open: false,
+                key: Some(key),
+            };
+            match client.call(ask).await.unwrap() {
+                Answer::Submitted { job } => job,
+                other => panic!("unexpected answer {other:?}"),
+            }
+        })
+    };
+    let access_file = c.server_dir.join("access.json");
+    let access = || Access::read(&access_file).unwrap();
+    let first = submit(access(), "key-a");
+    assert_eq!(submit(access(), "key-a"), first);
+    let other = submit(access(), "key-b");
+    assert_ne!(other, first);
+    c.kill_server();
+    c.start_server();
+    assert_eq!(submit(access(), "key-a"), first);
+    assert_eq!(submit(access(), "key-b"), other);
+    assert_eq!(jobs(&c).len(), 2);
+}

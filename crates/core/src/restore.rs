@@ -1,0 +1,185 @@
+//! Rebuilding a scheduler from a journal after a crash.
+//!
+//! The server journals the accepted inputs of the scheduler (submissions, extensions, cancels
+//! and task reports). Replaying them here gives back the jobs with their ids and every recorded
+//! task end; tasks that were assigned or running when the server died are simply ready again
+//! (at-least-once). Replay happens before any worker joins, so no assignment exists: reports are
+//! applied without a worker, and the ready queue is rebuilt once at the end
+//! ([`Scheduler::restore_done`]) instead of being edited per task.
+//!
+//! This is a child module of `scheduler` (declared there) so it can use the scheduler's private
+//! state without widening its visibility.
+
+use super::{Job, Scheduler};
+use crate::outcome::{Failure, Finished, RunEnd};
+use crate::queue::{ReadyQueue, Span};
+use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, TaskState};
+use crate::table::TaskTable;
+use crate::Counts;
+use rustc_hash::FxHashMap;
+
+/// Why a journal entry could not be replayed (the journal does not match this scheduler).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RestoreError {
+    #[error("job {0} appears twice in the journal")]
+    DuplicateJob(JobId),
+}
+
+impl Scheduler {
+    /// Recreates a job exactly as it was submitted, with its original id and submission time.
+    /// Later ids continue after the highest restored one.
+    pub fn restore_submit(
+        &mut self,
+        job: JobId,
+        submitted_us: u64,
+        spec: JobSpec,
+        tasks: TaskSet,
+        open: bool,
+    ) -> Result<(), RestoreError> {
+        if self.jobs.contains_key(&job) {
+            return Err(RestoreError::DuplicateJob(job));
+        }
+        self.next_job = self.next_job.max(job.saturating_add(1));
+        let n = tasks.len();
+        self.jobs.insert(
+            job,
+            Job {
+                id: job,
+                table: TaskTable::new(n),
+                counts: Counts {
+                    ready: n,
+                    ..Default::default()
+                },
+                spec,
+                tasks,
+                submitted_us,
+                finished_us: None,
+                open,
+                canceled: false,
+                failures: FxHashMap::default(),
+            },
+        );
+        self.live_jobs.insert(job);
+        Ok(())
+    }
+
+    /// Applies a recorded task end without a worker: success finishes the task; a failure counts
+    /// one and leaves the task ready again if retries remain, else failed; a cancel report
+    /// cancels it. `assigned_us` restores the timing of the run. Reports for unknown jobs or
+    /// tasks already ended are ignored (so replaying is idempotent per task end).
+    pub fn restore_task_end(&mut self, f: Finished, assigned_us: u64) {
+        let Some(j) = self.jobs.get_mut(&f.job) else {
+            return;
+        };
+        if f.index >= j.len() {
+            return;
+        }
+        let rec = j.table.get(f.index);
+        if rec.state.is_terminal() {
+            return;
+        }
+        let canceled = j.canceled;
+        let retries = j.spec.retries;
+        let to = match &f.end {
+            RunEnd::Success => TaskState::Finished,
+            RunEnd::Canceled => TaskState::Canceled,
+            RunEnd::Failed(_) => {
+                let again = !canceled && u32::from(rec.failures) < retries;
+                if again {
+                    TaskState::Ready
+                } else {
+                    TaskState::Failed
+                }
+            }
+        };
+        // A ready task of a canceled job is counted as canceled (see `Job::record`).
+        let counted_as = if canceled && rec.state == TaskState::Ready {
+            TaskState::Canceled
+        } else {
+            rec.state
+        };
+        *j.counts.slot(counted_as) -= 1;
+        *j.counts.slot(to) += 1;
+        let r = j.table.get_mut(f.index);
+        r.state = to;
+        r.assigned_us = assigned_us;
+        r.started_us = f.started_us;
+        r.finished_us = f.finished_us;
+        if let RunEnd::Failed(failure) = f.end {
+            r.failures = r.failures.saturating_add(1);
+            j.failures.insert(f.index, failure);
+        }
+        self.check_job_done(f.finished_us, f.job);
+    }
+
+    /// Fails a task for good with `failure`, whatever its retries (a task given up after too
+    /// many lost workers). Ignored for unknown or already ended tasks.
+    pub fn restore_give_up(&mut self, job: JobId, index: TaskIndex, at_us: u64, failure: Failure) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        if index >= j.len() || j.table.get(index).state.is_terminal() {
+            return;
+        }
+        let rec = j.table.get(index);
+        let counted_as = if j.canceled && rec.state == TaskState::Ready {
+            TaskState::Canceled
+        } else {
+            rec.state
+        };
+        *j.counts.slot(counted_as) -= 1;
+        *j.counts.slot(TaskState::Failed) += 1;
+        let r = j.table.get_mut(index);
+        r.state = TaskState::Failed;
+        r.finished_us = at_us;
+        j.failures.insert(index, failure);
+        self.check_job_done(at_us, job);
+    }
+
+    /// Ends a replay: rebuilds the ready queue from the task records (tasks that ran before go
+    /// ahead of new work, as after any re-queue) and drops the commands replay produced.
+    pub fn restore_done(&mut self) {
+        self.ready = ReadyQueue::default();
+        for j in self.jobs.values() {
+            if j.canceled || j.counts.ready == 0 {
+                continue;
+            }
+            let mut fresh = Vec::new();
+            let mut again = Vec::new();
+            let mut i: TaskIndex = 0;
+            while i < j.len() {
+                let r = j.table.get(i);
+                if r.state != TaskState::Ready {
+                    i += 1;
+                    continue;
+                }
+                let ran = r.failures > 0 || r.lost > 0;
+                let start = i;
+                while i < j.len() {
+                    let n = j.table.get(i);
+                    if n.state != TaskState::Ready || (n.failures > 0 || n.lost > 0) != ran {
+                        break;
+                    }
+                    i += 1;
+                }
+                let span = Span {
+                    job: j.id,
+                    next: start,
+                    end: i,
+                };
+                if ran {
+                    again.push(span);
+                } else {
+                    fresh.push(span);
+                }
+            }
+            for s in again {
+                self.ready.push_requeued(j.spec.priority, s);
+            }
+            for s in fresh {
+                self.ready.push_new(j.spec.priority, s);
+            }
+        }
+        self.commands.clear();
+    }
+}

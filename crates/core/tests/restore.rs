@@ -1,0 +1,198 @@
+//! Replaying a scheduler's accepted inputs into a fresh one gives back the same jobs: finished
+//! tasks keep their results, unfinished ones are ready again, canceled jobs stay canceled.
+
+use kestrel_core::*;
+
+fn spec(name: &str, retries: u32) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        template: TaskTemplate {
+            argv: vec!["/bin/true".into()],
+            env: vec![],
+            cwd: None,
+            stdout: Sink::Null,
+            stderr: Sink::Null,
+            timeout_ms: None,
+        },
+        resources: Resources::default(),
+        priority: 0,
+        retries,
+    }
+}
+
+fn array(n: u32) -> TaskSet {
+    TaskSet::Array(IdRanges::span(1, n))
+}
+
+fn failure() -> RunEnd {
+    RunEnd::Failed(Failure {
+        exit_code: Some(3),
+        signal: None,
+        reason: "exit code 3".into(),
+        stderr_tail: "boom".into(),
+    })
+}
+
+/// What a journal would hold, in order.
+enum Entry {
+    Submit(JobId, u64, JobSpec, TaskSet),
+    Cancel(JobId, u64),
+    End(Finished, u64),
+}
+
+/// Assigned tasks per command, in order.
+fn assigned(s: &mut Scheduler) -> Vec<(JobId, TaskIndex)> {
+    s.take_commands()
+        .into_iter()
+        .flat_map(|c| match c {
+            Command::Assign { runs, .. } => runs
+                .into_iter()
+                .flat_map(|r| (r.first..r.first + r.count).map(move |i| (r.job, i)))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn end(s: &mut Scheduler, log: &mut Vec<Entry>, w: WorkerId, job: JobId, index: u32, e: RunEnd) {
+    let f = Finished {
+        job,
+        index,
+        started_us: 1000 + index as u64,
+        finished_us: 2000 + index as u64,
+        end: e,
+    };
+    let assigned_us = s.job(job).unwrap().record(index).assigned_us;
+    assert_eq!(s.task_finished(3000, w, f.clone()), Accepted::Recorded);
+    log.push(Entry::End(f, assigned_us));
+}
+
+#[test]
+fn replay_restores_results_and_requeues_the_rest() {
+    let mut a = Scheduler::new(Config::default());
+    let mut log = Vec::new();
+    let sweep = a.submit(10, spec("sweep", 1), array(10), false).unwrap();
+    log.push(Entry::Submit(sweep, 10, spec("sweep", 1), array(10)));
+    let doomed = a.submit(20, spec("doomed", 0), array(4), false).unwrap();
+    log.push(Entry::Submit(doomed, 20, spec("doomed", 0), array(4)));
+    let w = a.worker_joined(
+        100,
+        WorkerOffer {
+            hostname: "h".into(),
+            resources: Resources { cpus: 8, gpus: 0 },
+            prefetch: 0,
+        },
+    );
+    a.schedule(500);
+    assert_eq!(assigned(&mut a).len(), 8);
+    // sweep: 0..4 succeed, 4 fails once (a retry remains), 5 fails once; 6 and 7 still run.
+    for i in 0..4 {
+        end(&mut a, &mut log, w, sweep, i, RunEnd::Success);
+    }
+    end(&mut a, &mut log, w, sweep, 4, failure());
+    // After the retry backoff (0.5 s) the task is queued again.
+    a.schedule(600_000);
+    let again = assigned(&mut a);
+    assert!(again.contains(&(sweep, 4)), "{again:?}");
+    end(&mut a, &mut log, w, sweep, 4, failure());
+    a.cancel_job(700_000, doomed).unwrap();
+    log.push(Entry::Cancel(doomed, 700_000));
+
+    // Replay into a fresh scheduler (no workers: a restart).
+    let mut b = Scheduler::new(Config::default());
+    for e in log {
+        match e {
+            Entry::Submit(id, at, spec, tasks) => {
+                b.restore_submit(id, at, spec, tasks, false).unwrap()
+            }
+            Entry::Cancel(id, at) => {
+                b.cancel_job(at, id).unwrap();
+            }
+            Entry::End(f, assigned_us) => b.restore_task_end(f, assigned_us),
+        }
+    }
+    b.restore_done();
+    assert!(b.take_commands().is_empty());
+
+    let j = b.job(sweep).unwrap();
+    assert_eq!(j.counts.finished, 4);
+    assert_eq!(j.counts.failed, 1);
+    assert_eq!(j.counts.ready, 5);
+    let r = j.record(2);
+    assert_eq!(r.state, TaskState::Finished);
+    assert_eq!(
+        (r.assigned_us, r.started_us, r.finished_us),
+        (500, 1002, 2002)
+    );
+    assert_eq!(j.timing().tasks, 4);
+    assert_eq!(j.record(4).state, TaskState::Failed);
+    assert_eq!(j.record(4).failures, 2);
+    assert_eq!(j.failure(4).unwrap().reason, "exit code 3");
+    assert_eq!(j.submitted_us, 10);
+    let d = b.job(doomed).unwrap();
+    assert!(d.canceled && d.is_done());
+    assert_eq!(d.counts.canceled, 4);
+
+    // Ids continue after the highest restored one.
+    assert_eq!(b.submit(800, spec("next", 0), array(1), false).unwrap(), 3);
+    // A new worker gets exactly the unfinished tasks of the sweep, and the new job's.
+    let w2 = b.worker_joined(
+        900,
+        WorkerOffer {
+            hostname: "h2".into(),
+            resources: Resources { cpus: 64, gpus: 0 },
+            prefetch: 0,
+        },
+    );
+    b.schedule(1000);
+    let got = assigned(&mut b);
+    let want: Vec<(JobId, TaskIndex)> = (5..10).map(|i| (sweep, i)).chain([(3, 0)]).collect();
+    assert_eq!(got, want);
+    for (job, i) in got {
+        let f = Finished {
+            job,
+            index: i,
+            started_us: 1,
+            finished_us: 2,
+            end: RunEnd::Success,
+        };
+        assert_eq!(b.task_finished(1100, w2, f), Accepted::Recorded);
+    }
+    assert!(b.job(sweep).unwrap().is_done());
+    assert_eq!(b.job(sweep).unwrap().counts.finished, 9);
+}
+
+#[test]
+fn a_report_after_cancel_moves_a_task_out_of_canceled() {
+    // Running tasks of a canceled job may still end in success; replay keeps counts consistent.
+    let mut b = Scheduler::new(Config::default());
+    b.restore_submit(7, 0, spec("c", 0), array(3), false)
+        .unwrap();
+    b.cancel_job(5, 7).unwrap();
+    b.restore_task_end(
+        Finished {
+            job: 7,
+            index: 1,
+            started_us: 1,
+            finished_us: 9,
+            end: RunEnd::Success,
+        },
+        1,
+    );
+    // A duplicate report for an ended task changes nothing.
+    b.restore_task_end(
+        Finished {
+            job: 7,
+            index: 1,
+            started_us: 1,
+            finished_us: 9,
+            end: failure(),
+        },
+        1,
+    );
+    b.restore_done();
+    let c = b.job(7).unwrap().counts;
+    assert_eq!((c.finished, c.canceled, c.ready, c.failed), (1, 2, 0, 0));
+    assert_eq!(b.queued(), 0);
+    assert_eq!(b.submit(10, spec("n", 0), array(1), false).unwrap(), 8);
+}

@@ -156,6 +156,21 @@ pub enum Exec {
     Noop,
 }
 
+/// TLS options of `server start`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Encrypt worker and client connections with TLS; without --tls-cert, a self-signed
+    /// certificate is made on first use and kept as DIR/tls-cert.pem and DIR/tls-key.pem
+    #[arg(long)]
+    pub tls: bool,
+    /// PEM certificate to present (implies --tls; needs --tls-key)
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum ServerCommand {
     /// Start a server in the foreground; it writes DIR/access.json for workers and clients
@@ -178,6 +193,8 @@ pub enum ServerCommand {
         /// Alias of --server-dir
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Stop the server (its workers exit too)
     Stop,

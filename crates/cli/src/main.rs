@@ -70,7 +70,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             advertise,
             heartbeat,
             dir,
-        }) => server_start(&g, host, port, advertise, &heartbeat, dir).await,
+            tls,
+        }) => server_start(&g, host, port, advertise, &heartbeat, dir, tls).await,
         Command::Server(ServerCommand::Stop) => client_cmds::server_stop(&g).await,
         Command::Server(ServerCommand::Info) => client_cmds::server_info(&g).await,
     }
@@ -83,6 +84,7 @@ async fn server_start(
     advertise: Option<String>,
     heartbeat: &str,
     dir: Option<std::path::PathBuf>,
+    tls: args::TlsArgs,
 ) -> Result<ExitCode> {
     let dir = dir
         .or_else(|| g.server_dir.clone())
@@ -100,6 +102,11 @@ async fn server_start(
         port,
         advertise_host: advertise,
         heartbeat: jobs::parse_duration(heartbeat).context("--heartbeat")?,
+        tls: match (tls.tls_cert, tls.tls_key) {
+            (Some(cert), Some(key)) => Some(kestrel_server::TlsConfig::Files { cert, key }),
+            _ if tls.tls => Some(kestrel_server::TlsConfig::SelfSigned),
+            _ => None,
+        },
     };
     let server = kestrel_server::start(config).await?;
     eprintln!(

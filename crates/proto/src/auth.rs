@@ -198,6 +198,15 @@ where
     Ok(hello.role)
 }
 
+/// Answers a connector's hello with a refusal without reading it, for a server that cannot
+/// take the connection at all (a plain-TCP connector at a TLS server).
+pub async fn refuse_hello<W: AsyncWrite + Unpin>(
+    writer: &mut FrameWriter<W>,
+    reason: String,
+) -> Result<(), ProtoError> {
+    writer.send(&HelloReply::Refused { reason }).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,6 +30,18 @@ pub struct ServerConfig {
     pub advertise_host: String,
     /// How often workers send a heartbeat; a worker silent for 4 intervals is lost.
     pub heartbeat: Duration,
+    /// TLS for every connection, or plain TCP when `None`.
+    pub tls: Option<TlsConfig>,
+}
+
+/// Where the server's TLS certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsConfig {
+    /// Self-signed, generated on first use and kept in the server directory
+    /// (`tls-cert.pem`, `tls-key.pem`), so restarts keep the same certificate.
+    SelfSigned,
+    /// PEM files the user provides.
+    Files { cert: PathBuf, key: PathBuf },
 }
 
 impl ServerConfig {
@@ -41,6 +53,7 @@ impl ServerConfig {
             port: 0,
             advertise_host: "127.0.0.1".into(),
             heartbeat: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -92,6 +105,36 @@ pub enum StartError {
     Bind { addr: String, err: std::io::Error },
     #[error(transparent)]
     Access(#[from] kestrel_proto::AccessError),
+    #[error("TLS: {0}")]
+    Tls(#[from] kestrel_proto::tls::TlsError),
+}
+
+/// Loads or makes the TLS certificate, and puts it into the access file for connectors to pin.
+fn setup_tls(
+    config: &ServerConfig,
+    access: &mut Access,
+) -> Result<Option<kestrel_proto::tls::TlsAcceptor>, StartError> {
+    use kestrel_proto::tls::Identity;
+    let identity = match &config.tls {
+        None => return Ok(None),
+        Some(TlsConfig::Files { cert, key }) => Identity::from_files(cert, key)?,
+        Some(TlsConfig::SelfSigned) => {
+            let names: Vec<String> = [
+                config.advertise_host.as_str(),
+                config.bind_host.as_str(),
+                "localhost",
+                "127.0.0.1",
+            ]
+            .iter()
+            .filter(|h| !matches!(**h, "0.0.0.0" | "::" | ""))
+            .map(|h| h.to_string())
+            .collect();
+            Identity::self_signed_in(&config.dir, &names)?
+        }
+    };
+    let acceptor = identity.acceptor()?;
+    access.tls_cert = Some(identity.cert_pem);
+    Ok(Some(acceptor))
 }
 
 /// Binds, writes the access file and starts serving on the current tokio runtime.
@@ -100,6 +143,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
         path: config.dir.clone(),
         err,
     })?;
+    // A secret others can read is no secret: refuse before serving with it.
+    kestrel_proto::check_existing(&config.dir.join(ACCESS_FILE))?;
     let addr = format!("{}:{}", config.bind_host, config.port);
     let listener = TcpListener::bind(&addr)
         .await
@@ -110,13 +155,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     let local_addr = listener
         .local_addr()
         .map_err(|err| StartError::Bind { addr, err })?;
-    let access = Access::generate(config.advertise_host.clone(), local_addr.port());
+    let mut access = Access::generate(config.advertise_host.clone(), local_addr.port());
+    let tls = setup_tls(&config, &mut access)?;
     let access_path = config.dir.join(ACCESS_FILE);
     access.write(&access_path)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let secret = access.secret_bytes();
     let engine = engine::Engine::new(&config, &access, rx, tx.clone());
-    let accept = tokio::spawn(conn::accept_loop(listener, secret, tx.clone()));
+    let accept = tokio::spawn(conn::accept_loop(listener, secret, tls, tx.clone()));
     let done = tokio::spawn(async move {
         engine.run().await;
         accept.abort();

@@ -5,7 +5,7 @@ use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::local::{Identity, Local};
 use crate::{ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex};
-use kestrel_proto::client::dial;
+use kestrel_proto::client::open;
 use kestrel_proto::messages::{FromWorker, Registration, Started, ToWorker};
 use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -121,7 +121,7 @@ pub(crate) async fn serve(
     access: &Access,
     pool: &mut Option<Pool>,
 ) -> Result<SessionEnd, WorkerError> {
-    let (r, w) = dial(access).await?.into_split();
+    let (r, w) = open(access).await?;
     let mut reader = FrameReader::new(r);
     let mut writer = FrameWriter::new(w);
     connect_handshake(
@@ -191,8 +191,8 @@ struct Session<'a> {
 impl Session<'_> {
     async fn run(
         &mut self,
-        reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
-        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+        reader: &mut FrameReader<kestrel_proto::ConnRead>,
+        writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
         pool: &mut Option<Pool>,
         heartbeat_ms: u64,
     ) -> Result<SessionEnd, WorkerError> {
@@ -346,7 +346,7 @@ impl Session<'_> {
 
     async fn send_update(
         &mut self,
-        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+        writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
     ) -> Result<(), WorkerError> {
         // A start whose end is in the same update says nothing new.
         if !self.finished.is_empty() && !self.started.is_empty() {

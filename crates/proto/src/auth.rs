@@ -180,7 +180,13 @@ where
             proof,
         })
         .await?;
-    let answer: Proof = reader.recv().await?;
+    let answer: Proof = reader.recv().await.map_err(|e| match e {
+        // A connector with another secret stops at the server's proof and leaves.
+        ProtoError::Closed => ProtoError::Auth(
+            "the connector left without proving the secret (its access file is stale or from another server)".into(),
+        ),
+        other => other,
+    })?;
     if !verify(
         secret,
         b"kestrel-client",

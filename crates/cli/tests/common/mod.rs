@@ -236,11 +236,18 @@ pub struct Cluster {
     orphans: Vec<i32>,
     starts: usize,
     probes: std::cell::Cell<u32>,
+    /// Extra arguments for `server start` (e.g. `--tls`).
+    server_args: Vec<String>,
 }
 
 impl Cluster {
     /// A running server with no workers.
     pub fn new() -> Cluster {
+        Cluster::with_server_args(&[])
+    }
+
+    /// A running server started with extra `server start` arguments, and no workers.
+    pub fn with_server_args(args: &[&str]) -> Cluster {
         let root = tempfile::Builder::new()
             .prefix("kestrel-it-")
             .tempdir()
@@ -260,6 +267,7 @@ impl Cluster {
             orphans: Vec::new(),
             starts: 0,
             probes: std::cell::Cell::new(0),
+            server_args: args.iter().map(|a| a.to_string()).collect(),
         };
         c.start_server();
         c
@@ -294,6 +302,7 @@ impl Cluster {
         let log = self.log_file("server");
         let mut c = kestrel();
         c.args(["server", "start", "--host", "127.0.0.1", "--port", "0"])
+            .args(&self.server_args)
             .arg("--server-dir")
             .arg(&self.server_dir)
             .current_dir(&self.work)

@@ -159,35 +159,28 @@ pub enum Exec {
     Noop,
 }
 
+/// TLS options of `server start`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Encrypt worker and client connections with TLS; without --tls-cert, a self-signed
+    /// certificate is made on first use and kept as DIR/tls-cert.pem and DIR/tls-key.pem
+    #[arg(long)]
+    pub tls: bool,
+    /// PEM certificate to present (implies --tls; needs --tls-key)
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum ServerCommand {
     /// Start a server in the foreground; it writes DIR/access.json for workers and clients
     #[command(
         after_help = "Examples:\n  kestrel server start &\n  kestrel server start --server-dir /shared/kestrel --port 9800"
     )]
-    Start {
-        /// Address to listen on
-        #[arg(long, default_value = "0.0.0.0", value_name = "HOST")]
-        host: String,
-        /// Port to listen on (0 = any free port)
-        #[arg(long, default_value_t = 0, value_name = "PORT")]
-        port: u16,
-        /// Host name workers and clients use to reach the server [default: --host, or this machine's name for 0.0.0.0]
-        #[arg(long, value_name = "HOST")]
-        advertise: Option<String>,
-        /// How often workers send a heartbeat; a worker silent for 4 of them is lost
-        #[arg(long, default_value = "5s", value_name = "DURATION")]
-        heartbeat: String,
-        /// Alias of --server-dir
-        #[arg(long, value_name = "DIR")]
-        dir: Option<PathBuf>,
-        /// Keep no journal: state is in memory only and lost if the server dies
-        #[arg(long)]
-        no_journal: bool,
-        /// Cap the journal's size (e.g. 512M); past it new submissions are refused
-        #[arg(long, value_name = "SIZE")]
-        journal_limit: Option<String>,
-    },
+    Start(Box<ServerStartArgs>),
     /// Stop the server (its workers exit too)
     Stop,
     /// Show the server's address, version and load
@@ -284,4 +277,32 @@ pub enum Status {
     Finished,
     Failed,
     Canceled,
+}
+
+/// Options of `kestrel server start`.
+#[derive(clap::Args, Debug)]
+pub struct ServerStartArgs {
+    /// Address to listen on
+    #[arg(long, default_value = "0.0.0.0", value_name = "HOST")]
+    pub host: String,
+    /// Port to listen on (0 = any free port)
+    #[arg(long, default_value_t = 0, value_name = "PORT")]
+    pub port: u16,
+    /// Host name workers and clients use to reach the server [default: --host, or this machine's name for 0.0.0.0]
+    #[arg(long, value_name = "HOST")]
+    pub advertise: Option<String>,
+    /// How often workers send a heartbeat; a worker silent for 4 of them is lost
+    #[arg(long, default_value = "5s", value_name = "DURATION")]
+    pub heartbeat: String,
+    /// Alias of --server-dir
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Keep no journal: state is in memory only and lost if the server dies
+    #[arg(long)]
+    pub no_journal: bool,
+    /// Cap the journal's size (e.g. 512M); past it new submissions are refused
+    #[arg(long, value_name = "SIZE")]
+    pub journal_limit: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }

@@ -46,6 +46,8 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in log files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -67,37 +69,29 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             exec,
             reconnect_for,
         }) => worker_start(&g, slots, gpus, prefetch, exec, &reconnect_for).await,
-        Command::Server(ServerCommand::Start {
-            host,
-            port,
-            advertise,
-            heartbeat,
-            dir,
-            no_journal,
-            journal_limit,
-        }) => {
-            let journal_limit = journal_limit
-                .as_deref()
-                .map(jobs::parse_size)
-                .transpose()
-                .context("--journal-limit")?;
-            let journal = (!no_journal).then_some(journal_limit);
-            server_start(&g, host, port, advertise, &heartbeat, dir, journal).await
-        }
+        Command::Server(ServerCommand::Start(args)) => server_start(&g, *args).await,
         Command::Server(ServerCommand::Stop) => client_cmds::server_stop(&g).await,
         Command::Server(ServerCommand::Info) => client_cmds::server_info(&g).await,
     }
 }
 
-async fn server_start(
-    g: &Global,
-    host: String,
-    port: u16,
-    advertise: Option<String>,
-    heartbeat: &str,
-    dir: Option<std::path::PathBuf>,
-    journal: Option<Option<u64>>,
-) -> Result<ExitCode> {
+async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCode> {
+    let args::ServerStartArgs {
+        host,
+        port,
+        advertise,
+        heartbeat,
+        dir,
+        no_journal,
+        journal_limit,
+        tls,
+    } = args;
+    let journal_limit = journal_limit
+        .as_deref()
+        .map(jobs::parse_size)
+        .transpose()
+        .context("--journal-limit")?;
+    let journal = (!no_journal).then_some(journal_limit);
     let dir = dir
         .or_else(|| g.server_dir.clone())
         .unwrap_or_else(default_server_dir);
@@ -113,9 +107,14 @@ async fn server_start(
         bind_host: host,
         port,
         advertise_host: advertise,
-        heartbeat: jobs::parse_duration(heartbeat).context("--heartbeat")?,
+        heartbeat: jobs::parse_duration(&heartbeat).context("--heartbeat")?,
         journal: journal.is_some(),
         journal_limit: journal.flatten(),
+        tls: match (tls.tls_cert, tls.tls_key) {
+            (Some(cert), Some(key)) => Some(kestrel_server::TlsConfig::Files { cert, key }),
+            _ if tls.tls => Some(kestrel_server::TlsConfig::SelfSigned),
+            _ => None,
+        },
     };
     let server = kestrel_server::start(config).await?;
     eprintln!(

@@ -23,7 +23,9 @@ fn write_access(dir: &Path, port: u16, secret: &str) {
         "pid": std::process::id(),
         "protocol": 1,
     });
-    fs::write(dir.join("access.json"), access.to_string()).unwrap();
+    let path = dir.join("access.json");
+    fs::write(&path, access.to_string()).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 #[test]

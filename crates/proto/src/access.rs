@@ -23,6 +23,10 @@ pub struct Access {
     pub pid: u32,
     /// The protocol version the server speaks.
     pub protocol: u32,
+    /// The server's TLS certificate (PEM) when it runs with TLS. Connectors then speak TLS and
+    /// trust exactly this certificate. Absent in plain-TCP servers' (and older) access files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<String>,
 }
 
 /// Why an access file could not be used, with what to do about it.
@@ -36,6 +40,45 @@ pub enum AccessError {
     Malformed { path: PathBuf, err: String },
     #[error("cannot write access file {path}: {err}")]
     Write { path: PathBuf, err: std::io::Error },
+    #[error("{path} is {how} by other users (mode {mode:04o}); run `chmod 600 {path}` or delete it (whoever can read it can use the server)")]
+    Exposed {
+        path: PathBuf,
+        how: &'static str,
+        mode: u32,
+    },
+}
+
+/// Refuses an access file that other users can read or change: the secret in it is the only
+/// thing standing between them and running commands as this user.
+pub fn check_private(path: &Path, meta: &std::fs::Metadata) -> Result<(), AccessError> {
+    let mode = meta.permissions().mode() & 0o7777;
+    let how = if mode & 0o044 != 0 {
+        "readable"
+    } else if mode & 0o022 != 0 {
+        "writable"
+    } else if mode & 0o011 != 0 {
+        "executable"
+    } else {
+        return Ok(());
+    };
+    Err(AccessError::Exposed {
+        path: path.to_owned(),
+        how,
+        mode,
+    })
+}
+
+/// Checks the access file at `path`, if there is one (a server checks its directory's file
+/// before starting).
+pub fn check_existing(path: &Path) -> Result<(), AccessError> {
+    match std::fs::metadata(path) {
+        Ok(meta) => check_private(path, &meta),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(AccessError::Unreadable {
+            path: path.to_owned(),
+            err,
+        }),
+    }
 }
 
 impl Access {
@@ -50,6 +93,7 @@ impl Access {
             secret: hex::encode(secret),
             pid: std::process::id(),
             protocol: crate::auth::PROTOCOL_VERSION,
+            tls_cert: None,
         }
     }
 
@@ -89,9 +133,10 @@ impl Access {
         std::fs::rename(&tmp, path).map_err(werr)
     }
 
-    /// Reads an access file.
+    /// Reads an access file, refusing one that other users can read (see [`check_private`]).
     pub fn read(path: &Path) -> Result<Access, AccessError> {
-        let body = std::fs::read(path).map_err(|err| {
+        use std::io::Read;
+        let unreadable = |err: std::io::Error| {
             if err.kind() == std::io::ErrorKind::NotFound {
                 AccessError::Missing(path.to_owned())
             } else {
@@ -100,7 +145,12 @@ impl Access {
                     err,
                 }
             }
-        })?;
+        };
+        let mut f = std::fs::File::open(path).map_err(unreadable)?;
+        // The mode of the file actually opened, so a swap between check and read is no gap.
+        check_private(path, &f.metadata().map_err(unreadable)?)?;
+        let mut body = Vec::new();
+        f.read_to_end(&mut body).map_err(unreadable)?;
         serde_json::from_slice(&body).map_err(|e| AccessError::Malformed {
             path: path.to_owned(),
             err: e.to_string(),
@@ -143,7 +193,50 @@ mod tests {
         let e = Access::read(&path).unwrap_err().to_string();
         assert!(e.contains("kestrel server start"), "{e}");
         std::fs::write(&path, b"{not json").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let e = Access::read(&path).unwrap_err().to_string();
         assert!(e.contains("malformed"), "{e}");
+    }
+
+    #[test]
+    fn files_other_users_can_read_are_refused_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ACCESS_FILE);
+        check_existing(&path).unwrap();
+        Access::generate("127.0.0.1".into(), 1)
+            .write(&path)
+            .unwrap();
+        check_existing(&path).unwrap();
+        for (mode, how) in [
+            (0o644, "readable"),
+            (0o640, "readable"),
+            (0o620, "writable"),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = Access::read(&path).unwrap_err().to_string();
+            let shown = path.display();
+            assert!(
+                e.contains(&format!("is {how} by other users (mode {mode:04o})")),
+                "{e}"
+            );
+            assert!(
+                e.contains(&format!("run `chmod 600 {shown}` or delete it")),
+                "{e}"
+            );
+            assert!(check_existing(&path).is_err());
+        }
+    }
+
+    #[test]
+    fn old_access_files_without_a_certificate_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ACCESS_FILE);
+        let mut a = Access::generate("127.0.0.1".into(), 4242);
+        a.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("tls_cert"), "{text}");
+        a.tls_cert = Some("-----BEGIN CERTIFICATE-----\n".into());
+        a.write(&path).unwrap();
+        assert_eq!(Access::read(&path).unwrap(), a);
     }
 }

@@ -180,7 +180,13 @@ where
             proof,
         })
         .await?;
-    let answer: Proof = reader.recv().await?;
+    let answer: Proof = reader.recv().await.map_err(|e| match e {
+        // A connector with another secret stops at the server's proof and leaves.
+        ProtoError::Closed => ProtoError::Auth(
+            "the connector left without proving the secret (its access file is stale or from another server)".into(),
+        ),
+        other => other,
+    })?;
     if !verify(
         secret,
         b"kestrel-client",
@@ -196,6 +202,15 @@ where
     }
     writer.send(&Verdict::Welcome).await?;
     Ok(hello.role)
+}
+
+/// Answers a connector's hello with a refusal without reading it, for a server that cannot
+/// take the connection at all (a plain-TCP connector at a TLS server).
+pub async fn refuse_hello<W: AsyncWrite + Unpin>(
+    writer: &mut FrameWriter<W>,
+    reason: String,
+) -> Result<(), ProtoError> {
+    writer.send(&HelloReply::Refused { reason }).await
 }
 
 #[cfg(test)]

@@ -4,9 +4,9 @@ use crate::access::Access;
 use crate::auth::{connect_handshake, Role};
 use crate::frame::{FrameReader, FrameWriter, ProtoError};
 use crate::messages::{Answer, Ask, Request, ToClient, WaitProgress};
+use crate::tls::{ConnRead, ConnWrite};
 use kestrel_core::JobId;
 use std::time::Duration;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 /// How long to try to reach a server before giving up.
@@ -26,6 +26,8 @@ pub enum ClientError {
     Server(String),
     #[error("the server sent an unexpected answer: {0}")]
     Unexpected(String),
+    #[error("TLS with the server at {addr} failed ({err}); the server does not run with --tls, or with another certificate than the access file's: use the server's current access file")]
+    Tls { addr: String, err: String },
 }
 
 /// Connects TCP to the access file's address, with a timeout and a clear message on failure.
@@ -40,17 +42,37 @@ pub async fn dial(access: &Access) -> Result<TcpStream, ClientError> {
     Ok(stream)
 }
 
+/// Connects to the access file's address, in TLS when the access file carries a certificate.
+pub async fn open(access: &Access) -> Result<(ConnRead, ConnWrite), ClientError> {
+    let stream = dial(access).await?;
+    let Some(cert) = &access.tls_cert else {
+        return Ok(crate::tls::split_plain(stream));
+    };
+    let addr = access.address();
+    let tls_err = |err: String| ClientError::Tls {
+        addr: addr.clone(),
+        err,
+    };
+    let connector = crate::tls::connector(cert).map_err(|e| tls_err(e.to_string()))?;
+    let name = crate::tls::server_name(&access.host);
+    let tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, stream))
+        .await
+        .map_err(|_| ClientError::ConnectTimeout(addr.clone()))?
+        .map_err(|e| tls_err(e.to_string()))?;
+    Ok(crate::tls::split_tls(tls))
+}
+
 /// An authenticated client connection.
 pub struct Client {
-    reader: FrameReader<OwnedReadHalf>,
-    writer: FrameWriter<OwnedWriteHalf>,
+    reader: FrameReader<ConnRead>,
+    writer: FrameWriter<ConnWrite>,
     next_id: u64,
 }
 
 impl Client {
     /// Connects and authenticates.
     pub async fn connect(access: &Access) -> Result<Client, ClientError> {
-        let (r, w) = dial(access).await?.into_split();
+        let (r, w) = open(access).await?;
         let mut reader = FrameReader::new(r);
         let mut writer = FrameWriter::new(w);
         let secret = access.secret_bytes();

@@ -31,6 +31,8 @@ pub enum ProtoError {
     Refused(String),
     #[error("timed out: {0}")]
     Timeout(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 fn codec() -> LengthDelimitedCodec {

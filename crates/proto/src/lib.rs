@@ -5,14 +5,17 @@
 //! - [`messages`]: what workers, clients and the server say to each other, in batches.
 //! - [`client`]: a client connection for the CLI, tests and tools.
 //! - [`access`]: the access file that tells a worker or client where the server is.
+//! - [`tls`]: optional TLS, with the server's certificate pinned through the access file.
 
 pub mod access;
 pub mod auth;
 pub mod client;
 pub mod frame;
 pub mod messages;
+pub mod tls;
 
-pub use access::{default_server_dir, Access, AccessError, ACCESS_FILE};
+pub use access::{check_existing, default_server_dir, Access, AccessError, ACCESS_FILE};
 pub use auth::{accept_handshake, connect_handshake, Role, PROTOCOL_VERSION};
 pub use client::{Client, ClientError};
 pub use frame::{decode, encode, FrameReader, FrameWriter, ProtoError, MAX_FRAME_BYTES};
+pub use tls::{ConnRead, ConnWrite};

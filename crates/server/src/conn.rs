@@ -1,70 +1,249 @@
-//! Connections: accept, authenticate, then pump frames between the socket and the engine.
+//! Connections: accept, optionally wrap in TLS, authenticate, then pump frames between the
+//! socket and the engine.
 //!
-//! A bad peer (wrong secret, other protocol, malformed or oversized frame) costs only its own
-//! connection: the failure is logged with the peer's address and the server goes on.
+//! A bad peer (wrong secret, other protocol, malformed or oversized frame, plain TCP at a TLS
+//! server) costs only its own connection: the failure is logged with the peer's address and
+//! the server goes on. A flood of failures from one address is summarised, not logged line by
+//! line (see [`Failures`]).
 
 use crate::engine::{Inbound, Outbox};
 use bytes::Bytes;
+use kestrel_proto::auth::refuse_hello;
 use kestrel_proto::messages::{FromWorker, Request};
-use kestrel_proto::{accept_handshake, FrameReader, FrameWriter, ProtoError, Role};
-use std::net::SocketAddr;
+use kestrel_proto::tls::{split_plain, split_tls, TlsAcceptor};
+use kestrel_proto::{
+    accept_handshake, ConnRead, ConnWrite, FrameReader, FrameWriter, ProtoError, Role,
+};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 /// A peer has this long to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Failed handshakes are counted per address over this window.
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+/// Failures from one address logged one by one per window; the rest are only counted.
+const FAILURE_BURST: u32 = 10;
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
-/// Accepts connections until aborted.
+/// Failed handshakes per peer address, so that a flood (a scanner, a misconfigured worker
+/// farm) gives one summary line per address and window instead of one line per connection.
+#[derive(Debug)]
+pub struct Failures {
+    window: Duration,
+    burst: u32,
+    by_ip: HashMap<IpAddr, Window>,
+}
+
+#[derive(Debug)]
+struct Window {
+    since: Instant,
+    count: u32,
+}
+
+/// What to log for one failed handshake.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Noted {
+    /// Log this failure on its own line.
+    pub log: bool,
+    /// This failure is the last one logged individually in its window.
+    pub burst_reached: bool,
+    /// The address's previous window ended with this many failures, some not logged.
+    pub ended: Option<u32>,
+}
+
+impl Failures {
+    pub fn new(window: Duration, burst: u32) -> Failures {
+        Failures {
+            window,
+            burst,
+            by_ip: HashMap::new(),
+        }
+    }
+
+    /// Records a failure from `ip` at `now`.
+    pub fn record(&mut self, ip: IpAddr, now: Instant) -> Noted {
+        let mut ended = None;
+        let w = self.by_ip.entry(ip).or_insert(Window {
+            since: now,
+            count: 0,
+        });
+        if now.duration_since(w.since) >= self.window {
+            if w.count > self.burst {
+                ended = Some(w.count);
+            }
+            *w = Window {
+                since: now,
+                count: 0,
+            };
+        }
+        w.count += 1;
+        Noted {
+            log: w.count <= self.burst,
+            burst_reached: w.count == self.burst,
+            ended,
+        }
+    }
+
+    /// Forgets windows that ended by `now`; returns the addresses whose window had failures
+    /// not logged one by one, with the window's total.
+    pub fn expire(&mut self, now: Instant) -> Vec<(IpAddr, u32)> {
+        let mut out = Vec::new();
+        let (window, burst) = (self.window, self.burst);
+        self.by_ip.retain(|ip, w| {
+            if now.duration_since(w.since) < window {
+                return true;
+            }
+            if w.count > burst {
+                out.push((*ip, w.count));
+            }
+            false
+        });
+        out.sort();
+        out
+    }
+}
+
+type SharedFailures = Arc<Mutex<Failures>>;
+
+fn summary(ip: IpAddr, count: u32) {
+    tracing::warn!(%ip, "{count} failed handshakes from {ip} in the last minute");
+}
+
+/// Logs a failed handshake with the peer and the reason, within the per-address budget.
+fn handshake_failed(failures: &SharedFailures, peer: SocketAddr, reason: &str) {
+    let noted = match failures.lock() {
+        Ok(mut f) => f.record(peer.ip(), Instant::now()),
+        Err(_) => Noted {
+            log: true,
+            burst_reached: false,
+            ended: None,
+        },
+    };
+    if let Some(n) = noted.ended {
+        summary(peer.ip(), n);
+    }
+    if noted.log {
+        tracing::warn!(%peer, "handshake failed, connection closed: {reason}");
+    }
+    if noted.burst_reached {
+        tracing::warn!(
+            %peer,
+            "{FAILURE_BURST} failed handshakes from {} within a minute; further ones are counted and summarised",
+            peer.ip()
+        );
+    }
+}
+
+/// Accepts connections until aborted. With `tls`, every connection is TLS before the handshake.
 pub async fn accept_loop(
     listener: TcpListener,
     secret: Vec<u8>,
+    tls: Option<TlsAcceptor>,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
-    let secret: std::sync::Arc<[u8]> = secret.into();
+    let secret: Arc<[u8]> = secret.into();
+    let failures: SharedFailures =
+        Arc::new(Mutex::new(Failures::new(FAILURE_WINDOW, FAILURE_BURST)));
+    let mut tick = tokio::time::interval(FAILURE_WINDOW / 4);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve(stream, peer, secret.clone(), engine.clone()));
-            }
-            Err(e) => {
-                // Out of file descriptors and the like: say so, back off, keep serving.
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(serve(
+                        stream,
+                        peer,
+                        secret.clone(),
+                        tls.clone(),
+                        failures.clone(),
+                        engine.clone(),
+                    ));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: say so, back off, keep serving.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = tick.tick() => {
+                let ended = match failures.lock() {
+                    Ok(mut f) => f.expire(Instant::now()),
+                    Err(_) => Vec::new(),
+                };
+                for (ip, n) in ended {
+                    summary(ip, n);
+                }
             }
         }
     }
 }
 
+/// TLS (when configured) and the handshake.
+async fn open(
+    stream: TcpStream,
+    secret: &[u8],
+    tls: Option<TlsAcceptor>,
+) -> Result<(FrameReader<ConnRead>, FrameWriter<ConnWrite>, Role), ProtoError> {
+    let (r, w) = match tls {
+        None => split_plain(stream),
+        Some(acceptor) => {
+            let mut first = [0u8; 1];
+            if stream.peek(&mut first).await? == 0 {
+                return Err(ProtoError::Closed);
+            }
+            // Every TLS connection opens with a handshake record (0x16); a Kestrel frame of a
+            // plain connector starts with the high byte of its length, 0.
+            if first[0] != 0x16 {
+                let (r, w) = split_plain(stream);
+                let (mut reader, mut writer) = (FrameReader::new(r), FrameWriter::new(w));
+                // Read the hello first, so closing does not reset the connection under the reply.
+                let _ = reader.next_frame().await;
+                let reason = "this server requires TLS, but the access file used has no certificate (stale, or from before the server ran with --tls); use the server's current access file".to_string();
+                let _ = refuse_hello(&mut writer, reason).await;
+                let _ = writer.into_inner().shutdown().await;
+                return Err(ProtoError::Tls(
+                    "the peer did not start TLS (its access file has no certificate)".into(),
+                ));
+            }
+            let tls = acceptor
+                .accept(stream)
+                .await
+                .map_err(|e| ProtoError::Tls(e.to_string()))?;
+            split_tls(tls)
+        }
+    };
+    let mut reader = FrameReader::new(r);
+    let mut writer = FrameWriter::new(w);
+    let role = accept_handshake(&mut reader, &mut writer, secret).await?;
+    Ok((reader, writer, role))
+}
+
 async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    secret: std::sync::Arc<[u8]>,
+    secret: Arc<[u8]>,
+    tls: Option<TlsAcceptor>,
+    failures: SharedFailures,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
-    let (r, w) = stream.into_split();
-    let mut reader = FrameReader::new(r);
-    let mut writer = FrameWriter::new(w);
-    let hs = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        accept_handshake(&mut reader, &mut writer, &secret),
-    );
-    let role = match hs.await {
-        Ok(Ok(role)) => role,
+    let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, open(stream, &secret, tls));
+    // Returning drops the halves, which closes the connection.
+    let (reader, writer, role) = match hs.await {
+        Ok(Ok(opened)) => opened,
+        // Connected and left without a word: a port probe (workers do this when reconnecting).
         Ok(Err(ProtoError::Closed)) => return,
-        Ok(Err(e)) => {
-            tracing::warn!(%peer, "handshake failed, connection closed: {e}");
-            return;
-        }
+        Ok(Err(e)) => return handshake_failed(&failures, peer, &e.to_string()),
         Err(_) => {
-            tracing::warn!(%peer, "handshake not finished within {HANDSHAKE_TIMEOUT:?}, connection closed");
-            return;
+            let reason = format!("not finished within {HANDSHAKE_TIMEOUT:?}");
+            return handshake_failed(&failures, peer, &reason);
         }
     };
     let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
@@ -81,7 +260,7 @@ async fn serve(
 }
 
 async fn serve_worker(
-    mut reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    mut reader: FrameReader<ConnRead>,
     peer: SocketAddr,
     outbox: Outbox,
     engine: mpsc::UnboundedSender<Inbound>,
@@ -128,7 +307,7 @@ async fn serve_worker(
 }
 
 async fn serve_client(
-    mut reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    mut reader: FrameReader<ConnRead>,
     peer: SocketAddr,
     outbox: Outbox,
     engine: mpsc::UnboundedSender<Inbound>,
@@ -155,10 +334,7 @@ async fn serve_client(
 }
 
 /// Writes queued frames, flushing once per burst so a batch of messages leaves in one write.
-async fn write_loop(
-    mut writer: FrameWriter<OwnedWriteHalf>,
-    mut rx: mpsc::UnboundedReceiver<Bytes>,
-) {
+async fn write_loop(mut writer: FrameWriter<ConnWrite>, mut rx: mpsc::UnboundedReceiver<Bytes>) {
     while let Some(frame) = rx.recv().await {
         if writer.feed(frame).await.is_err() {
             return;
@@ -173,4 +349,49 @@ async fn write_loop(
         }
     }
     let _ = writer.into_inner().shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_is_logged_up_to_the_burst_then_summarised_per_window() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut f = Failures::new(60 * s, 3);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let logged: Vec<bool> = (0..5).map(|i| f.record(a, t0 + i * s).log).collect();
+        assert_eq!(logged, [true, true, true, false, false]);
+        assert!(
+            f.record(b, t0 + 10 * s).log,
+            "another address has its own budget"
+        );
+        assert_eq!(f.expire(t0 + 59 * s), vec![], "the window has not ended");
+        assert_eq!(f.expire(t0 + 60 * s), vec![(a, 5)]);
+        // b's window (one failure, logged) ends silently.
+        assert_eq!(f.expire(t0 + 70 * s), vec![]);
+        // A new window logs one by one again.
+        assert!(f.record(a, t0 + 100 * s).log);
+    }
+
+    #[test]
+    fn a_window_ending_without_a_tick_is_summarised_on_the_next_failure() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut f = Failures::new(60 * s, 2);
+        let a: IpAddr = "::1".parse().unwrap();
+        let burst: Vec<bool> = (0..4).map(|_| f.record(a, t0).burst_reached).collect();
+        assert_eq!(burst, [false, true, false, false]);
+        let next = f.record(a, t0 + 61 * s);
+        assert_eq!(
+            next,
+            Noted {
+                log: true,
+                burst_reached: false,
+                ended: Some(4)
+            }
+        );
+    }
 }

@@ -36,6 +36,18 @@ pub struct ServerConfig {
     pub journal: bool,
     /// Cap on the journal's size in bytes (mostly for tests of a full disk).
     pub journal_limit: Option<u64>,
+    /// TLS for every connection, or plain TCP when `None`.
+    pub tls: Option<TlsConfig>,
+}
+
+/// Where the server's TLS certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsConfig {
+    /// Self-signed, generated on first use and kept in the server directory
+    /// (`tls-cert.pem`, `tls-key.pem`), so restarts keep the same certificate.
+    SelfSigned,
+    /// PEM files the user provides.
+    Files { cert: PathBuf, key: PathBuf },
 }
 
 impl ServerConfig {
@@ -49,6 +61,7 @@ impl ServerConfig {
             heartbeat: Duration::from_secs(5),
             journal: false,
             journal_limit: None,
+            tls: None,
         }
     }
 }
@@ -106,6 +119,36 @@ pub enum StartError {
     Lock(#[from] lock::LockError),
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
+    #[error("TLS: {0}")]
+    Tls(#[from] kestrel_proto::tls::TlsError),
+}
+
+/// Loads or makes the TLS certificate, and puts it into the access file for connectors to pin.
+fn setup_tls(
+    config: &ServerConfig,
+    access: &mut Access,
+) -> Result<Option<kestrel_proto::tls::TlsAcceptor>, StartError> {
+    use kestrel_proto::tls::Identity;
+    let identity = match &config.tls {
+        None => return Ok(None),
+        Some(TlsConfig::Files { cert, key }) => Identity::from_files(cert, key)?,
+        Some(TlsConfig::SelfSigned) => {
+            let names: Vec<String> = [
+                config.advertise_host.as_str(),
+                config.bind_host.as_str(),
+                "localhost",
+                "127.0.0.1",
+            ]
+            .iter()
+            .filter(|h| !matches!(**h, "0.0.0.0" | "::" | ""))
+            .map(|h| h.to_string())
+            .collect();
+            Identity::self_signed_in(&config.dir, &names)?
+        }
+    };
+    let acceptor = identity.acceptor()?;
+    access.tls_cert = Some(identity.cert_pem);
+    Ok(Some(acceptor))
 }
 
 /// Locks the directory, restores the journal, binds, writes the access file and starts serving
@@ -132,6 +175,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
             .await
             .ok();
     }
+    // A secret others can read is no secret: refuse before serving with it.
+    kestrel_proto::check_existing(&config.dir.join(ACCESS_FILE))?;
     let addr = format!("{}:{}", config.bind_host, config.port);
     let listener = match listener {
         Some(l) => l,
@@ -149,6 +194,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     if let Some(secret) = meta.secret.filter(|s| !s.is_empty()) {
         access.secret = secret;
     }
+    let tls = setup_tls(&config, &mut access)?;
     let access_path = config.dir.join(ACCESS_FILE);
     let (tx, rx) = mpsc::unbounded_channel();
     let secret = access.secret_bytes();
@@ -168,7 +214,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
         }
     }
     access.write(&access_path)?;
-    let accept = tokio::spawn(conn::accept_loop(listener, secret, tx.clone()));
+    let accept = tokio::spawn(conn::accept_loop(listener, secret, tls, tx.clone()));
     let done = tokio::spawn(async move {
         engine.run().await;
         accept.abort();

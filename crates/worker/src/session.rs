@@ -5,7 +5,7 @@ use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::local::{Identity, Local};
 use crate::{ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex, WorkerId};
-use kestrel_proto::client::dial;
+use kestrel_proto::client::open;
 use kestrel_proto::messages::{FromWorker, Registration, Resume, Started, ToWorker};
 use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -150,7 +150,7 @@ pub(crate) async fn serve(
     pool: &mut Option<Pool>,
     carry: &mut Carry,
 ) -> Result<SessionEnd, WorkerError> {
-    let (r, w) = dial(access).await?.into_split();
+    let (r, w) = open(access).await?;
     let mut reader = FrameReader::new(r);
     let mut writer = FrameWriter::new(w);
     connect_handshake(
@@ -228,8 +228,8 @@ impl Session<'_> {
     /// answer. Returns the worker id and heartbeat interval.
     async fn register(
         &mut self,
-        reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
-        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+        reader: &mut FrameReader<kestrel_proto::ConnRead>,
+        writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
         pool: &mut Option<Pool>,
         carry: &mut Carry,
         exec: &str,
@@ -307,8 +307,8 @@ impl Session<'_> {
 
     async fn run(
         &mut self,
-        reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
-        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+        reader: &mut FrameReader<kestrel_proto::ConnRead>,
+        writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
         pool: &mut Option<Pool>,
         heartbeat_ms: u64,
     ) -> Result<SessionEnd, WorkerError> {
@@ -462,7 +462,7 @@ impl Session<'_> {
 
     async fn send_update(
         &mut self,
-        writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+        writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
     ) -> Result<(), WorkerError> {
         // A start whose end is in the same update says nothing new.
         if !self.finished.is_empty() && !self.started.is_empty() {

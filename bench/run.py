@@ -9,7 +9,8 @@ and writes the report:
     --quick        small counts, 1 run, no peers: a smoke test of the script (about a minute);
                    writes bench/results/quick.md instead of docs/benchmarks.md
     --runs N       measure each figure N times (default 3) and report median, min and max
-    --only A,B     run only these scenarios: true, noop, efficiency, memory, workers
+    --only A,B     run only these scenarios: true, noop, efficiency, memory, workers, journal,
+                   chaos
                    (a partial run writes bench/results/partial.md)
     --no-peers     skip xargs, HyperQueue, Dask and Parsl
     --peer-tasks N tasks for HyperQueue, Dask and Parsl (default 20000; xargs runs Kestrel's count)
@@ -25,6 +26,9 @@ Scenarios (one machine, 2 slots, every server on 127.0.0.1 with a fresh --server
   efficiency  sleep 0.01 / 0.1 / 1 tasks on 2 slots: ideal time / measured wall time
   memory      server VmRSS / VmHWM: idle, a 10M-task array, 1M distinct command lines
   workers     200 `--exec noop` worker processes, then the 1M-task noop run
+  journal     1M noop and 100K /bin/true with the journal on and off (`--no-journal`), and the
+              restart time of a SIGKILLed server whose journal holds 1M finished + 1M queued
+  chaos       the repository's chaos test (release build), for its completed-tasks timeline
 
 Outputs: bench/results/<timestamp>.json (raw, git-ignored), bench/results/latest.json (summary
 of the latest full run), docs/benchmarks.md and docs/benchmarks.png.
@@ -62,7 +66,7 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 PEERS_PY = REPO.parent / "shared" / "anchors" / "peers.py"
 DOC = REPO / "docs" / "benchmarks.md"
-SCENARIOS = ["true", "noop", "efficiency", "memory", "workers"]
+SCENARIOS = ["true", "noop", "efficiency", "memory", "workers", "journal", "chaos"]
 SLOTS = 2  # every scenario runs on 2 task slots (the machine's cores)
 
 FULL = {
@@ -78,6 +82,9 @@ FULL = {
     "mem_each": 1_000_000,
     "scale_workers": 200,
     "scale_tasks": 1_000_000,
+    "journal_noop": 1_000_000,
+    "journal_true": 100_000,
+    "restart_tasks": 1_000_000,
 }
 QUICK = {
     "runs": 1,
@@ -92,6 +99,9 @@ QUICK = {
     "mem_each": 10_000,
     "scale_workers": 20,
     "scale_tasks": 100_000,
+    "journal_noop": 100_000,
+    "journal_true": 2_000,
+    "restart_tasks": 100_000,
 }
 
 T0 = time.monotonic()
@@ -321,8 +331,9 @@ class Quiet:
 class Cluster:
     """A `kestrel server start` on 127.0.0.1 in a fresh directory, plus workers."""
 
-    def __init__(self, kbin: str, root: Path, name: str) -> None:
+    def __init__(self, kbin: str, root: Path, name: str, journal: bool = True) -> None:
         self.kbin = kbin
+        self.journal = journal
         self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
         self.sdir = self.dir / "server"
         self.server: subprocess.Popen | None = None
@@ -344,8 +355,10 @@ class Cluster:
 
     def start_server(self) -> None:
         log_f = self._log("server.log")
-        self.server = PROCS.start(self.k("server", "start", "--host", "127.0.0.1"),
-                                  stdout=log_f, stderr=log_f, cwd=self.dir)
+        argv = self.k("server", "start", "--host", "127.0.0.1")
+        if not self.journal:
+            argv.append("--no-journal")
+        self.server = PROCS.start(argv, stdout=log_f, stderr=log_f, cwd=self.dir)
         access = self.sdir / "access.json"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -358,6 +371,10 @@ class Cluster:
                 pass
             time.sleep(0.02)
         raise RuntimeError("the server did not write its access file within 30 s")
+
+    def journal_bytes(self) -> int:
+        """Size of the journal: the database and its write-ahead log."""
+        return sum(p.stat().st_size for p in self.sdir.glob("journal.sqlite*"))
 
     def log_tail(self, name: str) -> str:
         try:
@@ -534,8 +551,8 @@ class Suite:
                 "internal_wall_s": j.get("wall_s"), "cpu_s": r["cpu_s"]}
 
     def k_standalone(self, tasks: int, argv: list[str], slots: int = SLOTS,
-                     name: str = "true") -> dict:
-        with Cluster(self.kbin, self.root, name) as c:
+                     name: str = "true", journal: bool = True) -> dict:
+        with Cluster(self.kbin, self.root, name, journal) as c:
             c.start_workers(1, slots)
             cpu0 = c.cpu()
             s = c.submit(["--array", f"1-{tasks}", "--stdout", "none", "--stderr", "none",
@@ -616,8 +633,8 @@ class Suite:
     # --- scenario 2: noop ---
 
     def k_noop(self, tasks: int, workers: int, slots: int, prefetch: int | None = None,
-               name: str = "noop") -> dict:
-        with Cluster(self.kbin, self.root, name) as c:
+               name: str = "noop", journal: bool = True) -> dict:
+        with Cluster(self.kbin, self.root, name, journal) as c:
             connect_s = c.start_workers(workers, slots, prefetch, exec_mode="noop",
                                         timeout=max(120, workers))
             rss_workers = sum(proc_status(w.pid).get("VmRSS", 0) for w in c.workers)
@@ -626,6 +643,7 @@ class Suite:
                           ["/bin/true"]], tasks)
             cpu1 = c.cpu()
             s["server_rss_kib"] = proc_status(c.server.pid)
+            s["journal_bytes"] = c.journal_bytes()
             if workers > 2:
                 per = [w.get("finished", 0) for w in c.worker_list()]
                 s["per_worker_finished"] = {"min": min(per), "max": max(per),
@@ -762,6 +780,103 @@ class Suite:
         ref = med((noop or {}).get("counts", {}).get(str(n)))
         self.res["workers"] = measured(samples, workers=nw, slots=slots, prefetch=slots,
                                        tasks=n, ref_rate=ref)
+
+
+    # --- issue 4: the journal's cost, restart time, chaos ---
+
+    def scenario_journal(self) -> None:
+        nn, nt = self.cfg["journal_noop"], self.cfg["journal_true"]
+        noop = self.res.get("noop")
+        slots = noop["slots"] if noop else 1024
+        log(f"scenario journal: {nn} noop and {nt} /bin/true tasks, journal on and off")
+        out: dict = {"noop_tasks": nn, "true_tasks": nt, "slots": slots}
+        for kind in ("noop", "true"):
+            for on in (True, False):
+                samples = []
+                for r in range(self.runs):
+                    mode = "on" if on else "off"
+                    log(f" {kind} journal {mode} run {r + 1}/{self.runs}")
+                    if kind == "noop":
+                        s = self.attempt(f"journal {kind} {mode}", self.k_noop, nn, 2, slots,
+                                         name="jnoop", journal=on)
+                    else:
+                        s = self.attempt(f"journal {kind} {mode}", self.k_standalone, nt,
+                                         ["/bin/true"], name="jtrue", journal=on)
+                    samples.append(s)
+                    extra = (f"journal {s['journal_bytes'] / max(1, s['tasks']):.1f} B/task"
+                             if s.get("journal_bytes") else "")
+                    _show(s, extra=extra)
+                fig = measured(samples)
+                fig["journal_bytes"] = summary([x for x in samples if "journal_bytes" in x],
+                                               "journal_bytes")
+                out[f"{kind}_{'on' if on else 'off'}"] = fig
+        samples = []
+        n = self.cfg["restart_tasks"]
+        for r in range(self.runs):
+            log(f" restart with {n:,} finished + {n:,} queued tasks, run {r + 1}/{self.runs}")
+            s = self.attempt("restart", self.restart_one, n, slots)
+            samples.append(s)
+            if "error" not in s:
+                log(f"  journal {s['journal_bytes'] / 2**20:.1f} MiB; answers after "
+                    f"{s['ready_s']:.2f} s, dispatches after {s['dispatch_s']:.2f} s "
+                    f"(replay {s.get('replay', '?')})")
+        fig = measured(samples, tasks=n)
+        for k in ("ready_s", "dispatch_s", "journal_bytes"):
+            fig[k] = summary([x for x in samples if k in x], k)
+        out["restart"] = fig
+        self.res["journal"] = out
+
+    def restart_one(self, n: int, slots: int) -> dict:
+        """A journal with n finished and n queued tasks; kill -9; time the restart."""
+        with Cluster(self.kbin, self.root, "restart") as c:
+            c.start_workers(2, slots, exec_mode="noop")
+            c.submit(["--array", f"1-{n}", "--stdout", "none", "--stderr", "none",
+                      ["/bin/true"]], n)
+            for w in c.workers:
+                PROCS.stop(w)
+            c.workers = []
+            c.submit(["--array", f"1-{n}", "--stdout", "none", "--stderr", "none",
+                      ["/bin/true"]], n, wait=False)
+            jbytes = c.journal_bytes()
+            os.killpg(c.server.pid, signal.SIGKILL)
+            c.server.wait()
+            t0 = time.perf_counter()
+            c.start_server()
+            # The access file is written after the replay: the server answers from here on.
+            ready = time.perf_counter() - t0
+            c.start_workers(1, slots, exec_mode="noop")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                info = c.job_info(2)
+                if (info.get("summary") or {}).get("counts", {}).get("finished", 0) > 0:
+                    break
+                time.sleep(0.01)
+            else:
+                raise RuntimeError("the restarted server dispatched nothing within 120 s")
+            dispatch = time.perf_counter() - t0
+            replay = next((ln.split("restored from the journal in ")[-1].strip()
+                           for ln in (c.dir / "server.log").read_text(errors="replace")
+                           .splitlines()[::-1]
+                           if "restored from the journal" in ln), None)
+        return {"ready_s": ready, "dispatch_s": dispatch, "journal_bytes": jbytes,
+                "seconds": dispatch, "rate": 2 * n / dispatch, "replay": replay}
+
+    def scenario_chaos(self) -> None:
+        """Runs the repository's chaos test and keeps its completed-tasks timeline."""
+        log("scenario chaos: cargo test --release -p kestrel-cli --test chaos")
+        csv = self.root / "chaos.csv"
+        r = run_cmd(["cargo", "test", "--release", "-q", "-p", "kestrel-cli", "--test", "chaos",
+                     "--", "--nocapture"], timeout=1800, cwd=REPO,
+                    env=dict(os.environ, KESTREL_CHAOS_TIMELINE=str(csv)))
+        line = next((ln for ln in r["out"].splitlines() if ln.startswith("chaos:")), None)
+        if r["rc"] != 0 or not csv.exists():
+            raise RuntimeError(cmd_error("the chaos test", r))
+        rows = []
+        for ln in csv.read_text().splitlines()[1:]:
+            t, fin, ev = ln.split(",", 2)
+            rows.append([float(t), int(fin), ev])
+        log(f"  {line}")
+        self.res["chaos"] = {"summary": line, "timeline": rows}
 
 
 def _span(info: dict) -> float | None:
@@ -926,12 +1041,27 @@ def targets(res: dict) -> list[tuple[str, str, bool | None]]:
         rows.append((label,
                      f"{r:.0%} ({fmt_rate(k)} vs {fmt_rate(ref)} tasks/s)" if r else
                      f"{fmt_rate(k)} tasks/s", None if r is None else r >= 0.8))
+    j = sc.get("journal")
+    if j:
+        for kind, n, want in [("noop", j["noop_tasks"], 0.5), ("true", j["true_tasks"], 0.9)]:
+            on, off = med(j.get(f"{kind}_on")), med(j.get(f"{kind}_off"))
+            r = ratio(on, off)
+            what = "noop" if kind == "noop" else "/bin/true"
+            rows.append((f"journal on, {n:,} {what} tasks: ≥ {want:.0%} of the in-memory rate",
+                         f"{r:.0%} ({fmt_rate(on)} vs {fmt_rate(off)} tasks/s)" if r else "—",
+                         None if r is None else r >= want))
+        rs = (j.get("restart") or {}).get("dispatch_s") or {}
+        v = rs.get("median")
+        nr = j["restart"]["tasks"]
+        rows.append((f"restart with {nr:,} finished + {nr:,} queued tasks: dispatching ≤ 10 s",
+                     "—" if v is None else f"{v:.2f} s", None if v is None else v <= 10))
     return rows
 
 
 def report(res: dict, doc: Path, png: Path) -> None:
     sc, m, kb = res["scenarios"], res["machine"], res["kestrel"]
     plot_err = plot(res, png)
+    chaos_plot(res, png.with_name("chaos.png"))
     L: list[str] = []
     a = L.append
     cmd = res["command"]
@@ -1180,6 +1310,43 @@ def report(res: dict, doc: Path, png: Path) -> None:
         a(f"No plot: {plot_err}\n")
     else:
         a(f"![rate against task count, and efficiency against task length]({png.name})\n")
+    j = sc.get("journal")
+    if j:
+        a("## The journal (issue 4)\n")
+        a("The same runs with the server's journal on (the default: SQLite in WAL mode, "
+          "`synchronous=FULL`, group commit) and off (`kestrel server start --no-journal`).\n")
+        a("| workload | journal | tasks/s (median) | min – max | journal size | bytes/task |")
+        a("|---|---|---:|---|---:|---:|")
+        for kind, n in [("noop", j["noop_tasks"]), ("true", j["true_tasks"])]:
+            for mode in ("on", "off"):
+                f = j.get(f"{kind}_{mode}") or {}
+                jb = (f.get("journal_bytes") or {}).get("median")
+                what = f"{n:,} noop tasks, 2 workers" if kind == "noop" else \
+                    f"{n:,} /bin/true, 1 worker × 2 slots"
+                a(f"| {what} | {mode} | {fmt_rate(med(f))} | {_mm(f.get('rate'))} | "
+                  f"{'—' if not jb else f'{jb / 2**20:.1f} MiB'} | "
+                  f"{'—' if not jb else f'{jb / n:.1f}'} |")
+        rs = j.get("restart") or {}
+        if rs.get("dispatch_s"):
+            n = rs["tasks"]
+            a(f"\n**Restart** of a server killed with SIGKILL whose journal holds {n:,} finished "
+              f"and {n:,} queued tasks (journal {rs['journal_bytes']['median'] / 2**20:.1f} MiB): "
+              f"it answers clients after {rs['ready_s']['median']:.2f} s (min – max "
+              f"{rs['ready_s']['min']:.2f} – {rs['ready_s']['max']:.2f}) and has dispatched and "
+              f"finished its first task on a newly started worker after "
+              f"{rs['dispatch_s']['median']:.2f} s (median of {rs['dispatch_s']['n']}); the "
+              f"server's own replay log lines: "
+              f"{', '.join(str(x.get('replay')) for x in rs['samples'] if 'error' not in x)}.\n")
+    ch = sc.get("chaos")
+    if ch:
+        a("## Chaos test (issue 4)\n")
+        a("`cargo test --release -p kestrel-cli --test chaos`: a server and 4 workers, 20,000 "
+          "tasks that each append their id to their own file and sleep 0–20 ms; a random worker "
+          "is SIGKILLed and replaced every second, and the server is SIGKILLed and restarted "
+          "twice. The test checks that the journal records every task finished exactly once "
+          "and that every task's file exists.\n")
+        a(f"Result of this run: `{ch['summary']}`\n")
+        a("![completed tasks over time through the chaos test](chaos.png)\n")
     a("## How each figure was measured\n")
     a("- Everything runs on this one machine with 2 task slots; every server listens on "
       "127.0.0.1 and gets a fresh temporary `--server-dir` per run; the suite copies the "
@@ -1335,6 +1502,33 @@ def plot(res: dict, png: Path) -> str | None:
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return None
+
+
+def chaos_plot(res: dict, png: Path) -> None:
+    ch = res["scenarios"].get("chaos")
+    if not ch:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    pts = [(t, n) for t, n, ev in ch["timeline"] if ev != "server killed"]
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", lw=2, label="tasks finished")
+    kills = [t for t, _, ev in ch["timeline"] if ev == "server killed"]
+    for i, t in enumerate(kills):
+        ax.axvline(t, color="red", ls="--", lw=1, label="server SIGKILLed" if i == 0 else None)
+    ax.set_xlabel("seconds since submission")
+    ax.set_ylabel("tasks finished (as the server reports)")
+    ax.set_title("Chaos test: a worker killed every second, the server killed twice")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 # ----- main ------------------------------------------------------------------------------------

@@ -130,15 +130,20 @@ def ensure_matplotlib() -> str | None:
         return "matplotlib is not importable even in the benchmark venv"
     root = Path(os.environ.get("KESTREL_BENCH_VENV", "~/.cache/kestrel-bench")).expanduser()
     py = root / "bin" / "python"
-    ok = py.exists() and subprocess.run(
-        [str(py), "-c", "import matplotlib"], check=False, capture_output=True
-    ).returncode == 0
+    ok = (
+        py.exists()
+        and subprocess.run(
+            [str(py), "-c", "import matplotlib"], check=False, capture_output=True
+        ).returncode
+        == 0
+    )
     if not ok:
         log(f"matplotlib missing: installing it into {root} (once)")
         try:
             venv.create(root, with_pip=True)
-            subprocess.run([str(py), "-m", "pip", "install", "-q", "matplotlib"], check=True,
-                           timeout=1200)
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "-q", "matplotlib"], check=True, timeout=1200
+            )
         except (OSError, subprocess.SubprocessError) as e:
             return f"cannot install matplotlib into {root}: {e}"
     env = dict(os.environ, KESTREL_BENCH_IN_VENV="1")
@@ -202,13 +207,20 @@ class Procs:
 PROCS = Procs()
 
 
-def run_cmd(argv: list[str], timeout: float, cwd: str | Path | None = None,
-            env: dict | None = None) -> dict:
+def run_cmd(
+    argv: list[str], timeout: float, cwd: str | Path | None = None, env: dict | None = None
+) -> dict:
     """Runs a command to its end in its own process group; times it (wall and CPU)."""
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    p = PROCS.start([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    text=True, cwd=cwd, env=env)
+    p = PROCS.start(
+        [str(a) for a in argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
     try:
         out, err = p.communicate(timeout=timeout)
         timed_out = False
@@ -221,7 +233,11 @@ def run_cmd(argv: list[str], timeout: float, cwd: str | Path | None = None,
     if p in PROCS.live:
         PROCS.live.remove(p)
     return {
-        "rc": p.returncode, "out": out, "err": err, "seconds": secs, "timed_out": timed_out,
+        "rc": p.returncode,
+        "out": out,
+        "err": err,
+        "seconds": secs,
+        "timed_out": timed_out,
         "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
     }
 
@@ -315,8 +331,10 @@ class Quiet:
         announced = False
         while busy > self.THRESHOLD and time.monotonic() - t < limit:
             if not announced:
-                log(f"  machine busy ({busy:.1f} cores used by others: "
-                    f"{', '.join(others_busy()) or 'unknown'}); waiting up to {limit:.0f} s")
+                log(
+                    f"  machine busy ({busy:.1f} cores used by others: "
+                    f"{', '.join(others_busy()) or 'unknown'}); waiting up to {limit:.0f} s"
+                )
                 announced = True
             time.sleep(4)
             busy = cores_busy()
@@ -382,8 +400,14 @@ class Cluster:
         except OSError:
             return ""
 
-    def start_workers(self, n: int, slots: int, prefetch: int | None = None,
-                      exec_mode: str = "process", timeout: float = 120) -> float:
+    def start_workers(
+        self,
+        n: int,
+        slots: int,
+        prefetch: int | None = None,
+        exec_mode: str = "process",
+        timeout: float = 120,
+    ) -> float:
         """Starts n worker processes; waits until the server lists them all. Returns seconds."""
         t = time.perf_counter()
         log_f = self._log("workers.log")
@@ -391,8 +415,9 @@ class Cluster:
         if prefetch is not None:
             args += ["--prefetch", prefetch]
         for _ in range(n):
-            self.workers.append(PROCS.start(self.k(*args), stdout=subprocess.DEVNULL,
-                                            stderr=log_f, cwd=self.dir))
+            self.workers.append(
+                PROCS.start(self.k(*args), stdout=subprocess.DEVNULL, stderr=log_f, cwd=self.dir)
+            )
         want = len(self.workers)
         deadline = time.monotonic() + timeout
         seen = 0
@@ -426,8 +451,13 @@ class Cluster:
             fin = docs[-1]["counts"]["finished"]
             if fin != tasks:
                 raise RuntimeError(f"only {fin} of {tasks} tasks finished: {docs[-1]}")
-        return {"seconds": r["seconds"], "tasks": tasks, "rate": tasks / r["seconds"],
-                "submit_cpu_s": r["cpu_s"], "jobs": docs[0].get("jobs")}
+        return {
+            "seconds": r["seconds"],
+            "tasks": tasks,
+            "rate": tasks / r["seconds"],
+            "submit_cpu_s": r["cpu_s"],
+            "jobs": docs[0].get("jobs"),
+        }
 
     def job_info(self, job: int) -> dict:
         r = run_cmd(self.k("job", "info", job, "--output", "json"), timeout=60, cwd=self.dir)
@@ -518,16 +548,36 @@ class Suite:
             raise RuntimeError(f"{PEERS_PY} not found")
         out = self.root / f"peer-{name}.json"
         out.unlink(missing_ok=True)
-        r = run_cmd([sys.executable, PEERS_PY, "--only", name, "--tasks", tasks,
-                     "--slots", SLOTS, "--json", out], timeout=self.args.peer_timeout,
-                    cwd=self.root)
+        r = run_cmd(
+            [
+                sys.executable,
+                PEERS_PY,
+                "--only",
+                name,
+                "--tasks",
+                tasks,
+                "--slots",
+                SLOTS,
+                "--json",
+                out,
+            ],
+            timeout=self.args.peer_timeout,
+            cwd=self.root,
+        )
         if r["rc"] != 0 or not out.exists():
             msg = cmd_error(f"peers.py --only {name}", r)
             self.peer_dead[name] = msg[:300]
             raise RuntimeError(msg)
         rows = json.loads(out.read_text())
-        rows = [{"workload": row["workload"], "seconds": row["seconds"], "tasks": row["tasks"],
-                 "rate": row["tasks_per_s"]} for row in rows]
+        rows = [
+            {
+                "workload": row["workload"],
+                "seconds": row["seconds"],
+                "tasks": row["tasks"],
+                "rate": row["tasks_per_s"],
+            }
+            for row in rows
+        ]
         if name == "xargs":  # for the others this would count their cluster's start-up too
             rows[0]["cpu_s"] = r["cpu_s"]
         return rows
@@ -537,9 +587,28 @@ class Suite:
     def k_run(self, tasks: int) -> dict:
         d = Path(tempfile.mkdtemp(prefix="run-", dir=self.root))
         try:
-            r = run_cmd([self.kbin, "run", "--slots", SLOTS, "--stdout", "none", "--stderr",
-                         "none", "--array", f"1-{tasks}", "--quiet", "--output", "json", "--",
-                         "/bin/true"], timeout=3600, cwd=d, env=dict(os.environ, TMPDIR=str(d)))
+            r = run_cmd(
+                [
+                    self.kbin,
+                    "run",
+                    "--slots",
+                    SLOTS,
+                    "--stdout",
+                    "none",
+                    "--stderr",
+                    "none",
+                    "--array",
+                    f"1-{tasks}",
+                    "--quiet",
+                    "--output",
+                    "json",
+                    "--",
+                    "/bin/true",
+                ],
+                timeout=3600,
+                cwd=d,
+                env=dict(os.environ, TMPDIR=str(d)),
+            )
         finally:
             shutil.rmtree(d, ignore_errors=True)
         if r["rc"] != 0:
@@ -547,16 +616,28 @@ class Suite:
         j = json_docs(r["out"])[-1]
         if j.get("finished") != tasks:
             raise RuntimeError(f"only {j.get('finished')} of {tasks} finished")
-        return {"seconds": r["seconds"], "tasks": tasks, "rate": tasks / r["seconds"],
-                "internal_wall_s": j.get("wall_s"), "cpu_s": r["cpu_s"]}
+        return {
+            "seconds": r["seconds"],
+            "tasks": tasks,
+            "rate": tasks / r["seconds"],
+            "internal_wall_s": j.get("wall_s"),
+            "cpu_s": r["cpu_s"],
+        }
 
-    def k_standalone(self, tasks: int, argv: list[str], slots: int = SLOTS,
-                     name: str = "true", journal: bool = True) -> dict:
+    def k_standalone(
+        self,
+        tasks: int,
+        argv: list[str],
+        slots: int = SLOTS,
+        name: str = "true",
+        journal: bool = True,
+    ) -> dict:
         with Cluster(self.kbin, self.root, name, journal) as c:
             c.start_workers(1, slots)
             cpu0 = c.cpu()
-            s = c.submit(["--array", f"1-{tasks}", "--stdout", "none", "--stderr", "none",
-                          argv], tasks)
+            s = c.submit(
+                ["--array", f"1-{tasks}", "--stdout", "none", "--stderr", "none", argv], tasks
+            )
             cpu1 = c.cpu()
             info = c.job_info(s["jobs"][0])
         s["timing"] = info.get("timing")
@@ -605,7 +686,10 @@ class Suite:
                     peer_rows.setdefault(f"{p}/{row['workload']}", []).append(row)
                     _show(row, f"{p}/{row['workload']}")
         out = {
-            "tasks": n, "slots": SLOTS, "peer_tasks": pt, "peers_enabled": self.peers_enabled,
+            "tasks": n,
+            "slots": SLOTS,
+            "peer_tasks": pt,
+            "peers_enabled": self.peers_enabled,
             "kestrel_run": measured(figs["kestrel_run"]),
             "kestrel_submit": measured(figs["kestrel_submit"]),
             "xargs": measured(figs["xargs"]) if self.peers_enabled else None,
@@ -625,29 +709,44 @@ class Suite:
                     s = self.attempt("xargs", lambda c=cnt: self.peer("xargs", c)[0])
                     xs.append(s)
                     _show(s)
-            counts[str(cnt)] = {"kestrel_submit": measured(ks),
-                                "xargs": measured(xs) if self.peers_enabled else None}
+            counts[str(cnt)] = {
+                "kestrel_submit": measured(ks),
+                "xargs": measured(xs) if self.peers_enabled else None,
+            }
         out["counts"] = counts
         self.res["true"] = out
 
     # --- scenario 2: noop ---
 
-    def k_noop(self, tasks: int, workers: int, slots: int, prefetch: int | None = None,
-               name: str = "noop", journal: bool = True) -> dict:
+    def k_noop(
+        self,
+        tasks: int,
+        workers: int,
+        slots: int,
+        prefetch: int | None = None,
+        name: str = "noop",
+        journal: bool = True,
+    ) -> dict:
         with Cluster(self.kbin, self.root, name, journal) as c:
-            connect_s = c.start_workers(workers, slots, prefetch, exec_mode="noop",
-                                        timeout=max(120, workers))
+            connect_s = c.start_workers(
+                workers, slots, prefetch, exec_mode="noop", timeout=max(120, workers)
+            )
             rss_workers = sum(proc_status(w.pid).get("VmRSS", 0) for w in c.workers)
             cpu0 = c.cpu()
-            s = c.submit(["--array", f"1-{tasks}", "--stdout", "none", "--stderr", "none",
-                          ["/bin/true"]], tasks)
+            s = c.submit(
+                ["--array", f"1-{tasks}", "--stdout", "none", "--stderr", "none", ["/bin/true"]],
+                tasks,
+            )
             cpu1 = c.cpu()
             s["server_rss_kib"] = proc_status(c.server.pid)
             s["journal_bytes"] = c.journal_bytes()
             if workers > 2:
                 per = [w.get("finished", 0) for w in c.worker_list()]
-                s["per_worker_finished"] = {"min": min(per), "max": max(per),
-                                            "idle_workers": sum(1 for x in per if x == 0)}
+                s["per_worker_finished"] = {
+                    "min": min(per),
+                    "max": max(per),
+                    "idle_workers": sum(1 for x in per if x == 0),
+                }
         s["connect_s"] = connect_s
         s["workers_rss_kib"] = rss_workers
         s["cpu"] = {
@@ -679,8 +778,14 @@ class Suite:
                 samples.append(s)
                 _show(s)
             counts[str(cnt)] = measured(samples)
-        self.res["noop"] = {"workers": w, "slots": chosen, "prefetch": chosen, "sweep": sweep,
-                            "sweep_tasks": big, "counts": counts}
+        self.res["noop"] = {
+            "workers": w,
+            "slots": chosen,
+            "prefetch": chosen,
+            "sweep": sweep,
+            "sweep_tasks": big,
+            "counts": counts,
+        }
 
     # --- scenario 3: efficiency ---
 
@@ -692,8 +797,9 @@ class Suite:
             samples = []
             for r in range(self.runs):
                 log(f" {n} x sleep {length:g} (ideal {ideal:.1f} s) run {r + 1}/{self.runs}")
-                s = self.attempt("efficiency", self.k_standalone, n, ["sleep", f"{length:g}"],
-                                 name="eff")
+                s = self.attempt(
+                    "efficiency", self.k_standalone, n, ["sleep", f"{length:g}"], name="eff"
+                )
                 if "error" not in s:
                     s["efficiency"] = ideal / s["seconds"]
                     if s.get("span_s"):
@@ -703,7 +809,8 @@ class Suite:
             fig = measured(samples, length_s=length, tasks=n, ideal_s=ideal)
             fig["efficiency"] = summary([s for s in samples if "error" not in s], "efficiency")
             fig["span_efficiency"] = summary(
-                [s for s in samples if "span_efficiency" in s], "span_efficiency")
+                [s for s in samples if "span_efficiency" in s], "span_efficiency"
+            )
             runs = [s["timing"]["mean_run_us"] for s in samples if s.get("timing")]
             fig["mean_run_ms"] = statistics.median(runs) / 1000 if runs else None
             rows.append(fig)
@@ -716,11 +823,17 @@ class Suite:
             time.sleep(1.0)
             idle = proc_status(c.server.pid)
             if kind == "array":
-                args = ["--array", f"1-{n}", "--stdout", "none", "--stderr", "none",
-                        ["/bin/true"]]
+                args = ["--array", f"1-{n}", "--stdout", "none", "--stderr", "none", ["/bin/true"]]
             else:
-                args = ["--each", each_file, "--stdout", "none", "--stderr", "none",
-                        ["echo", "{line}"]]
+                args = [
+                    "--each",
+                    each_file,
+                    "--stdout",
+                    "none",
+                    "--stderr",
+                    "none",
+                    ["echo", "{line}"],
+                ]
             s = c.submit(args, n, wait=False)
             time.sleep(1.0)
             st = proc_status(c.server.pid)
@@ -731,10 +844,16 @@ class Suite:
             after_list = proc_status(c.server.pid)
             if c.server.poll() is not None:
                 raise RuntimeError(f"the server died: {c.log_tail('server.log')}")
-        return {"seconds": s["seconds"], "tasks": n, "rate": n / s["seconds"],
-                "idle_rss_kib": idle.get("VmRSS"), "rss_kib": st.get("VmRSS"),
-                "hwm_kib": st.get("VmHWM"), "rss_after_job_list_kib": after_list.get("VmRSS"),
-                "hwm_after_job_list_kib": after_list.get("VmHWM")}
+        return {
+            "seconds": s["seconds"],
+            "tasks": n,
+            "rate": n / s["seconds"],
+            "idle_rss_kib": idle.get("VmRSS"),
+            "rss_kib": st.get("VmRSS"),
+            "hwm_kib": st.get("VmHWM"),
+            "rss_after_job_list_kib": after_list.get("VmRSS"),
+            "hwm_after_job_list_kib": after_list.get("VmHWM"),
+        }
 
     def scenario_memory(self) -> None:
         na, ne = self.cfg["mem_array"], self.cfg["mem_each"]
@@ -750,13 +869,20 @@ class Suite:
                 s = self.attempt(f"memory {kind}", self.mem_one, kind, n, each_file)
                 samples.append(s)
                 if "error" not in s:
-                    log(f"  idle {s['idle_rss_kib'] / 1024:.1f} MiB, after submit VmRSS "
+                    log(
+                        f"  idle {s['idle_rss_kib'] / 1024:.1f} MiB, after submit VmRSS "
                         f"{s['rss_kib'] / 1024:.1f} MiB, VmHWM {s['hwm_kib'] / 1024:.1f} MiB "
-                        f"(submit {s['seconds']:.2f} s)")
+                        f"(submit {s['seconds']:.2f} s)"
+                    )
             fig = measured(samples, tasks=n)
             ok = [s for s in samples if "error" not in s]
-            for k in ("idle_rss_kib", "rss_kib", "hwm_kib", "rss_after_job_list_kib",
-                      "hwm_after_job_list_kib"):
+            for k in (
+                "idle_rss_kib",
+                "rss_kib",
+                "hwm_kib",
+                "rss_after_job_list_kib",
+                "hwm_after_job_list_kib",
+            ):
                 fig[k] = summary(ok, k)
             out[kind] = fig
         each_file.unlink(missing_ok=True)
@@ -769,8 +895,10 @@ class Suite:
         noop = self.res.get("noop")
         total_slots = (noop["slots"] if noop else 1024) * self.cfg["noop_workers"]
         slots = max(1, round(total_slots / nw))
-        log(f"scenario workers: {nw} noop workers x --slots {slots} (window {2 * slots * nw}), "
-            f"{n} tasks")
+        log(
+            f"scenario workers: {nw} noop workers x --slots {slots} (window {2 * slots * nw}), "
+            f"{n} tasks"
+        )
         samples = []
         for r in range(self.runs):
             log(f" run {r + 1}/{self.runs}: starting {nw} workers")
@@ -778,9 +906,9 @@ class Suite:
             samples.append(s)
             _show(s, extra=f"{nw} workers connected in {s.get('connect_s', 0):.1f} s")
         ref = med((noop or {}).get("counts", {}).get(str(n)))
-        self.res["workers"] = measured(samples, workers=nw, slots=slots, prefetch=slots,
-                                       tasks=n, ref_rate=ref)
-
+        self.res["workers"] = measured(
+            samples, workers=nw, slots=slots, prefetch=slots, tasks=n, ref_rate=ref
+        )
 
     # --- issue 4: the journal's cost, restart time, chaos ---
 
@@ -797,18 +925,35 @@ class Suite:
                     mode = "on" if on else "off"
                     log(f" {kind} journal {mode} run {r + 1}/{self.runs}")
                     if kind == "noop":
-                        s = self.attempt(f"journal {kind} {mode}", self.k_noop, nn, 2, slots,
-                                         name="jnoop", journal=on)
+                        s = self.attempt(
+                            f"journal {kind} {mode}",
+                            self.k_noop,
+                            nn,
+                            2,
+                            slots,
+                            name="jnoop",
+                            journal=on,
+                        )
                     else:
-                        s = self.attempt(f"journal {kind} {mode}", self.k_standalone, nt,
-                                         ["/bin/true"], name="jtrue", journal=on)
+                        s = self.attempt(
+                            f"journal {kind} {mode}",
+                            self.k_standalone,
+                            nt,
+                            ["/bin/true"],
+                            name="jtrue",
+                            journal=on,
+                        )
                     samples.append(s)
-                    extra = (f"journal {s['journal_bytes'] / max(1, s['tasks']):.1f} B/task"
-                             if s.get("journal_bytes") else "")
+                    extra = (
+                        f"journal {s['journal_bytes'] / max(1, s['tasks']):.1f} B/task"
+                        if s.get("journal_bytes")
+                        else ""
+                    )
                     _show(s, extra=extra)
                 fig = measured(samples)
-                fig["journal_bytes"] = summary([x for x in samples if "journal_bytes" in x],
-                                               "journal_bytes")
+                fig["journal_bytes"] = summary(
+                    [x for x in samples if "journal_bytes" in x], "journal_bytes"
+                )
                 out[f"{kind}_{'on' if on else 'off'}"] = fig
         samples = []
         n = self.cfg["restart_tasks"]
@@ -817,9 +962,11 @@ class Suite:
             s = self.attempt("restart", self.restart_one, n, slots)
             samples.append(s)
             if "error" not in s:
-                log(f"  journal {s['journal_bytes'] / 2**20:.1f} MiB; answers after "
+                log(
+                    f"  journal {s['journal_bytes'] / 2**20:.1f} MiB; answers after "
                     f"{s['ready_s']:.2f} s, dispatches after {s['dispatch_s']:.2f} s "
-                    f"(replay {s.get('replay', '?')})")
+                    f"(replay {s.get('replay', '?')})"
+                )
         fig = measured(samples, tasks=n)
         for k in ("ready_s", "dispatch_s", "journal_bytes"):
             fig[k] = summary([x for x in samples if k in x], k)
@@ -830,13 +977,17 @@ class Suite:
         """A journal with n finished and n queued tasks; kill -9; time the restart."""
         with Cluster(self.kbin, self.root, "restart") as c:
             c.start_workers(2, slots, exec_mode="noop")
-            c.submit(["--array", f"1-{n}", "--stdout", "none", "--stderr", "none",
-                      ["/bin/true"]], n)
+            c.submit(
+                ["--array", f"1-{n}", "--stdout", "none", "--stderr", "none", ["/bin/true"]], n
+            )
             for w in c.workers:
                 PROCS.stop(w)
             c.workers = []
-            c.submit(["--array", f"1-{n}", "--stdout", "none", "--stderr", "none",
-                      ["/bin/true"]], n, wait=False)
+            c.submit(
+                ["--array", f"1-{n}", "--stdout", "none", "--stderr", "none", ["/bin/true"]],
+                n,
+                wait=False,
+            )
             jbytes = c.journal_bytes()
             os.killpg(c.server.pid, signal.SIGKILL)
             c.server.wait()
@@ -854,20 +1005,44 @@ class Suite:
             else:
                 raise RuntimeError("the restarted server dispatched nothing within 120 s")
             dispatch = time.perf_counter() - t0
-            replay = next((ln.split("restored from the journal in ")[-1].strip()
-                           for ln in (c.dir / "server.log").read_text(errors="replace")
-                           .splitlines()[::-1]
-                           if "restored from the journal" in ln), None)
-        return {"ready_s": ready, "dispatch_s": dispatch, "journal_bytes": jbytes,
-                "seconds": dispatch, "rate": 2 * n / dispatch, "replay": replay}
+            replay = next(
+                (
+                    ln.split("restored from the journal in ")[-1].strip()
+                    for ln in (c.dir / "server.log").read_text(errors="replace").splitlines()[::-1]
+                    if "restored from the journal" in ln
+                ),
+                None,
+            )
+        return {
+            "ready_s": ready,
+            "dispatch_s": dispatch,
+            "journal_bytes": jbytes,
+            "seconds": dispatch,
+            "rate": 2 * n / dispatch,
+            "replay": replay,
+        }
 
     def scenario_chaos(self) -> None:
         """Runs the repository's chaos test and keeps its completed-tasks timeline."""
         log("scenario chaos: cargo test --release -p kestrel-cli --test chaos")
         csv = self.root / "chaos.csv"
-        r = run_cmd(["cargo", "test", "--release", "-q", "-p", "kestrel-cli", "--test", "chaos",
-                     "--", "--nocapture"], timeout=1800, cwd=REPO,
-                    env=dict(os.environ, KESTREL_CHAOS_TIMELINE=str(csv)))
+        r = run_cmd(
+            [
+                "cargo",
+                "test",
+                "--release",
+                "-q",
+                "-p",
+                "kestrel-cli",
+                "--test",
+                "chaos",
+                "--",
+                "--nocapture",
+            ],
+            timeout=1800,
+            cwd=REPO,
+            env=dict(os.environ, KESTREL_CHAOS_TIMELINE=str(csv)),
+        )
         line = next((ln for ln in r["out"].splitlines() if ln.startswith("chaos:")), None)
         if r["rc"] != 0 or not csv.exists():
             raise RuntimeError(cmd_error("the chaos test", r))
@@ -887,8 +1062,10 @@ def _span(info: dict) -> float | None:
 def _show(s: dict, label: str = "", extra: str = "") -> None:
     if "error" in s:
         return
-    msg = f"  {label + ': ' if label else ''}{s['tasks']} tasks in {s['seconds']:.3f} s = " \
-          f"{s['rate']:,.0f} tasks/s"
+    msg = (
+        f"  {label + ': ' if label else ''}{s['tasks']} tasks in {s['seconds']:.3f} s = "
+        f"{s['rate']:,.0f} tasks/s"
+    )
     log(msg + (f"; {extra}" if extra else ""))
 
 
@@ -897,8 +1074,9 @@ def _show(s: dict, label: str = "", extra: str = "") -> None:
 
 def sh(argv: list[str], cwd: Path = REPO) -> str:
     try:
-        return subprocess.run(argv, check=False, capture_output=True, text=True, cwd=cwd,
-                              timeout=60).stdout.strip()
+        return subprocess.run(
+            argv, check=False, capture_output=True, text=True, cwd=cwd, timeout=60
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -933,8 +1111,9 @@ def machine() -> dict:
 def build(retries: int) -> None:
     for i in range(retries):
         log(f"cargo build --release (attempt {i + 1}/{retries})")
-        p = subprocess.run(["cargo", "build", "--release"], check=False, cwd=REPO,
-                           capture_output=True, text=True)
+        p = subprocess.run(
+            ["cargo", "build", "--release"], check=False, cwd=REPO, capture_output=True, text=True
+        )
         if p.returncode == 0:
             return
         log(f"build failed:\n{p.stderr[-1500:]}")
@@ -956,10 +1135,12 @@ def kestrel_copy(root: Path) -> tuple[str, dict]:
         "version": sh([str(dst), "--version"]),
         "sha256": digest[:16],
         "commit": sh(["git", "rev-parse", "--short", "HEAD"]),
-        "dirty": bool(sh(["git", "status", "--porcelain", "--", "crates", "Cargo.toml",
-                          "Cargo.lock"])),
-        "built": dt.datetime.fromtimestamp(src.stat().st_mtime, dt.UTC)
-        .strftime("%Y-%m-%d %H:%M UTC"),
+        "dirty": bool(
+            sh(["git", "status", "--porcelain", "--", "crates", "Cargo.toml", "Cargo.lock"])
+        ),
+        "built": dt.datetime.fromtimestamp(src.stat().st_mtime, dt.UTC).strftime(
+            "%Y-%m-%d %H:%M UTC"
+        ),
     }
     return str(dst), info
 
@@ -1006,55 +1187,98 @@ def targets(res: dict) -> list[tuple[str, str, bool | None]]:
         for key, label in [("kestrel_run", "`kestrel run`"), ("kestrel_submit", "server + worker")]:
             k = med(t[key])
             rx, rh = ratio(k, x), ratio(k, hq)
-            rows.append((f"/bin/true, {label}: ≥ 90% of xargs -P 2",
-                         f"{rx:.0%} ({fmt_rate(k)} vs {fmt_rate(x)} tasks/s)" if rx else "—",
-                         None if rx is None else rx >= 0.9))
-            rows.append((f"/bin/true, {label}: ≥ 2× HyperQueue",
-                         f"{rh:.1f}× ({fmt_rate(k)} vs {fmt_rate(hq)} tasks/s)" if rh else "—",
-                         None if rh is None else rh >= 2))
+            rows.append(
+                (
+                    f"/bin/true, {label}: ≥ 90% of xargs -P 2",
+                    f"{rx:.0%} ({fmt_rate(k)} vs {fmt_rate(x)} tasks/s)" if rx else "—",
+                    None if rx is None else rx >= 0.9,
+                )
+            )
+            rows.append(
+                (
+                    f"/bin/true, {label}: ≥ 2× HyperQueue",
+                    f"{rh:.1f}× ({fmt_rate(k)} vs {fmt_rate(hq)} tasks/s)" if rh else "—",
+                    None if rh is None else rh >= 2,
+                )
+            )
     n = sc.get("noop")
     if n:
         big = max(n["counts"], key=int)
         k = med(n["counts"][big])
-        rows.append((f"noop, {int(big):,} tasks end to end: ≥ 100,000 tasks/s",
-                     f"{fmt_rate(k)} tasks/s", None if k is None else k >= 100_000))
+        rows.append(
+            (
+                f"noop, {int(big):,} tasks end to end: ≥ 100,000 tasks/s",
+                f"{fmt_rate(k)} tasks/s",
+                None if k is None else k >= 100_000,
+            )
+        )
     e = sc.get("efficiency")
     if e:
         for row in e["rows"]:
             if abs(row["length_s"] - 0.1) < 1e-9:
                 v = (row.get("efficiency") or {}).get("median")
-                rows.append(("efficiency of 100 ms tasks: ≥ 95%",
-                             "—" if v is None else f"{v:.1%}", None if v is None else v >= 0.95))
+                rows.append(
+                    (
+                        "efficiency of 100 ms tasks: ≥ 95%",
+                        "—" if v is None else f"{v:.1%}",
+                        None if v is None else v >= 0.95,
+                    )
+                )
     m = sc.get("memory")
     if m:
         a = (m["array"].get("hwm_kib") or {}).get("median")
-        rows.append((f"server memory, {m['array']['tasks']:,}-task array, no workers: ≤ 200 MiB",
-                     f"VmHWM {mib(a)} MiB", None if a is None else a <= 200 * 1024))
+        rows.append(
+            (
+                f"server memory, {m['array']['tasks']:,}-task array, no workers: ≤ 200 MiB",
+                f"VmHWM {mib(a)} MiB",
+                None if a is None else a <= 200 * 1024,
+            )
+        )
         b = (m["each"].get("hwm_kib") or {}).get("median")
-        rows.append((f"server memory, {m['each']['tasks']:,} distinct command lines: ≤ 1 GiB",
-                     f"VmHWM {mib(b)} MiB", None if b is None else b <= 1024 * 1024))
+        rows.append(
+            (
+                f"server memory, {m['each']['tasks']:,} distinct command lines: ≤ 1 GiB",
+                f"VmHWM {mib(b)} MiB",
+                None if b is None else b <= 1024 * 1024,
+            )
+        )
     w = sc.get("workers")
     if w:
         k, ref = med(w), w.get("ref_rate")
         r = ratio(k, ref)
         label = f"{w['workers']} workers, {w['tasks']:,} noop tasks: ≥ 80% of the 2-worker rate"
-        rows.append((label,
-                     f"{r:.0%} ({fmt_rate(k)} vs {fmt_rate(ref)} tasks/s)" if r else
-                     f"{fmt_rate(k)} tasks/s", None if r is None else r >= 0.8))
+        rows.append(
+            (
+                label,
+                f"{r:.0%} ({fmt_rate(k)} vs {fmt_rate(ref)} tasks/s)"
+                if r
+                else f"{fmt_rate(k)} tasks/s",
+                None if r is None else r >= 0.8,
+            )
+        )
     j = sc.get("journal")
     if j:
         for kind, n, want in [("noop", j["noop_tasks"], 0.5), ("true", j["true_tasks"], 0.9)]:
             on, off = med(j.get(f"{kind}_on")), med(j.get(f"{kind}_off"))
             r = ratio(on, off)
             what = "noop" if kind == "noop" else "/bin/true"
-            rows.append((f"journal on, {n:,} {what} tasks: ≥ {want:.0%} of the in-memory rate",
-                         f"{r:.0%} ({fmt_rate(on)} vs {fmt_rate(off)} tasks/s)" if r else "—",
-                         None if r is None else r >= want))
+            rows.append(
+                (
+                    f"journal on, {n:,} {what} tasks: ≥ {want:.0%} of the in-memory rate",
+                    f"{r:.0%} ({fmt_rate(on)} vs {fmt_rate(off)} tasks/s)" if r else "—",
+                    None if r is None else r >= want,
+                )
+            )
         rs = (j.get("restart") or {}).get("dispatch_s") or {}
         v = rs.get("median")
         nr = j["restart"]["tasks"]
-        rows.append((f"restart with {nr:,} finished + {nr:,} queued tasks: dispatching ≤ 10 s",
-                     "—" if v is None else f"{v:.2f} s", None if v is None else v <= 10))
+        rows.append(
+            (
+                f"restart with {nr:,} finished + {nr:,} queued tasks: dispatching ≤ 10 s",
+                "—" if v is None else f"{v:.2f} s",
+                None if v is None else v <= 10,
+            )
+        )
     return rows
 
 
@@ -1066,17 +1290,23 @@ def report(res: dict, doc: Path, png: Path) -> None:
     a = L.append
     cmd = res["command"]
     a("# Kestrel benchmarks\n")
-    a("Kestrel against `xargs -P 2` (the machine's own spawn rate, no engine), HyperQueue, Dask "
-      "and Parsl, all measured in the same invocation on the same machine. This file and "
-      f"[benchmarks.png]({png.name}) are written by the suite; do not edit the numbers by hand. "
-      "To reproduce:\n")
-    a("```sh\npython3 bench/run.py              # everything: build, Kestrel, peers, this report"
-      "\npython3 bench/run.py --quick      # smoke test: small counts, 1 run, no peers (~1 min)"
-      "\npython3 bench/run.py --runs 5 --only true,noop\n```\n")
-    a(f"This report: `{cmd}`, {res['cfg']['runs']} run(s) of every figure; "
-      "tables give the **median** and the min – max over the runs. "
-      f"Raw samples: `{res.get('raw', 'bench/results/latest.json')}`. Suite wall time {res['elapsed_s'] / 60:.0f} "
-      "min.\n")
+    a(
+        "Kestrel against `xargs -P 2` (the machine's own spawn rate, no engine), HyperQueue, Dask "
+        "and Parsl, all measured in the same invocation on the same machine. This file and "
+        f"[benchmarks.png]({png.name}) are written by the suite; do not edit the numbers by hand. "
+        "To reproduce:\n"
+    )
+    a(
+        "```sh\npython3 bench/run.py              # everything: build, Kestrel, peers, this report"
+        "\npython3 bench/run.py --quick      # smoke test: small counts, 1 run, no peers (~1 min)"
+        "\npython3 bench/run.py --runs 5 --only true,noop\n```\n"
+    )
+    a(
+        f"This report: `{cmd}`, {res['cfg']['runs']} run(s) of every figure; "
+        "tables give the **median** and the min – max over the runs. "
+        f"Raw samples: `{res.get('raw', 'bench/results/latest.json')}`. Suite wall time {res['elapsed_s'] / 60:.0f} "
+        "min.\n"
+    )
     a("## Machine\n")
     a("| | |\n|---|---|")
     a(f"| date | {m['date']} |")
@@ -1085,21 +1315,29 @@ def report(res: dict, doc: Path, png: Path) -> None:
     a(f"| kernel | {m['kernel']} ({m['os']}) |")
     a(f"| memory | {m['memory']} |")
     a(f"| load average at start | {' '.join(m['load_at_start'])} |")
-    a(f"| Kestrel | {kb['version']}, commit {kb['commit']}"
-      f"{' + uncommitted changes' if kb['dirty'] else ''}, release build of {kb['built']} "
-      f"(sha256 {kb['sha256']}…) |")
-    a(f"| Python | {m['python']}; peers: hyperqueue 0.27.0, dask/distributed 2026.8.0, parsl "
-      "2026.10.26 (pinned by peers.py) |\n")
-    a("The machine is a shared 2-core VM and is noisy: other builds may run at the same time. "
-      "Each sample records the 1-minute load average and any compiler/test processes seen when it "
-      "started (in the raw results).")
+    a(
+        f"| Kestrel | {kb['version']}, commit {kb['commit']}"
+        f"{' + uncommitted changes' if kb['dirty'] else ''}, release build of {kb['built']} "
+        f"(sha256 {kb['sha256']}…) |"
+    )
+    a(
+        f"| Python | {m['python']}; peers: hyperqueue 0.27.0, dask/distributed 2026.8.0, parsl "
+        "2026.10.26 (pinned by peers.py) |\n"
+    )
+    a(
+        "The machine is a shared 2-core VM and is noisy: other builds may run at the same time. "
+        "Each sample records the 1-minute load average and any compiler/test processes seen when it "
+        "started (in the raw results)."
+    )
     samples = list(_all_samples(res))
     busy = sorted({b for s in samples for b in s.get("others_busy", [])})
     waited = sum(s.get("waited_s", 0) for s in samples)
     loud = [s for s in samples if s.get("busy_cores_before", 0) > Quiet.THRESHOLD]
-    a(f" Before each sample the suite waits (up to 3 min) until other processes use less "
-      f"than {Quiet.THRESHOLD} cores; in this run it waited {waited / 60:.1f} min in all, and "
-      f"{len(loud)} of {len(samples)} samples started while others still used more.")
+    a(
+        f" Before each sample the suite waits (up to 3 min) until other processes use less "
+        f"than {Quiet.THRESHOLD} cores; in this run it waited {waited / 60:.1f} min in all, and "
+        f"{len(loud)} of {len(samples)} samples started while others still used more."
+    )
     if busy:
         a(f" Other people's processes seen at the start of some samples: {', '.join(busy)}.")
     a("")
@@ -1112,8 +1350,10 @@ def report(res: dict, doc: Path, png: Path) -> None:
     t = sc.get("true")
     if t:
         a(f"## 1. Spawning `/bin/true`: {t['tasks']:,} tasks on {t['slots']} slots\n")
-        a("| system | tasks | median s | median tasks/s | min – max tasks/s | runs | Kestrel "
-          "`run` / this | Kestrel server+worker / this | CPU µs per task |")
+        a(
+            "| system | tasks | median s | median tasks/s | min – max tasks/s | runs | Kestrel "
+            "`run` / this | Kestrel server+worker / this | CPU µs per task |"
+        )
         a("|---|---|---|---|---|---|---|---|---|")
         kr, ks = med(t["kestrel_run"]), med(t["kestrel_submit"])
 
@@ -1124,9 +1364,11 @@ def report(res: dict, doc: Path, png: Path) -> None:
             cpu = [_cpu_total(x) for x in (fig or {}).get("samples", [])]
             cpu = [c for c in cpu if c is not None]
             per = f"{statistics.median(cpu) / tasks * 1e6:,.0f}" if cpu else "—"
-            a(f"| {name} | {tasks:,} | {' | '.join(cells)} | "
-              f"{'—' if rr is None else f'{rr:.2f}'} | {'—' if rs is None else f'{rs:.2f}'} | "
-              f"{per} |")
+            a(
+                f"| {name} | {tasks:,} | {' | '.join(cells)} | "
+                f"{'—' if rr is None else f'{rr:.2f}'} | {'—' if rs is None else f'{rs:.2f}'} | "
+                f"{per} |"
+            )
 
         line("**Kestrel** `kestrel run` (embedded)", t["kestrel_run"], t["tasks"])
         line("**Kestrel** server + 1 worker, `submit --wait`", t["kestrel_submit"], t["tasks"])
@@ -1140,20 +1382,26 @@ def report(res: dict, doc: Path, png: Path) -> None:
         if t["peers_enabled"] and t["peer_tasks"] != t["tasks"]:
             pr = [med(f) for k, f in t["peers"].items() if k.endswith("/true") and med(f)]
             if pr:
-                a(f"HyperQueue, Dask and Parsl ran {t['peer_tasks']:,} tasks, not "
-                  f"{t['tasks']:,}: at their measured rates ({fmt_rate(min(pr))}–"
-                  f"{fmt_rate(max(pr))} tasks/s) {t['tasks']:,} tasks would take "
-                  f"{t['tasks'] / max(pr) / 60:.0f}–{t['tasks'] / min(pr) / 60:.0f} minutes per "
-                  f"run and peer. Kestrel's and xargs' rates at {t['peer_tasks']:,} tasks are in "
-                  "the next table, for a comparison at equal counts.\n")
-        a("*CPU µs per task*: user + system CPU of every process involved (engine, client "
-          "and the `/bin/true` processes), per task; 2 cores give at most 2 CPU-seconds per "
-          "second, so on this machine CPU per task bounds the rate. Not measured for the "
-          "Python peers (it would include their cluster's start-up).\n")
+                a(
+                    f"HyperQueue, Dask and Parsl ran {t['peer_tasks']:,} tasks, not "
+                    f"{t['tasks']:,}: at their measured rates ({fmt_rate(min(pr))}–"
+                    f"{fmt_rate(max(pr))} tasks/s) {t['tasks']:,} tasks would take "
+                    f"{t['tasks'] / max(pr) / 60:.0f}–{t['tasks'] / min(pr) / 60:.0f} minutes per "
+                    f"run and peer. Kestrel's and xargs' rates at {t['peer_tasks']:,} tasks are in "
+                    "the next table, for a comparison at equal counts.\n"
+                )
+        a(
+            "*CPU µs per task*: user + system CPU of every process involved (engine, client "
+            "and the `/bin/true` processes), per task; 2 cores give at most 2 CPU-seconds per "
+            "second, so on this machine CPU per task bounds the rate. Not measured for the "
+            "Python peers (it would include their cluster's start-up).\n"
+        )
         _errors(a, t)
         a("Rate against task count (`/bin/true`, 2 slots):\n")
-        a("| tasks | Kestrel server+worker median tasks/s (min – max) | xargs -P 2 median tasks/s "
-          "(min – max) | Kestrel / xargs |")
+        a(
+            "| tasks | Kestrel server+worker median tasks/s (min – max) | xargs -P 2 median tasks/s "
+            "(min – max) | Kestrel / xargs |"
+        )
         a("|---|---|---|---|")
         rows = dict(t["counts"])
         rows[str(t["tasks"])] = {"kestrel_submit": t["kestrel_submit"], "xargs": t.get("xargs")}
@@ -1166,31 +1414,39 @@ def report(res: dict, doc: Path, png: Path) -> None:
         if cpu:
             n = t["tasks"]
             c = {k: statistics.median(x[k] for x in cpu) for k in cpu[0]}
-            a(f"Where the CPU went in the server + worker runs (median over runs, {n:,} tasks; "
-              "2 cores give 2 CPU-seconds per second): server "
-              f"{c['server_s']:.1f} s ({c['server_s'] / n * 1e6:.0f} µs/task), worker process "
-              f"{c['worker_s']:.1f} s ({c['worker_s'] / n * 1e6:.0f} µs/task), the `/bin/true` "
-              f"processes {c['tasks_s']:.1f} s ({c['tasks_s'] / n * 1e6:.0f} µs/task), the "
-              f"submitting client {c['submit_s']:.1f} s.\n")
+            a(
+                f"Where the CPU went in the server + worker runs (median over runs, {n:,} tasks; "
+                "2 cores give 2 CPU-seconds per second): server "
+                f"{c['server_s']:.1f} s ({c['server_s'] / n * 1e6:.0f} µs/task), worker process "
+                f"{c['worker_s']:.1f} s ({c['worker_s'] / n * 1e6:.0f} µs/task), the `/bin/true` "
+                f"processes {c['tasks_s']:.1f} s ({c['tasks_s'] / n * 1e6:.0f} µs/task), the "
+                f"submitting client {c['submit_s']:.1f} s.\n"
+            )
 
     n = sc.get("noop")
     if n:
         a("## 2. The dispatch path alone: `--exec noop` workers\n")
-        a(f"{n['workers']} `kestrel worker start --exec noop` processes connected to a standalone "
-          "server; the figure is the wall time of `kestrel submit --array 1-N --wait` (submission, "
-          "dispatch, completion reports, and the client seeing the job done). Noop tasks use no "
-          "CPU, so `--slots` only sizes the credit window (slots + prefetch tasks in flight per "
-          f"worker). One run of {n['sweep_tasks']:,} tasks for each value:\n")
+        a(
+            f"{n['workers']} `kestrel worker start --exec noop` processes connected to a standalone "
+            "server; the figure is the wall time of `kestrel submit --array 1-N --wait` (submission, "
+            "dispatch, completion reports, and the client seeing the job done). Noop tasks use no "
+            "CPU, so `--slots` only sizes the credit window (slots + prefetch tasks in flight per "
+            f"worker). One run of {n['sweep_tasks']:,} tasks for each value:\n"
+        )
         a("| --slots (= --prefetch) per worker | tasks in flight | seconds | tasks/s |")
         a("|---|---|---|---|")
         for s in n["sweep"]:
             if "error" in s:
                 a(f"| {s.get('slots')} | | failed: {s['error'][:120]} | |")
             else:
-                a(f"| {s['slots']} | {2 * s['slots'] * n['workers']:,} | {s['seconds']:.3f} | "
-                  f"{fmt_rate(s['rate'])} |")
-        a(f"\nChosen: **--slots {n['slots']}** (prefetch defaults to slots) per worker, the "
-          "fastest of the sweep; every count below uses it.\n")
+                a(
+                    f"| {s['slots']} | {2 * s['slots'] * n['workers']:,} | {s['seconds']:.3f} | "
+                    f"{fmt_rate(s['rate'])} |"
+                )
+        a(
+            f"\nChosen: **--slots {n['slots']}** (prefetch defaults to slots) per worker, the "
+            "fastest of the sweep; every count below uses it.\n"
+        )
         a("| tasks | median s | median tasks/s | min – max tasks/s | runs | server CPU µs/task |")
         a("|---|---|---|---|---|---|")
         for cnt in sorted(n["counts"], key=int):
@@ -1199,18 +1455,27 @@ def report(res: dict, doc: Path, png: Path) -> None:
             per = f"{statistics.median(cpu) / int(cnt) * 1e6:.2f}" if cpu else "—"
             a(f"| {int(cnt):,} | {' | '.join(rate_cells(fig))} | {per} |")
         a("")
-        a("Small counts are dominated by fixed costs (starting the `kestrel submit` process, "
-          "connecting, the handshake), so the rate grows with the task count.")
-        pn = [(k, v) for k, v in (sc.get("true") or {}).get("peers", {}).items()
-              if k.endswith("/noop")]
+        a(
+            "Small counts are dominated by fixed costs (starting the `kestrel submit` process, "
+            "connecting, the handshake), so the rate grows with the task count."
+        )
+        pn = [
+            (k, v)
+            for k, v in (sc.get("true") or {}).get("peers", {}).items()
+            if k.endswith("/noop")
+        ]
         if pn:
-            a(" For scale, the peers' Python-function no-op workloads from the same run "
-              "(a function returning its argument, not a command line):\n")
+            a(
+                " For scale, the peers' Python-function no-op workloads from the same run "
+                "(a function returning its argument, not a command line):\n"
+            )
             a("| peer | tasks | median s | median tasks/s | min – max tasks/s | runs |")
             a("|---|---|---|---|---|---|")
             for k, v in pn:
-                a(f"| {k.split('/')[0]} (python function) | {sc['true']['peer_tasks']:,} | "
-                  f"{' | '.join(rate_cells(v))} |")
+                a(
+                    f"| {k.split('/')[0]} (python function) | {sc['true']['peer_tasks']:,} | "
+                    f"{' | '.join(rate_cells(v))} |"
+                )
         a("")
         for cnt in n["counts"]:
             for e in n["counts"][cnt]["errors"]:
@@ -1220,30 +1485,38 @@ def report(res: dict, doc: Path, png: Path) -> None:
     e = sc.get("efficiency")
     if e:
         a(f"## 3. Efficiency against task length ({e['slots']} slots)\n")
-        a("Efficiency = ideal time (tasks × length / slots) / measured wall time of `kestrel "
-          "submit --wait` against a server with one `--slots 2` worker already connected. "
-          "`sleep` itself costs a process spawn (and `sleep` start-up) per task; it is "
-          "reported as is. *Run time* is Kestrel's own measure (from `kestrel job info`) of how "
-          "long each task's process lived.\n")
-        a("| task | tasks | ideal s | median wall s | median efficiency | min – max | runs | "
-          "mean task run time | slot occupancy |")
+        a(
+            "Efficiency = ideal time (tasks × length / slots) / measured wall time of `kestrel "
+            "submit --wait` against a server with one `--slots 2` worker already connected. "
+            "`sleep` itself costs a process spawn (and `sleep` start-up) per task; it is "
+            "reported as is. *Run time* is Kestrel's own measure (from `kestrel job info`) of how "
+            "long each task's process lived.\n"
+        )
+        a(
+            "| task | tasks | ideal s | median wall s | median efficiency | min – max | runs | "
+            "mean task run time | slot occupancy |"
+        )
         a("|---|---|---|---|---|---|---|---|---|")
         for row in e["rows"]:
             ef = row.get("efficiency") or {}
             rt = row.get("mean_run_ms")
             wall = med(row, "seconds")
             occ = row["tasks"] * rt / 1000 / (e["slots"] * wall) if rt and wall else None
-            a(f"| `sleep {row['length_s']:g}` | {row['tasks']:,} | {row['ideal_s']:.1f} | "
-              f"{fmt_s(med(row, 'seconds'))} | "
-              f"{'—' if not ef else format(ef['median'], '.1%')} | "
-              f"{'—' if not ef else format(ef['min'], '.1%') + ' – ' + format(ef['max'], '.1%')}"
-              f" | {ef.get('n', 0)} | {'—' if rt is None else f'{rt:.1f} ms'} | "
-              f"{'—' if occ is None else f'{occ:.1%}'} |")
-        a("\n*Slot occupancy* = tasks × mean task run time / (slots × wall time): the share of "
-          "the wall time the slots held a live task process, as Kestrel's worker times it. "
-          "100% − occupancy is time a slot held no task (Kestrel's gap between one task and "
-          "the next); occupancy − efficiency is the task's own cost beyond its nominal length "
-          "(starting the `sleep` process).\n")
+            a(
+                f"| `sleep {row['length_s']:g}` | {row['tasks']:,} | {row['ideal_s']:.1f} | "
+                f"{fmt_s(med(row, 'seconds'))} | "
+                f"{'—' if not ef else format(ef['median'], '.1%')} | "
+                f"{'—' if not ef else format(ef['min'], '.1%') + ' – ' + format(ef['max'], '.1%')}"
+                f" | {ef.get('n', 0)} | {'—' if rt is None else f'{rt:.1f} ms'} | "
+                f"{'—' if occ is None else f'{occ:.1%}'} |"
+            )
+        a(
+            "\n*Slot occupancy* = tasks × mean task run time / (slots × wall time): the share of "
+            "the wall time the slots held a live task process, as Kestrel's worker times it. "
+            "100% − occupancy is time a slot held no task (Kestrel's gap between one task and "
+            "the next); occupancy − efficiency is the task's own cost beyond its nominal length "
+            "(starting the `sleep` process).\n"
+        )
         for row in e["rows"]:
             for err in row["errors"]:
                 a(f"- error: {err[:400]}")
@@ -1251,22 +1524,30 @@ def report(res: dict, doc: Path, png: Path) -> None:
     mm = sc.get("memory")
     if mm:
         a("## 4. Server memory\n")
-        a("VmRSS and VmHWM (peak) from `/proc/<pid>/status` of the `kestrel server start` "
-          "process, no workers connected: idle (1 s after start), then 1 s after `kestrel "
-          "submit` (without `--wait`) returned, and again after a `kestrel job list` that checks "
-          "the server holds every task.\n")
-        a("| submission | submit s | idle VmRSS MiB | VmRSS MiB after submit | VmHWM MiB "
-          "(min – max) | VmHWM MiB after job list | runs |")
+        a(
+            "VmRSS and VmHWM (peak) from `/proc/<pid>/status` of the `kestrel server start` "
+            "process, no workers connected: idle (1 s after start), then 1 s after `kestrel "
+            "submit` (without `--wait`) returned, and again after a `kestrel job list` that checks "
+            "the server holds every task.\n"
+        )
+        a(
+            "| submission | submit s | idle VmRSS MiB | VmRSS MiB after submit | VmHWM MiB "
+            "(min – max) | VmHWM MiB after job list | runs |"
+        )
         a("|---|---|---|---|---|---|---|")
-        for kind, label in [("array", "`--array 1-{n}` of `/bin/true`"),
-                            ("each", "`--each` file of {n} lines, `echo {{line}}`")]:
+        for kind, label in [
+            ("array", "`--array 1-{n}` of `/bin/true`"),
+            ("each", "`--each` file of {n} lines, `echo {{line}}`"),
+        ]:
             fig = mm[kind]
             hw = fig.get("hwm_kib") or {}
             count = f"{fig['tasks']:,}"
-            a(f"| {label.format(n=count)} | {fmt_s(med(fig, 'seconds'))} | "
-              f"{mib(med(fig, 'idle_rss_kib'))} | {mib(med(fig, 'rss_kib'))} | "
-              f"{mib(hw.get('median'))} ({mib(hw.get('min'))} – {mib(hw.get('max'))}) | "
-              f"{mib(med(fig, 'hwm_after_job_list_kib'))} | {hw.get('n', 0)} |")
+            a(
+                f"| {label.format(n=count)} | {fmt_s(med(fig, 'seconds'))} | "
+                f"{mib(med(fig, 'idle_rss_kib'))} | {mib(med(fig, 'rss_kib'))} | "
+                f"{mib(hw.get('median'))} ({mib(hw.get('min'))} – {mib(hw.get('max'))}) | "
+                f"{mib(med(fig, 'hwm_after_job_list_kib'))} | {hw.get('n', 0)} |"
+            )
         a("\nThe `--each` lines are `input-000001.dat` … (one distinct argv per task).\n")
         for kind in mm:
             for err in mm[kind]["errors"]:
@@ -1275,29 +1556,36 @@ def report(res: dict, doc: Path, png: Path) -> None:
     w = sc.get("workers")
     if w:
         a(f"## 5. {w['workers']} workers\n")
-        a(f"{w['workers']} `kestrel worker start --exec noop --slots {w['slots']}` processes "
-          f"(prefetch = slots, so {2 * w['slots'] * w['workers']:,} tasks in flight, comparable "
-          "to scenario 2), all on loopback, waited for until `kestrel worker list --output json` "
-          f"lists them all; then `kestrel submit --array 1-{w['tasks']} --wait` is timed.\n")
+        a(
+            f"{w['workers']} `kestrel worker start --exec noop --slots {w['slots']}` processes "
+            f"(prefetch = slots, so {2 * w['slots'] * w['workers']:,} tasks in flight, comparable "
+            "to scenario 2), all on loopback, waited for until `kestrel worker list --output json` "
+            f"lists them all; then `kestrel submit --array 1-{w['tasks']} --wait` is timed.\n"
+        )
         ok = [s for s in w["samples"] if "error" not in s]
         a("| figure | median | min – max |\n|---|---|---|")
         a(f"| tasks/s | {fmt_rate(med(w))} | {_mm(w.get('rate'))} |")
-        a(f"| seconds | {fmt_s(med(w, 'seconds'))} | "
-          f"{fmt_s((w.get('seconds') or {}).get('min'))} – "
-          f"{fmt_s((w.get('seconds') or {}).get('max'))} |")
+        a(
+            f"| seconds | {fmt_s(med(w, 'seconds'))} | "
+            f"{fmt_s((w.get('seconds') or {}).get('min'))} – "
+            f"{fmt_s((w.get('seconds') or {}).get('max'))} |"
+        )
         if w.get("ref_rate"):
             r = ratio(med(w), w["ref_rate"])
             a(f"| / 2-worker rate ({fmt_rate(w['ref_rate'])} tasks/s) | {r:.0%} | |")
-        for key, label, f in [("connect_s", "time for all workers to connect (s)", fmt_s),
-                              ("workers_rss_kib", "total RSS of the worker processes (MiB)",
-                               mib)]:
+        for key, label, f in [
+            ("connect_s", "time for all workers to connect (s)", fmt_s),
+            ("workers_rss_kib", "total RSS of the worker processes (MiB)", mib),
+        ]:
             vals = [s[key] for s in ok if key in s]
             if vals:
                 a(f"| {label} | {f(statistics.median(vals))} | {f(min(vals))} – {f(max(vals))} |")
         per = [s["per_worker_finished"] for s in ok if "per_worker_finished" in s]
         if per:
-            a(f"| tasks per worker (fewest – most), idle workers | "
-              f"{per[0]['min']:,} – {per[0]['max']:,}, {per[0]['idle_workers']} idle (run 1) | |")
+            a(
+                f"| tasks per worker (fewest – most), idle workers | "
+                f"{per[0]['min']:,} – {per[0]['max']:,}, {per[0]['idle_workers']} idle (run 1) | |"
+            )
         cpu = [s["cpu"]["server_s"] for s in ok if "cpu" in s]
         if cpu:
             a(f"| server CPU µs/task | {statistics.median(cpu) / w['tasks'] * 1e6:.2f} | |")
@@ -1313,72 +1601,99 @@ def report(res: dict, doc: Path, png: Path) -> None:
     j = sc.get("journal")
     if j:
         a("## The journal (issue 4)\n")
-        a("The same runs with the server's journal on (the default: SQLite in WAL mode, "
-          "`synchronous=FULL`, group commit) and off (`kestrel server start --no-journal`).\n")
+        a(
+            "The same runs with the server's journal on (the default: SQLite in WAL mode, "
+            "`synchronous=FULL`, group commit) and off (`kestrel server start --no-journal`).\n"
+        )
         a("| workload | journal | tasks/s (median) | min – max | journal size | bytes/task |")
         a("|---|---|---:|---|---:|---:|")
         for kind, n in [("noop", j["noop_tasks"]), ("true", j["true_tasks"])]:
             for mode in ("on", "off"):
                 f = j.get(f"{kind}_{mode}") or {}
                 jb = (f.get("journal_bytes") or {}).get("median")
-                what = f"{n:,} noop tasks, 2 workers" if kind == "noop" else \
-                    f"{n:,} /bin/true, 1 worker × 2 slots"
-                a(f"| {what} | {mode} | {fmt_rate(med(f))} | {_mm(f.get('rate'))} | "
-                  f"{'—' if not jb else f'{jb / 2**20:.1f} MiB'} | "
-                  f"{'—' if not jb else f'{jb / n:.1f}'} |")
+                what = (
+                    f"{n:,} noop tasks, 2 workers"
+                    if kind == "noop"
+                    else f"{n:,} /bin/true, 1 worker × 2 slots"
+                )
+                a(
+                    f"| {what} | {mode} | {fmt_rate(med(f))} | {_mm(f.get('rate'))} | "
+                    f"{'—' if not jb else f'{jb / 2**20:.1f} MiB'} | "
+                    f"{'—' if not jb else f'{jb / n:.1f}'} |"
+                )
         rs = j.get("restart") or {}
         if rs.get("dispatch_s"):
             n = rs["tasks"]
-            a(f"\n**Restart** of a server killed with SIGKILL whose journal holds {n:,} finished "
-              f"and {n:,} queued tasks (journal {rs['journal_bytes']['median'] / 2**20:.1f} MiB): "
-              f"it answers clients after {rs['ready_s']['median']:.2f} s (min – max "
-              f"{rs['ready_s']['min']:.2f} – {rs['ready_s']['max']:.2f}) and has dispatched and "
-              f"finished its first task on a newly started worker after "
-              f"{rs['dispatch_s']['median']:.2f} s (median of {rs['dispatch_s']['n']}); the "
-              f"server's own replay log lines: "
-              f"{', '.join(str(x.get('replay')) for x in rs['samples'] if 'error' not in x)}.\n")
+            a(
+                f"\n**Restart** of a server killed with SIGKILL whose journal holds {n:,} finished "
+                f"and {n:,} queued tasks (journal {rs['journal_bytes']['median'] / 2**20:.1f} MiB): "
+                f"it answers clients after {rs['ready_s']['median']:.2f} s (min – max "
+                f"{rs['ready_s']['min']:.2f} – {rs['ready_s']['max']:.2f}) and has dispatched and "
+                f"finished its first task on a newly started worker after "
+                f"{rs['dispatch_s']['median']:.2f} s (median of {rs['dispatch_s']['n']}); the "
+                f"server's own replay log lines: "
+                f"{', '.join(str(x.get('replay')) for x in rs['samples'] if 'error' not in x)}.\n"
+            )
     ch = sc.get("chaos")
     if ch:
         a("## Chaos test (issue 4)\n")
-        a("`cargo test --release -p kestrel-cli --test chaos`: a server and 4 workers, 20,000 "
-          "tasks that each append their id to their own file and sleep 0–20 ms; a random worker "
-          "is SIGKILLed and replaced every second, and the server is SIGKILLed and restarted "
-          "twice. The test checks that the journal records every task finished exactly once "
-          "and that every task's file exists.\n")
+        a(
+            "`cargo test --release -p kestrel-cli --test chaos`: a server and 4 workers, 20,000 "
+            "tasks that each append their id to their own file and sleep 0–20 ms; a random worker "
+            "is SIGKILLed and replaced every second, and the server is SIGKILLed and restarted "
+            "twice. The test checks that the journal records every task finished exactly once "
+            "and that every task's file exists.\n"
+        )
         a(f"Result of this run: `{ch['summary']}`\n")
         a("![completed tasks over time through the chaos test](chaos.png)\n")
     a("## How each figure was measured\n")
-    a("- Everything runs on this one machine with 2 task slots; every server listens on "
-      "127.0.0.1 and gets a fresh temporary `--server-dir` per run; the suite copies the "
-      "release binary once, so a rebuild during the suite changes nothing. Wall times are taken "
-      "by the suite around the timed command (`time.perf_counter`), so they include starting "
-      "that process.")
-    a("- **Kestrel `run`**: `kestrel run --slots 2 --stdout none --stderr none --array 1-N "
-      "--quiet --output json -- /bin/true`, timed whole (embedded server and worker start-up "
-      "included).")
-    a("- **Kestrel server + worker**: `kestrel server start --host 127.0.0.1`, one `kestrel "
-      "worker start --slots 2` (prefetch 2, the default), wait until `kestrel worker list` shows "
-      "it, then time `kestrel submit --output json --array 1-N --stdout none --stderr none "
-      "--wait -- /bin/true`. CPU per process from `/proc/<pid>/stat` before and after.")
-    a("- **Peers**: `python3 ../shared/anchors/peers.py --only PEER --tasks N --slots 2 --json "
-      "FILE`, once per run and peer, interleaved with Kestrel's runs. xargs is "
-      "`seq N | xargs -P 2 -n 1 /bin/true`; HyperQueue is its Python API (`LocalCluster`, one "
-      "worker with 2 cores, one `program` task per command, no stdout/stderr); Dask is a "
-      "`LocalCluster` of 2 single-thread worker processes whose task calls `subprocess.run("
-      "['/bin/true'])`; Parsl is a `HighThroughputExecutor` with 2 workers running a "
-      "`bash_app`. peers.py times only the submission-to-completion part (cluster start-up "
-      "excluded; Dask and Parsl get a 50-task warm-up first). Dask and Parsl also run a "
-      "Python-function no-op.")
-    a("- **noop**: like the server + worker runs, with `kestrel worker start --exec noop "
-      "--slots S` workers; the sweep picks S.")
-    a("- **Efficiency**: `kestrel submit --array 1-N --stdout none --stderr none --wait -- "
-      "sleep L` against a server with one `--slots 2` worker; ideal = N × L / 2.")
-    a(f"- **Memory**: `kestrel submit --array 1-{res['cfg']['mem_array']} --stdout none "
-      "--stderr none -- /bin/true` and `kestrel submit --each FILE --stdout none --stderr none -- echo {line}`, "
-      "no workers; VmRSS/VmHWM read from `/proc/<server pid>/status`.")
+    a(
+        "- Everything runs on this one machine with 2 task slots; every server listens on "
+        "127.0.0.1 and gets a fresh temporary `--server-dir` per run; the suite copies the "
+        "release binary once, so a rebuild during the suite changes nothing. Wall times are taken "
+        "by the suite around the timed command (`time.perf_counter`), so they include starting "
+        "that process."
+    )
+    a(
+        "- **Kestrel `run`**: `kestrel run --slots 2 --stdout none --stderr none --array 1-N "
+        "--quiet --output json -- /bin/true`, timed whole (embedded server and worker start-up "
+        "included)."
+    )
+    a(
+        "- **Kestrel server + worker**: `kestrel server start --host 127.0.0.1`, one `kestrel "
+        "worker start --slots 2` (prefetch 2, the default), wait until `kestrel worker list` shows "
+        "it, then time `kestrel submit --output json --array 1-N --stdout none --stderr none "
+        "--wait -- /bin/true`. CPU per process from `/proc/<pid>/stat` before and after."
+    )
+    a(
+        "- **Peers**: `python3 ../shared/anchors/peers.py --only PEER --tasks N --slots 2 --json "
+        "FILE`, once per run and peer, interleaved with Kestrel's runs. xargs is "
+        "`seq N | xargs -P 2 -n 1 /bin/true`; HyperQueue is its Python API (`LocalCluster`, one "
+        "worker with 2 cores, one `program` task per command, no stdout/stderr); Dask is a "
+        "`LocalCluster` of 2 single-thread worker processes whose task calls `subprocess.run("
+        "['/bin/true'])`; Parsl is a `HighThroughputExecutor` with 2 workers running a "
+        "`bash_app`. peers.py times only the submission-to-completion part (cluster start-up "
+        "excluded; Dask and Parsl get a 50-task warm-up first). Dask and Parsl also run a "
+        "Python-function no-op."
+    )
+    a(
+        "- **noop**: like the server + worker runs, with `kestrel worker start --exec noop "
+        "--slots S` workers; the sweep picks S."
+    )
+    a(
+        "- **Efficiency**: `kestrel submit --array 1-N --stdout none --stderr none --wait -- "
+        "sleep L` against a server with one `--slots 2` worker; ideal = N × L / 2."
+    )
+    a(
+        f"- **Memory**: `kestrel submit --array 1-{res['cfg']['mem_array']} --stdout none "
+        "--stderr none -- /bin/true` and `kestrel submit --each FILE --stdout none --stderr none -- echo {line}`, "
+        "no workers; VmRSS/VmHWM read from `/proc/<server pid>/status`."
+    )
     a("- **Workers**: as noop, with many worker processes started at once.")
-    a("- A failure of any measurement (a peer that cannot install or run, a Kestrel error) is "
-      "recorded in the results and listed under its table instead of stopping the suite.\n")
+    a(
+        "- A failure of any measurement (a peer that cannot install or run, a Kestrel error) is "
+        "recorded in the results and listed under its table instead of stopping the suite.\n"
+    )
     if res.get("setup_errors"):
         a("## Set-up problems\n")
         for err in res["setup_errors"]:
@@ -1428,6 +1743,7 @@ def _all_samples(res: dict):
         elif isinstance(x, list):
             for v in x:
                 yield from walk(v)
+
     yield from walk(res["scenarios"])
 
 
@@ -1449,14 +1765,17 @@ def plot(res: dict, png: Path) -> str | None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, lw=2, ms=7)
 
     if n:
-        series(ax1, [(int(c), med(f)) for c, f in n["counts"].items()],
-               f"Kestrel noop ({n['workers']} workers, dispatch only)", "o-")
+        series(
+            ax1,
+            [(int(c), med(f)) for c, f in n["counts"].items()],
+            f"Kestrel noop ({n['workers']} workers, dispatch only)",
+            "o-",
+        )
     if t:
         kc = [(int(c), med(f["kestrel_submit"])) for c, f in t["counts"].items()]
         kc.append((t["tasks"], med(t["kestrel_submit"])))
         series(ax1, kc, "Kestrel /bin/true (server + worker)", "s-")
-        series(ax1, [(t["tasks"], med(t["kestrel_run"]))], "Kestrel /bin/true (`kestrel run`)",
-               "D")
+        series(ax1, [(t["tasks"], med(t["kestrel_run"]))], "Kestrel /bin/true (`kestrel run`)", "D")
         xc = [(int(c), med(f.get("xargs"))) for c, f in t["counts"].items()]
         xc.append((t["tasks"], med(t.get("xargs"))))
         series(ax1, xc, "xargs -P 2 /bin/true", "^--")
@@ -1464,8 +1783,12 @@ def plot(res: dict, png: Path) -> str | None:
         for key, f in t["peers"].items():
             p, kind = key.split("/")
             what = "/bin/true" if kind == "true" else "python no-op"
-            series(ax1, [(t["peer_tasks"], med(f))], f"{p} {what} ({t['peer_tasks']:,} tasks)",
-                   styles.get(p, "o"))
+            series(
+                ax1,
+                [(t["peer_tasks"], med(f))],
+                f"{p} {what} ({t['peer_tasks']:,} tasks)",
+                styles.get(p, "o"),
+            )
     ax1.set_xscale("log")
     ax1.set_yscale("log")
     ax1.set_xlabel("tasks in the job")
@@ -1482,8 +1805,16 @@ def plot(res: dict, png: Path) -> str | None:
             ys = [p[1]["median"] * 100 for p in pts]
             lo = [y - p[1]["min"] * 100 for y, p in zip(ys, pts)]
             hi = [p[1]["max"] * 100 - y for y, p in zip(ys, pts)]
-            ax2.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", lw=2, ms=7, capsize=4,
-                         label="Kestrel, sleep tasks (median, min–max)")
+            ax2.errorbar(
+                xs,
+                ys,
+                yerr=[lo, hi],
+                fmt="o-",
+                lw=2,
+                ms=7,
+                capsize=4,
+                label="Kestrel, sleep tasks (median, min–max)",
+            )
             for x, y in zip(xs, ys):
                 ax2.annotate(f"{y:.1f}%", (x, y), textcoords="offset points", xytext=(6, -14))
         ax2.axhline(100, color="gray", lw=1)
@@ -1495,8 +1826,11 @@ def plot(res: dict, png: Path) -> str | None:
         ax2.set_title("Efficiency against task length (2 slots)")
         ax2.grid(True, which="both", alpha=0.3)
         ax2.legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"Kestrel benchmarks — {res['machine']['date']}, {res['machine']['nproc']} "
-                 f"cores, {res['machine']['cpu']}", fontsize=10)
+    fig.suptitle(
+        f"Kestrel benchmarks — {res['machine']['date']}, {res['machine']['nproc']} "
+        f"cores, {res['machine']['cpu']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -1535,8 +1869,9 @@ def chaos_plot(res: dict, png: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int)
     ap.add_argument("--only", default=",".join(SCENARIOS))
@@ -1544,8 +1879,12 @@ def main() -> int:
     ap.add_argument("--peer-tasks", type=int)
     ap.add_argument("--peer-timeout", type=float, default=3600)
     ap.add_argument("--no-build", action="store_true")
-    ap.add_argument("--idle-wait", type=float, default=1200,
-                    help="seconds in all to wait for other CPU users to finish (default 1200)")
+    ap.add_argument(
+        "--idle-wait",
+        type=float,
+        default=1200,
+        help="seconds in all to wait for other CPU users to finish (default 1200)",
+    )
     ap.add_argument("--build-retries", type=int, default=5)
     ap.add_argument("--doc", type=Path, help="report path (default: see above)")
     ap.add_argument("--report", type=Path, help="rewrite the report from this raw results file")
@@ -1579,15 +1918,22 @@ def main() -> int:
     if not args.no_build:
         build(args.build_retries)
     root = Path(tempfile.mkdtemp(prefix="kestrel-bench-"))
-    res: dict = {"command": "python3 bench/run.py " + " ".join(sys.argv[1:]),
-                 "cfg": cfg, "only": only, "setup_errors": [], "scenarios": {}}
+    res: dict = {
+        "command": "python3 bench/run.py " + " ".join(sys.argv[1:]),
+        "cfg": cfg,
+        "only": only,
+        "setup_errors": [],
+        "scenarios": {},
+    }
     if plot_err:
         res["setup_errors"].append(plot_err)
     try:
         kbin, res["kestrel"] = kestrel_copy(root)
         res["machine"] = machine()
-        log(f"kestrel {res['kestrel']['version']} commit {res['kestrel']['commit']}; "
-            f"{res['machine']['nproc']} CPUs, {res['machine']['cpu']}; scratch {root}")
+        log(
+            f"kestrel {res['kestrel']['version']} commit {res['kestrel']['commit']}; "
+            f"{res['machine']['nproc']} CPUs, {res['machine']['cpu']}; scratch {root}"
+        )
         suite = Suite(args, cfg, kbin, root)
         for name in SCENARIOS:
             if name in only:

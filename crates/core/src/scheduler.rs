@@ -607,12 +607,23 @@ impl Scheduler {
                 }
             }
         }
+        let mut stale = Vec::new();
         for (job, index) in running {
             match self.claim(now_us, worker, job, index, true) {
                 Claim::Taken => out.taken += 1,
                 Claim::Duplicate => out.duplicates += 1,
-                Claim::Ended => out.ignored += 1,
+                Claim::Ended => {
+                    // Its result is no longer wanted: stop the run and free the slot.
+                    out.ignored += 1;
+                    stale.push((job, index));
+                }
             }
+        }
+        if !stale.is_empty() {
+            self.commands.push(Command::Cancel {
+                worker,
+                tasks: stale,
+            });
         }
         for f in finished {
             if self.claim(now_us, worker, f.job, f.index, false) == Claim::Ended {

@@ -48,6 +48,8 @@ pub struct Resume {
     pub server_id: String,
     /// Its worker id on that server.
     pub previous_worker: WorkerId,
+    /// The `epoch` of the start that gave out `previous_worker`.
+    pub epoch: u64,
     /// Tasks whose processes still run.
     pub running: Vec<(JobId, TaskIndex)>,
     /// Runs that ended while the connection was down.
@@ -72,6 +74,9 @@ pub enum ToWorker {
         server: String,
         /// Identifies this server (and its journal); a worker resumes only with the same id.
         server_id: String,
+        /// Random per server start: worker ids are only meaningful within one start (they begin
+        /// again at 1 after a restart), so a resume names its previous id with this epoch.
+        epoch: u64,
     },
     /// How a job's tasks run; sent before the worker's first task of the job.
     DefineJob {

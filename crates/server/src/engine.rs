@@ -103,6 +103,8 @@ pub struct Engine {
     /// Identifies this server to reconnecting workers: they hand over their tasks and results
     /// only to the server they were registered with (kept in the journal across restarts).
     pub server_id: String,
+    /// Random per start; a resuming worker's previous id counts only if it names this epoch.
+    epoch: u64,
     /// The journal, when kept; entries of the current batch wait in `pending`.
     journal: Option<Journal>,
     pending: Pending,
@@ -167,6 +169,7 @@ impl Engine {
             stopping: false,
             ignored_reports: 0,
             server_id: new_server_id(),
+            epoch: rand::random(),
             journal: None,
             pending: Pending::default(),
             journal_error: None,
@@ -261,6 +264,11 @@ impl Engine {
                     self.send_progress(now);
                 }
             }
+            // A job's tasks go out only once its submission is durable: otherwise a crash in
+            // the sync could leave workers running tasks of a job id the journal never had.
+            if self.pending.has_inputs() {
+                self.commit(true);
+            }
             let now = now_us();
             self.core.schedule(now);
             self.route();
@@ -304,6 +312,7 @@ impl Engine {
                     heartbeat_ms: self.heartbeat_ms,
                     server: self.info.address.clone(),
                     server_id: self.server_id.clone(),
+                    epoch: self.epoch,
                 });
                 tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
                 if let Some(resume) = r.resume {
@@ -380,13 +389,12 @@ impl Engine {
             );
             return;
         }
-        let r = self.core.worker_resumed(
-            now,
-            worker,
-            Some(resume.previous_worker),
-            resume.running,
-            resume.finished,
-        );
+        // After a restart worker ids start again at 1: an id of the previous start may now
+        // name another, live worker, which must not be dropped.
+        let previous = (resume.epoch == self.epoch).then_some(resume.previous_worker);
+        let r = self
+            .core
+            .worker_resumed(now, worker, previous, resume.running, resume.finished);
         self.ignored_reports += r.ignored as u64;
         if self.journaling() {
             for f in r.recorded_ends.iter().cloned() {

@@ -222,6 +222,11 @@ impl Pending {
     }
 
     fn push<T: Serialize>(&mut self, kind: i64, body: &T) {
+        if kind != KIND_ENDS {
+            // Task ends gathered so far happened before this input: keep that order in the log,
+            // or a replayed retry could run before the failure it retries.
+            self.seal_ends();
+        }
         match rmp_serde::to_vec(body) {
             Ok(b) => self.rows.push((kind, b)),
             // Encoding plain data into a Vec cannot fail; if it ever did, the entry would be
@@ -250,6 +255,17 @@ impl Pending {
     }
 }
 
+/// Creates `path` with mode 0600 if it is missing, or narrows it to 0600 if it exists.
+fn restrict_to_owner(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
 /// The journal of one server directory.
 pub struct Journal {
     conn: Connection,
@@ -274,6 +290,12 @@ impl Journal {
             path: path.clone(),
             err: e.to_string(),
         };
+        // The journal holds the access secret: owner-only, like the access file. SQLite gives
+        // its -wal and -shm files the database file's permissions.
+        restrict_to_owner(&path).map_err(|e| JournalError::Open {
+            path: path.clone(),
+            err: e.to_string(),
+        })?;
         let conn = Connection::open(&path).map_err(|e| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
                 damaged(e)
@@ -499,16 +521,36 @@ impl Journal {
                 }
                 KIND_EXTEND => {
                     let b: ExtendBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
-                    core.extend(b.at_us, b.job, b.argvs, b.close)
-                        .map_err(|e| bad(&e))?;
+                    // Accepted once, so it applies again; if the log's order makes it
+                    // refused now, the job's state differs a little, not the journal's health.
+                    if let Err(e) = core.extend(b.at_us, b.job, b.argvs, b.close) {
+                        tracing::warn!(
+                            "journal entry {seq}: extension of job {} not replayed: {e}",
+                            b.job
+                        );
+                    }
                 }
                 KIND_CANCEL => {
                     let b: CancelBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
-                    core.cancel_job(b.at_us, b.job).map_err(|e| bad(&e))?;
+                    // Accepted once, so it applies again; if the log's order makes it
+                    // refused now, the job's state differs a little, not the journal's health.
+                    if let Err(e) = core.cancel_job(b.at_us, b.job) {
+                        tracing::warn!(
+                            "journal entry {seq}: cancel of job {} not replayed: {e}",
+                            b.job
+                        );
+                    }
                 }
                 KIND_RETRY => {
                     let b: RetryBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
-                    core.retry_job(b.job, b.failed_only).map_err(|e| bad(&e))?;
+                    // Accepted once, so it applies again; if the log's order makes it
+                    // refused now, the job's state differs a little, not the journal's health.
+                    if let Err(e) = core.retry_job(b.job, b.failed_only) {
+                        tracing::warn!(
+                            "journal entry {seq}: retry of job {} not replayed: {e}",
+                            b.job
+                        );
+                    }
                 }
                 KIND_GIVE_UP => {
                     let b: GiveUpBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
@@ -635,5 +677,60 @@ mod tests {
         p.cancel(1, 0);
         j.commit(&mut p).unwrap();
         assert_eq!(j.rows(), 1);
+    }
+
+    fn failed(job: JobId, index: TaskIndex) -> Finished {
+        Finished {
+            job,
+            index,
+            started_us: 100,
+            finished_us: 200,
+            end: RunEnd::Failed(kestrel_core::Failure {
+                exit_code: Some(1),
+                signal: None,
+                reason: "exit code 1".into(),
+                stderr_tail: String::new(),
+            }),
+        }
+    }
+
+    #[test]
+    fn retries_and_give_ups_replay_in_the_order_they_happened() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        let tasks = TaskSet::Array(IdRanges::span(0, 3));
+        let mut p = Pending::default();
+        p.submit(1, 10, None, &spec(), &tasks, false);
+        // Task 0 fails for good, task 1 is given up after lost workers, then `job retry`
+        // arrives in the same batch: the retry must replay after both.
+        p.task_end(failed(1, 0), 50);
+        let gone = kestrel_core::Failure {
+            exit_code: None,
+            signal: None,
+            reason: "lost with 5 workers (it may kill its worker)".into(),
+            stderr_tail: String::new(),
+        };
+        p.give_up(1, 1, 300, gone);
+        p.retry(1, 400, true);
+        j.commit(&mut p).unwrap();
+        let mut core = Scheduler::new(Config::default());
+        let mut r = Restored::default();
+        j.replay(&mut core, &mut r).unwrap();
+        let job = core.job(1).unwrap();
+        // Four tasks (ids 0-3): both failed ones are ready again with the two untouched.
+        assert_eq!(
+            (job.counts.ready, job.counts.failed),
+            (4, 0),
+            "{:?}",
+            job.counts
+        );
+        assert!(!job.is_done());
+        // The journal holds the secret: nobody else may read it.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(JOURNAL_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "journal mode {mode:o}");
     }
 }

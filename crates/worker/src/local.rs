@@ -119,14 +119,25 @@ impl Local {
         self.queue.pop_front().map(|t| (t, gpus))
     }
 
-    /// Gives back what a finished task held.
+    /// Gives back what a task of `job` held (the job must still be defined).
     pub fn release(&mut self, job: JobId, gpus: Vec<u32>) {
-        let need = self
-            .jobs
-            .get(&job)
-            .map_or(Resources::default(), |d| d.resources);
-        self.free_cpus += need.cpus;
+        let cpus = self.cpus_of(job);
+        self.release_held(cpus, gpus);
+    }
+
+    /// Gives back `cpus` slots and the `gpus` a task held (for tasks that may outlive their
+    /// job's definition: a `ForgetJob` can arrive while a duplicate run still goes on).
+    pub fn release_held(&mut self, cpus: u32, gpus: Vec<u32>) {
+        self.free_cpus += cpus;
         self.free_gpus.extend(gpus);
+    }
+
+    /// Slots each task of `job` holds.
+    pub fn cpus_of(&self, job: JobId) -> u32 {
+        self.jobs
+            .get(&job)
+            .map_or(Resources::default(), |d| d.resources)
+            .cpus
     }
 
     /// Removes queued tasks among `tasks`; returns the ones removed.

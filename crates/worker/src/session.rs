@@ -75,6 +75,8 @@ pub(crate) enum SessionEnd {
 
 struct Running {
     cancel: CancelHandle,
+    /// What it holds, kept here because its job's definition may be forgotten first.
+    cpus: u32,
     gpus: Vec<u32>,
 }
 
@@ -86,7 +88,7 @@ pub(crate) struct Carry {
     running: FxHashMap<Key, Running>,
     finished: Vec<Finished>,
     /// Worker id and server id of the last registration.
-    prev: Option<(WorkerId, String)>,
+    prev: Option<(WorkerId, String, u64)>,
 }
 
 impl Carry {
@@ -234,12 +236,13 @@ impl Session<'_> {
         carry: &mut Carry,
         exec: &str,
     ) -> Result<Result<(WorkerId, u64), SessionEnd>, WorkerError> {
-        let resume = carry.prev.as_ref().map(|(worker, server_id)| {
+        let resume = carry.prev.as_ref().map(|(worker, server_id, epoch)| {
             let mut running: Vec<Key> = self.running.keys().copied().collect();
             running.sort_unstable();
             Resume {
                 server_id: server_id.clone(),
                 previous_worker: *worker,
+                epoch: *epoch,
                 running,
                 finished: self.finished.clone(),
             }
@@ -254,22 +257,24 @@ impl Session<'_> {
                 resume,
             }))
             .await?;
-        let (worker, heartbeat_ms, server, server_id) = match reader.recv::<ToWorker>().await? {
-            ToWorker::Registered {
-                worker,
-                heartbeat_ms,
-                server,
-                server_id,
-            } => (worker, heartbeat_ms, server, server_id),
-            ToWorker::Shutdown { reason } => return Ok(Err(SessionEnd::Shutdown(reason))),
-            other => {
-                return Err(WorkerError::Proto(ProtoError::Decode(format!(
-                    "expected registration, got {other:?}"
-                ))))
-            }
-        };
+        let (worker, heartbeat_ms, server, server_id, epoch) =
+            match reader.recv::<ToWorker>().await? {
+                ToWorker::Registered {
+                    worker,
+                    heartbeat_ms,
+                    server,
+                    server_id,
+                    epoch,
+                } => (worker, heartbeat_ms, server, server_id, epoch),
+                ToWorker::Shutdown { reason } => return Ok(Err(SessionEnd::Shutdown(reason))),
+                other => {
+                    return Err(WorkerError::Proto(ProtoError::Decode(format!(
+                        "expected registration, got {other:?}"
+                    ))))
+                }
+            };
         match carry.prev.take() {
-            Some((_, old)) if old != server_id => {
+            Some((_, old, _)) if old != server_id => {
                 // Another server: its tasks are not this one's; stop them and drop their results.
                 tracing::warn!(
                     running = self.running.len(),
@@ -298,7 +303,7 @@ impl Session<'_> {
             }
             None => {}
         }
-        carry.prev = Some((worker, server_id));
+        carry.prev = Some((worker, server_id, epoch));
         tracing::info!(worker, server = %server, slots = self.config.slots, exec, "registered");
         self.me.worker = worker;
         self.me.server = server;
@@ -390,7 +395,7 @@ impl Session<'_> {
         let Some(r) = self.running.remove(&done.key) else {
             return;
         };
-        self.local.release(done.key.0, r.gpus);
+        self.local.release_held(r.cpus, r.gpus);
         let started_us = micros(done.outcome.started);
         let finished_us = micros(done.outcome.finished);
         let end = run_end(done.outcome, done.timeout);
@@ -426,6 +431,7 @@ impl Session<'_> {
                             key,
                             Running {
                                 cancel: cancel.clone(),
+                                cpus: self.local.cpus_of(task.job),
                                 gpus,
                             },
                         );

@@ -1034,9 +1034,9 @@ class Suite:
             dispatch = time.perf_counter() - t0
             replay = next(
                 (
-                    ln.split("restored from the journal in ")[-1].strip()
+                    ln.split("from the journal in ")[-1].strip()
                     for ln in (c.dir / "server.log").read_text(errors="replace").splitlines()[::-1]
-                    if "restored from the journal" in ln
+                    if "from the journal in" in ln
                 ),
                 None,
             )

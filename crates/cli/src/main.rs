@@ -117,6 +117,12 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         },
     };
     let server = kestrel_server::start(config).await?;
+    if let Some((r, took)) = &server.restored {
+        eprintln!(
+            "restored {} job(s) and {} task result(s) from the journal in {:.2?}",
+            r.jobs, r.task_ends, took
+        );
+    }
     eprintln!(
         "kestrel server listening on {} (access file {})",
         server.access.address(),

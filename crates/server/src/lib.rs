@@ -71,6 +71,9 @@ pub struct RunningServer {
     pub access: Access,
     pub access_path: PathBuf,
     pub local_addr: SocketAddr,
+    /// What the journal gave back at start (`None` without a journal or when it was empty),
+    /// and how long the replay took.
+    pub restored: Option<(journal::Restored, Duration)>,
     /// Held until the server is dropped, so no second server uses the directory.
     _lock: lock::DirLock,
     stop: mpsc::UnboundedSender<engine::Inbound>,
@@ -199,6 +202,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let secret = access.secret_bytes();
     let mut engine = engine::Engine::new(&config, &access, rx, tx.clone());
+    let mut restored = None;
     if let Some(mut j) = journal {
         j.set_access(&access.secret, local_addr.port())?;
         let t0 = std::time::Instant::now();
@@ -211,6 +215,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
                 "restored from the journal in {:.2?}",
                 t0.elapsed()
             );
+            restored = Some((r, t0.elapsed()));
         }
     }
     access.write(&access_path)?;
@@ -224,6 +229,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
         access,
         access_path,
         local_addr,
+        restored,
         _lock: lock,
         stop: tx,
         done,

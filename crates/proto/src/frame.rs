@@ -10,6 +10,10 @@ use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 /// The largest frame either side accepts (16 MiB). Larger submissions are sent in pieces.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
 
+/// The largest frame a server reads before the peer has proven the secret: handshake messages
+/// are tiny, and an unauthenticated peer must not make the server reserve 16 MiB.
+pub const HANDSHAKE_MAX_FRAME_BYTES: usize = 64 << 10;
+
 /// What can go wrong on a connection, each with a message a person can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtoError {
@@ -43,12 +47,13 @@ fn codec() -> LengthDelimitedCodec {
 }
 
 fn map_io(e: std::io::Error) -> ProtoError {
+    map_io_max(e, MAX_FRAME_BYTES)
+}
+
+fn map_io_max(e: std::io::Error, max: usize) -> ProtoError {
     // tokio-util reports an oversized frame as InvalidData with this text.
     if e.kind() == std::io::ErrorKind::InvalidData && e.to_string().contains("frame size too big") {
-        ProtoError::FrameTooLarge {
-            size: 0,
-            max: MAX_FRAME_BYTES,
-        }
+        ProtoError::FrameTooLarge { size: 0, max }
     } else {
         ProtoError::Io(e)
     }
@@ -74,13 +79,24 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
 /// The receiving half of a connection.
 pub struct FrameReader<R> {
     inner: FramedRead<R, LengthDelimitedCodec>,
+    /// The current frame limit, for the error message.
+    max: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(r: R) -> Self {
         FrameReader {
             inner: FramedRead::new(r, codec()),
+            max: MAX_FRAME_BYTES,
         }
+    }
+
+    /// Changes the largest frame accepted from now on (the codec reserves a frame's announced
+    /// length as soon as its header arrives, so a small limit bounds what a peer can make us
+    /// allocate).
+    pub fn set_max_frame(&mut self, bytes: usize) {
+        self.inner.decoder_mut().set_max_frame_length(bytes);
+        self.max = bytes;
     }
 
     /// The next raw frame, or `None` at a clean end of stream.
@@ -88,7 +104,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         match self.inner.next().await {
             None => Ok(None),
             Some(Ok(b)) => Ok(Some(b)),
-            Some(Err(e)) => Err(map_io(e)),
+            Some(Err(e)) => Err(map_io_max(e, self.max)),
         }
     }
 
@@ -255,6 +271,22 @@ mod tests {
             r.recv::<FromWorker>().await.unwrap_err()
         });
         assert!(matches!(err, ProtoError::FrameTooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn before_the_handshake_a_small_limit_applies() {
+        let err = rt().block_on(async {
+            let (mut a, b) = tokio::io::duplex(1024);
+            let header = ((HANDSHAKE_MAX_FRAME_BYTES + 1) as u32).to_be_bytes();
+            a.write_all(&header).await.unwrap();
+            let mut r = FrameReader::new(b);
+            r.set_max_frame(HANDSHAKE_MAX_FRAME_BYTES);
+            r.recv::<FromWorker>().await.unwrap_err()
+        });
+        match err {
+            ProtoError::FrameTooLarge { max, .. } => assert_eq!(max, HANDSHAKE_MAX_FRAME_BYTES),
+            other => panic!("expected FrameTooLarge, got {other}"),
+        }
     }
 
     #[test]

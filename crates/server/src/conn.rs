@@ -221,8 +221,10 @@ async fn open(
         }
     };
     let mut reader = FrameReader::new(r);
+    reader.set_max_frame(kestrel_proto::frame::HANDSHAKE_MAX_FRAME_BYTES);
     let mut writer = FrameWriter::new(w);
     let role = accept_handshake(&mut reader, &mut writer, secret).await?;
+    reader.set_max_frame(kestrel_proto::MAX_FRAME_BYTES);
     Ok((reader, writer, role))
 }
 

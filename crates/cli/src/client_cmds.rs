@@ -79,6 +79,10 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
             array => (array.clone(), Vec::new()),
         };
         let open = !rest.is_empty();
+        let mut at = match &first {
+            TaskSet::List(l) => l.len() as u32,
+            _ => 0,
+        };
         let job = match client
             .call(Ask::Submit {
                 spec: k.sub.spec.clone(),
@@ -95,9 +99,11 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
         };
         let n = rest.len();
         for (i, argvs) in rest.into_iter().enumerate() {
+            let len = argvs.len() as u32;
             client
                 .call(Ask::Extend {
                     job,
+                    at,
                     argvs,
                     close: i + 1 == n,
                 })
@@ -105,6 +111,7 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
                 .with_context(|| {
                     format!("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again)")
                 })?;
+            at += len;
         }
         ids.push(job);
     }

@@ -95,7 +95,7 @@ fn array_job_runs_on_all_workers_and_is_reported() {
 
     let server = c.run(&["server", "info", "--output", "json"]).ok().json();
     assert_eq!(server["address"], format!("127.0.0.1:{}", c.port()));
-    assert_eq!(server["protocol"], 1);
+    assert_eq!(server["protocol"], kestrel_proto::PROTOCOL_VERSION);
     assert_eq!(u(&server["pid"]), u64::from(c.server_pid()));
     assert_eq!(server["dir"], c.server_dir.display().to_string());
     assert_eq!(server["workers"], 2);

@@ -221,51 +221,98 @@ fn a_full_journal_refuses_new_work_and_keeps_serving() {
     assert!(info.contains("NOT WRITABLE"), "{info}");
 }
 
-#[test]
-fn a_repeated_submission_key_gives_the_same_job_even_after_a_crash() {
-    let mut c = Cluster::new();
+/// Sends one request to the server of `c` on a fresh connection and returns the answer.
+fn try_ask(c: &Cluster, body: Ask) -> Result<Answer, kestrel_proto::ClientError> {
+    let access = Access::read(&c.server_dir.join("access.json")).expect("access file");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    let submit = |access: Access, key: &str| {
-        let key = key.to_string();
-        rt.block_on(async move {
-            let mut client = Client::connect(&access).await.unwrap();
-            let ask = Ask::Submit {
-                spec: kestrel_core::JobSpec {
-                    name: "keyed".into(),
-                    template: kestrel_core::TaskTemplate {
-                        argv: vec!["true".into()],
-                        env: vec![],
-                        cwd: None,
-                        stdout: kestrel_core::Sink::Null,
-                        stderr: kestrel_core::Sink::Null,
-                        timeout_ms: None,
-                    },
-                    resources: kestrel_core::Resources::default(),
-                    priority: 0,
-                    retries: 0,
-                },
-                tasks: kestrel_core::TaskSet::Array(kestrel_core::IdRanges::span(1, 3)),
-                open: false,
-                key: Some(key),
-            };
-            match client.call(ask).await.unwrap() {
-                Answer::Submitted { job } => job,
-                other => panic!("unexpected answer {other:?}"),
-            }
-        })
+        .expect("runtime");
+    rt.block_on(async move {
+        let mut client = Client::connect(&access).await.expect("connects");
+        client.call(body).await
+    })
+}
+
+fn ask(c: &Cluster, body: Ask) -> Answer {
+    try_ask(c, body).expect("answered")
+}
+
+fn true_spec(name: &str) -> kestrel_core::JobSpec {
+    kestrel_core::JobSpec {
+        name: name.into(),
+        template: kestrel_core::TaskTemplate {
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: None,
+            stdout: kestrel_core::Sink::Null,
+            stderr: kestrel_core::Sink::Null,
+            timeout_ms: None,
+        },
+        resources: kestrel_core::Resources::default(),
+        priority: 0,
+        retries: 0,
+    }
+}
+
+/// Submits with an idempotency key; returns the job id the server answered with.
+fn submit_keyed(c: &Cluster, key: &str, tasks: kestrel_core::TaskSet, open: bool) -> u32 {
+    let body = Ask::Submit {
+        spec: true_spec("keyed"),
+        tasks,
+        open,
+        key: Some(key.to_string()),
     };
-    let access_file = c.server_dir.join("access.json");
-    let access = || Access::read(&access_file).unwrap();
-    let first = submit(access(), "key-a");
-    assert_eq!(submit(access(), "key-a"), first);
-    let other = submit(access(), "key-b");
+    match ask(c, body) {
+        Answer::Submitted { job } => job,
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+#[test]
+fn a_repeated_submission_key_gives_the_same_job_even_after_a_crash() {
+    let mut c = Cluster::new();
+    let array = || kestrel_core::TaskSet::Array(kestrel_core::IdRanges::span(1, 3));
+    let first = submit_keyed(&c, "key-a", array(), false);
+    assert_eq!(submit_keyed(&c, "key-a", array(), false), first);
+    let other = submit_keyed(&c, "key-b", array(), false);
     assert_ne!(other, first);
     c.kill_server();
     c.start_server();
-    assert_eq!(submit(access(), "key-a"), first);
-    assert_eq!(submit(access(), "key-b"), other);
+    assert_eq!(submit_keyed(&c, "key-a", array(), false), first);
+    assert_eq!(submit_keyed(&c, "key-b", array(), false), other);
     assert_eq!(jobs(&c).len(), 2);
+}
+
+#[test]
+fn pieces_of_a_list_job_resent_after_a_crash_are_added_once() {
+    let mut c = Cluster::new();
+    let argv = |x: &str| vec!["echo".to_string(), x.to_string()];
+    let head = || kestrel_core::TaskSet::List(vec![argv("a")]);
+    let job = submit_keyed(&c, "list-key", head(), true);
+    let piece = |close| Ask::Extend {
+        job,
+        at: 1,
+        argvs: vec![argv("b"), argv("c")],
+        close,
+    };
+    assert_eq!(ask(&c, piece(false)), Answer::Extended);
+    // The server dies before the client hears about the close; the client starts over.
+    c.kill_server();
+    c.start_server();
+    assert_eq!(submit_keyed(&c, "list-key", head(), true), job);
+    assert_eq!(ask(&c, piece(true)), Answer::Extended);
+    let js = jobs(&c);
+    assert_eq!(js.len(), 1, "{js:?}");
+    assert_eq!(js[0]["counts"]["ready"], 3, "{js:?}");
+    // Closed now: a repeat is harmless, new tasks are refused.
+    assert_eq!(ask(&c, piece(true)), Answer::Extended);
+    let more = Ask::Extend {
+        job,
+        at: 3,
+        argvs: vec![argv("d")],
+        close: true,
+    };
+    let err = try_ask(&c, more).expect_err("refused");
+    assert!(err.to_string().contains("is closed"), "{err}");
 }

@@ -280,6 +280,8 @@ pub enum SchedError {
     JobClosed(JobId),
     #[error("job {0} is an array; only list jobs take more tasks")]
     NotAList(JobId),
+    #[error("job {job} holds {held} tasks, so more can start at index {held}, not {at}")]
+    ExtendGap { job: JobId, held: u32, at: u32 },
     #[error("worker {0} is not connected; `kestrel worker list` shows the workers")]
     NoSuchWorker(WorkerId),
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
@@ -404,20 +406,36 @@ impl Scheduler {
     }
 
     /// Appends tasks to an open list job; `close` says no more will come.
+    ///
+    /// `at` is the index the first of `argvs` takes in the job. A client that lost its connection
+    /// sends the same pieces again; tasks the job already holds are skipped and a repeated close
+    /// is accepted, so a retried submission never adds a task twice.
     pub fn extend(
         &mut self,
         now_us: u64,
         job: JobId,
-        argvs: Vec<Vec<String>>,
+        at: u32,
+        mut argvs: Vec<Vec<String>>,
         close: bool,
     ) -> Result<(), SchedError> {
         let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
-        if !j.open {
-            return Err(SchedError::JobClosed(job));
-        }
         let TaskSet::List(list) = &mut j.tasks else {
             return Err(SchedError::NotAList(job));
         };
+        let held = list.len() as u32;
+        if at > held {
+            return Err(SchedError::ExtendGap { job, held, at });
+        }
+        let already = ((held - at) as usize).min(argvs.len());
+        if !j.open {
+            // A repeat of pieces the job took before it closed changes nothing.
+            return if already == argvs.len() {
+                Ok(())
+            } else {
+                Err(SchedError::JobClosed(job))
+            };
+        }
+        argvs.drain(..already);
         let start = list.len() as u32;
         if let Some(i) = argvs.iter().position(|a| a.is_empty()) {
             return Err(SpecError::EmptyTask(start + i as u32).into());

@@ -294,7 +294,13 @@ fn open_list_jobs_take_more_tasks_until_closed() {
     h.run_until_idle();
     assert!(!h.sched.job(job).unwrap().is_done(), "open job is not done");
     h.sched
-        .extend(h.now_us, job, vec![vec!["echo".into(), "b".into()]], true)
+        .extend(
+            h.now_us,
+            job,
+            1,
+            vec![vec!["echo".into(), "b".into()]],
+            true,
+        )
         .unwrap();
     h.pump();
     h.run_until_idle();
@@ -303,9 +309,51 @@ fn open_list_jobs_take_more_tasks_until_closed() {
     assert!(j.is_done());
     assert_eq!(j.task_argv(1).unwrap()[1], "b");
     assert_eq!(
-        h.sched.extend(h.now_us, job, vec![], true),
+        h.sched.extend(
+            h.now_us,
+            job,
+            2,
+            vec![vec!["echo".into(), "c".into()]],
+            true
+        ),
         Err(SchedError::JobClosed(job))
     );
+    // The same piece sent again (a client retrying after a lost reply) changes nothing.
+    h.sched
+        .extend(
+            h.now_us,
+            job,
+            1,
+            vec![vec!["echo".into(), "b".into()]],
+            true,
+        )
+        .unwrap();
+    assert_eq!(h.sched.job(job).unwrap().len(), 2);
+}
+
+#[test]
+fn a_resent_piece_of_an_open_job_adds_only_what_is_new() {
+    let mut s = Scheduler::new(Config::default());
+    let argv = |x: &str| vec!["echo".to_string(), x.to_string()];
+    let list = TaskSet::List(vec![argv("a"), argv("b")]);
+    let job = s.submit(0, spec("l"), list, true).unwrap();
+    s.extend(0, job, 2, vec![argv("c"), argv("d")], false)
+        .unwrap();
+    // Resent with an overlap: only "e" is new.
+    s.extend(0, job, 3, vec![argv("d"), argv("e")], false)
+        .unwrap();
+    assert_eq!(s.job(job).unwrap().len(), 5);
+    assert_eq!(s.job(job).unwrap().task_argv(4).unwrap()[1], "e");
+    assert_eq!(
+        s.extend(0, job, 7, vec![argv("h")], true),
+        Err(SchedError::ExtendGap {
+            job,
+            held: 5,
+            at: 7
+        })
+    );
+    s.extend(0, job, 5, vec![], true).unwrap();
+    assert!(!s.job(job).unwrap().open);
 }
 
 #[test]

@@ -135,9 +135,11 @@ pub enum Ask {
         #[serde(default)]
         key: Option<String>,
     },
-    /// More tasks for an open list job.
+    /// More tasks for an open list job. `at` is the index of the first of `argvs` in the job,
+    /// so a piece sent again after a lost connection adds nothing twice.
     Extend {
         job: JobId,
+        at: u32,
         argvs: Vec<Vec<String>>,
         close: bool,
     },

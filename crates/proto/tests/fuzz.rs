@@ -233,14 +233,26 @@ fn framed(body: &[u8]) -> Vec<u8> {
 fn message_strategy() -> impl Strategy<Value = Vec<u8>> {
     let argvs = proptest::collection::vec(proptest::collection::vec(".{0,8}", 0..3), 0..4);
     prop_oneof![
-        (any::<u64>(), any::<u32>(), argvs, any::<bool>()).prop_map(|(id, job, argvs, close)| {
-            encode(&Request {
-                id,
-                body: Ask::Extend { job, argvs, close },
-            })
-            .expect("encodes")
-            .to_vec()
-        }),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            any::<u32>(),
+            argvs,
+            any::<bool>()
+        )
+            .prop_map(|(id, job, at, argvs, close)| {
+                encode(&Request {
+                    id,
+                    body: Ask::Extend {
+                        job,
+                        at,
+                        argvs,
+                        close,
+                    },
+                })
+                .expect("encodes")
+                .to_vec()
+            }),
         (any::<u64>(), proptest::collection::vec(any::<u32>(), 0..8)).prop_map(|(id, jobs)| {
             encode(&Request {
                 id,

@@ -469,16 +469,26 @@ impl Engine {
                     }
                 }
             }
-            Ask::Extend { job, argvs, close } => {
+            Ask::Extend {
+                job,
+                at,
+                argvs,
+                close,
+            } => {
                 if let Some(e) = &self.journal_error {
                     Err(e.clone())
                 } else {
-                    let before = self.core.job(job).map_or(0, |j| j.len()) as usize;
-                    let r = self.core.extend(now, job, argvs, close);
-                    if let (Ok(()), true) = (&r, self.journaling()) {
-                        if let Some(TaskSet::List(list)) = self.core.job(job).map(|j| &j.tasks) {
-                            self.pending
-                                .extend(job, now, list.get(before..).unwrap_or(&[]), close);
+                    let before = self.core.job(job).map(|j| (j.len() as usize, j.open));
+                    let r = self.core.extend(now, job, at, argvs, close);
+                    let after = self.core.job(job).map(|j| (j.len() as usize, j.open));
+                    // A resent piece the job already held changes nothing and is not logged.
+                    if let (Ok(()), true, Some((held, _))) = (&r, self.journaling(), before) {
+                        if before != after {
+                            if let Some(TaskSet::List(list)) = self.core.job(job).map(|j| &j.tasks)
+                            {
+                                let added = list.get(held..).unwrap_or(&[]);
+                                self.pending.extend(job, now, added, close);
+                            }
                         }
                     }
                     r.map(|_| Answer::Extended).map_err(|e| e.to_string())

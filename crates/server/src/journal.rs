@@ -523,7 +523,9 @@ impl Journal {
                     let b: ExtendBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
                     // Accepted once, so it applies again; if the log's order makes it
                     // refused now, the job's state differs a little, not the journal's health.
-                    if let Err(e) = core.extend(b.at_us, b.job, b.argvs, b.close) {
+                    // The log holds exactly the tasks each extension added, in order.
+                    let at = core.job(b.job).map_or(0, |j| j.len());
+                    if let Err(e) = core.extend(b.at_us, b.job, at, b.argvs, b.close) {
                         tracing::warn!(
                             "journal entry {seq}: extension of job {} not replayed: {e}",
                             b.job

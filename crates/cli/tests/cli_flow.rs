@@ -105,6 +105,24 @@ fn array_job_runs_on_all_workers_and_is_reported() {
 }
 
 #[test]
+fn long_command_lines_reach_the_workers_in_several_messages() {
+    // 300 lines of 120 KiB (under Linux's 128 KiB limit for one argument): 36 MiB of command
+    // lines, more than one message carries both ways. The whole list is in before the worker
+    // with 256 slots comes, so it is offered most of it at once.
+    let mut c = Cluster::new();
+    let line = "x".repeat(120 << 10);
+    let lines: String = (0..300).map(|i| format!("{i}{line}\n")).collect();
+    fs::write(c.work.join("long.txt"), lines).unwrap();
+    let out = c.run(&[
+        "submit", "--each", "long.txt", "--output", "json", "--", "true", "{line}",
+    ]);
+    assert_eq!(out.ok().json()["tasks"], 300, "{out:?}");
+    c.add_worker(256);
+    let out = c.run(&["job", "wait", "1", "--output", "json"]);
+    assert_eq!(out.ok().json()["counts"]["finished"], 300, "{out:?}");
+}
+
+#[test]
 fn each_lines_and_job_files() {
     let c = Cluster::with_workers(&[2]);
     fs::write(c.work.join("inputs.txt"), "alpha\nbeta\n\ngamma\n").unwrap();

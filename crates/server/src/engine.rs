@@ -5,39 +5,17 @@
 //! many completions share one pass and one frame per worker.
 
 use crate::journal::{Journal, JournalError, Pending, Restored};
+pub use crate::outbox::{ConnId, Outbox};
 use crate::views;
 use crate::{now_us, ServerConfig};
-use bytes::Bytes;
 use kestrel_core::Resources;
 use kestrel_core::{Command, Config, JobId, Scheduler, TaskSet, WorkerId, WorkerOffer};
 use kestrel_proto::messages::*;
-use kestrel_proto::{encode, Access};
+use kestrel_proto::Access;
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-
-/// A connection's number, for routing replies.
-pub type ConnId = u64;
-
-/// The sending side of a connection: frames queued here are written by its writer task.
-pub struct Outbox {
-    pub conn: ConnId,
-    pub tx: mpsc::UnboundedSender<Bytes>,
-}
-
-impl Outbox {
-    /// Encodes and queues a message; a closed connection is noticed by its reader.
-    pub fn send<T: Serialize + std::fmt::Debug>(&self, msg: &T) {
-        match encode(msg) {
-            Ok(frame) => {
-                let _ = self.tx.send(frame);
-            }
-            Err(e) => tracing::error!(conn = self.conn, "cannot encode a reply: {e}"),
-        }
-    }
-}
 
 /// Events from connections to the engine.
 pub enum Inbound {
@@ -229,10 +207,7 @@ impl Engine {
         }
         for d in std::mem::take(&mut self.deferred) {
             if let Some(c) = self.clients.get(&d.conn) {
-                c.send(&ToClient::Reply {
-                    id: d.id,
-                    result: d.result,
-                });
+                c.reply(d.id, d.result);
             }
         }
     }
@@ -335,21 +310,8 @@ impl Engine {
                         for s in started {
                             self.core.task_started(worker, s.job, s.index, s.at_us);
                         }
-                        let journaling = self.journaling();
                         for f in finished {
-                            let (job, index) = (f.job, f.index);
-                            let kept = journaling.then(|| f.clone());
-                            if self.core.task_finished(now, worker, f)
-                                == kestrel_core::Accepted::Ignored
-                            {
-                                self.ignored_reports += 1;
-                            } else if let Some(f) = kept {
-                                let assigned_us = self
-                                    .core
-                                    .job(job)
-                                    .map_or(0, |j| j.record(index).assigned_us);
-                                self.pending.task_end(f, assigned_us);
-                            }
+                            self.task_ended(now, worker, f);
                         }
                     }
                     FromWorker::Heartbeat => {}
@@ -643,12 +605,58 @@ impl Engine {
         }
     }
 
+    /// Applies a report that a task's run ended, and journals it if the scheduler took it.
+    fn task_ended(&mut self, now: u64, worker: WorkerId, f: kestrel_core::Finished) {
+        let (job, index) = (f.job, f.index);
+        let kept = self.journaling().then(|| f.clone());
+        if self.core.task_finished(now, worker, f) == kestrel_core::Accepted::Ignored {
+            self.ignored_reports += 1;
+        } else if let Some(f) = kept {
+            let assigned_us = self
+                .core
+                .job(job)
+                .map_or(0, |j| j.record(index).assigned_us);
+            self.pending.task_end(f, assigned_us);
+        }
+    }
+
+    /// Fails tasks whose command line alone is too long for a message to a worker: they can
+    /// never run, and waiting for them would hang their job.
+    fn fail_unsendable(&mut self, unsendable: Vec<(WorkerId, (kestrel_core::IndexRun, usize))>) {
+        let now = now_us();
+        for (worker, (run, size)) in unsendable {
+            let reason = format!(
+                "its command line is {} MiB, more than a message to a worker can carry ({} MiB)",
+                size >> 20,
+                kestrel_proto::MAX_FRAME_BYTES >> 20
+            );
+            tracing::warn!(job = run.job, index = run.first, "task not sent: {reason}");
+            let failure = kestrel_core::Failure {
+                exit_code: None,
+                signal: None,
+                reason,
+                stderr_tail: String::new(),
+            };
+            let f = kestrel_core::Finished {
+                job: run.job,
+                index: run.first,
+                started_us: now,
+                finished_us: now,
+                end: kestrel_core::RunEnd::Failed(failure),
+            };
+            self.task_ended(now, worker, f);
+        }
+        // Retries of those tasks, and whatever else the failures set off.
+        self.route();
+    }
+
     /// Carries out the scheduler's commands.
     fn route(&mut self) {
         if !self.core.has_commands() {
             return;
         }
         let mut done_jobs = false;
+        let mut unsendable = Vec::new();
         for cmd in self.core.take_commands() {
             match cmd {
                 Command::DefineJob { worker, job } => {
@@ -685,7 +693,7 @@ impl Engine {
                             Assigned { run, argvs }
                         })
                         .collect();
-                    c.outbox.send(&ToWorker::Assign { tasks });
+                    unsendable.extend(c.outbox.assign(tasks).into_iter().map(|t| (worker, t)));
                 }
                 Command::Cancel { worker, tasks } => {
                     if let Some(c) = self.workers.get(&worker) {
@@ -733,6 +741,9 @@ impl Engine {
         }
         if done_jobs {
             self.finish_waiters();
+        }
+        if !unsendable.is_empty() {
+            self.fail_unsendable(unsendable);
         }
     }
 

@@ -10,6 +10,7 @@ pub mod conn;
 pub mod engine;
 pub mod journal;
 pub mod lock;
+pub mod outbox;
 pub mod views;
 
 use kestrel_proto::{Access, ACCESS_FILE};

@@ -1,0 +1,217 @@
+//! The sending side of a connection, and what to do when a message is too big for one frame.
+
+use bytes::Bytes;
+use kestrel_core::IndexRun;
+use kestrel_proto::messages::{Answer, Assigned, ToClient, ToWorker};
+use kestrel_proto::{encode, ProtoError, MAX_FRAME_BYTES};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+/// A connection's number, for routing replies.
+pub type ConnId = u64;
+
+/// The sending side of a connection: frames queued here are written by its writer task.
+pub struct Outbox {
+    pub conn: ConnId,
+    pub tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl Outbox {
+    /// Encodes and queues a message; a closed connection is noticed by its reader.
+    /// Only for messages whose size is bounded well under a frame; see [`Outbox::reply`] and
+    /// [`Outbox::assign`] for the others.
+    pub fn send<T: Serialize + std::fmt::Debug>(&self, msg: &T) {
+        match encode(msg) {
+            Ok(frame) => self.queue(frame),
+            Err(e) => tracing::error!(conn = self.conn, "cannot encode a message: {e}"),
+        }
+    }
+
+    fn queue(&self, frame: Bytes) {
+        let _ = self.tx.send(frame);
+    }
+
+    /// Answers request `id`. An answer too big for a frame (a task list asked with a huge
+    /// limit) becomes an error the client can act on, so the client never waits forever.
+    pub fn reply(&self, id: u64, result: Result<Answer, String>) {
+        match encode(&ToClient::Reply { id, result }) {
+            Ok(frame) => self.queue(frame),
+            Err(e) => {
+                let size = match e {
+                    ProtoError::FrameTooLarge { size, .. } => size,
+                    _ => 0,
+                };
+                tracing::warn!(conn = self.conn, "answer not sent: {e}");
+                let msg = format!(
+                    "the answer is {} MiB, more than a message can carry ({} MiB); ask for less \
+                     (a smaller --limit, or one job at a time)",
+                    size >> 20,
+                    MAX_FRAME_BYTES >> 20
+                );
+                self.send(&ToClient::Reply {
+                    id,
+                    result: Err(msg),
+                });
+            }
+        }
+    }
+
+    /// Sends tasks to a worker, in as many messages as the frame limit needs (list tasks carry
+    /// their command lines, and thousands of long lines exceed one frame). Returns the tasks
+    /// that cannot be sent at all, each with its encoded size: one command line alone over the
+    /// limit.
+    pub fn assign(&self, tasks: Vec<Assigned>) -> Vec<(IndexRun, usize)> {
+        let mut unsendable = Vec::new();
+        self.assign_into(tasks, &mut unsendable);
+        unsendable
+    }
+
+    fn assign_into(&self, mut tasks: Vec<Assigned>, unsendable: &mut Vec<(IndexRun, usize)>) {
+        let msg = ToWorker::Assign { tasks };
+        let size = match encode(&msg) {
+            Ok(frame) => return self.queue(frame),
+            Err(ProtoError::FrameTooLarge { size, .. }) => size,
+            Err(e) => {
+                // Encoding plain data fails only on size; anything else is a bug worth seeing.
+                tracing::error!(conn = self.conn, "cannot encode an assignment: {e}");
+                0
+            }
+        };
+        let ToWorker::Assign { tasks: t } = msg else {
+            unreachable!("built above")
+        };
+        tasks = t;
+        // Halve until each piece fits: first split between runs, then inside a run.
+        if tasks.len() > 1 {
+            let right = tasks.split_off(tasks.len() / 2);
+            self.assign_into(tasks, unsendable);
+            self.assign_into(right, unsendable);
+        } else if let Some(mut a) = tasks.pop() {
+            if a.run.count > 1 && a.argvs.len() == a.run.count as usize {
+                let half = a.run.count / 2;
+                let right = Assigned {
+                    run: IndexRun {
+                        job: a.run.job,
+                        first: a.run.first + half,
+                        count: a.run.count - half,
+                    },
+                    argvs: a.argvs.split_off(half as usize),
+                };
+                a.run.count = half;
+                self.assign_into(vec![a], unsendable);
+                self.assign_into(vec![right], unsendable);
+            } else {
+                for i in 0..a.run.count {
+                    let run = IndexRun {
+                        job: a.run.job,
+                        first: a.run.first + i,
+                        count: 1,
+                    };
+                    unsendable.push((run, size));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_proto::decode;
+
+    fn outbox() -> (Outbox, mpsc::UnboundedReceiver<Bytes>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Outbox { conn: 1, tx }, rx)
+    }
+
+    fn long_task(bytes: usize) -> Vec<String> {
+        vec!["echo".into(), "x".repeat(bytes)]
+    }
+
+    #[test]
+    fn an_assignment_too_big_for_one_frame_goes_in_several() {
+        let (o, mut rx) = outbox();
+        // 40 tasks of 1 MiB each: 40 MiB, at least three frames.
+        let tasks = vec![
+            Assigned {
+                run: IndexRun {
+                    job: 7,
+                    first: 0,
+                    count: 30,
+                },
+                argvs: (0..30).map(|_| long_task(1 << 20)).collect(),
+            },
+            Assigned {
+                run: IndexRun {
+                    job: 7,
+                    first: 30,
+                    count: 10,
+                },
+                argvs: (0..10).map(|_| long_task(1 << 20)).collect(),
+            },
+        ];
+        assert!(o.assign(tasks).is_empty());
+        let mut indices = Vec::new();
+        let mut frames = 0;
+        while let Ok(frame) = rx.try_recv() {
+            frames += 1;
+            assert!(frame.len() <= MAX_FRAME_BYTES);
+            let ToWorker::Assign { tasks } = decode(&frame).unwrap() else {
+                panic!("not an assignment");
+            };
+            for a in tasks {
+                assert_eq!(a.argvs.len(), a.run.count as usize);
+                indices.extend(a.run.first..a.run.first + a.run.count);
+            }
+        }
+        assert!(frames >= 3, "{frames} frames");
+        assert_eq!(
+            indices,
+            (0..40).collect::<Vec<_>>(),
+            "every task once, in order"
+        );
+    }
+
+    #[test]
+    fn a_task_longer_than_a_frame_is_returned_not_dropped() {
+        let (o, mut rx) = outbox();
+        let tasks = vec![Assigned {
+            run: IndexRun {
+                job: 2,
+                first: 5,
+                count: 2,
+            },
+            argvs: vec![long_task(10), long_task(MAX_FRAME_BYTES + 1)],
+        }];
+        let left = o.assign(tasks);
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].0.first, 6);
+        assert!(left[0].1 > MAX_FRAME_BYTES);
+        let ToWorker::Assign { tasks } = decode(&rx.try_recv().unwrap()).unwrap() else {
+            panic!("not an assignment");
+        };
+        assert_eq!(tasks[0].run.first, 5);
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn an_answer_too_big_becomes_an_error_reply() {
+        let (o, mut rx) = outbox();
+        o.reply(3, Ok(Answer::Extended));
+        let ok: ToClient = decode(&rx.try_recv().unwrap()).unwrap();
+        assert_eq!(
+            ok,
+            ToClient::Reply {
+                id: 3,
+                result: Ok(Answer::Extended)
+            }
+        );
+        o.reply(4, Err("x".repeat(MAX_FRAME_BYTES + 1)));
+        let ToClient::Reply { id, result } = decode(&rx.try_recv().unwrap()).unwrap() else {
+            panic!("not a reply");
+        };
+        assert_eq!(id, 4);
+        let err = result.unwrap_err();
+        assert!(err.contains("more than a message can carry"), "{err}");
+    }
+}

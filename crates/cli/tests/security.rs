@@ -84,6 +84,36 @@ fn garbage_and_wrong_secrets_are_closed_logged_with_the_peer_and_summarised() {
 }
 
 #[test]
+fn idle_connections_beyond_the_handshake_bound_are_closed_and_others_served_after() {
+    let c = Cluster::new();
+    let port = c.port();
+    // 512 connections that never say a word hold every handshake place (for up to 10 s).
+    let idle: Vec<TcpStream> = (0..512)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    // The server accepts in order, so the next one finds no place and is closed at once.
+    let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    let n = extra.read(&mut buf).expect("closed, not timed out");
+    assert_eq!(n, 0, "expected the connection closed");
+    let log = poll("the server to log it", Duration::from_secs(5), || {
+        let log = c.server_log();
+        log.contains("already in their handshake").then_some(log)
+    });
+    assert!(log.contains("peer=127.0.0.1:"), "{log}");
+    // When the idle ones go, their places come back.
+    drop(idle);
+    poll(
+        "the server to answer again",
+        Duration::from_secs(10),
+        || c.run(&["job", "list"]).code().filter(|&code| code == 0),
+    );
+}
+
+#[test]
 fn access_files_others_can_read_are_refused_by_server_and_clients() {
     let c = Cluster::with_workers(&[1]);
     let dir = c.root().join("exposed");

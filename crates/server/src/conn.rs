@@ -25,6 +25,10 @@ use tokio::sync::{mpsc, oneshot};
 
 /// A peer has this long to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections allowed in their handshake at once. Each holds buffers until it proves the
+/// secret (or times out), so without a bound a flood of idle connections grows memory; 512 is
+/// well above a few hundred workers reconnecting together, and those retry with backoff.
+const MAX_HANDSHAKES: usize = 512;
 /// Failed handshakes are counted per address over this window.
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// Failures from one address logged one by one per window; the rest are only counted.
@@ -151,14 +155,24 @@ pub async fn accept_loop(
     let secret: Arc<[u8]> = secret.into();
     let failures: SharedFailures =
         Arc::new(Mutex::new(Failures::new(FAILURE_WINDOW, FAILURE_BURST)));
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let mut tick = tokio::time::interval(FAILURE_WINDOW / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+                        let reason = format!(
+                            "{MAX_HANDSHAKES} connections are already in their handshake; \
+                             closed at once (a worker retries by itself)"
+                        );
+                        handshake_failed(&failures, peer, &reason);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     tokio::spawn(serve(
+                        permit,
                         stream,
                         peer,
                         secret.clone(),
@@ -229,6 +243,7 @@ async fn open(
 }
 
 async fn serve(
+    handshake_permit: tokio::sync::OwnedSemaphorePermit,
     stream: TcpStream,
     peer: SocketAddr,
     secret: Arc<[u8]>,
@@ -248,6 +263,7 @@ async fn serve(
             return handshake_failed(&failures, peer, &reason);
         }
     };
+    drop(handshake_permit);
     let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Bytes>();
     let writer_task = tokio::spawn(write_loop(writer, out_rx));

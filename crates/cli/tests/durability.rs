@@ -217,6 +217,12 @@ fn a_full_journal_refuses_new_work_and_keeps_serving() {
     let js = jobs(&c);
     assert_eq!(js.len(), 2, "{js:?}");
     assert_eq!(js[1]["state"], "canceled", "{js:?}");
+    // Re-running tasks is new work too.
+    let err = c
+        .run(&["job", "retry", "2", "--all"])
+        .one_line_error()
+        .to_string();
+    assert!(err.contains("cannot be written"), "{err}");
     let info = c.run(&["server", "info"]).ok().stdout.clone();
     assert!(info.contains("NOT WRITABLE"), "{info}");
 }

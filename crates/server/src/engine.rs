@@ -533,19 +533,24 @@ impl Engine {
                 });
                 Ok(Answer::Info(info))
             }
-            Ask::Retry { job, failed_only } => match self.core.retry_job(job, failed_only) {
-                Ok((failed, canceled)) => {
-                    tracing::info!(job, failed, canceled, "job retried");
-                    if self.journaling() {
-                        self.pending.retry(job, now, failed_only);
+            Ask::Retry { job, failed_only } => match &self.journal_error {
+                // Re-running tasks is new work: refused, like a submission, while it cannot be
+                // journaled.
+                Some(e) => Err(e.clone()),
+                None => match self.core.retry_job(job, failed_only) {
+                    Ok((failed, canceled)) => {
+                        tracing::info!(job, failed, canceled, "job retried");
+                        if self.journaling() {
+                            self.pending.retry(job, now, failed_only);
+                        }
+                        Ok(Answer::Retried {
+                            job,
+                            failed,
+                            canceled,
+                        })
                     }
-                    Ok(Answer::Retried {
-                        job,
-                        failed,
-                        canceled,
-                    })
-                }
-                Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
             },
             Ask::ResumeWorker { worker } => match self.core.resume_worker(worker) {
                 Ok(was_quarantined) => {

@@ -327,6 +327,9 @@ pub struct Scheduler {
     delayed: BTreeSet<(u64, JobId, TaskIndex)>,
     /// The due time of each delayed task, to find it in `delayed`.
     delayed_at: FxHashMap<(JobId, TaskIndex), u64>,
+    /// Why each worker that left while quarantined was quarantined: a worker that comes back
+    /// naming its old id (after a lost connection) stays quarantined.
+    quarantined_gone: FxHashMap<WorkerId, String>,
 }
 
 /// What [`Scheduler::worker_resumed`] did with a reconnected worker's report.
@@ -518,6 +521,9 @@ impl Scheduler {
         let Some(w) = self.workers.remove(&worker) else {
             return;
         };
+        if let Some(reason) = w.quarantined {
+            self.quarantined_gone.insert(worker, reason);
+        }
         let mut tasks: Vec<_> = w
             .outstanding
             .into_iter()
@@ -595,7 +601,8 @@ impl Scheduler {
             out.ignored = (running.len() + finished.len()) as u32;
             return out;
         }
-        let previous = previous.filter(|p| *p != worker && self.workers.contains_key(p));
+        let named = previous.filter(|p| *p != worker);
+        let previous = named.filter(|p| self.workers.contains_key(p));
         if let Some(p) = previous {
             // Tasks it still runs or has results for move over; the rest go back to the queue.
             let keep: FxHashSet<_> = running
@@ -624,6 +631,14 @@ impl Scheduler {
                     w.known_jobs.insert(job);
                 }
             }
+        }
+        // A quarantine outlives the connection (the previous registration was dropped above
+        // or when its loss was noticed).
+        if let Some(reason) = named.and_then(|p| self.quarantined_gone.remove(&p)) {
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.quarantined = Some(reason.clone());
+            }
+            self.commands.push(Command::Quarantined { worker, reason });
         }
         let mut stale = Vec::new();
         for (job, index) in running {
@@ -885,8 +900,12 @@ impl Scheduler {
         self.commands.push(Command::Quarantined { worker, reason });
     }
 
-    /// Lifts a worker's quarantine: it gets tasks again.
+    /// Lifts a worker's quarantine: it gets tasks again. A quarantined worker that has left
+    /// can be lifted too, so it is not quarantined when it comes back.
     pub fn resume_worker(&mut self, worker: WorkerId) -> Result<bool, SchedError> {
+        if self.quarantined_gone.remove(&worker).is_some() {
+            return Ok(true);
+        }
         let w = self
             .workers
             .get_mut(&worker)

@@ -146,8 +146,8 @@ fn a_task_that_kills_every_worker_fails_after_max_crashes() {
     assert_eq!(h.attempts(job, 0), 5);
 }
 
-#[test]
-fn a_worker_whose_tasks_keep_failing_is_quarantined_while_others_succeed() {
+/// Two workers of one slot: every task fails on the first and succeeds on the second.
+fn one_failing_worker() -> (Harness, WorkerId, WorkerId) {
     let bad = 1;
     let mut h =
         Harness::with_worker_model(Scheduler::new(Config::default()), 10, move |w, _, _, _| {
@@ -159,6 +159,12 @@ fn a_worker_whose_tasks_keep_failing_is_quarantined_while_others_succeed() {
     let a = h.add_worker(1, 0);
     assert_eq!(a, bad);
     let b = h.add_worker(1, 0);
+    (h, a, b)
+}
+
+#[test]
+fn a_worker_whose_tasks_keep_failing_is_quarantined_while_others_succeed() {
+    let (mut h, a, b) = one_failing_worker();
     let job = h.submit(spec("a"), array(100));
     h.run_until_idle();
     let reason = h.sched.worker(a).unwrap().quarantined.clone();
@@ -180,6 +186,37 @@ fn a_worker_whose_tasks_keep_failing_is_quarantined_while_others_succeed() {
     assert!(h.worker_runs(a) > 10);
     assert!(h.worker_runs(b) > 90);
     assert_eq!(h.sched.resume_worker(99), Err(SchedError::NoSuchWorker(99)));
+}
+
+#[test]
+fn a_quarantined_worker_that_reconnects_stays_quarantined() {
+    let (mut h, a, _) = one_failing_worker();
+    h.submit(spec("a"), array(100));
+    h.run_until_idle();
+    assert!(h.sched.worker(a).unwrap().quarantined.is_some());
+    // Its connection drops and it comes back under a new id, naming the old one.
+    h.sched.worker_lost(h.now_us, a);
+    let a2 = h.sched.worker_joined(h.now_us, offer());
+    h.sched
+        .worker_resumed(h.now_us, a2, Some(a), vec![], vec![]);
+    let reason = h.sched.worker(a2).unwrap().quarantined.clone();
+    assert_eq!(
+        reason.as_deref(),
+        Some("10 task failures within 60 s while other workers succeeded")
+    );
+    // Reconnecting before the loss is noticed carries it over too.
+    let a3 = h.sched.worker_joined(h.now_us, offer());
+    h.sched
+        .worker_resumed(h.now_us, a3, Some(a2), vec![], vec![]);
+    assert!(h.sched.worker(a2).is_none());
+    assert!(h.sched.worker(a3).unwrap().quarantined.is_some());
+    // Lifting it while it is away holds when it comes back.
+    h.sched.worker_lost(h.now_us, a3);
+    assert_eq!(h.sched.resume_worker(a3), Ok(true));
+    let a4 = h.sched.worker_joined(h.now_us, offer());
+    h.sched
+        .worker_resumed(h.now_us, a4, Some(a3), vec![], vec![]);
+    assert!(h.sched.worker(a4).unwrap().quarantined.is_none());
 }
 
 #[test]

@@ -375,6 +375,7 @@ impl Harness {
                 Command::DefineJob { .. }
                 | Command::JobDone { .. }
                 | Command::GaveUp { .. }
+                | Command::Lost { .. }
                 | Command::Quarantined { .. } => {}
             }
             self.commands.push(cmd);

@@ -68,4 +68,8 @@ pub enum Command {
     GaveUp { job: JobId, index: TaskIndex },
     /// The worker's tasks fail too often: it gets no new tasks until resumed.
     Quarantined { worker: WorkerId, reason: String },
+    /// These tasks went back to the queue because their worker was lost, each counting one
+    /// more crash. The driver journals it, so a task that kills its workers is still stopped
+    /// after `max_crashes` across server restarts.
+    Lost { tasks: Vec<(JobId, TaskIndex)> },
 }

@@ -136,6 +136,21 @@ impl Scheduler {
         self.check_job_done(at_us, job);
     }
 
+    /// Counts one more crash for each task (its worker was lost while it had it). Ignored for
+    /// unknown or already ended tasks.
+    pub fn restore_lost(&mut self, tasks: &[(JobId, TaskIndex)]) {
+        for &(job, index) in tasks {
+            let Some(j) = self.jobs.get_mut(&job) else {
+                continue;
+            };
+            if index >= j.len() || j.table.get(index).state.is_terminal() {
+                continue;
+            }
+            let r = j.table.get_mut(index);
+            r.lost = r.lost.saturating_add(1);
+        }
+    }
+
     /// Ends a replay: rebuilds the ready queue from the task records (tasks that ran before go
     /// ahead of new work, as after any re-queue) and drops the commands replay produced.
     pub fn restore_done(&mut self) {

@@ -531,6 +531,7 @@ impl Scheduler {
             .collect();
         tasks.sort_unstable();
         let max_crashes = self.config.max_crashes.max(1);
+        let mut counted = Vec::new();
         for (job, index) in tasks {
             let Some(j) = self.jobs.get_mut(&job) else {
                 continue;
@@ -565,6 +566,9 @@ impl Scheduler {
                 self.check_job_done(now_us, job);
                 continue;
             }
+            if crashed {
+                counted.push((job, index));
+            }
             self.ready.push_requeued(
                 j.spec.priority,
                 Span {
@@ -573,6 +577,9 @@ impl Scheduler {
                     end: index + 1,
                 },
             );
+        }
+        if !counted.is_empty() {
+            self.commands.push(Command::Lost { tasks: counted });
         }
     }
 

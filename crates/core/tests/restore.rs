@@ -196,3 +196,63 @@ fn a_report_after_cancel_moves_a_task_out_of_canceled() {
     assert_eq!(b.queued(), 0);
     assert_eq!(b.submit(10, spec("n", 0), array(1), false).unwrap(), 8);
 }
+
+fn offer(cpus: u32) -> WorkerOffer {
+    WorkerOffer {
+        hostname: "h".into(),
+        resources: Resources { cpus, gpus: 0 },
+        prefetch: 0,
+    }
+}
+
+/// The tasks a `Lost` command counted a crash for.
+fn lost(s: &mut Scheduler) -> Vec<(JobId, TaskIndex)> {
+    s.take_commands()
+        .into_iter()
+        .flat_map(|c| match c {
+            Command::Lost { tasks } => tasks,
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn crash_counts_survive_a_replay_and_still_stop_a_worker_killer() {
+    let config = Config {
+        max_crashes: 3,
+        ..Config::default()
+    };
+    let mut a = Scheduler::new(config.clone());
+    let job = a.submit(0, spec("killer", 0), array(2), false).unwrap();
+    // Task 0 is on two workers that die; each loss counts a crash and says so.
+    let mut counted = Vec::new();
+    for t in 0..2 {
+        let w = a.worker_joined(t, offer(1));
+        a.schedule(t);
+        assert_eq!(assigned(&mut a), vec![(job, 0)]);
+        a.worker_lost(t, w);
+        counted.push(lost(&mut a));
+    }
+    assert_eq!(counted, vec![vec![(job, 0)], vec![(job, 0)]]);
+    assert_eq!(a.job(job).unwrap().record(0).lost, 2);
+
+    // A restart replays the counts: the third loss is the last.
+    let mut b = Scheduler::new(config);
+    b.restore_submit(job, 0, spec("killer", 0), array(2), false)
+        .unwrap();
+    for tasks in &counted {
+        b.restore_lost(tasks);
+    }
+    b.restore_done();
+    assert_eq!(b.job(job).unwrap().record(0).lost, 2);
+    let w = b.worker_joined(10, offer(1));
+    b.schedule(10);
+    assert_eq!(assigned(&mut b), vec![(job, 0)], "re-run tasks go first");
+    b.worker_lost(10, w);
+    let j = b.job(job).unwrap();
+    assert_eq!(j.record(0).state, TaskState::Failed);
+    assert_eq!(
+        j.failure(0).map(|f| f.reason.as_str()),
+        Some("lost with 3 workers (it may kill its worker)")
+    );
+}

@@ -727,6 +727,11 @@ impl Engine {
                         self.pending.give_up(job, index, now_us(), failure);
                     }
                 }
+                Command::Lost { tasks } => {
+                    if self.journaling() {
+                        self.pending.lost(tasks);
+                    }
+                }
                 Command::Quarantined { worker, reason } => {
                     let peer = self.workers.get(&worker).map(|c| c.peer.to_string());
                     tracing::warn!(

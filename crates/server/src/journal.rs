@@ -25,6 +25,7 @@ const KIND_CANCEL: i64 = 3;
 const KIND_ENDS: i64 = 4;
 const KIND_RETRY: i64 = 5;
 const KIND_GIVE_UP: i64 = 6;
+const KIND_LOST: i64 = 7;
 
 /// Why the journal cannot be used, with what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +85,12 @@ struct GiveUpBody {
     index: TaskIndex,
     at_us: u64,
     failure: kestrel_core::Failure,
+}
+
+/// Tasks re-queued after their worker was lost, each counting one more crash.
+#[derive(Serialize, Deserialize)]
+struct LostBody {
+    tasks: Vec<(JobId, TaskIndex)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -209,6 +216,10 @@ impl Pending {
                 failure,
             },
         );
+    }
+
+    pub fn lost(&mut self, tasks: Vec<(JobId, TaskIndex)>) {
+        self.push(KIND_LOST, &LostBody { tasks });
     }
 
     /// An accepted task report, with when the task had been assigned (for its timing).
@@ -559,6 +570,10 @@ impl Journal {
                     core.restore_give_up(b.job, b.index, b.at_us, b.failure);
                     restored.task_ends += 1;
                 }
+                KIND_LOST => {
+                    let b: LostBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
+                    core.restore_lost(&b.tasks);
+                }
                 KIND_ENDS => {
                     let b: EndsBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
                     let at = |off: i64| (b.base_us as i64).saturating_add(off).max(0) as u64;
@@ -734,5 +749,30 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o077, 0, "journal mode {mode:o}");
+    }
+
+    #[test]
+    fn crash_counts_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        let mut p = Pending::default();
+        p.submit(
+            1,
+            10,
+            None,
+            &spec(),
+            &TaskSet::Array(IdRanges::span(0, 3)),
+            false,
+        );
+        p.lost(vec![(1, 0), (1, 2)]);
+        p.lost(vec![(1, 2)]);
+        // A loss of a job the journal does not know is ignored, not an error.
+        p.lost(vec![(9, 0)]);
+        j.commit(&mut p).unwrap();
+        let mut core = Scheduler::new(Config::default());
+        j.replay(&mut core, &mut Restored::default()).unwrap();
+        let job = core.job(1).unwrap();
+        let lost: Vec<u8> = (0..4).map(|i| job.record(i).lost).collect();
+        assert_eq!(lost, vec![1, 0, 2, 0]);
     }
 }

@@ -66,7 +66,7 @@ impl Outbox {
         unsendable
     }
 
-    fn assign_into(&self, mut tasks: Vec<Assigned>, unsendable: &mut Vec<(IndexRun, usize)>) {
+    fn assign_into(&self, tasks: Vec<Assigned>, unsendable: &mut Vec<(IndexRun, usize)>) {
         let msg = ToWorker::Assign { tasks };
         let size = match encode(&msg) {
             Ok(frame) => return self.queue(frame),
@@ -77,10 +77,10 @@ impl Outbox {
                 0
             }
         };
-        let ToWorker::Assign { tasks: t } = msg else {
-            unreachable!("built above")
+        // Take the tasks back out of the message built above (always an Assign).
+        let ToWorker::Assign { mut tasks } = msg else {
+            return;
         };
-        tasks = t;
         // Halve until each piece fits: first split between runs, then inside a run.
         if tasks.len() > 1 {
             let right = tasks.split_off(tasks.len() / 2);

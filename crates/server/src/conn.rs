@@ -200,6 +200,14 @@ pub async fn accept_loop(
     }
 }
 
+/// A reader for a peer that has not proven the secret: small frames only, so a peer cannot
+/// make the server reserve a big buffer by announcing a big frame.
+fn pre_auth_reader(r: ConnRead) -> FrameReader<ConnRead> {
+    let mut reader = FrameReader::new(r);
+    reader.set_max_frame(kestrel_proto::frame::HANDSHAKE_MAX_FRAME_BYTES);
+    reader
+}
+
 /// TLS (when configured) and the handshake.
 async fn open(
     stream: TcpStream,
@@ -217,7 +225,7 @@ async fn open(
             // plain connector starts with the high byte of its length, 0.
             if first[0] != 0x16 {
                 let (r, w) = split_plain(stream);
-                let (mut reader, mut writer) = (FrameReader::new(r), FrameWriter::new(w));
+                let (mut reader, mut writer) = (pre_auth_reader(r), FrameWriter::new(w));
                 // Read the hello first, so closing does not reset the connection under the reply.
                 let _ = reader.next_frame().await;
                 let reason = "this server requires TLS, but the access file used has no certificate (stale, or from before the server ran with --tls); use the server's current access file".to_string();
@@ -234,8 +242,7 @@ async fn open(
             split_tls(tls)
         }
     };
-    let mut reader = FrameReader::new(r);
-    reader.set_max_frame(kestrel_proto::frame::HANDSHAKE_MAX_FRAME_BYTES);
+    let mut reader = pre_auth_reader(r);
     let mut writer = FrameWriter::new(w);
     let role = accept_handshake(&mut reader, &mut writer, secret).await?;
     reader.set_max_frame(kestrel_proto::MAX_FRAME_BYTES);

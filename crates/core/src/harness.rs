@@ -374,8 +374,6 @@ impl Harness {
                 }
                 Command::DefineJob { .. }
                 | Command::JobDone { .. }
-                | Command::GaveUp { .. }
-                | Command::Lost { .. }
                 | Command::Quarantined { .. } => {}
             }
             self.commands.push(cmd);

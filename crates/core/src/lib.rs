@@ -12,7 +12,7 @@ pub mod scheduler;
 pub mod spec;
 pub mod table;
 
-pub use outcome::{Command, Failure, Finished, IndexRun, RunEnd};
+pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
 pub use scheduler::restore::RestoreError;
 pub use scheduler::{
     Accepted, Config, Counts, Job, Resumed, SchedError, Scheduler, Timing, Worker, WorkerOffer,

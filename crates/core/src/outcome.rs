@@ -63,13 +63,21 @@ pub enum Command {
     JobDone { job: JobId },
     /// The worker is considered lost (missed heartbeats); close its connection.
     Disconnect { worker: WorkerId, reason: String },
-    /// A task was given up without a report from a worker (it was on too many lost workers);
-    /// its failure is recorded in the job. The driver journals it.
-    GaveUp { job: JobId, index: TaskIndex },
     /// The worker's tasks fail too often: it gets no new tasks until resumed.
     Quarantined { worker: WorkerId, reason: String },
+}
+
+/// A change of task state the scheduler made on its own (not the direct result of an input),
+/// which a durable driver must journal to rebuild the same state after a restart. Taken with
+/// [`crate::Scheduler::take_records`] right after the event that caused it, so the journal keeps
+/// the order of events (a `job retry` that follows must replay after it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// A task was given up without a report from a worker (it was on too many lost workers);
+    /// its failure is recorded in the job.
+    GaveUp { job: JobId, index: TaskIndex },
     /// These tasks went back to the queue because their worker was lost, each counting one
-    /// more crash. The driver journals it, so a task that kills its workers is still stopped
-    /// after `max_crashes` across server restarts.
+    /// more crash, so a task that kills its workers is still stopped after `max_crashes`
+    /// across server restarts.
     Lost { tasks: Vec<(JobId, TaskIndex)> },
 }

@@ -196,5 +196,6 @@ impl Scheduler {
             }
         }
         self.commands.clear();
+        self.records.clear();
     }
 }

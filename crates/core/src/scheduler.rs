@@ -4,7 +4,7 @@
 //! then [`Scheduler::schedule`], then drains [`Scheduler::take_commands`] and carries them out.
 //! Nothing here blocks, allocates per queued task, or reads a clock.
 
-use crate::outcome::{Command, Failure, Finished, IndexRun, RunEnd};
+use crate::outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
 use crate::queue::{ReadyQueue, Span};
 use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, TaskSet, TaskState, WorkerId};
 use crate::table::{TaskRecord, TaskTable};
@@ -317,6 +317,8 @@ pub struct Scheduler {
     workers: BTreeMap<WorkerId, Worker>,
     ready: ReadyQueue,
     commands: Vec<Command>,
+    /// State changes the driver must journal (see [`Record`]).
+    records: Vec<Record>,
     next_job: JobId,
     next_worker: WorkerId,
     /// Jobs with tasks not yet terminal (for quick "is anything left" answers).
@@ -562,7 +564,7 @@ impl Scheduler {
                         stderr_tail: String::new(),
                     },
                 );
-                self.commands.push(Command::GaveUp { job, index });
+                self.records.push(Record::GaveUp { job, index });
                 self.check_job_done(now_us, job);
                 continue;
             }
@@ -579,7 +581,7 @@ impl Scheduler {
             );
         }
         if !counted.is_empty() {
-            self.commands.push(Command::Lost { tasks: counted });
+            self.records.push(Record::Lost { tasks: counted });
         }
     }
 
@@ -1181,6 +1183,11 @@ impl Scheduler {
     /// Commands produced since the last call, in the order they must be carried out.
     pub fn take_commands(&mut self) -> Vec<Command> {
         std::mem::take(&mut self.commands)
+    }
+
+    /// State changes to journal, in the order they happened; take them after every event.
+    pub fn take_records(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.records)
     }
 
     /// Whether commands are waiting (lets a driver skip an empty drain).

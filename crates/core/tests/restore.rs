@@ -205,13 +205,13 @@ fn offer(cpus: u32) -> WorkerOffer {
     }
 }
 
-/// The tasks a `Lost` command counted a crash for.
+/// The tasks a `Lost` record counted a crash for.
 fn lost(s: &mut Scheduler) -> Vec<(JobId, TaskIndex)> {
-    s.take_commands()
+    s.take_records()
         .into_iter()
         .flat_map(|c| match c {
-            Command::Lost { tasks } => tasks,
-            _ => Vec::new(),
+            Record::Lost { tasks } => tasks,
+            Record::GaveUp { .. } => Vec::new(),
         })
         .collect()
 }
@@ -249,6 +249,8 @@ fn crash_counts_survive_a_replay_and_still_stop_a_worker_killer() {
     b.schedule(10);
     assert_eq!(assigned(&mut b), vec![(job, 0)], "re-run tasks go first");
     b.worker_lost(10, w);
+    // Given up, not counted again: the driver journals exactly that.
+    assert_eq!(b.take_records(), vec![Record::GaveUp { job, index: 0 }]);
     let j = b.job(job).unwrap();
     assert_eq!(j.record(0).state, TaskState::Failed);
     assert_eq!(

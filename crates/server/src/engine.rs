@@ -9,7 +9,7 @@ pub use crate::outbox::{ConnId, Outbox};
 use crate::views;
 use crate::{now_us, ServerConfig};
 use kestrel_core::Resources;
-use kestrel_core::{Command, Config, JobId, Scheduler, TaskSet, WorkerId, WorkerOffer};
+use kestrel_core::{Command, Config, JobId, Record, Scheduler, TaskSet, WorkerId, WorkerOffer};
 use kestrel_proto::messages::*;
 use kestrel_proto::Access;
 use rustc_hash::FxHashMap;
@@ -174,6 +174,7 @@ impl Engine {
     /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
     /// submitters told why, and no new work is accepted from then on.
     fn commit(&mut self, force: bool) {
+        self.journal_records();
         // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
         // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
         let due = force
@@ -231,11 +232,13 @@ impl Engine {
                     let now = now_us();
                     for ev in batch.drain(..) {
                         self.handle(now, ev);
+                        self.journal_records();
                     }
                 }
                 _ = tick.tick() => {
                     let now = now_us();
                     self.core.tick(now);
+                    self.journal_records();
                     self.send_progress(now);
                 }
             }
@@ -610,6 +613,28 @@ impl Engine {
         }
     }
 
+    /// Journals the state changes the scheduler made on its own during the last event, before
+    /// the next event's entries (the order matters to replay: see [`kestrel_core::Record`]).
+    fn journal_records(&mut self) {
+        for r in self.core.take_records() {
+            if !self.journaling() {
+                continue;
+            }
+            match r {
+                Record::GaveUp { job, index } => {
+                    let Some(j) = self.core.job(job) else {
+                        continue;
+                    };
+                    if let Some(failure) = j.failure(index).cloned() {
+                        let at = j.record(index).finished_us;
+                        self.pending.give_up(job, index, at, failure);
+                    }
+                }
+                Record::Lost { tasks } => self.pending.lost(tasks),
+            }
+        }
+    }
+
     /// Applies a report that a task's run ended, and journals it if the scheduler took it.
     fn task_ended(&mut self, now: u64, worker: WorkerId, f: kestrel_core::Finished) {
         let (job, index) = (f.job, f.index);
@@ -719,17 +744,6 @@ impl Engine {
                     }
                     for w in self.workers.values() {
                         w.outbox.send(&ToWorker::ForgetJob { job });
-                    }
-                }
-                Command::GaveUp { job, index } => {
-                    let failure = self.core.job(job).and_then(|j| j.failure(index)).cloned();
-                    if let (true, Some(failure)) = (self.journaling(), failure) {
-                        self.pending.give_up(job, index, now_us(), failure);
-                    }
-                }
-                Command::Lost { tasks } => {
-                    if self.journaling() {
-                        self.pending.lost(tasks);
                     }
                 }
                 Command::Quarantined { worker, reason } => {

@@ -858,6 +858,44 @@ impl Scheduler {
         Accepted::Recorded
     }
 
+    /// A task the driver could not hand to its worker at all (its command line alone is bigger
+    /// than a message can carry): it can never run, so it fails for good with `failure`,
+    /// spending no retries and counting against no worker. Journaled as a give-up.
+    pub fn task_undeliverable(
+        &mut self,
+        now_us: u64,
+        worker: WorkerId,
+        job: JobId,
+        index: TaskIndex,
+        failure: Failure,
+    ) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        if index >= j.len() {
+            return;
+        }
+        let rec = j.table.get(index);
+        if rec.worker != worker || !matches!(rec.state, TaskState::Assigned | TaskState::Running) {
+            return;
+        }
+        let need = j.spec.resources;
+        if let Some(w) = self.workers.get_mut(&worker) {
+            if w.outstanding.remove(&(job, index)) {
+                w.used.cpus -= need.cpus;
+                w.used.gpus -= need.gpus;
+            }
+        }
+        if j.canceled {
+            j.set_state(index, TaskState::Canceled).finished_us = now_us;
+        } else {
+            j.set_state(index, TaskState::Failed).finished_us = now_us;
+            j.failures.insert(index, failure);
+            self.records.push(Record::GaveUp { job, index });
+        }
+        self.check_job_done(now_us, job);
+    }
+
     /// The wait before the retry after a task's `failures`-th failure.
     fn backoff_us(&self, failures: u8) -> u64 {
         let base = self.config.retry_backoff_us;

@@ -266,13 +266,22 @@ pub enum SpecError {
     EmptyTask(u32),
     #[error("array: {0}")]
     Range(#[from] RangeError),
+    #[error("--retries {0} is too many: at most {max} (a task's failures are counted in a byte)", max = MAX_RETRIES)]
+    TooManyRetries(u32),
 }
+
+/// The most retries a task may have: failures are counted per task in one byte (task records
+/// stay small for millions of tasks), and the count must be able to exceed the retries.
+pub const MAX_RETRIES: u32 = u8::MAX as u32 - 1;
 
 impl JobSpec {
     /// Checks what the scheduler relies on; the server calls this on every submission.
     pub fn validate(&self, tasks: &TaskSet) -> Result<(), SpecError> {
         if self.resources.cpus == 0 {
             return Err(SpecError::NoCpus);
+        }
+        if self.retries > MAX_RETRIES {
+            return Err(SpecError::TooManyRetries(self.retries));
         }
         match tasks {
             TaskSet::Array(r) => {

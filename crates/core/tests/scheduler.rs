@@ -376,5 +376,46 @@ fn invalid_submissions_are_refused() {
         s.submit(1, spec("x"), empty, false),
         Err(SchedError::Spec(SpecError::EmptyTask(0)))
     ));
+    let mut forever = spec("x");
+    forever.retries = 300;
+    let err = s.submit(1, forever, array(1), false).unwrap_err();
+    assert_eq!(err, SchedError::Spec(SpecError::TooManyRetries(300)));
+    assert!(err.to_string().contains("at most 254"), "{err}");
     assert_eq!(s.jobs().count(), 0);
+}
+
+#[test]
+fn an_undeliverable_task_fails_for_good_without_blaming_its_worker() {
+    let mut s = Scheduler::new(Config::default());
+    let mut sp = spec("x");
+    sp.retries = 3;
+    let job = s.submit(0, sp, array(2), false).unwrap();
+    let w = s.worker_joined(
+        0,
+        WorkerOffer {
+            hostname: "h".into(),
+            resources: Resources { cpus: 2, gpus: 0 },
+            prefetch: 0,
+        },
+    );
+    s.schedule(0);
+    s.take_commands();
+    let failure = Failure {
+        exit_code: None,
+        signal: None,
+        reason: "its command line is 17 MiB".into(),
+        stderr_tail: String::new(),
+    };
+    s.task_undeliverable(5, w, job, 0, failure.clone());
+    let j = s.job(job).unwrap();
+    let state = j.record(0).state;
+    assert_eq!(state, TaskState::Failed, "no retries spent on it");
+    assert_eq!(j.failure(0), Some(&failure));
+    assert_eq!(s.take_records(), vec![Record::GaveUp { job, index: 0 }]);
+    let worker = s.worker(w).unwrap();
+    assert_eq!((worker.tasks_failed, worker.used.cpus), (0, 1));
+    assert!(worker.quarantined.is_none());
+    // Reported again (or for a task it does not hold): ignored.
+    s.task_undeliverable(6, w, job, 0, failure);
+    assert!(s.take_records().is_empty());
 }

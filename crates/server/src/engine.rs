@@ -655,11 +655,16 @@ impl Engine {
     fn fail_unsendable(&mut self, unsendable: Vec<(WorkerId, (kestrel_core::IndexRun, usize))>) {
         let now = now_us();
         for (worker, (run, size)) in unsendable {
-            let reason = format!(
-                "its command line is {} MiB, more than a message to a worker can carry ({} MiB)",
-                size >> 20,
-                kestrel_proto::MAX_FRAME_BYTES >> 20
-            );
+            // Size 0: the encoder failed for another reason (see `Outbox::assign`'s log).
+            let reason = if size == 0 {
+                "its command line could not be encoded into a message to a worker".to_string()
+            } else {
+                format!(
+                    "its command line is {} MiB, more than a message to a worker can carry ({} MiB)",
+                    size >> 20,
+                    kestrel_proto::MAX_FRAME_BYTES >> 20
+                )
+            };
             tracing::warn!(job = run.job, index = run.first, "task not sent: {reason}");
             let failure = kestrel_core::Failure {
                 exit_code: None,
@@ -667,16 +672,10 @@ impl Engine {
                 reason,
                 stderr_tail: String::new(),
             };
-            let f = kestrel_core::Finished {
-                job: run.job,
-                index: run.first,
-                started_us: now,
-                finished_us: now,
-                end: kestrel_core::RunEnd::Failed(failure),
-            };
-            self.task_ended(now, worker, f);
+            self.core
+                .task_undeliverable(now, worker, run.job, run.first, failure);
         }
-        // Retries of those tasks, and whatever else the failures set off.
+        // Job ends and whatever else the failures set off.
         self.route();
     }
 

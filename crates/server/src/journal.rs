@@ -592,7 +592,12 @@ impl Journal {
                         core.restore_task_end(f, a);
                     }
                 }
-                other => return Err(bad(&format!("unknown entry kind {other}"))),
+                other => {
+                    return Err(bad(&format!(
+                        "unknown entry kind {other} (written by a newer kestrel? start that \
+                         version on this directory instead)"
+                    )))
+                }
             }
         }
         core.restore_done();

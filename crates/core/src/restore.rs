@@ -14,9 +14,6 @@ use super::{Job, Scheduler};
 use crate::outcome::{Failure, Finished, RunEnd};
 use crate::queue::{ReadyQueue, Span};
 use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, TaskState};
-use crate::table::TaskTable;
-use crate::Counts;
-use rustc_hash::FxHashMap;
 
 /// Why a journal entry could not be replayed (the journal does not match this scheduler).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -40,25 +37,8 @@ impl Scheduler {
             return Err(RestoreError::DuplicateJob(job));
         }
         self.next_job = self.next_job.max(job.saturating_add(1));
-        let n = tasks.len();
-        self.jobs.insert(
-            job,
-            Job {
-                id: job,
-                table: TaskTable::new(n),
-                counts: Counts {
-                    ready: n,
-                    ..Default::default()
-                },
-                spec,
-                tasks,
-                submitted_us,
-                finished_us: None,
-                open,
-                canceled: false,
-                failures: FxHashMap::default(),
-            },
-        );
+        self.jobs
+            .insert(job, Job::new(job, spec, tasks, submitted_us, open));
         self.live_jobs.insert(job);
         Ok(())
     }
@@ -92,12 +72,8 @@ impl Scheduler {
                 }
             }
         };
-        // A ready task of a canceled job is counted as canceled (see `Job::record`).
-        let counted_as = if canceled && rec.state == TaskState::Ready {
-            TaskState::Canceled
-        } else {
-            rec.state
-        };
+        // As counted: a ready task of a canceled job counts as canceled.
+        let counted_as = j.record(f.index).state;
         *j.counts.slot(counted_as) -= 1;
         *j.counts.slot(to) += 1;
         let r = j.table.get_mut(f.index);
@@ -121,12 +97,7 @@ impl Scheduler {
         if index >= j.len() || j.table.get(index).state.is_terminal() {
             return;
         }
-        let rec = j.table.get(index);
-        let counted_as = if j.canceled && rec.state == TaskState::Ready {
-            TaskState::Canceled
-        } else {
-            rec.state
-        };
+        let counted_as = j.record(index).state;
         *j.counts.slot(counted_as) -= 1;
         *j.counts.slot(TaskState::Failed) += 1;
         let r = j.table.get_mut(index);

@@ -110,6 +110,26 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job as submitted: every task ready.
+    fn new(id: JobId, spec: JobSpec, tasks: TaskSet, submitted_us: u64, open: bool) -> Job {
+        let n = tasks.len();
+        Job {
+            id,
+            table: TaskTable::new(n),
+            counts: Counts {
+                ready: n,
+                ..Default::default()
+            },
+            spec,
+            tasks,
+            submitted_us,
+            finished_us: None,
+            open,
+            canceled: false,
+            failures: FxHashMap::default(),
+        }
+    }
+
     pub fn len(&self) -> u32 {
         self.table.len()
     }
@@ -243,6 +263,24 @@ impl Worker {
             cpus: r.cpus + self.offer.prefetch,
             gpus: r.gpus + gpu_prefetch,
         }
+    }
+
+    /// Takes a task (resumed or moved over from a previous registration) with what it holds.
+    fn hold(&mut self, job: JobId, index: TaskIndex, need: Resources) {
+        self.outstanding.insert((job, index));
+        self.used.cpus += need.cpus;
+        self.used.gpus += need.gpus;
+        self.known_jobs.insert(job);
+    }
+
+    /// Gives a task back with what it held; false if the worker did not have it.
+    fn release(&mut self, key: (JobId, TaskIndex), need: Resources) -> bool {
+        if !self.outstanding.remove(&key) {
+            return false;
+        }
+        self.used.cpus -= need.cpus;
+        self.used.gpus -= need.gpus;
+        true
     }
 
     /// How many tasks needing `need` still fit.
@@ -381,22 +419,8 @@ impl Scheduler {
         }
         let id = self.next_job;
         self.next_job += 1;
-        let n = tasks.len();
-        let job = Job {
-            id,
-            table: TaskTable::new(n),
-            counts: Counts {
-                ready: n,
-                ..Default::default()
-            },
-            spec,
-            tasks,
-            submitted_us: now_us,
-            finished_us: None,
-            open,
-            canceled: false,
-            failures: FxHashMap::default(),
-        };
+        let job = Job::new(id, spec, tasks, now_us, open);
+        let n = job.len();
         self.ready.push_new(
             job.spec.priority,
             Span {
@@ -634,10 +658,7 @@ impl Scheduler {
                 let need = j.spec.resources;
                 j.table.get_mut(index).worker = worker;
                 if let Some(w) = self.workers.get_mut(&worker) {
-                    w.outstanding.insert((job, index));
-                    w.used.cpus += need.cpus;
-                    w.used.gpus += need.gpus;
-                    w.known_jobs.insert(job);
+                    w.hold(job, index, need);
                 }
             }
         }
@@ -731,10 +752,7 @@ impl Scheduler {
         rec.worker = worker;
         rec.assigned_us = now_us;
         rec.started_us = now_us;
-        w.outstanding.insert((job, index));
-        w.used.cpus += need.cpus;
-        w.used.gpus += need.gpus;
-        w.known_jobs.insert(job);
+        w.hold(job, index, need);
         Claim::Taken
     }
 
@@ -780,11 +798,9 @@ impl Scheduler {
             return Accepted::Ignored;
         };
         if ours {
-            if !w.outstanding.remove(&key) {
+            if !w.release(key, need) {
                 return Accepted::Ignored;
             }
-            w.used.cpus -= need.cpus;
-            w.used.gpus -= need.gpus;
         } else {
             let dup = w.duplicates.remove(&key);
             if !(dup && active && f.end == RunEnd::Success) {
@@ -793,9 +809,7 @@ impl Scheduler {
             // The duplicate run finished first: take the task from the other worker.
             let other = rec.worker;
             if let Some(o) = self.workers.get_mut(&other) {
-                if o.outstanding.remove(&key) {
-                    o.used.cpus -= need.cpus;
-                    o.used.gpus -= need.gpus;
+                if o.release(key, need) {
                     self.commands.push(Command::Cancel {
                         worker: other,
                         tasks: vec![key],
@@ -881,10 +895,7 @@ impl Scheduler {
         }
         let need = j.spec.resources;
         if let Some(w) = self.workers.get_mut(&worker) {
-            if w.outstanding.remove(&(job, index)) {
-                w.used.cpus -= need.cpus;
-                w.used.gpus -= need.gpus;
-            }
+            w.release((job, index), need);
         }
         if j.canceled {
             j.set_state(index, TaskState::Canceled).finished_us = now_us;

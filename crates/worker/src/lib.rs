@@ -120,7 +120,12 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
                 reason
             }
             Err(e) if ever_registered && e.is_transient() => e.to_string(),
-            Err(e) => return Err(e),
+            Err(e) => {
+                // Tasks carried over from an earlier connection run in their own process
+                // groups: stop them rather than leave them behind.
+                carry.abandon(&mut pool).await;
+                return Err(e);
+            }
         };
         tracing::warn!(
             "connection to the server lost ({reason}); reconnecting; tasks keep running"

@@ -479,7 +479,13 @@ impl Session<'_> {
             started: std::mem::take(&mut self.started),
             finished: std::mem::take(&mut self.finished),
         };
-        writer.send(&msg).await?;
+        if let Err(e) = writer.send(&msg).await {
+            // Keep the results for the next registration's resume report.
+            if let FromWorker::Update { finished, .. } = msg {
+                self.finished = finished;
+            }
+            return Err(e.into());
+        }
         Ok(())
     }
 }

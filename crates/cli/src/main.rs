@@ -91,7 +91,6 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         .map(jobs::parse_size)
         .transpose()
         .context("--journal-limit")?;
-    let journal = (!no_journal).then_some(journal_limit);
     let dir = dir
         .or_else(|| g.server_dir.clone())
         .unwrap_or_else(default_server_dir);
@@ -108,8 +107,8 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         port,
         advertise_host: advertise,
         heartbeat: jobs::parse_duration(&heartbeat).context("--heartbeat")?,
-        journal: journal.is_some(),
-        journal_limit: journal.flatten(),
+        journal: !no_journal,
+        journal_limit: journal_limit.filter(|_| !no_journal),
         tls: match (tls.tls_cert, tls.tls_key) {
             (Some(cert), Some(key)) => Some(kestrel_server::TlsConfig::Files { cert, key }),
             _ if tls.tls => Some(kestrel_server::TlsConfig::SelfSigned),

@@ -25,7 +25,6 @@ pub fn json<T: Serialize>(v: &T) {
     }
 }
 
-/// A table with a header row and no borders, fitted to the terminal.
 /// "active", or "quarantined: why" (see `kestrel worker resume`).
 pub fn worker_state(w: &kestrel_proto::messages::WorkerRow) -> String {
     match &w.quarantined {
@@ -34,6 +33,7 @@ pub fn worker_state(w: &kestrel_proto::messages::WorkerRow) -> String {
     }
 }
 
+/// A table with a header row and no borders, fitted to the terminal.
 pub fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::NOTHING)
@@ -78,7 +78,6 @@ pub fn ago(us: u64) -> String {
     )
 }
 
-/// `9990 finished, 10 failed` (only the non-zero parts; `nothing` when empty).
 /// A byte count for people: 512 B, 3.2 MiB.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -95,6 +94,7 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// `9990 finished, 10 failed` (only the non-zero parts; `nothing` when empty).
 pub fn counts(c: &Counts) -> String {
     let parts: Vec<String> = [
         (c.finished, "finished"),

@@ -74,8 +74,7 @@ impl Scheduler {
         };
         // As counted: a ready task of a canceled job counts as canceled.
         let counted_as = j.record(f.index).state;
-        *j.counts.slot(counted_as) -= 1;
-        *j.counts.slot(to) += 1;
+        j.counts.moved(counted_as, to);
         let r = j.table.get_mut(f.index);
         r.state = to;
         r.assigned_us = assigned_us;
@@ -98,8 +97,7 @@ impl Scheduler {
             return;
         }
         let counted_as = j.record(index).state;
-        *j.counts.slot(counted_as) -= 1;
-        *j.counts.slot(TaskState::Failed) += 1;
+        j.counts.moved(counted_as, TaskState::Failed);
         let r = j.table.get_mut(index);
         r.state = TaskState::Failed;
         r.finished_us = at_us;

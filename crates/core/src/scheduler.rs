@@ -576,20 +576,13 @@ impl Scheduler {
                 rec.lost = rec.lost.saturating_add(1);
             }
             if rec.lost >= max_crashes {
-                let lost = rec.lost;
-                rec.finished_us = now_us;
-                j.set_state(index, TaskState::Failed);
-                j.failures.insert(
-                    index,
-                    Failure {
-                        exit_code: None,
-                        signal: None,
-                        reason: format!("lost with {lost} workers (it may kill its worker)"),
-                        stderr_tail: String::new(),
-                    },
-                );
-                self.records.push(Record::GaveUp { job, index });
-                self.check_job_done(now_us, job);
+                let failure = Failure {
+                    exit_code: None,
+                    signal: None,
+                    reason: format!("lost with {} workers (it may kill its worker)", rec.lost),
+                    stderr_tail: String::new(),
+                };
+                self.give_up(now_us, job, index, failure);
                 continue;
             }
             if crashed {
@@ -899,11 +892,21 @@ impl Scheduler {
         }
         if j.canceled {
             j.set_state(index, TaskState::Canceled).finished_us = now_us;
+            self.check_job_done(now_us, job);
         } else {
-            j.set_state(index, TaskState::Failed).finished_us = now_us;
-            j.failures.insert(index, failure);
-            self.records.push(Record::GaveUp { job, index });
+            self.give_up(now_us, job, index, failure);
         }
+    }
+
+    /// Fails a task for good, whatever its retries, for a reason the scheduler saw itself (no
+    /// worker reported it): recorded so the driver journals it.
+    fn give_up(&mut self, now_us: u64, job: JobId, index: TaskIndex, failure: Failure) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        j.set_state(index, TaskState::Failed).finished_us = now_us;
+        j.failures.insert(index, failure);
+        self.records.push(Record::GaveUp { job, index });
         self.check_job_done(now_us, job);
     }
 
@@ -1005,8 +1008,7 @@ impl Scheduler {
                 j.failures.remove(&index);
             } else {
                 // Untouched or re-queued task of a canceled job: counted canceled, stored ready.
-                j.counts.canceled -= 1;
-                j.counts.ready += 1;
+                j.counts.moved(TaskState::Canceled, TaskState::Ready);
                 if let Some(due) = self.delayed_at.remove(&(job, index)) {
                     self.delayed.remove(&(due, job, index));
                 }

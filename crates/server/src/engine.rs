@@ -102,13 +102,9 @@ struct Deferred {
     result: Result<Answer, String>,
     /// A job this batch created (canceled again if the commit fails).
     created: Option<(JobId, Option<String>)>,
-}
-
-/// A random id for a server start without a journal.
-fn new_server_id() -> String {
-    use rand::Rng;
-    let bytes: [u8; 12] = rand::thread_rng().gen();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    /// A job this batch added tasks to (canceled if the commit fails: no more pieces can come
+    /// once the journal is broken, so it would stay open forever).
+    extended: Option<JobId>,
 }
 
 impl Engine {
@@ -146,7 +142,7 @@ impl Engine {
             heartbeat_ms,
             stopping: false,
             ignored_reports: 0,
-            server_id: new_server_id(),
+            server_id: crate::new_server_id(),
             epoch: rand::random(),
             journal: None,
             pending: Pending::default(),
@@ -199,7 +195,8 @@ impl Engine {
                                 self.keys.remove(&k);
                             }
                             d.result = Err(msg.clone());
-                        } else if matches!(d.result, Ok(Answer::Extended)) {
+                        } else if let Some(job) = d.extended.take() {
+                            let _ = self.core.cancel_job(now, job);
                             d.result = Err(msg.clone());
                         }
                     }
@@ -388,6 +385,7 @@ impl Engine {
             id,
             result,
             created: None,
+            extended: None,
         });
     }
 
@@ -424,6 +422,7 @@ impl Engine {
                                 id: req.id,
                                 result: Ok(Answer::Submitted { job }),
                                 created: Some((job, key)),
+                                extended: None,
                             });
                             return;
                         }
@@ -455,6 +454,16 @@ impl Engine {
                                 self.pending.extend(job, now, added, close);
                             }
                         }
+                    }
+                    if r.is_ok() {
+                        self.deferred.push(Deferred {
+                            conn,
+                            id: req.id,
+                            result: Ok(Answer::Extended),
+                            created: None,
+                            extended: Some(job),
+                        });
+                        return;
                     }
                     r.map(|_| Answer::Extended).map_err(|e| e.to_string())
                 }

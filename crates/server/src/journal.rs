@@ -347,10 +347,7 @@ impl Journal {
         };
         match j.get_meta("schema_version").map_err(damaged)? {
             None => {
-                use rand::RngCore;
-                let mut id = [0u8; 8];
-                rand::rngs::OsRng.fill_bytes(&mut id);
-                let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+                let id = crate::new_server_id();
                 j.put_meta(&[
                     ("schema_version", SCHEMA_VERSION.to_string()),
                     ("server_id", id),

@@ -107,6 +107,18 @@ struct Deferred {
     extended: Option<JobId>,
 }
 
+impl Deferred {
+    /// Whether the reply promises something the journal must hold first: a job created or
+    /// extended, or a finished job (`WaitDone`). A query's answer may go out before the task
+    /// ends it shows are synced: after a crash they run again (at-least-once), so nothing
+    /// promised is lost, and a client polling `job list` does not force a sync each time.
+    fn needs_durability(&self) -> bool {
+        self.created.is_some()
+            || self.extended.is_some()
+            || matches!(self.result, Ok(Answer::WaitDone(_)))
+    }
+}
+
 impl Engine {
     pub fn new(
         config: &ServerConfig,
@@ -174,7 +186,7 @@ impl Engine {
         // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
         // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
         let due = force
-            || !self.deferred.is_empty()
+            || self.deferred.iter().any(Deferred::needs_durability)
             || self.pending.has_inputs()
             || self.last_commit.elapsed() >= ENDS_COMMIT_EVERY;
         if let (Some(j), true) = (self.journal.as_mut(), due) {

@@ -8,6 +8,7 @@ use comfy_table::Cell;
 use kestrel_core::{JobId, TaskSet, TaskState};
 use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress};
 use kestrel_proto::{default_server_dir, Access, Client, ClientError, ProtoError, ACCESS_FILE};
+use std::ops::Range;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -70,24 +71,24 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
     /// Task argv bytes per message, well under the frame limit.
     const CHUNK_BYTES: usize = 4 << 20;
     for k in &subs[ids.len()..] {
-        let (first, rest) = match &k.sub.tasks {
-            TaskSet::List(list) => {
-                let mut chunks = chunk_by_bytes(list.clone(), CHUNK_BYTES);
-                let first = chunks.remove(0);
-                (TaskSet::List(first), chunks)
-            }
-            array => (array.clone(), Vec::new()),
+        // Pieces are index ranges into the list, copied one at a time as they are sent: the
+        // list itself is kept (for a resend after a reconnect) but never copied whole.
+        let list: &[Vec<String>] = match &k.sub.tasks {
+            TaskSet::List(list) => list,
+            TaskSet::Array(_) => &[],
         };
-        let open = !rest.is_empty();
-        let mut at = match &first {
-            TaskSet::List(l) => l.len() as u32,
-            _ => 0,
+        let mut pieces = piece_ranges(list, CHUNK_BYTES).into_iter();
+        let head = pieces.next().unwrap_or(0..0);
+        let first = match &k.sub.tasks {
+            TaskSet::List(_) => TaskSet::List(list[head].to_vec()),
+            array => array.clone(),
         };
+        let rest: Vec<Range<usize>> = pieces.collect();
         let job = match client
             .call(Ask::Submit {
                 spec: k.sub.spec.clone(),
                 tasks: first,
-                open,
+                open: !rest.is_empty(),
                 key: Some(k.key.clone()),
             })
             .await
@@ -98,20 +99,18 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
             Err(e) => bail!("submission refused: {e}"),
         };
         let n = rest.len();
-        for (i, argvs) in rest.into_iter().enumerate() {
-            let len = argvs.len() as u32;
+        for (i, r) in rest.into_iter().enumerate() {
             client
                 .call(Ask::Extend {
                     job,
-                    at,
-                    argvs,
+                    at: r.start as u32,
+                    argvs: list[r].to_vec(),
                     close: i + 1 == n,
                 })
                 .await
                 .with_context(|| {
                     format!("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again)")
                 })?;
-            at += len;
         }
         ids.push(job);
     }
@@ -179,19 +178,24 @@ pub async fn wait_reconnecting(
     }
 }
 
-fn chunk_by_bytes(list: Vec<Vec<String>>, max: usize) -> Vec<Vec<Vec<String>>> {
-    let mut chunks = vec![Vec::new()];
+/// Splits a task list into consecutive index ranges of at most `max` encoded bytes each (a
+/// single longer task gets a range of its own); at least one range, empty for an empty list.
+fn piece_ranges(list: &[Vec<String>], max: usize) -> Vec<Range<usize>> {
+    let mut ranges = Vec::with_capacity(1);
+    ranges.push(0..0);
     let mut size = 0;
-    for argv in list {
+    for (i, argv) in list.iter().enumerate() {
         let n: usize = argv.iter().map(|a| a.len() + 4).sum::<usize>() + 4;
-        if size + n > max && !chunks.last().is_some_and(Vec::is_empty) {
-            chunks.push(Vec::new());
+        let last = ranges.len() - 1;
+        if size + n > max && !ranges[last].is_empty() {
+            ranges.push(i..i);
             size = 0;
         }
         size += n;
-        chunks.last_mut().expect("never empty").push(argv);
+        let last = ranges.len() - 1;
+        ranges[last].end = i + 1;
     }
-    chunks
+    ranges
 }
 
 /// Builds the submissions of `submit`/`run` from their flags.

@@ -287,12 +287,12 @@ impl Harness {
                 let end = if succeed {
                     RunEnd::Success
                 } else {
-                    RunEnd::Failed(Failure {
+                    RunEnd::Failed(Box::new(Failure {
                         exit_code: Some(1),
                         signal: None,
                         reason: "exit code 1".into(),
                         stderr_tail: String::new(),
-                    })
+                    }))
                 };
                 let f = Finished {
                     job,

@@ -6,6 +6,7 @@
 //! code, and [`harness::Harness`] drives it in virtual time for tests.
 
 pub mod harness;
+pub mod ledger;
 pub mod outcome;
 pub mod queue;
 pub mod scheduler;

@@ -82,7 +82,7 @@ impl Scheduler {
         r.finished_us = f.finished_us;
         if let RunEnd::Failed(failure) = f.end {
             r.failures = r.failures.saturating_add(1);
-            j.failures.insert(f.index, failure);
+            j.failures.insert(f.index, *failure);
         }
         self.check_job_done(f.finished_us, f.job);
     }

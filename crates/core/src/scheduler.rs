@@ -4,6 +4,7 @@
 //! then [`Scheduler::schedule`], then drains [`Scheduler::take_commands`] and carries them out.
 //! Nothing here blocks, allocates per queued task, or reads a clock.
 
+use crate::ledger::Ledger;
 use crate::outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
 use crate::queue::{ReadyQueue, Span};
 use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, TaskSet, TaskState, WorkerId};
@@ -206,6 +207,14 @@ impl Job {
         self.table.touched().map(|(i, r)| (i, *r))
     }
 
+    /// Whether the task is assigned or running on `worker`.
+    fn held_by(&self, index: TaskIndex, worker: WorkerId) -> bool {
+        index < self.len() && {
+            let r = self.table.get(index);
+            r.worker == worker && matches!(r.state, TaskState::Assigned | TaskState::Running)
+        }
+    }
+
     fn set_state(&mut self, index: TaskIndex, to: TaskState) -> &mut TaskRecord {
         let rec = self.table.get_mut(index);
         self.counts.moved(rec.state, to);
@@ -237,8 +246,10 @@ pub struct Worker {
     pub last_seen_us: u64,
     /// Resources held by tasks assigned to it and not yet finished (prefetched ones included).
     pub used: Resources,
-    /// Tasks assigned to it and not yet finished.
-    outstanding: FxHashSet<(JobId, TaskIndex)>,
+    /// How many tasks it holds: assigned to it and not yet finished.
+    held: u32,
+    /// Where to find the tasks it holds (see [`holds`]).
+    ledger: Ledger,
     /// Jobs whose template it has been sent.
     known_jobs: FxHashSet<JobId>,
     pub tasks_finished: u64,
@@ -265,22 +276,22 @@ impl Worker {
         }
     }
 
-    /// Takes a task (resumed or moved over from a previous registration) with what it holds.
+    /// Takes a task (resumed or moved over from a previous registration) with what it holds;
+    /// the caller makes the task's record name this worker.
     fn hold(&mut self, job: JobId, index: TaskIndex, need: Resources) {
-        self.outstanding.insert((job, index));
+        self.ledger.push(job, index);
+        self.held += 1;
         self.used.cpus += need.cpus;
         self.used.gpus += need.gpus;
         self.known_jobs.insert(job);
     }
 
-    /// Gives a task back with what it held; false if the worker did not have it.
-    fn release(&mut self, key: (JobId, TaskIndex), need: Resources) -> bool {
-        if !self.outstanding.remove(&key) {
-            return false;
-        }
+    /// Gives back what a task it holds held; the caller has checked with [`holds`] that it
+    /// holds the task, and then moves the task's record on.
+    fn release(&mut self, need: Resources) {
+        self.held -= 1;
         self.used.cpus -= need.cpus;
         self.used.gpus -= need.gpus;
-        true
     }
 
     /// How many tasks needing `need` still fit.
@@ -305,8 +316,14 @@ impl Worker {
 
     /// Tasks assigned to it and not finished.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.len()
+        self.held as usize
     }
+}
+
+/// Whether `worker` holds task `index` of `job`: the task's record names it and the task is
+/// assigned or running. The records are the truth; a worker's [`Ledger`] says where to look.
+fn holds(jobs: &BTreeMap<JobId, Job>, worker: WorkerId, job: JobId, index: TaskIndex) -> bool {
+    jobs.get(&job).is_some_and(|j| j.held_by(index, worker))
 }
 
 /// Why an event was refused.
@@ -508,7 +525,8 @@ impl Scheduler {
                 joined_us: now_us,
                 last_seen_us: now_us,
                 used: Resources { cpus: 0, gpus: 0 },
-                outstanding: FxHashSet::default(),
+                held: 0,
+                ledger: Ledger::default(),
                 known_jobs: FxHashSet::default(),
                 tasks_finished: 0,
                 tasks_failed: 0,
@@ -550,12 +568,10 @@ impl Scheduler {
         if let Some(reason) = w.quarantined {
             self.quarantined_gone.insert(worker, reason);
         }
-        let mut tasks: Vec<_> = w
-            .outstanding
-            .into_iter()
-            .filter(|t| !keep.contains(t))
-            .collect();
-        tasks.sort_unstable();
+        let jobs = &self.jobs;
+        let tasks = w
+            .ledger
+            .held(|job, index| !keep.contains(&(job, index)) && holds(jobs, worker, job, index));
         let max_crashes = self.config.max_crashes.max(1);
         let mut counted = Vec::new();
         for (job, index) in tasks {
@@ -636,12 +652,10 @@ impl Scheduler {
                 .copied()
                 .chain(finished.iter().map(|f| (f.job, f.index)))
                 .collect();
-            let moved: Vec<_> = self.workers[&p]
-                .outstanding
-                .iter()
-                .filter(|t| keep.contains(t))
-                .copied()
-                .collect();
+            let jobs = &self.jobs;
+            let moved = self.workers[&p]
+                .ledger
+                .held(|job, index| keep.contains(&(job, index)) && holds(jobs, p, job, index));
             self.drop_worker(now_us, p, false, &keep);
             for (job, index) in moved {
                 // Reassign to the new id so its report matches; state stays as it was.
@@ -791,9 +805,7 @@ impl Scheduler {
             return Accepted::Ignored;
         };
         if ours {
-            if !w.release(key, need) {
-                return Accepted::Ignored;
-            }
+            w.release(need);
         } else {
             let dup = w.duplicates.remove(&key);
             if !(dup && active && f.end == RunEnd::Success) {
@@ -802,12 +814,11 @@ impl Scheduler {
             // The duplicate run finished first: take the task from the other worker.
             let other = rec.worker;
             if let Some(o) = self.workers.get_mut(&other) {
-                if o.release(key, need) {
-                    self.commands.push(Command::Cancel {
-                        worker: other,
-                        tasks: vec![key],
-                    });
-                }
+                o.release(need);
+                self.commands.push(Command::Cancel {
+                    worker: other,
+                    tasks: vec![key],
+                });
             }
             j.table.get_mut(f.index).worker = worker;
         }
@@ -839,7 +850,7 @@ impl Scheduler {
                 rec.failures = rec.failures.saturating_add(1);
                 let failures = rec.failures;
                 let again = !canceled && (failures as u32) <= retries;
-                j.failures.insert(f.index, failure);
+                j.failures.insert(f.index, *failure);
                 if again {
                     j.set_state(f.index, TaskState::Ready);
                     let delay = self.backoff_us(failures);
@@ -861,8 +872,28 @@ impl Scheduler {
         if failed {
             self.note_failure(now_us, worker);
         }
+        self.prune_ledger(worker);
         self.check_job_done(now_us, f.job);
         Accepted::Recorded
+    }
+
+    /// Drops ended tasks from a worker's ledger once it lists far more than the worker holds.
+    fn prune_ledger(&mut self, worker: WorkerId) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        if w.ledger.needs_pruning(w.held) {
+            // The ledger lists runs of one job at a time: look each job up once per run.
+            let jobs = &self.jobs;
+            let mut last: Option<(JobId, Option<&Job>)> = None;
+            w.ledger.prune(|job, index| {
+                let j = match last {
+                    Some((id, j)) if id == job => j,
+                    _ => last.insert((job, jobs.get(&job))).1,
+                };
+                j.is_some_and(|j| j.held_by(index, worker))
+            });
+        }
     }
 
     /// A task the driver could not hand to its worker at all (its command line alone is bigger
@@ -888,7 +919,7 @@ impl Scheduler {
         }
         let need = j.spec.resources;
         if let Some(w) = self.workers.get_mut(&worker) {
-            w.release((job, index), need);
+            w.release(need);
         }
         if j.canceled {
             j.set_state(index, TaskState::Canceled).finished_us = now_us;
@@ -1088,13 +1119,11 @@ impl Scheduler {
             keep
         });
         let mut running = 0;
+        let jobs = &self.jobs;
         for w in self.workers.values() {
-            let tasks: Vec<_> = w
-                .outstanding
-                .iter()
-                .filter(|(jb, _)| *jb == job)
-                .copied()
-                .collect();
+            let tasks = w
+                .ledger
+                .held(|jb, index| jb == job && holds(jobs, w.id, jb, index));
             if !tasks.is_empty() {
                 running += tasks.len() as u32;
                 self.commands.push(Command::Cancel {
@@ -1189,7 +1218,7 @@ impl Scheduler {
                 let rec = j.set_state(index, TaskState::Assigned);
                 rec.assigned_us = now_us;
                 rec.worker = id;
-                w.outstanding.insert((span.job, index));
+                w.ledger.push(span.job, index);
                 given += 1;
                 match runs.last_mut() {
                     Some(r) if r.job == span.job && r.first + r.count == index => r.count += 1,
@@ -1200,6 +1229,7 @@ impl Scheduler {
                     }),
                 }
             }
+            w.held += given;
             w.used.cpus += need.cpus * given;
             w.used.gpus += need.gpus * given;
             if given > 0 && w.known_jobs.insert(span.job) {
@@ -1212,6 +1242,8 @@ impl Scheduler {
         }
         if !runs.is_empty() {
             self.commands.push(Command::Assign { worker: id, runs });
+            // Tasks it held may have ended elsewhere (a duplicate run won) without a prune.
+            self.prune_ledger(id);
         }
     }
 

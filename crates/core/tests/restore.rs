@@ -25,12 +25,12 @@ fn array(n: u32) -> TaskSet {
 }
 
 fn failure() -> RunEnd {
-    RunEnd::Failed(Failure {
+    RunEnd::Failed(Box::new(Failure {
         exit_code: Some(3),
         signal: None,
         reason: "exit code 3".into(),
         stderr_tail: "boom".into(),
-    })
+    }))
 }
 
 /// What a journal would hold, in order.

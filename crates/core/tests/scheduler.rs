@@ -419,3 +419,84 @@ fn an_undeliverable_task_fails_for_good_without_blaming_its_worker() {
     s.task_undeliverable(6, w, job, 0, failure);
     assert!(s.take_records().is_empty());
 }
+
+/// A worker that took 60,000 tasks through a window of 128, finishing them out of order and
+/// holding on to some for the whole run, so its record of what it holds is pruned many times.
+/// Returns the scheduler, the job, the worker and the tasks it still holds.
+fn worker_with_long_held_tasks() -> (Scheduler, JobId, WorkerId, Vec<(JobId, TaskIndex)>) {
+    let mut s = Scheduler::new(Config::default());
+    let job = s.submit(0, spec("many"), array(60_000), false).unwrap();
+    let offer = WorkerOffer {
+        hostname: "h".into(),
+        resources: Resources { cpus: 64, gpus: 0 },
+        prefetch: 64,
+    };
+    let w = s.worker_joined(0, offer);
+    let mut kept = std::collections::BTreeSet::new();
+    for now in 1.. {
+        s.schedule(now);
+        let mut handed: Vec<TaskIndex> = s
+            .take_commands()
+            .into_iter()
+            .flat_map(|c| match c {
+                Command::Assign { runs, .. } => runs
+                    .into_iter()
+                    .flat_map(|r| r.first..r.first + r.count)
+                    .collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        if handed.is_empty() {
+            break;
+        }
+        handed.reverse();
+        for index in handed {
+            if index % 1000 == 7 && kept.len() < 40 {
+                kept.insert((job, index));
+                continue;
+            }
+            let f = Finished {
+                job,
+                index,
+                started_us: now,
+                finished_us: now,
+                end: RunEnd::Success,
+            };
+            assert_eq!(s.task_finished(now, w, f), Accepted::Recorded);
+        }
+    }
+    assert_eq!(s.job(job).unwrap().counts.finished, 60_000 - 40);
+    assert_eq!(s.worker(w).unwrap().outstanding(), 40);
+    (s, job, w, kept.into_iter().collect())
+}
+
+#[test]
+fn a_worker_lost_after_many_tasks_gives_back_exactly_the_tasks_it_held() {
+    let (mut s, job, w, kept) = worker_with_long_held_tasks();
+    s.worker_lost(1_000_000, w);
+    let lost: Vec<_> = s
+        .take_records()
+        .into_iter()
+        .flat_map(|r| match r {
+            Record::Lost { tasks } => tasks,
+            Record::GaveUp { .. } => Vec::new(),
+        })
+        .collect();
+    assert_eq!(lost, kept);
+    assert_eq!(s.job(job).unwrap().counts.ready, 40);
+}
+
+#[test]
+fn cancel_after_many_tasks_reaches_exactly_the_tasks_a_worker_holds() {
+    let (mut s, job, w, kept) = worker_with_long_held_tasks();
+    assert_eq!(s.cancel_job(1_000_000, job), Ok((0, 40)));
+    let canceled: Vec<_> = s
+        .take_commands()
+        .into_iter()
+        .flat_map(|c| match c {
+            Command::Cancel { worker, tasks } if worker == w => tasks,
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(canceled, kept);
+}

@@ -1,7 +1,7 @@
 //! Framing: each message is a 4-byte big-endian length followed by that many bytes of
 //! MessagePack. Frames above [`MAX_FRAME_BYTES`] are refused before any byte of them is buffered.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -144,7 +144,36 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 
     /// Sends one message and flushes.
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ProtoError> {
-        self.inner.send(encode(msg)?).await.map_err(map_io)
+        self.encode_into_buffer(msg)?;
+        SinkExt::<Bytes>::flush(&mut self.inner)
+            .await
+            .map_err(map_io)
+    }
+
+    /// Encodes a message as a frame straight into the connection's write buffer. The codec
+    /// would take an encoded body and copy it in; writing here instead saves that copy and a
+    /// fresh, growing allocation per message (page faults, for a worker's big updates), since
+    /// the buffer keeps its capacity. The header is the codec's: 4 bytes, big-endian length.
+    fn encode_into_buffer<T: Serialize>(&mut self, msg: &T) -> Result<(), ProtoError> {
+        let buf = self.inner.write_buffer_mut();
+        let start = buf.len();
+        buf.put_u32(0);
+        let encoded = rmp_serde::encode::write(&mut (&mut *buf).writer(), msg);
+        let size = buf.len() - start - 4;
+        let failed = match encoded {
+            Err(e) => Some(ProtoError::Decode(e.to_string())),
+            Ok(()) if size > MAX_FRAME_BYTES => Some(ProtoError::FrameTooLarge {
+                size,
+                max: MAX_FRAME_BYTES,
+            }),
+            Ok(()) => None,
+        };
+        if let Some(e) = failed {
+            buf.truncate(start);
+            return Err(e);
+        }
+        buf[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
+        Ok(())
     }
 
     /// Queues an encoded frame without flushing.
@@ -194,12 +223,12 @@ mod tests {
                     ".{0,200}"
                 )
                     .prop_map(|(exit_code, signal, reason, stderr_tail)| {
-                        RunEnd::Failed(Failure {
+                        RunEnd::Failed(Box::new(Failure {
                             exit_code,
                             signal,
                             reason,
                             stderr_tail,
-                        })
+                        }))
                     }),
             ],
         )
@@ -252,6 +281,39 @@ mod tests {
             prop_assert_eq!(got, msgs);
         }
 
+        /// `send` (encoding into the write buffer) and `feed` (pre-encoded frames) interleave
+        /// on one stream and each message arrives whole.
+        #[test]
+        fn sent_and_fed_messages_arrive_in_order(
+            updates in proptest::collection::vec(proptest::collection::vec(finished_strategy(), 0..40), 1..12)
+        ) {
+            let msgs: Vec<FromWorker> = updates.into_iter()
+                .map(|finished| FromWorker::Update { started: vec![], finished })
+                .collect();
+            let got = rt().block_on(async {
+                let (a, b) = tokio::io::duplex(1 << 12);
+                let sender = async {
+                    let mut w = FrameWriter::new(a);
+                    for (i, m) in msgs.iter().enumerate() {
+                        if i % 2 == 0 {
+                            w.send(m).await.unwrap();
+                        } else {
+                            w.feed(encode(m).unwrap()).await.unwrap();
+                        }
+                    }
+                    w.flush().await.unwrap();
+                };
+                let receiver = async {
+                    let mut r = FrameReader::new(b);
+                    let mut out = Vec::new();
+                    for _ in 0..msgs.len() { out.push(r.recv::<FromWorker>().await.unwrap()); }
+                    out
+                };
+                tokio::join!(sender, receiver).1
+            });
+            prop_assert_eq!(got, msgs);
+        }
+
         /// Arbitrary bytes never panic the decoder: they decode or give an error.
         #[test]
         fn garbage_bodies_are_errors_not_panics(body in proptest::collection::vec(any::<u8>(), 0..512)) {
@@ -259,6 +321,36 @@ mod tests {
             let _ = decode::<Request>(&body);
             let _ = decode::<ToWorker>(&body);
         }
+    }
+
+    #[test]
+    fn a_message_too_big_to_send_is_refused_and_the_next_one_still_arrives() {
+        let huge = FromWorker::Update {
+            started: vec![],
+            finished: vec![Finished {
+                job: 1,
+                index: 0,
+                started_us: 0,
+                finished_us: 0,
+                end: RunEnd::Failed(Box::new(Failure {
+                    exit_code: Some(1),
+                    signal: None,
+                    reason: "x".repeat(MAX_FRAME_BYTES),
+                    stderr_tail: String::new(),
+                })),
+            }],
+        };
+        let small = FromWorker::Heartbeat;
+        let (err, got) = rt().block_on(async {
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let mut w = FrameWriter::new(a);
+            let err = w.send(&huge).await.unwrap_err();
+            w.send(&small).await.unwrap();
+            let mut r = FrameReader::new(b);
+            (err, r.recv::<FromWorker>().await.unwrap())
+        });
+        assert!(matches!(err, ProtoError::FrameTooLarge { .. }), "{err}");
+        assert_eq!(got, small);
     }
 
     #[test]

@@ -704,12 +704,12 @@ mod tests {
             index,
             started_us: 100,
             finished_us: 200,
-            end: RunEnd::Failed(kestrel_core::Failure {
+            end: RunEnd::Failed(Box::new(kestrel_core::Failure {
                 exit_code: Some(1),
                 signal: None,
                 reason: "exit code 1".into(),
                 stderr_tail: String::new(),
-            }),
+            })),
         }
     }
 

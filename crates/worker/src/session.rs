@@ -120,12 +120,12 @@ fn now_us() -> u64 {
 /// Maps how the process ended to what the server records.
 fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
     let fail = |exit_code, signal, reason: String| {
-        RunEnd::Failed(Failure {
+        RunEnd::Failed(Box::new(Failure {
             exit_code,
             signal,
             reason,
             stderr_tail: outcome.stderr_tail.clone().unwrap_or_default(),
-        })
+        }))
     };
     match &outcome.status {
         ExitKind::Exited(0) => RunEnd::Success,
@@ -410,9 +410,14 @@ impl Session<'_> {
 
     /// Starts queued tasks while slots are free. The no-op executor completes them on the spot.
     fn start_tasks(&mut self, pool: &Option<Pool>) {
+        // The no-op executor ends a whole batch at one instant: one clock read serves it.
+        let batch_now = now_us();
         while let Some((task, gpus)) = self.local.next_startable() {
             let key = (task.job, task.index);
-            let now = now_us();
+            let now = match (self.config.exec, pool) {
+                (ExecMode::Process, Some(_)) => now_us(),
+                _ => batch_now,
+            };
             match (self.config.exec, pool) {
                 (ExecMode::Noop, _) | (_, None) => {
                     self.local.release(task.job, gpus);
@@ -453,12 +458,12 @@ impl Session<'_> {
                             index: task.index,
                             started_us: now,
                             finished_us: now,
-                            end: RunEnd::Failed(Failure {
+                            end: RunEnd::Failed(Box::new(Failure {
                                 exit_code: None,
                                 signal: None,
                                 reason,
                                 stderr_tail: String::new(),
-                            }),
+                            })),
                         });
                     }
                 },
@@ -479,14 +484,23 @@ impl Session<'_> {
             started: std::mem::take(&mut self.started),
             finished: std::mem::take(&mut self.finished),
         };
-        if let Err(e) = writer.send(&msg).await {
-            // Keep the results for the next registration's resume report.
-            if let FromWorker::Update { finished, .. } = msg {
-                self.finished = finished;
+        let sent = writer.send(&msg).await;
+        // The vectors go back for the next update, keeping their capacity (allocating them
+        // afresh for every update cost page faults); on an error the results stay for the
+        // next registration's resume report.
+        if let FromWorker::Update {
+            mut started,
+            mut finished,
+        } = msg
+        {
+            started.clear();
+            if sent.is_ok() {
+                finished.clear();
             }
-            return Err(e.into());
+            self.started = started;
+            self.finished = finished;
         }
-        Ok(())
+        sent.map_err(WorkerError::from)
     }
 }
 

@@ -7,11 +7,16 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RunEnd {
     /// Exit code 0.
+    // One-letter names on the wire: a worker reports one ending per task, so "Success" cost
+    // 8 of a report's ~31 bytes. The full names are still read (journals written before).
+    #[serde(rename = "S", alias = "Success")]
     Success,
     /// Anything else; spends one retry. Boxed so that the common endings keep a [`Finished`]
     /// small (40 bytes instead of 96): workers and the server hold thousands of them per message.
+    #[serde(rename = "F", alias = "Failed")]
     Failed(Box<Failure>),
     /// Killed because the server asked (cancel).
+    #[serde(rename = "C", alias = "Canceled")]
     Canceled,
 }
 

@@ -323,6 +323,37 @@ mod tests {
         }
     }
 
+    /// Run endings go on the wire with one-letter names; the full names that journals written
+    /// by earlier versions hold still decode.
+    #[test]
+    fn run_endings_are_short_on_the_wire_and_old_names_still_decode() {
+        #[derive(Serialize)]
+        enum OldRunEnd {
+            Success,
+            Failed(Failure),
+            Canceled,
+        }
+        let failure = Failure {
+            exit_code: Some(3),
+            signal: None,
+            reason: "exit code 3".into(),
+            stderr_tail: "boom".into(),
+        };
+        let old = [
+            (OldRunEnd::Success, RunEnd::Success),
+            (OldRunEnd::Canceled, RunEnd::Canceled),
+            (
+                OldRunEnd::Failed(failure.clone()),
+                RunEnd::Failed(Box::new(failure)),
+            ),
+        ];
+        for (old, new) in old {
+            let bytes = rmp_serde::to_vec(&old).unwrap();
+            assert_eq!(decode::<RunEnd>(&bytes).unwrap(), new);
+        }
+        assert_eq!(encode(&RunEnd::Success).unwrap().len(), 2);
+    }
+
     #[test]
     fn a_message_too_big_to_send_is_refused_and_the_next_one_still_arrives() {
         let huge = FromWorker::Update {

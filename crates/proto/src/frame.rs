@@ -354,6 +354,26 @@ mod tests {
         assert_eq!(encode(&RunEnd::Success).unwrap().len(), 2);
     }
 
+    /// A report of a short successful task sends its end time as an offset from its start.
+    #[test]
+    fn a_task_end_report_is_small() {
+        let update = |n: u32| FromWorker::Update {
+            started: vec![],
+            finished: (0..n)
+                .map(|i| Finished {
+                    job: 1,
+                    index: 100_000 + i,
+                    started_us: 1_790_000_000_000_000,
+                    finished_us: 1_790_000_000_000_003,
+                    end: RunEnd::Success,
+                })
+                .collect(),
+        };
+        let per_task = encode(&update(116)).unwrap().len() - encode(&update(16)).unwrap().len();
+        // array 1 + job 1 + index 5 + start 9 + offset 1 + "S" 2
+        assert_eq!(per_task, 100 * 19);
+    }
+
     #[test]
     fn a_message_too_big_to_send_is_refused_and_the_next_one_still_arrives() {
         let huge = FromWorker::Update {

@@ -11,6 +11,43 @@ use serde::{Deserialize, Serialize};
 
 // ----- worker <-> server --------------------------------------------------------------------
 
+/// Task ends as a worker reports them: each `[job, index, started_us, run_us, end]`, the end time
+/// an offset from the start, so a short task's end time costs 1 byte instead of 9 (a report is
+/// a few dozen bytes per task, and workers send one per task). Only the wire form: the journal
+/// stores [`Finished`] as it is.
+mod ends_on_wire {
+    use kestrel_core::{Finished, JobId, RunEnd, TaskIndex};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize)]
+    struct Out<'a>(JobId, TaskIndex, u64, i64, &'a RunEnd);
+
+    #[derive(Deserialize)]
+    struct In(JobId, TaskIndex, u64, i64, RunEnd);
+
+    pub fn serialize<S: Serializer>(ends: &[Finished], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(ends.iter().map(|f| {
+            // Two's complement: an end before the start (a clock step) comes back exactly.
+            let run_us = f.finished_us.wrapping_sub(f.started_us) as i64;
+            Out(f.job, f.index, f.started_us, run_us, &f.end)
+        }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Finished>, D::Error> {
+        Ok(Vec::<In>::deserialize(d)?
+            .into_iter()
+            .map(|In(job, index, started_us, run_us, end)| Finished {
+                job,
+                index,
+                started_us,
+                // The exact inverse of the encoding, for every pair of times.
+                finished_us: started_us.wrapping_add_signed(run_us),
+                end,
+            })
+            .collect())
+    }
+}
+
 /// Worker to server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FromWorker {
@@ -19,6 +56,7 @@ pub enum FromWorker {
     /// Batched task progress: starts and ends since the last update.
     Update {
         started: Vec<Started>,
+        #[serde(with = "ends_on_wire")]
         finished: Vec<Finished>,
     },
     /// Nothing to report, still alive.
@@ -53,6 +91,7 @@ pub struct Resume {
     /// Tasks whose processes still run.
     pub running: Vec<(JobId, TaskIndex)>,
     /// Runs that ended while the connection was down.
+    #[serde(with = "ends_on_wire")]
     pub finished: Vec<Finished>,
 }
 

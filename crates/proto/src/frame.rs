@@ -207,6 +207,37 @@ mod tests {
             .unwrap()
     }
 
+    /// Writes `msgs` into a small in-memory pipe (message `i` with `send` where `sent(i)`, else
+    /// pre-encoded with `feed`) while reading them back from the other end.
+    fn through_a_stream<T>(msgs: &[T], sent: impl Fn(usize) -> bool) -> Vec<T>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        rt().block_on(async {
+            let (a, b) = tokio::io::duplex(1 << 12);
+            let sender = async {
+                let mut w = FrameWriter::new(a);
+                for (i, m) in msgs.iter().enumerate() {
+                    if sent(i) {
+                        w.send(m).await.unwrap();
+                    } else {
+                        w.feed(encode(m).unwrap()).await.unwrap();
+                    }
+                }
+                w.flush().await.unwrap();
+            };
+            let receiver = async {
+                let mut r = FrameReader::new(b);
+                let mut out = Vec::new();
+                for _ in 0..msgs.len() {
+                    out.push(r.recv::<T>().await.unwrap());
+                }
+                out
+            };
+            tokio::join!(sender, receiver).1
+        })
+    }
+
     fn finished_strategy() -> impl Strategy<Value = Finished> {
         (
             any::<u32>(),
@@ -263,22 +294,7 @@ mod tests {
             let msgs: Vec<ToWorker> = runs.into_iter().map(|(job, first, count, argvs)| ToWorker::Assign {
                 tasks: vec![Assigned { run: IndexRun { job, first, count }, argvs }],
             }).collect();
-            let got = rt().block_on(async {
-                let (a, b) = tokio::io::duplex(1 << 16);
-                let sender = async {
-                    let mut w = FrameWriter::new(a);
-                    for m in &msgs { w.feed(encode(m).unwrap()).await.unwrap(); }
-                    w.flush().await.unwrap();
-                };
-                let receiver = async {
-                    let mut r = FrameReader::new(b);
-                    let mut out = Vec::new();
-                    for _ in 0..msgs.len() { out.push(r.recv::<ToWorker>().await.unwrap()); }
-                    out
-                };
-                tokio::join!(sender, receiver).1
-            });
-            prop_assert_eq!(got, msgs);
+            prop_assert_eq!(through_a_stream(&msgs, |_| false), msgs);
         }
 
         /// `send` (encoding into the write buffer) and `feed` (pre-encoded frames) interleave
@@ -290,28 +306,7 @@ mod tests {
             let msgs: Vec<FromWorker> = updates.into_iter()
                 .map(|finished| FromWorker::Update { started: vec![], finished })
                 .collect();
-            let got = rt().block_on(async {
-                let (a, b) = tokio::io::duplex(1 << 12);
-                let sender = async {
-                    let mut w = FrameWriter::new(a);
-                    for (i, m) in msgs.iter().enumerate() {
-                        if i % 2 == 0 {
-                            w.send(m).await.unwrap();
-                        } else {
-                            w.feed(encode(m).unwrap()).await.unwrap();
-                        }
-                    }
-                    w.flush().await.unwrap();
-                };
-                let receiver = async {
-                    let mut r = FrameReader::new(b);
-                    let mut out = Vec::new();
-                    for _ in 0..msgs.len() { out.push(r.recv::<FromWorker>().await.unwrap()); }
-                    out
-                };
-                tokio::join!(sender, receiver).1
-            });
-            prop_assert_eq!(got, msgs);
+            prop_assert_eq!(through_a_stream(&msgs, |i| i % 2 == 0), msgs);
         }
 
         /// Arbitrary bytes never panic the decoder: they decode or give an error.

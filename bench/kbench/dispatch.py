@@ -27,12 +27,7 @@ class DispatchScenarios(SuiteBase):
         log(f" chose --slots {chosen} (--prefetch {chosen}, the default) per worker")
         counts = {}
         for cnt in self.cfg["noop_counts"]:
-            samples = []
-            for r in range(self.runs):
-                log(f" {cnt} noop tasks run {r + 1}/{self.runs}")
-                s = self.attempt("noop", self.k_noop, cnt, w, chosen)
-                samples.append(s)
-                show(s)
+            samples = self.repeat(f"{cnt} noop tasks", "noop", self.k_noop, cnt, w, chosen)
             counts[str(cnt)] = measured(samples)
         self.res["noop"] = {
             "workers": w,
@@ -63,12 +58,18 @@ class DispatchScenarios(SuiteBase):
         good = [x for x in sweep if "error" not in x]
         slots = max(good, key=lambda x: x["rate"])["slots"] if good else 64
         log(f" chose --slots {slots} per worker")
-        samples = []
-        for r in range(self.runs):
-            log(f" run {r + 1}/{self.runs}: {nw} workers x --slots {slots}")
-            x = self.attempt("workers", self.k_noop, n, nw, slots, name="scale")
-            samples.append(x)
-            show(x, extra=f"{nw} workers connected in {x.get('connect_s', 0):.1f} s")
+        samples = self.repeat(
+            f"{nw} workers x --slots {slots}",
+            "workers",
+            self.k_noop,
+            n,
+            nw,
+            slots,
+            name="scale",
+            describe=lambda x: show(
+                x, extra=f"{nw} workers connected in {x.get('connect_s', 0):.1f} s"
+            ),
+        )
         log(f" same total window as 2 workers: --slots {same_window} (1 run each)")
         small = {
             str(w): self.attempt(

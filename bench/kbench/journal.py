@@ -62,18 +62,19 @@ class JournalScenarios(SuiteBase):
                     [x for x in samples if "journal_bytes" in x], "journal_bytes"
                 )
                 out[f"{kind}_{'on' if on else 'off'}"] = fig
-        samples = []
         n = self.cfg["restart_tasks"]
-        for r in range(self.runs):
-            log(f" restart with {n:,} finished + {n:,} queued tasks, run {r + 1}/{self.runs}")
-            s = self.attempt("restart", self.restart_one, n, slots)
-            samples.append(s)
-            if "error" not in s:
-                log(
-                    f"  journal {s['journal_bytes'] / 2**20:.1f} MiB; answers after "
-                    f"{s['ready_s']:.2f} s, dispatches after {s['dispatch_s']:.2f} s "
-                    f"(replay {s.get('replay', '?')})"
-                )
+        samples = self.repeat(
+            f"restart with {n:,} finished + {n:,} queued tasks,",
+            "restart",
+            self.restart_one,
+            n,
+            slots,
+            describe=lambda s: log(
+                f"  journal {s['journal_bytes'] / 2**20:.1f} MiB; answers after "
+                f"{s['ready_s']:.2f} s, dispatches after {s['dispatch_s']:.2f} s "
+                f"(replay {s.get('replay', '?')})"
+            ),
+        )
         fig = measured(samples, tasks=n)
         for k in ("ready_s", "dispatch_s", "journal_bytes"):
             fig[k] = summary([x for x in samples if k in x], k)

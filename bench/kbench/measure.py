@@ -21,6 +21,18 @@ class SuiteBase:
         self.peer_dead: dict[str, str] = {}
         self.quiet = Quiet(args.idle_wait)
 
+    def repeat(self, label: str, what: str, fn, *a, describe=None, **kw) -> list[dict]:
+        """`self.runs` attempts of `fn(*a, **kw)`, each announced as "<label> run r/N"; a
+        successful sample is logged by `describe` (default: `show`)."""
+        samples = []
+        for r in range(self.runs):
+            log(f" {label} run {r + 1}/{self.runs}")
+            s = self.attempt(what, fn, *a, **kw)
+            samples.append(s)
+            if "error" not in s:
+                (describe or show)(s)
+        return samples
+
     def attempt(self, what: str, fn, *a, **kw) -> dict:
         """One measurement; a failure becomes {"error": ...} instead of ending the suite."""
         env = self.quiet.wait()

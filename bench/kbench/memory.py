@@ -62,17 +62,19 @@ class MemoryScenarios(SuiteBase):
             f.writelines(f"input-{i:06d}.dat\n" for i in range(1, ne + 1))
         out = {}
         for kind, n in [("array", na), ("each", ne)]:
-            samples = []
-            for r in range(self.runs):
-                log(f" {kind} {n} run {r + 1}/{self.runs}")
-                s = self.attempt(f"memory {kind}", self.mem_one, kind, n, each_file)
-                samples.append(s)
-                if "error" not in s:
-                    log(
-                        f"  idle {s['idle_rss_kib'] / 1024:.1f} MiB, after submit VmRSS "
-                        f"{s['rss_kib'] / 1024:.1f} MiB, VmHWM {s['hwm_kib'] / 1024:.1f} MiB "
-                        f"(submit {s['seconds']:.2f} s)"
-                    )
+            samples = self.repeat(
+                f"{kind} {n}",
+                f"memory {kind}",
+                self.mem_one,
+                kind,
+                n,
+                each_file,
+                describe=lambda s: log(
+                    f"  idle {s['idle_rss_kib'] / 1024:.1f} MiB, after submit VmRSS "
+                    f"{s['rss_kib'] / 1024:.1f} MiB, VmHWM {s['hwm_kib'] / 1024:.1f} MiB "
+                    f"(submit {s['seconds']:.2f} s)"
+                ),
+            )
             fig = measured(samples, tasks=n)
             ok = [s for s in samples if "error" not in s]
             for k in (

@@ -26,20 +26,25 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Notes a task handed to the worker; consecutive indices of a job share one run.
+    /// Notes a task handed to the worker.
     pub fn push(&mut self, job: JobId, index: TaskIndex) {
-        self.listed += 1;
-        if let Some(r) = self.runs.last_mut() {
-            if r.job == job && r.first.checked_add(r.count) == Some(index) {
-                r.count += 1;
-                return;
-            }
-        }
-        self.runs.push(IndexRun {
+        self.push_run(IndexRun {
             job,
             first: index,
             count: 1,
         });
+    }
+
+    /// Notes a run of tasks handed to the worker; a run that continues the last one joins it.
+    pub fn push_run(&mut self, run: IndexRun) {
+        self.listed += u64::from(run.count);
+        if let Some(r) = self.runs.last_mut() {
+            if r.job == run.job && r.first.checked_add(r.count) == Some(run.first) {
+                r.count += run.count;
+                return;
+            }
+        }
+        self.runs.push(run);
     }
 
     /// Whether the ledger lists so much more than the `held` tasks that it should be pruned.

@@ -286,12 +286,15 @@ impl Worker {
         self.known_jobs.insert(job);
     }
 
-    /// Gives back what a task it holds held; the caller has checked with [`holds`] that it
-    /// holds the task, and then moves the task's record on.
-    fn release(&mut self, need: Resources) {
+    /// Gives back what a task it holds held; the caller has checked with [`Job::held_by`]
+    /// that it holds the task, and then moves the task's record on. Returns whether its ledger
+    /// is now due for [`Scheduler::prune_ledger`].
+    #[must_use]
+    fn release(&mut self, need: Resources) -> bool {
         self.held -= 1;
         self.used.cpus -= need.cpus;
         self.used.gpus -= need.gpus;
+        self.ledger.needs_pruning(self.held)
     }
 
     /// How many tasks needing `need` still fit.
@@ -320,10 +323,21 @@ impl Worker {
     }
 }
 
-/// Whether `worker` holds task `index` of `job`: the task's record names it and the task is
-/// assigned or running. The records are the truth; a worker's [`Ledger`] says where to look.
-fn holds(jobs: &BTreeMap<JobId, Job>, worker: WorkerId, job: JobId, index: TaskIndex) -> bool {
-    jobs.get(&job).is_some_and(|j| j.held_by(index, worker))
+/// The test of whether `worker` holds a task (see [`Job::held_by`]; the records are the
+/// truth, a worker's [`Ledger`] says where to look). A ledger lists runs of one job at a
+/// time, so the job is looked up once per run, not once per task.
+fn holder(
+    jobs: &BTreeMap<JobId, Job>,
+    worker: WorkerId,
+) -> impl FnMut(JobId, TaskIndex) -> bool + '_ {
+    let mut last: Option<(JobId, Option<&Job>)> = None;
+    move |job, index| {
+        let j = match last {
+            Some((id, j)) if id == job => j,
+            _ => last.insert((job, jobs.get(&job))).1,
+        };
+        j.is_some_and(|j| j.held_by(index, worker))
+    }
 }
 
 /// Why an event was refused.
@@ -335,8 +349,8 @@ pub enum SchedError {
     JobClosed(JobId),
     #[error("job {0} is an array; only list jobs take more tasks")]
     NotAList(JobId),
-    #[error("job {job} holds {held} tasks, so more can start at index {held}, not {at}")]
-    ExtendGap { job: JobId, held: u32, at: u32 },
+    #[error("job {job} holds {len} tasks, so more can start at index {len}, not {at}")]
+    ExtendGap { job: JobId, len: u32, at: u32 },
     #[error("worker {0} is not connected; `kestrel worker list` shows the workers")]
     NoSuchWorker(WorkerId),
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
@@ -429,10 +443,10 @@ impl Scheduler {
         tasks: TaskSet,
         open: bool,
     ) -> Result<JobId, SchedError> {
-        if !(open && matches!(&tasks, TaskSet::List(l) if l.is_empty())) {
+        if open && matches!(&tasks, TaskSet::List(l) if l.is_empty()) {
+            spec.validate_spec()?;
+        } else {
             spec.validate(&tasks)?;
-        } else if spec.resources.cpus == 0 {
-            return Err(SpecError::NoCpus.into());
         }
         let id = self.next_job;
         self.next_job += 1;
@@ -468,11 +482,11 @@ impl Scheduler {
         let TaskSet::List(list) = &mut j.tasks else {
             return Err(SchedError::NotAList(job));
         };
-        let held = list.len() as u32;
-        if at > held {
-            return Err(SchedError::ExtendGap { job, held, at });
+        let len = list.len() as u32;
+        if at > len {
+            return Err(SchedError::ExtendGap { job, len, at });
         }
-        let already = ((held - at) as usize).min(argvs.len());
+        let already = ((len - at) as usize).min(argvs.len());
         if !j.open {
             // A repeat of pieces the job took before it closed changes nothing.
             return if already == argvs.len() {
@@ -568,20 +582,17 @@ impl Scheduler {
         if let Some(reason) = w.quarantined {
             self.quarantined_gone.insert(worker, reason);
         }
-        let jobs = &self.jobs;
-        let tasks = w
-            .ledger
-            .held(|job, index| !keep.contains(&(job, index)) && holds(jobs, worker, job, index));
+        let tasks = {
+            let mut holds = holder(&self.jobs, worker);
+            w.ledger
+                .held(|job, index| !keep.contains(&(job, index)) && holds(job, index))
+        };
         let max_crashes = self.config.max_crashes.max(1);
         let mut counted = Vec::new();
         for (job, index) in tasks {
             let Some(j) = self.jobs.get_mut(&job) else {
                 continue;
             };
-            let rec = j.table.get(index);
-            if rec.state.is_terminal() || rec.worker != worker {
-                continue;
-            }
             if j.canceled {
                 j.set_state(index, TaskState::Canceled);
                 self.check_job_done(now_us, job);
@@ -652,10 +663,12 @@ impl Scheduler {
                 .copied()
                 .chain(finished.iter().map(|f| (f.job, f.index)))
                 .collect();
-            let jobs = &self.jobs;
-            let moved = self.workers[&p]
-                .ledger
-                .held(|job, index| keep.contains(&(job, index)) && holds(jobs, p, job, index));
+            let moved = {
+                let mut holds = holder(&self.jobs, p);
+                self.workers[&p]
+                    .ledger
+                    .held(|job, index| keep.contains(&(job, index)) && holds(job, index))
+            };
             self.drop_worker(now_us, p, false, &keep);
             for (job, index) in moved {
                 // Reassign to the new id so its report matches; state stays as it was.
@@ -804,8 +817,10 @@ impl Scheduler {
         let Some(w) = self.workers.get_mut(&worker) else {
             return Accepted::Ignored;
         };
+        // The worker whose ledger a release made due for pruning.
+        let mut prune = None;
         if ours {
-            w.release(need);
+            prune = w.release(need).then_some(worker);
         } else {
             let dup = w.duplicates.remove(&key);
             if !(dup && active && f.end == RunEnd::Success) {
@@ -814,7 +829,7 @@ impl Scheduler {
             // The duplicate run finished first: take the task from the other worker.
             let other = rec.worker;
             if let Some(o) = self.workers.get_mut(&other) {
-                o.release(need);
+                prune = o.release(need).then_some(other);
                 self.commands.push(Command::Cancel {
                     worker: other,
                     tasks: vec![key],
@@ -872,27 +887,18 @@ impl Scheduler {
         if failed {
             self.note_failure(now_us, worker);
         }
-        self.prune_ledger(worker);
+        if let Some(id) = prune {
+            self.prune_ledger(id);
+        }
         self.check_job_done(now_us, f.job);
         Accepted::Recorded
     }
 
-    /// Drops ended tasks from a worker's ledger once it lists far more than the worker holds.
+    /// Drops ended tasks from a worker's ledger (when a release says it lists far more than
+    /// the worker holds).
     fn prune_ledger(&mut self, worker: WorkerId) {
-        let Some(w) = self.workers.get_mut(&worker) else {
-            return;
-        };
-        if w.ledger.needs_pruning(w.held) {
-            // The ledger lists runs of one job at a time: look each job up once per run.
-            let jobs = &self.jobs;
-            let mut last: Option<(JobId, Option<&Job>)> = None;
-            w.ledger.prune(|job, index| {
-                let j = match last {
-                    Some((id, j)) if id == job => j,
-                    _ => last.insert((job, jobs.get(&job))).1,
-                };
-                j.is_some_and(|j| j.held_by(index, worker))
-            });
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.ledger.prune(holder(&self.jobs, worker));
         }
     }
 
@@ -910,17 +916,18 @@ impl Scheduler {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
-        if index >= j.len() {
-            return;
-        }
-        let rec = j.table.get(index);
-        if rec.worker != worker || !matches!(rec.state, TaskState::Assigned | TaskState::Running) {
+        if !j.held_by(index, worker) {
             return;
         }
         let need = j.spec.resources;
         if let Some(w) = self.workers.get_mut(&worker) {
-            w.release(need);
+            if w.release(need) {
+                w.ledger.prune(holder(&self.jobs, worker));
+            }
         }
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         if j.canceled {
             j.set_state(index, TaskState::Canceled).finished_us = now_us;
             self.check_job_done(now_us, job);
@@ -1121,9 +1128,8 @@ impl Scheduler {
         let mut running = 0;
         let jobs = &self.jobs;
         for w in self.workers.values() {
-            let tasks = w
-                .ledger
-                .held(|jb, index| jb == job && holds(jobs, w.id, jb, index));
+            let mut holds = holder(jobs, w.id);
+            let tasks = w.ledger.held(|jb, index| jb == job && holds(jb, index));
             if !tasks.is_empty() {
                 running += tasks.len() as u32;
                 self.commands.push(Command::Cancel {
@@ -1218,7 +1224,6 @@ impl Scheduler {
                 let rec = j.set_state(index, TaskState::Assigned);
                 rec.assigned_us = now_us;
                 rec.worker = id;
-                w.ledger.push(span.job, index);
                 given += 1;
                 match runs.last_mut() {
                     Some(r) if r.job == span.job && r.first + r.count == index => r.count += 1,
@@ -1237,13 +1242,14 @@ impl Scheduler {
             }
             Some(n)
         });
+        for r in &runs {
+            w.ledger.push_run(*r);
+        }
         for job in defines {
             self.commands.push(Command::DefineJob { worker: id, job });
         }
         if !runs.is_empty() {
             self.commands.push(Command::Assign { worker: id, runs });
-            // Tasks it held may have ended elsewhere (a duplicate run won) without a prune.
-            self.prune_ledger(id);
         }
     }
 

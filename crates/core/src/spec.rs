@@ -275,14 +275,20 @@ pub enum SpecError {
 pub const MAX_RETRIES: u32 = u8::MAX as u32 - 1;
 
 impl JobSpec {
-    /// Checks what the scheduler relies on; the server calls this on every submission.
-    pub fn validate(&self, tasks: &TaskSet) -> Result<(), SpecError> {
+    /// Checks what a job needs whatever its tasks (an open list job may start with none).
+    pub fn validate_spec(&self) -> Result<(), SpecError> {
         if self.resources.cpus == 0 {
             return Err(SpecError::NoCpus);
         }
         if self.retries > MAX_RETRIES {
             return Err(SpecError::TooManyRetries(self.retries));
         }
+        Ok(())
+    }
+
+    /// Checks what the scheduler relies on; the server calls this on every submission.
+    pub fn validate(&self, tasks: &TaskSet) -> Result<(), SpecError> {
+        self.validate_spec()?;
         match tasks {
             TaskSet::Array(r) => {
                 if r.is_empty() {

@@ -346,11 +346,7 @@ fn a_resent_piece_of_an_open_job_adds_only_what_is_new() {
     assert_eq!(s.job(job).unwrap().task_argv(4).unwrap()[1], "e");
     assert_eq!(
         s.extend(0, job, 7, vec![argv("h")], true),
-        Err(SchedError::ExtendGap {
-            job,
-            held: 5,
-            at: 7
-        })
+        Err(SchedError::ExtendGap { job, len: 5, at: 7 })
     );
     s.extend(0, job, 5, vec![], true).unwrap();
     assert!(!s.job(job).unwrap().open);
@@ -382,6 +378,24 @@ fn invalid_submissions_are_refused() {
     assert_eq!(err, SchedError::Spec(SpecError::TooManyRetries(300)));
     assert!(err.to_string().contains("at most 254"), "{err}");
     assert_eq!(s.jobs().count(), 0);
+}
+
+#[test]
+fn an_open_list_job_starting_empty_is_held_to_the_same_spec_limits() {
+    let mut s = Scheduler::new(Config::default());
+    let mut forever = spec("x");
+    forever.retries = 300;
+    assert_eq!(
+        s.submit(1, forever, TaskSet::List(vec![]), true),
+        Err(SchedError::Spec(SpecError::TooManyRetries(300)))
+    );
+    let mut nocpu = spec("x");
+    nocpu.resources.cpus = 0;
+    assert_eq!(
+        s.submit(1, nocpu, TaskSet::List(vec![]), true),
+        Err(SchedError::Spec(SpecError::NoCpus))
+    );
+    assert!(s.submit(1, spec("x"), TaskSet::List(vec![]), true).is_ok());
 }
 
 #[test]

@@ -39,9 +39,12 @@ pub enum ProtoError {
     Tls(String),
 }
 
+/// Bytes of a frame's header: the body's length, a big-endian `u32`.
+const HEADER_BYTES: usize = 4;
+
 fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
-        .length_field_length(4)
+        .length_field_length(HEADER_BYTES)
         .max_frame_length(MAX_FRAME_BYTES)
         .new_codec()
 }
@@ -61,14 +64,27 @@ fn map_io_max(e: std::io::Error, max: usize) -> ProtoError {
 
 /// Encodes a message as one frame body.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Bytes, ProtoError> {
-    let body = rmp_serde::to_vec(msg).map_err(|e| ProtoError::Decode(e.to_string()))?;
-    if body.len() > MAX_FRAME_BYTES {
-        return Err(ProtoError::FrameTooLarge {
-            size: body.len(),
+    let mut body = BytesMut::new();
+    encode_onto(&mut body, msg)?;
+    Ok(body.freeze())
+}
+
+/// Appends a message's encoding to `buf` and returns its size; if it cannot be encoded or is
+/// bigger than a frame, `buf` is left as it was and the error says why.
+fn encode_onto<T: Serialize>(buf: &mut BytesMut, msg: &T) -> Result<usize, ProtoError> {
+    let start = buf.len();
+    let encoded = rmp_serde::encode::write(&mut (&mut *buf).writer(), msg);
+    let size = buf.len() - start;
+    let failed = match encoded {
+        Err(e) => ProtoError::Decode(e.to_string()),
+        Ok(()) if size > MAX_FRAME_BYTES => ProtoError::FrameTooLarge {
+            size,
             max: MAX_FRAME_BYTES,
-        });
-    }
-    Ok(Bytes::from(body))
+        },
+        Ok(()) => return Ok(size),
+    };
+    buf.truncate(start);
+    Err(failed)
 }
 
 /// Decodes one frame body.
@@ -153,27 +169,25 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// Encodes a message as a frame straight into the connection's write buffer. The codec
     /// would take an encoded body and copy it in; writing here instead saves that copy and a
     /// fresh, growing allocation per message (page faults, for a worker's big updates), since
-    /// the buffer keeps its capacity. The header is the codec's: 4 bytes, big-endian length.
+    /// the buffer keeps its capacity. The header is the codec's ([`HEADER_BYTES`]).
     fn encode_into_buffer<T: Serialize>(&mut self, msg: &T) -> Result<(), ProtoError> {
         let buf = self.inner.write_buffer_mut();
         let start = buf.len();
         buf.put_u32(0);
-        let encoded = rmp_serde::encode::write(&mut (&mut *buf).writer(), msg);
-        let size = buf.len() - start - 4;
-        let failed = match encoded {
-            Err(e) => Some(ProtoError::Decode(e.to_string())),
-            Ok(()) if size > MAX_FRAME_BYTES => Some(ProtoError::FrameTooLarge {
-                size,
-                max: MAX_FRAME_BYTES,
-            }),
-            Ok(()) => None,
-        };
-        if let Some(e) = failed {
-            buf.truncate(start);
-            return Err(e);
+        match encode_onto(buf, msg) {
+            Ok(size) => {
+                buf[start..start + HEADER_BYTES].copy_from_slice(&(size as u32).to_be_bytes());
+                Ok(())
+            }
+            Err(e) => {
+                buf.truncate(start);
+                // A refused giant would otherwise keep its capacity for the connection's life.
+                if buf.is_empty() && buf.capacity() > MAX_FRAME_BYTES {
+                    *buf = BytesMut::new();
+                }
+                Err(e)
+            }
         }
-        buf[start..start + 4].copy_from_slice(&(size as u32).to_be_bytes());
-        Ok(())
     }
 
     /// Queues an encoded frame without flushing.

@@ -106,7 +106,6 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
         None
     };
     let mut access = access;
-    let mut ever_registered = false;
     let mut carry = session::Carry::default();
     loop {
         let outcome = session::serve(&config, &access, &mut pool, &mut carry).await;
@@ -115,11 +114,10 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
                 tracing::info!("server asked the worker to stop: {reason}");
                 return Ok(());
             }
-            Ok(session::SessionEnd::Lost(reason)) => {
-                ever_registered = true;
-                reason
-            }
-            Err(e) if ever_registered && e.is_transient() => e.to_string(),
+            Ok(session::SessionEnd::Lost(reason)) => reason,
+            // Once registered (a read or a write failed, the server may be restarting), try
+            // again with the carried tasks; before, a failure is the user's to fix.
+            Err(e) if carry.registered() && e.is_transient() => e.to_string(),
             Err(e) => {
                 // Tasks carried over from an earlier connection run in their own process
                 // groups: stop them rather than leave them behind.

@@ -2,7 +2,7 @@
 //! batched starts and ends, answer cancels, send heartbeats.
 
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
-use crate::local::{Identity, Local};
+use crate::local::{Identity, Local, LocalTask};
 use crate::{ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex, WorkerId};
 use kestrel_proto::client::open;
@@ -92,6 +92,11 @@ pub(crate) struct Carry {
 }
 
 impl Carry {
+    /// Whether the worker has registered with a server at least once.
+    pub(crate) fn registered(&self) -> bool {
+        self.prev.is_some()
+    }
+
     /// The connection is gone for good: stop the tasks and wait until they are reaped.
     pub(crate) async fn abandon(&mut self, pool: &mut Option<Pool>) {
         for r in self.running.values() {
@@ -414,59 +419,61 @@ impl Session<'_> {
         let batch_now = now_us();
         while let Some((task, gpus)) = self.local.next_startable() {
             let key = (task.job, task.index);
-            let now = match (self.config.exec, pool) {
-                (ExecMode::Process, Some(_)) => now_us(),
-                _ => batch_now,
-            };
             match (self.config.exec, pool) {
                 (ExecMode::Noop, _) | (_, None) => {
                     self.local.release(task.job, gpus);
                     self.finished.push(Finished {
                         job: task.job,
                         index: task.index,
-                        started_us: now,
-                        finished_us: now,
+                        started_us: batch_now,
+                        finished_us: batch_now,
                         end: RunEnd::Success,
                     });
                 }
-                (ExecMode::Process, Some(p)) => match self.local.launch(&task, &gpus, &self.me) {
-                    Ok(launch) => {
-                        let cancel = CancelHandle::new();
-                        self.running.insert(
-                            key,
-                            Running {
-                                cancel: cancel.clone(),
-                                cpus: self.local.cpus_of(task.job),
-                                gpus,
-                            },
-                        );
-                        self.started.push(Started {
-                            job: task.job,
-                            index: task.index,
-                            at_us: now,
-                        });
-                        let _ = p.tx.send(Work {
-                            key,
-                            launch,
-                            cancel,
-                        });
-                    }
-                    Err(reason) => {
-                        self.local.release(task.job, gpus);
-                        self.finished.push(Finished {
-                            job: task.job,
-                            index: task.index,
-                            started_us: now,
-                            finished_us: now,
-                            end: RunEnd::Failed(Box::new(Failure {
-                                exit_code: None,
-                                signal: None,
-                                reason,
-                                stderr_tail: String::new(),
-                            })),
-                        });
-                    }
-                },
+                (ExecMode::Process, Some(p)) => self.launch(p, key, task, gpus),
+            }
+        }
+    }
+
+    /// Hands a task to the process pool, or reports it failed if it cannot be launched.
+    fn launch(&mut self, p: &Pool, key: Key, task: LocalTask, gpus: Vec<u32>) {
+        let now = now_us();
+        match self.local.launch(&task, &gpus, &self.me) {
+            Ok(launch) => {
+                let cancel = CancelHandle::new();
+                self.running.insert(
+                    key,
+                    Running {
+                        cancel: cancel.clone(),
+                        cpus: self.local.cpus_of(task.job),
+                        gpus,
+                    },
+                );
+                self.started.push(Started {
+                    job: task.job,
+                    index: task.index,
+                    at_us: now,
+                });
+                let _ = p.tx.send(Work {
+                    key,
+                    launch,
+                    cancel,
+                });
+            }
+            Err(reason) => {
+                self.local.release(task.job, gpus);
+                self.finished.push(Finished {
+                    job: task.job,
+                    index: task.index,
+                    started_us: now,
+                    finished_us: now,
+                    end: RunEnd::Failed(Box::new(Failure {
+                        exit_code: None,
+                        signal: None,
+                        reason,
+                        stderr_tail: String::new(),
+                    })),
+                });
             }
         }
     }

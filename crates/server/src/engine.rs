@@ -100,11 +100,8 @@ struct Deferred {
     conn: ConnId,
     id: u64,
     result: Result<Answer, String>,
-    /// A job this batch created (canceled again if the commit fails).
+    /// A job this batch created, with its submission key (withdrawn if the commit fails).
     created: Option<(JobId, Option<String>)>,
-    /// A job this batch added tasks to (canceled if the commit fails: no more pieces can come
-    /// once the journal is broken, so it would stay open forever).
-    extended: Option<JobId>,
 }
 
 impl Deferred {
@@ -113,9 +110,10 @@ impl Deferred {
     /// ends it shows are synced: after a crash they run again (at-least-once), so nothing
     /// promised is lost, and a client polling `job list` does not force a sync each time.
     fn needs_durability(&self) -> bool {
-        self.created.is_some()
-            || self.extended.is_some()
-            || matches!(self.result, Ok(Answer::WaitDone(_)))
+        matches!(
+            self.result,
+            Ok(Answer::Submitted { .. } | Answer::Extended | Answer::WaitDone(_))
+        )
     }
 }
 
@@ -199,19 +197,7 @@ impl Engine {
                     );
                     tracing::error!("{msg}; new submissions are refused from now on");
                     self.journal_error = Some(msg.clone());
-                    let now = now_us();
-                    for d in &mut self.deferred {
-                        if let Some((job, key)) = d.created.take() {
-                            let _ = self.core.cancel_job(now, job);
-                            if let Some(k) = key {
-                                self.keys.remove(&k);
-                            }
-                            d.result = Err(msg.clone());
-                        } else if let Some(job) = d.extended.take() {
-                            let _ = self.core.cancel_job(now, job);
-                            d.result = Err(msg.clone());
-                        }
-                    }
+                    self.withdraw_unjournaled(&msg);
                 }
             }
         }
@@ -219,6 +205,37 @@ impl Engine {
             if let Some(c) = self.clients.get(&d.conn) {
                 c.reply(d.id, d.result);
             }
+        }
+    }
+
+    /// After the journal failed: jobs created in the failed batch are canceled and their
+    /// submitters (and those of its pieces) told why; every open list job is canceled too,
+    /// since no further piece can be journaled and it would otherwise stay open forever.
+    fn withdraw_unjournaled(&mut self, msg: &str) {
+        let now = now_us();
+        for d in &mut self.deferred {
+            if let Some((job, key)) = d.created.take() {
+                let _ = self.core.cancel_job(now, job);
+                if let Some(k) = key {
+                    self.keys.remove(&k);
+                }
+                d.result = Err(msg.to_string());
+            } else if matches!(d.result, Ok(Answer::Extended)) {
+                d.result = Err(msg.to_string());
+            }
+        }
+        let open: Vec<JobId> = self.core.jobs().filter(|j| j.open).map(|j| j.id).collect();
+        for job in open {
+            let _ = self.core.cancel_job(now, job);
+        }
+    }
+
+    /// New work (a submission, a piece of a list, a retry) is refused once the journal cannot
+    /// be written: it could not be made durable.
+    fn accepting_work(&self) -> Result<(), String> {
+        match &self.journal_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
         }
     }
 
@@ -397,7 +414,6 @@ impl Engine {
             id,
             result,
             created: None,
-            extended: None,
         });
     }
 
@@ -412,8 +428,8 @@ impl Engine {
                 if let Some(job) = key.as_ref().and_then(|k| self.keys.get(k)) {
                     tracing::info!(job, "repeated submission answered with its job");
                     Ok(Answer::Submitted { job: *job })
-                } else if let Some(e) = &self.journal_error {
-                    Err(e.clone())
+                } else if let Err(e) = self.accepting_work() {
+                    Err(e)
                 } else {
                     let name = spec.name.clone();
                     let n = tasks.len();
@@ -434,7 +450,6 @@ impl Engine {
                                 id: req.id,
                                 result: Ok(Answer::Submitted { job }),
                                 created: Some((job, key)),
-                                extended: None,
                             });
                             return;
                         }
@@ -451,8 +466,8 @@ impl Engine {
                 argvs,
                 close,
             } => {
-                if let Some(e) = &self.journal_error {
-                    Err(e.clone())
+                if let Err(e) = self.accepting_work() {
+                    Err(e)
                 } else {
                     let before = self.core.job(job).map(|j| (j.len() as usize, j.open));
                     let r = self.core.extend(now, job, at, argvs, close);
@@ -467,17 +482,7 @@ impl Engine {
                             }
                         }
                     }
-                    if r.is_ok() {
-                        self.deferred.push(Deferred {
-                            conn,
-                            id: req.id,
-                            result: Ok(Answer::Extended),
-                            created: None,
-                            extended: Some(job),
-                        });
-                        return;
-                    }
-                    r.map(|_| Answer::Extended).map_err(|e| e.to_string())
+                    r.map(|()| Answer::Extended).map_err(|e| e.to_string())
                 }
             }
             Ask::JobList => Ok(Answer::Jobs(
@@ -557,25 +562,26 @@ impl Engine {
                 });
                 Ok(Answer::Info(info))
             }
-            Ask::Retry { job, failed_only } => match &self.journal_error {
+            Ask::Retry { job, failed_only } => {
                 // Re-running tasks is new work: refused, like a submission, while it cannot be
                 // journaled.
-                Some(e) => Err(e.clone()),
-                None => match self.core.retry_job(job, failed_only) {
-                    Ok((failed, canceled)) => {
-                        tracing::info!(job, failed, canceled, "job retried");
-                        if self.journaling() {
-                            self.pending.retry(job, now, failed_only);
-                        }
-                        Ok(Answer::Retried {
-                            job,
-                            failed,
-                            canceled,
-                        })
+                let retried = self.accepting_work().and_then(|()| {
+                    self.core
+                        .retry_job(job, failed_only)
+                        .map_err(|e| e.to_string())
+                });
+                retried.map(|(failed, canceled)| {
+                    tracing::info!(job, failed, canceled, "job retried");
+                    if self.journaling() {
+                        self.pending.retry(job, now, failed_only);
                     }
-                    Err(e) => Err(e.to_string()),
-                },
-            },
+                    Answer::Retried {
+                        job,
+                        failed,
+                        canceled,
+                    }
+                })
+            }
             Ask::ResumeWorker { worker } => match self.core.resume_worker(worker) {
                 Ok(was_quarantined) => {
                     if was_quarantined {
@@ -637,10 +643,11 @@ impl Engine {
     /// Journals the state changes the scheduler made on its own during the last event, before
     /// the next event's entries (the order matters to replay: see [`kestrel_core::Record`]).
     fn journal_records(&mut self) {
-        for r in self.core.take_records() {
-            if !self.journaling() {
-                continue;
-            }
+        let records = self.core.take_records();
+        if !self.journaling() {
+            return;
+        }
+        for r in records {
             match r {
                 Record::GaveUp { job, index } => {
                     let Some(j) = self.core.job(job) else {
@@ -673,19 +680,13 @@ impl Engine {
 
     /// Fails tasks whose command line alone is too long for a message to a worker: they can
     /// never run, and waiting for them would hang their job.
-    fn fail_unsendable(&mut self, unsendable: Vec<(WorkerId, (kestrel_core::IndexRun, usize))>) {
+    fn fail_unsendable(
+        &mut self,
+        unsendable: Vec<(WorkerId, (kestrel_core::IndexRun, Option<usize>))>,
+    ) {
         let now = now_us();
         for (worker, (run, size)) in unsendable {
-            // Size 0: the encoder failed for another reason (see `Outbox::assign`'s log).
-            let reason = if size == 0 {
-                "its command line could not be encoded into a message to a worker".to_string()
-            } else {
-                format!(
-                    "its command line is {} MiB, more than a message to a worker can carry ({} MiB)",
-                    size >> 20,
-                    kestrel_proto::MAX_FRAME_BYTES >> 20
-                )
-            };
+            let reason = crate::outbox::unsendable_reason("its command line", size);
             tracing::warn!(job = run.job, index = run.first, "task not sent: {reason}");
             let failure = kestrel_core::Failure {
                 exit_code: None,

@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 
 /// The file name inside a server directory.
 pub const JOURNAL_FILE: &str = "journal.sqlite";
-/// Bumped when the layout of `log` bodies changes incompatibly.
-const SCHEMA_VERSION: i64 = 1;
+/// Bumped when `log` holds something an older Kestrel cannot read, so that one refuses the
+/// file with [`JournalError::Version`] instead of calling it damaged. 2: crash counts (LOST
+/// entries) and one-letter run endings. Older journals are read as they are.
+const SCHEMA_VERSION: i64 = 2;
 
 const KIND_SUBMIT: i64 = 1;
 const KIND_EXTEND: i64 = 2;
@@ -362,6 +364,11 @@ impl Journal {
                 if found > SCHEMA_VERSION {
                     return Err(JournalError::Version { path, found });
                 }
+                if found < SCHEMA_VERSION {
+                    // What this version appends, older ones cannot read: say so in the file.
+                    j.put_meta(&[("schema_version", SCHEMA_VERSION.to_string())])
+                        .map_err(|e| JournalError::Write(e.to_string()))?;
+                }
             }
         }
         j.rows = j
@@ -680,6 +687,26 @@ mod tests {
         let e = Journal::open(dir.path(), None).err().unwrap().to_string();
         assert!(e.contains(&path.display().to_string()), "{e}");
         assert!(e.contains("aside"), "{e}");
+    }
+
+    #[test]
+    fn an_older_journal_is_read_and_marked_newer_and_a_newer_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        j.put_meta(&[("schema_version", "1".into())]).unwrap();
+        drop(j);
+        let j = Journal::open(dir.path(), None).unwrap();
+        assert_eq!(
+            j.get_meta("schema_version").unwrap(),
+            Some(SCHEMA_VERSION.to_string())
+        );
+        let mut j = j;
+        j.put_meta(&[("schema_version", (SCHEMA_VERSION + 1).to_string())])
+            .unwrap();
+        drop(j);
+        let e = Journal::open(dir.path(), None).err().unwrap();
+        assert!(matches!(e, JournalError::Version { .. }), "{e}");
+        assert!(e.to_string().contains("newer Kestrel"), "{e}");
     }
 
     #[test]

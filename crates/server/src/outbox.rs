@@ -7,6 +7,28 @@ use kestrel_proto::{encode, ProtoError, MAX_FRAME_BYTES};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+/// Why `what` ("the answer", "its command line") cannot go out in one message, for the
+/// person who asked for it. Sizes round up, so "17 MiB" never reads as within a 16 MiB limit.
+/// `size` is its encoded size, `None` if it was refused for another reason (logged).
+pub fn unsendable_reason(what: &str, size: Option<usize>) -> String {
+    match size {
+        Some(size) => format!(
+            "{what} is {} MiB, more than a message can carry ({} MiB)",
+            size.div_ceil(1 << 20),
+            MAX_FRAME_BYTES >> 20
+        ),
+        None => format!("{what} could not be encoded into a message"),
+    }
+}
+
+/// The encoded size of a message refused for its size.
+fn refused_size(e: &ProtoError) -> Option<usize> {
+    match e {
+        ProtoError::FrameTooLarge { size, .. } => Some(*size),
+        _ => None,
+    }
+}
+
 /// A connection's number, for routing replies.
 pub type ConnId = u64;
 
@@ -37,16 +59,10 @@ impl Outbox {
         match encode(&ToClient::Reply { id, result }) {
             Ok(frame) => self.queue(frame),
             Err(e) => {
-                let size = match e {
-                    ProtoError::FrameTooLarge { size, .. } => size,
-                    _ => 0,
-                };
                 tracing::warn!(conn = self.conn, "answer not sent: {e}");
                 let msg = format!(
-                    "the answer is {} MiB, more than a message can carry ({} MiB); ask for less \
-                     (a smaller --limit, or one job at a time)",
-                    size >> 20,
-                    MAX_FRAME_BYTES >> 20
+                    "{}; ask for less (a smaller --limit, or one job at a time)",
+                    unsendable_reason("the answer", refused_size(&e))
                 );
                 self.send(&ToClient::Reply {
                     id,
@@ -58,28 +74,28 @@ impl Outbox {
 
     /// Sends tasks to a worker, in as many messages as the frame limit needs (list tasks carry
     /// their command lines, and thousands of long lines exceed one frame). Returns the tasks
-    /// that cannot be sent at all, each with its encoded size: one command line alone over the
-    /// limit.
-    pub fn assign(&self, tasks: Vec<Assigned>) -> Vec<(IndexRun, usize)> {
+    /// that cannot be sent at all, each with its encoded size (see [`unsendable_reason`]): one
+    /// command line alone over the limit.
+    pub fn assign(&self, tasks: Vec<Assigned>) -> Vec<(IndexRun, Option<usize>)> {
         let mut unsendable = Vec::new();
         self.assign_into(tasks, &mut unsendable);
         unsendable
     }
 
-    fn assign_into(&self, tasks: Vec<Assigned>, unsendable: &mut Vec<(IndexRun, usize)>) {
+    fn assign_into(&self, tasks: Vec<Assigned>, unsendable: &mut Vec<(IndexRun, Option<usize>)>) {
         let msg = ToWorker::Assign { tasks };
         let size = match encode(&msg) {
             Ok(frame) => return self.queue(frame),
-            Err(ProtoError::FrameTooLarge { size, .. }) => size,
             Err(e) => {
-                // Encoding plain data fails only on size; anything else is a bug worth seeing.
-                tracing::error!(conn = self.conn, "cannot encode an assignment: {e}");
-                0
+                if refused_size(&e).is_none() {
+                    // Encoding plain data fails only on size; anything else is a bug to see.
+                    tracing::error!(conn = self.conn, "cannot encode an assignment: {e}");
+                }
+                refused_size(&e)
             }
         };
-        // Take the tasks back out of the message built above (always an Assign).
         let ToWorker::Assign { mut tasks } = msg else {
-            return;
+            unreachable!("built as an Assign just above");
         };
         // Halve until each piece fits: first split between runs, then inside a run.
         if tasks.len() > 1 {
@@ -186,7 +202,7 @@ mod tests {
         let left = o.assign(tasks);
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].0.first, 6);
-        assert!(left[0].1 > MAX_FRAME_BYTES);
+        assert!(left[0].1 > Some(MAX_FRAME_BYTES));
         let ToWorker::Assign { tasks } = decode(&rx.try_recv().unwrap()).unwrap() else {
             panic!("not an assignment");
         };

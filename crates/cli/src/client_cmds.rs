@@ -77,13 +77,12 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
             TaskSet::List(list) => list,
             TaskSet::Array(_) => &[],
         };
-        let mut pieces = piece_ranges(list, CHUNK_BYTES).into_iter();
-        let head = pieces.next().unwrap_or(0..0);
+        let mut ranges = piece_ranges(list, CHUNK_BYTES);
+        let rest = ranges.split_off(1);
         let first = match &k.sub.tasks {
-            TaskSet::List(_) => TaskSet::List(list[head].to_vec()),
+            TaskSet::List(_) => TaskSet::List(list[ranges[0].clone()].to_vec()),
             array => array.clone(),
         };
-        let rest: Vec<Range<usize>> = pieces.collect();
         let job = match client
             .call(Ask::Submit {
                 spec: k.sub.spec.clone(),
@@ -181,20 +180,17 @@ pub async fn wait_reconnecting(
 /// Splits a task list into consecutive index ranges of at most `max` encoded bytes each (a
 /// single longer task gets a range of its own); at least one range, empty for an empty list.
 fn piece_ranges(list: &[Vec<String>], max: usize) -> Vec<Range<usize>> {
-    let mut ranges = Vec::with_capacity(1);
-    ranges.push(0..0);
-    let mut size = 0;
+    let mut ranges = Vec::new();
+    let (mut start, mut size) = (0, 0);
     for (i, argv) in list.iter().enumerate() {
         let n: usize = argv.iter().map(|a| a.len() + 4).sum::<usize>() + 4;
-        let last = ranges.len() - 1;
-        if size + n > max && !ranges[last].is_empty() {
-            ranges.push(i..i);
-            size = 0;
+        if size + n > max && i > start {
+            ranges.push(start..i);
+            (start, size) = (i, 0);
         }
         size += n;
-        let last = ranges.len() - 1;
-        ranges[last].end = i + 1;
     }
+    ranges.push(start..list.len());
     ranges
 }
 
@@ -627,4 +623,22 @@ pub async fn server_stop(g: &Global) -> Result<ExitCode> {
     client.call(Ask::Stop).await?;
     eprintln!("server stopping");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::piece_ranges;
+
+    #[test]
+    fn a_list_is_cut_into_consecutive_pieces_under_the_limit() {
+        let line = |len: usize| vec!["x".repeat(len)];
+        // Each 10-byte argument costs 18 bytes: 5 fit under 100.
+        let list: Vec<_> = (0..12).map(|_| line(10)).collect();
+        assert_eq!(piece_ranges(&list, 100), vec![0..5, 5..10, 10..12]);
+        // A task bigger than the limit gets a piece of its own.
+        let list = vec![line(10), line(500), line(10)];
+        assert_eq!(piece_ranges(&list, 100), vec![0..1, 1..2, 2..3]);
+        // At least one piece, empty for an empty list.
+        assert_eq!(piece_ranges(&[], 100), vec![0..0]);
+    }
 }

@@ -139,6 +139,10 @@ pub struct RunArgs {
     /// How workers execute tasks; `noop` is for benchmarks only
     #[arg(long, value_enum, default_value_t = Exec::Process)]
     pub exec: Exec,
+    /// Quarantine a worker whose tasks fail far more often than on the others (see
+    /// `kestrel worker resume --help`)
+    #[arg(long, value_enum, default_value_t = Switch::On, value_name = "on|off")]
+    pub quarantine: Switch,
     /// No progress display
     #[arg(long, short)]
     pub quiet: bool,
@@ -149,6 +153,13 @@ pub struct RunArgs {
     /// The program and its arguments
     #[arg(last = true, value_name = "PROGRAM ARGS")]
     pub command: Vec<String>,
+}
+
+/// An option that is on or off.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    On,
+    Off,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +225,7 @@ pub enum WorkerCommand {
     List,
     /// Lift a worker's quarantine so it gets tasks again
     #[command(
-        after_help = "A worker whose tasks fail 10 times within 60 s while other workers succeed is\nquarantined: it keeps running what it has but gets no new tasks.\n\nExample:\n  kestrel worker resume 3"
+        after_help = "A worker is quarantined when most of its recent tasks of a job failed (at least 10)\nwhile the other workers ran as many of that job's tasks and failed at most a third as\noften: a task that fails wherever it runs is the task's fault, not the worker's. A\nquarantined worker keeps running what it has but gets no new tasks. The last worker able\nto run a job is never quarantined. `--quarantine off` on `server start` or `run`\nturns it off; `kestrel job info` says when a job waits for a quarantined worker.\n\nExample:\n  kestrel worker resume 3"
     )]
     Resume { worker: u32 },
 }
@@ -303,6 +314,10 @@ pub struct ServerStartArgs {
     /// Cap the journal's size (e.g. 512M); past it new submissions are refused
     #[arg(long, value_name = "SIZE")]
     pub journal_limit: Option<String>,
+    /// Quarantine a worker whose tasks fail far more often than on the others (see
+    /// `kestrel worker resume --help`)
+    #[arg(long, value_enum, default_value_t = Switch::On, value_name = "on|off")]
+    pub quarantine: Switch,
     #[command(flatten)]
     pub tls: TlsArgs,
 }

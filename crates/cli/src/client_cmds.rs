@@ -92,7 +92,12 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
             })
             .await
         {
-            Ok(Answer::Submitted { job }) => job,
+            Ok(Answer::Submitted { job, warning }) => {
+                if let Some(w) = warning {
+                    eprintln!("warning: job {job} cannot run on the workers connected now: {w}");
+                }
+                job
+            }
             Ok(other) => bail!("unexpected answer to a submission: {other:?}"),
             Err(e) if client_lost(&e) => return Err(e.into()),
             Err(e) => bail!("submission refused: {e}"),
@@ -455,11 +460,19 @@ fn print_job(d: &JobDetail) {
         ),
         ("mean queue time", output::micros(d.timing.mean_queue_us)),
         (
+            "mean wait for a slot",
+            output::micros(d.timing.mean_waited_us),
+        ),
+        (
             "mean dispatch overhead",
             output::micros(d.timing.mean_dispatch_us),
         ),
         ("mean run time", output::micros(d.timing.mean_run_us)),
     ];
+    let mut rows = rows;
+    if let Some(w) = &d.waiting {
+        rows.insert(4, ("waiting", w.clone()));
+    }
     let mut table = output::table(&["", ""]);
     table.set_header(Vec::<Cell>::new());
     for (k, v) in rows {
@@ -499,9 +512,15 @@ pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
         "exit",
         "reason / stderr tail",
     ]);
+    let now = kestrel_server::now_us();
     for r in &page.rows {
         let run = if r.finished_us > 0 && r.started_us > 0 {
             output::micros(r.finished_us.saturating_sub(r.started_us) as f64)
+        } else if r.state == TaskState::Running && r.started_us > 0 {
+            format!(
+                "{} so far",
+                output::micros(now.saturating_sub(r.started_us) as f64)
+            )
         } else {
             "-".into()
         };
@@ -524,7 +543,7 @@ pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
             }),
             Cell::new(r.worker.map_or("-".into(), |w| w.to_string())),
             Cell::new(run),
-            Cell::new(r.failures + r.lost + u32::from(r.started_us > 0 && r.failures == 0)),
+            Cell::new(r.attempts),
             Cell::new(r.exit_code.map_or("-".into(), |c| c.to_string())),
             Cell::new(why),
         ]);

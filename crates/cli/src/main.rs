@@ -84,6 +84,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         dir,
         no_journal,
         journal_limit,
+        quarantine,
         tls,
     } = args;
     let journal_limit = journal_limit
@@ -114,6 +115,8 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
             _ if tls.tls => Some(kestrel_server::TlsConfig::SelfSigned),
             _ => None,
         },
+        quarantine: quarantine == args::Switch::On,
+        first_job: 1,
     };
     let server = kestrel_server::start(config).await?;
     if let Some((r, took)) = &server.restored {

@@ -121,6 +121,8 @@ pub struct Progress {
     started: Instant,
     last_line: Instant,
     quiet: bool,
+    /// The last "why the work does not move" shown, to say it once per change.
+    waiting: Option<String>,
 }
 
 impl Progress {
@@ -142,6 +144,7 @@ impl Progress {
             started: Instant::now(),
             last_line: Instant::now(),
             quiet,
+            waiting: None,
         }
     }
 
@@ -159,7 +162,20 @@ impl Progress {
         } else {
             String::new()
         };
-        let msg = format!("{} failed  {:.0} tasks/s{eta}", c.failed, rate);
+        let mut msg = format!("{} failed  {:.0} tasks/s{eta}", c.failed, rate);
+        if p.waiting != self.waiting {
+            self.waiting = p.waiting.clone();
+            // Said once, even without a terminal: a stalled run must not look merely slow.
+            if let (Some(w), false) = (&p.waiting, self.quiet) {
+                match &self.bar {
+                    Some(b) => b.println(format!("waiting: {w}")),
+                    None => eprintln!("waiting: {w}"),
+                }
+            }
+        }
+        if let Some(w) = &p.waiting {
+            msg = format!("{} failed  waiting: {w}", c.failed);
+        }
         if let Some(b) = &self.bar {
             b.set_length(c.total());
             b.set_position(done);

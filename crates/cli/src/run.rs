@@ -1,36 +1,60 @@
 //! `kestrel run`: an embedded server and local workers in this process, over loopback, for one
 //! batch of work. The same code paths as a standalone server, so what works here works there.
 
-use crate::args::{Exec, Global, RunArgs};
-use crate::client_cmds::{submissions, submit_all, wait_exit, wait_for};
-use crate::output::{self, Format};
+use crate::args::{Exec, Global, RunArgs, Switch};
+use crate::client_cmds::{submissions, submit_all, wait_exit};
+use crate::jobs::Submission;
+use crate::output::{self, Format, Progress};
 use anyhow::{anyhow, bail, Context, Result};
-use kestrel_core::TaskState;
-use kestrel_proto::messages::{Answer, Ask};
+use kestrel_core::{Sink, TaskState};
+use kestrel_proto::messages::{Answer, Ask, Counts, WaitProgress};
 use kestrel_proto::Client;
 use kestrel_server::ServerConfig;
 use kestrel_worker::{ExecMode, WorkerConfig};
+use std::path::Path;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The default place of task output (see `jobs.rs`); its first directory is named per job.
+const DEFAULT_OUTPUT: &str = "job-{job}/{task}.out";
 
 pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     if a.workers == 0 {
         bail!("--workers must be at least 1");
     }
     let subs = submissions(&a.shape, &a.options, a.command)?;
-    let tasks: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
     let slots = a
         .slots
         .unwrap_or_else(|| (crate::cpus() / a.workers).max(1));
     if slots == 0 {
         bail!("--slots must be at least 1");
     }
-    let dir = tempfile::Builder::new()
-        .prefix("kestrel-run-")
-        .tempdir()
-        .context("cannot create a directory for the embedded server")?;
+    refuse_impossible(&subs, slots)?;
+    let tasks: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
+    // The server directory: the one asked for, or a temporary one that goes with this process.
+    // Tasks see it as KESTREL_SERVER_DIR, so they (and the user, in another terminal) can
+    // reach this server with any `kestrel` command.
+    let temp;
+    let dir = match &g.server_dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::Builder::new()
+                .prefix("kestrel-run-")
+                .tempdir()
+                .context("cannot create a directory for the embedded server")?;
+            temp.path().to_path_buf()
+        }
+    };
+    // Job numbers continue after the `job-N` output directories an earlier run left here, so
+    // a second run never writes into the first one's outputs.
+    let first_job = first_free_job(&subs);
     let started = Instant::now();
-    let server = kestrel_server::start(ServerConfig::local(dir.path().to_path_buf())).await?;
+    let server = kestrel_server::start(ServerConfig {
+        quarantine: a.quarantine == Switch::On,
+        first_job,
+        ..ServerConfig::local(dir.clone())
+    })
+    .await?;
     let mut workers = Vec::new();
     for _ in 0..a.workers {
         let mut config = WorkerConfig::new(slots);
@@ -39,6 +63,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             Exec::Process => ExecMode::Process,
             Exec::Noop => ExecMode::Noop,
         };
+        config.server_dir = Some(dir.display().to_string());
         workers.push(tokio::spawn(kestrel_worker::run(
             config,
             server.access.clone(),
@@ -47,19 +72,32 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     let mut client = Client::connect(&server.access)
         .await
         .map_err(|e| anyhow!("{e}"))?;
+    let quiet = a.quiet || g.output == Format::Json;
+    let default_outputs = subs
+        .iter()
+        .any(|s| s.spec.template.stdout == Sink::File(DEFAULT_OUTPUT.into()));
     let outcome = async {
         let ids = submit_all(&mut client, subs).await?;
-        let p = wait_for(
-            &mut client,
-            ids.clone(),
-            a.quiet || g.output == Format::Json,
-        )
-        .await?;
-        if p.counts.failed > 0 && g.output == Format::Table {
-            // The embedded server goes away with this process: show the failures now.
-            show_failures(&mut client, &ids).await;
+        let hint = format!(
+            "this run's server is in {}: reach it with `kestrel --server-dir {} ...`",
+            dir.display(),
+            dir.display()
+        );
+        wait_all(&mut client, ids.clone(), quiet, hint).await?;
+        // Tasks may have submitted jobs of their own: the summary covers every job.
+        let Answer::Jobs(jobs) = client.call(Ask::JobList).await? else {
+            bail!("unexpected answer to a job list");
+        };
+        let mut counts = Counts::default();
+        for j in &jobs {
+            counts.add(&j.counts);
         }
-        Ok::<_, anyhow::Error>(p)
+        let all: Vec<u32> = jobs.iter().map(|j| j.id).collect();
+        if counts.failed > 0 && g.output == Format::Table {
+            // The embedded server goes away with this process: show the failures now.
+            show_failures(&mut client, &all).await;
+        }
+        Ok::<_, anyhow::Error>((counts, all))
     }
     .await;
     let wall = started.elapsed();
@@ -71,14 +109,16 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             Err(e) => eprintln!("warning: a local worker crashed: {e}"),
         }
     }
-    let p = outcome?;
-    let rate = tasks as f64 / wall.as_secs_f64().max(1e-9);
+    let (counts, jobs) = outcome?;
+    let total = counts.total().max(tasks);
+    let rate = total as f64 / wall.as_secs_f64().max(1e-9);
     match g.output {
         Format::Json => output::json(&serde_json::json!({
-            "tasks": tasks,
-            "finished": p.counts.finished,
-            "failed": p.counts.failed,
-            "canceled": p.counts.canceled,
+            "jobs": jobs,
+            "tasks": total,
+            "finished": counts.finished,
+            "failed": counts.failed,
+            "canceled": counts.canceled,
             "wall_s": wall.as_secs_f64(),
             "tasks_per_s": rate,
             "workers": a.workers,
@@ -86,14 +126,108 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         })),
         Format::Table => {
             println!(
-                "{tasks} tasks on {} worker(s) x {slots} slots: {} in {} ({rate:.1} tasks/s)",
-                a.workers,
-                output::counts(&p.counts),
+                "{} on {} x {slots} {}: {} in {} ({rate:.1} tasks/s)",
+                plural(total, "task", "tasks"),
+                plural(u64::from(a.workers), "worker", "workers"),
+                if slots == 1 { "slot" } else { "slots" },
+                output::counts(&counts),
                 output::duration(wall),
+            );
+            if default_outputs {
+                let dirs: Vec<String> = jobs.iter().map(|j| format!("job-{j}/")).collect();
+                println!("outputs in {}", dirs.join(", "));
+            }
+        }
+    }
+    Ok(wait_exit(&WaitProgress {
+        counts,
+        ..Default::default()
+    }))
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Refuses at once what the local workers can never run (a server would wait for a bigger
+/// worker; here none can come).
+fn refuse_impossible(subs: &[Submission], slots: u32) -> Result<()> {
+    for s in subs {
+        let need = s.spec.resources;
+        if need.cpus > slots {
+            bail!(
+                "job {:?}: each task needs {} cpus, but each local worker has {slots} {}; give --slots {} (with fewer --workers), or ask for fewer --cpus",
+                s.spec.name,
+                need.cpus,
+                if slots == 1 { "slot" } else { "slots" },
+                need.cpus
+            );
+        }
+        if need.gpus > 0 {
+            bail!(
+                "job {:?}: each task needs {} GPU(s), but `kestrel run`'s local workers have none; start a server and `kestrel worker start --gpus N`",
+                s.spec.name,
+                need.gpus
             );
         }
     }
-    Ok(wait_exit(&p))
+    Ok(())
+}
+
+/// The first job number after every `job-N` directory in the directories the jobs' default
+/// outputs go to.
+fn first_free_job(subs: &[Submission]) -> u32 {
+    let dirs: Vec<&str> = subs
+        .iter()
+        .filter(|s| s.spec.template.stdout == Sink::File(DEFAULT_OUTPUT.into()))
+        .filter_map(|s| s.spec.template.cwd.as_deref())
+        .filter(|d| !d.contains('{'))
+        .collect();
+    dirs.iter()
+        .filter_map(|d| std::fs::read_dir(Path::new(d)).ok())
+        .flatten()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name();
+            let n: u32 = name.to_str()?.strip_prefix("job-")?.parse().ok()?;
+            e.file_type().ok()?.is_dir().then_some(n)
+        })
+        .max()
+        .map_or(1, |n| n.saturating_add(1))
+}
+
+/// Waits for `ids`, then for every job tasks submitted meanwhile, with one progress display;
+/// when the work stalls, says why and how to reach this run's server.
+async fn wait_all(client: &mut Client, ids: Vec<u32>, quiet: bool, hint: String) -> Result<()> {
+    let mut progress = Progress::new(quiet);
+    let mut hinted = false;
+    let every = Duration::from_millis(250);
+    let mut jobs = ids;
+    loop {
+        let done = client
+            .wait(jobs, every, |p| {
+                progress.update(p);
+                if p.waiting.is_some() && !hinted && !quiet {
+                    hinted = true;
+                    eprintln!("{hint}");
+                }
+            })
+            .await;
+        let done = match done {
+            Ok(d) => d,
+            Err(e) => {
+                progress.finish();
+                return Err(e.into());
+            }
+        };
+        // An empty list waits for every job not done yet; none left ends the run.
+        if done.jobs == 0 {
+            break;
+        }
+        jobs = Vec::new();
+    }
+    progress.finish();
+    Ok(())
 }
 
 /// Prints the first failed tasks of each job with their reason and stderr tail.
@@ -125,5 +259,48 @@ async fn show_failures(client: &mut Client, ids: &[kestrel_core::JobId]) {
         if page.more > 0 {
             eprintln!("job {job}: ... and {} more failed tasks", page.more);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::{from_flags, TaskOptions, TaskShape};
+
+    fn sub(dir: &Path) -> Submission {
+        from_flags(
+            &TaskOptions::default(),
+            TaskShape {
+                array: Some("1-3"),
+                each: None,
+            },
+            vec!["true".into()],
+            dir,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn job_numbers_continue_after_earlier_outputs() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(first_free_job(&[sub(dir.path())]), 1);
+        for d in ["job-1", "job-7", "job-x", "jobs-9"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        std::fs::write(dir.path().join("job-12"), "a file, not outputs").unwrap();
+        assert_eq!(first_free_job(&[sub(dir.path())]), 8);
+    }
+
+    #[test]
+    fn tasks_bigger_than_a_local_worker_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = sub(dir.path());
+        s.spec.resources.cpus = 4;
+        let e = refuse_impossible(&[s.clone()], 2).unwrap_err().to_string();
+        assert!(
+            e.contains("each task needs 4 cpus, but each local worker has 2 slots"),
+            "{e}"
+        );
+        assert!(refuse_impossible(&[s], 4).is_ok());
     }
 }

@@ -162,7 +162,10 @@ fn a_directory_held_by_a_live_server_is_refused() {
         )),
         "{err}"
     );
-    assert!(err.contains("kestrel server stop --dir"), "{err}");
+    assert!(
+        err.contains("server stop` or pick another directory"),
+        "{err}"
+    );
     // The running server's access file was not touched.
     assert_eq!(c.access(), access_before);
     c.run(&["job", "list"]).ok();
@@ -270,7 +273,7 @@ fn submit_keyed(c: &Cluster, key: &str, tasks: kestrel_core::TaskSet, open: bool
         key: Some(key.to_string()),
     };
     match ask(c, body) {
-        Answer::Submitted { job } => job,
+        Answer::Submitted { job, .. } => job,
         other => panic!("unexpected answer {other:?}"),
     }
 }

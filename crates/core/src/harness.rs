@@ -24,8 +24,12 @@ enum Ev {
     /// Commands reach a worker.
     Deliver(WorkerId, Vec<(JobId, TaskIndex)>),
     CancelAt(WorkerId, Vec<(JobId, TaskIndex)>),
-    /// A task's run ends on a worker.
-    RunEnds(WorkerId, JobId, TaskIndex, u64, bool),
+    /// A request to give back waiting tasks reaches a worker.
+    RevokeAt(WorkerId, Vec<(JobId, TaskIndex)>),
+    /// A worker's answer to it reaches the server.
+    Revoked(WorkerId, Vec<(JobId, TaskIndex)>),
+    /// A task's run ends on a worker (started at, waited for a slot, success).
+    RunEnds(WorkerId, JobId, TaskIndex, u64, u64, bool),
     /// A report reaches the server.
     Report(WorkerId, FinishedOrd),
 }
@@ -48,7 +52,8 @@ impl Ord for FinishedOrd {
 struct SimWorker {
     slots: u32,
     free: u32,
-    waiting: VecDeque<(JobId, TaskIndex)>,
+    /// Tasks waiting for a slot, with when they arrived.
+    waiting: VecDeque<((JobId, TaskIndex), u64)>,
     running: BTreeMap<(JobId, TaskIndex), u64>,
     alive: bool,
     /// Highest number of tasks held at once (running + waiting), to check credits.
@@ -69,6 +74,8 @@ pub struct Harness {
     model: RunModel,
     /// Every command the scheduler issued, in order.
     pub commands: Vec<Command>,
+    /// Tasks workers gave back when asked (work stealing).
+    pub revoked: u64,
 }
 
 impl Harness {
@@ -106,12 +113,18 @@ impl Harness {
             attempts: BTreeMap::new(),
             model: Box::new(model),
             commands: Vec::new(),
+            revoked: 0,
         }
     }
 
     fn at(&mut self, t: u64, ev: Ev) {
         self.seq += 1;
         self.events.push(Reverse((t, self.seq, ev)));
+    }
+
+    /// Runs under way on a worker now.
+    pub fn running_on(&self, id: WorkerId) -> usize {
+        self.workers[&id].running.len()
     }
 
     pub fn add_worker(&mut self, slots: u32, prefetch: u32) -> WorkerId {
@@ -244,7 +257,8 @@ impl Harness {
                 if !sw.alive {
                     return;
                 }
-                sw.waiting.extend(tasks);
+                let now = self.now_us;
+                sw.waiting.extend(tasks.into_iter().map(|t| (t, now)));
                 self.start_tasks(w);
             }
             Ev::CancelAt(w, tasks) => {
@@ -259,7 +273,7 @@ impl Harness {
                     if let Some(started) = sw.running.remove(&t) {
                         sw.free += 1;
                         ended.push((t, started));
-                    } else if let Some(pos) = sw.waiting.iter().position(|x| *x == t) {
+                    } else if let Some(pos) = sw.waiting.iter().position(|x| x.0 == t) {
                         sw.waiting.remove(pos);
                         ended.push((t, self.now_us));
                     }
@@ -271,12 +285,37 @@ impl Harness {
                         started_us,
                         finished_us: self.now_us,
                         end: RunEnd::Canceled,
+                        waited_us: 0,
                     };
                     self.at(self.now_us + self.latency_us, Ev::Report(w, FinishedOrd(f)));
                 }
                 self.start_tasks(w);
             }
-            Ev::RunEnds(w, job, index, started_us, succeed) => {
+            Ev::RevokeAt(w, tasks) => {
+                let Some(sw) = self.workers.get_mut(&w) else {
+                    return;
+                };
+                if !sw.alive {
+                    return;
+                }
+                let mut given = Vec::new();
+                sw.waiting.retain(|(t, _)| {
+                    let asked = tasks.contains(t);
+                    if asked {
+                        given.push(*t);
+                    }
+                    !asked
+                });
+                self.revoked += given.len() as u64;
+                self.at(self.now_us + self.latency_us, Ev::Revoked(w, given));
+            }
+            Ev::Revoked(w, tasks) => {
+                if self.workers.get(&w).is_some_and(|sw| sw.alive) {
+                    self.sched.worker_seen(self.now_us, w);
+                    self.sched.tasks_revoked(self.now_us, w, tasks);
+                }
+            }
+            Ev::RunEnds(w, job, index, started_us, waited_us, succeed) => {
                 let Some(sw) = self.workers.get_mut(&w) else {
                     return;
                 };
@@ -300,6 +339,7 @@ impl Harness {
                     started_us,
                     finished_us: self.now_us,
                     end,
+                    waited_us,
                 };
                 self.at(self.now_us + self.latency_us, Ev::Report(w, FinishedOrd(f)));
                 self.start_tasks(w);
@@ -321,19 +361,19 @@ impl Harness {
                 return;
             };
             while sw.free > 0 {
-                let Some(t) = sw.waiting.pop_front() else {
+                let Some((t, arrived)) = sw.waiting.pop_front() else {
                     break;
                 };
                 sw.free -= 1;
                 sw.running.insert(t, now);
                 sw.runs += 1;
-                started.push(t);
+                started.push((t, now - arrived));
             }
             sw.max_held = sw.max_held.max(sw.running.len() + sw.waiting.len());
             sw.max_running = sw.max_running.max(sw.running.len());
             debug_assert!(sw.running.len() <= sw.slots as usize);
         }
-        for (job, index) in started {
+        for ((job, index), waited_us) in started {
             let attempt = {
                 let a = self.attempts.entry((job, index)).or_insert(0);
                 *a += 1;
@@ -343,7 +383,7 @@ impl Harness {
             let run = (self.model)(w, job, index, attempt);
             self.at(
                 now + run.duration_us,
-                Ev::RunEnds(w, job, index, now, run.succeed),
+                Ev::RunEnds(w, job, index, now, waited_us, run.succeed),
             );
         }
     }
@@ -365,6 +405,12 @@ impl Harness {
                     self.at(
                         self.now_us + self.latency_us,
                         Ev::CancelAt(*worker, tasks.clone()),
+                    );
+                }
+                Command::Revoke { worker, tasks } => {
+                    self.at(
+                        self.now_us + self.latency_us,
+                        Ev::RevokeAt(*worker, tasks.clone()),
                     );
                 }
                 Command::Disconnect { worker, .. } => {

@@ -8,6 +8,7 @@
 pub mod harness;
 pub mod ledger;
 pub mod outcome;
+pub mod quarantine;
 pub mod queue;
 pub mod scheduler;
 pub mod spec;
@@ -16,7 +17,8 @@ pub mod table;
 pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
 pub use scheduler::restore::RestoreError;
 pub use scheduler::{
-    Accepted, Config, Counts, Job, Resumed, SchedError, Scheduler, Timing, Worker, WorkerOffer,
+    Accepted, Config, Counts, Job, Resumed, SchedError, Scheduler, Stall, Timing, Worker,
+    WorkerOffer,
 };
 pub use spec::{
     IdRanges, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex, TaskSet,

@@ -40,6 +40,10 @@ pub struct Finished {
     pub started_us: u64,
     pub finished_us: u64,
     pub end: RunEnd,
+    /// How long the task waited on the worker for a free slot before it started (it was sent
+    /// ahead, into the worker's prefetch window).
+    #[serde(default)]
+    pub waited_us: u64,
 }
 
 /// A run of consecutive task indices of one job.
@@ -59,6 +63,12 @@ pub enum Command {
     Assign {
         worker: WorkerId,
         runs: Vec<IndexRun>,
+    },
+    /// Ask the worker to give back these tasks if they still wait there for a slot (work
+    /// stealing); its answer goes to [`crate::Scheduler::tasks_revoked`].
+    Revoke {
+        worker: WorkerId,
+        tasks: Vec<(JobId, TaskIndex)>,
     },
     /// Kill these tasks on the worker if they are still there.
     Cancel {

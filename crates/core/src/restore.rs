@@ -80,6 +80,12 @@ impl Scheduler {
         r.assigned_us = assigned_us;
         r.started_us = f.started_us;
         r.finished_us = f.finished_us;
+        if f.end != RunEnd::Canceled {
+            r.runs = r.runs.saturating_add(1);
+        }
+        if f.end == RunEnd::Success {
+            j.waited_us += f.waited_us;
+        }
         if let RunEnd::Failed(failure) = f.end {
             r.failures = r.failures.saturating_add(1);
             j.failures.insert(f.index, *failure);
@@ -105,8 +111,8 @@ impl Scheduler {
         self.check_job_done(at_us, job);
     }
 
-    /// Counts one more crash for each task (its worker was lost while it had it). Ignored for
-    /// unknown or already ended tasks.
+    /// Counts one more crash, and the run it ended, for each task (its worker was lost while
+    /// it ran the task). Ignored for unknown or already ended tasks.
     pub fn restore_lost(&mut self, tasks: &[(JobId, TaskIndex)]) {
         for &(job, index) in tasks {
             let Some(j) = self.jobs.get_mut(&job) else {
@@ -117,6 +123,15 @@ impl Scheduler {
             }
             let r = j.table.get_mut(index);
             r.lost = r.lost.saturating_add(1);
+            r.runs = r.runs.saturating_add(1);
+        }
+    }
+
+    /// Adds to a job's summed wait for a slot (journaled per batch of successful ends, not per
+    /// task).
+    pub fn restore_waited(&mut self, job: JobId, waited_us: u64) {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.waited_us += waited_us;
         }
     }
 

@@ -6,11 +6,13 @@
 
 use crate::ledger::Ledger;
 use crate::outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
+use crate::quarantine::{self, JobOutcomes, Outcomes, Tally};
 use crate::queue::{ReadyQueue, Span};
 use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, TaskSet, TaskState, WorkerId};
 use crate::table::{TaskRecord, TaskTable};
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 /// Tunables of the scheduler.
 #[derive(Clone, Debug)]
@@ -25,10 +27,24 @@ pub struct Config {
     pub retry_backoff_max_us: u64,
     /// A task that was on this many lost workers is failed: it probably kills its worker.
     pub max_crashes: u8,
-    /// A worker whose tasks fail this many times within `quarantine_window_us`, while other
-    /// workers succeed, gets no new tasks (0 turns quarantine off).
+    /// A worker gets no new tasks when at least this many of its recent tasks of a job failed,
+    /// most of its runs of that job failed, and the other workers ran as many of the job's
+    /// tasks failing at most a third as often (see [`crate::quarantine`]); 0 turns quarantine
+    /// off.
     pub quarantine_failures: u32,
+    /// How fast the counts behind quarantine fade: they are halved every window.
     pub quarantine_window_us: u64,
+    /// Tasks queued on a worker beyond its free slots should cover about this much run time
+    /// per slot: a job whose tasks take longer gets a shallower prefetch, down to none (a
+    /// long task waiting behind another on a busy worker while another worker idles doubles
+    /// the makespan).
+    pub prefetch_horizon_us: u64,
+    /// A worker with free slots and nothing to take from the queue takes back tasks waiting
+    /// in another worker's prefetch window, for jobs whose tasks run at least this long (or
+    /// whose run time is not known yet); shorter ones will start sooner than a round trip.
+    pub steal_min_run_us: u64,
+    /// The id of the first job submitted (later ones count up from it).
+    pub first_job: JobId,
 }
 
 impl Default for Config {
@@ -41,6 +57,9 @@ impl Default for Config {
             max_crashes: 5,
             quarantine_failures: 10,
             quarantine_window_us: 60_000_000,
+            prefetch_horizon_us: 100_000,
+            steal_min_run_us: 50_000,
+            first_job: 1,
         }
     }
 }
@@ -106,6 +125,13 @@ pub struct Job {
     pub open: bool,
     pub canceled: bool,
     pub counts: Counts,
+    /// Run time of its tasks, a moving average over ended runs (`None` before the first):
+    /// prefetch depth and work stealing follow it.
+    pub mean_run_us: Option<u64>,
+    /// Time its successful tasks waited on their workers for a free slot, summed.
+    pub waited_us: u64,
+    /// How its recent runs ended, on all workers (what quarantine compares a worker with).
+    outcomes: JobOutcomes,
     table: TaskTable,
     failures: FxHashMap<TaskIndex, Failure>,
 }
@@ -127,6 +153,9 @@ impl Job {
             finished_us: None,
             open,
             canceled: false,
+            mean_run_us: None,
+            waited_us: 0,
+            outcomes: JobOutcomes::default(),
             failures: FxHashMap::default(),
         }
     }
@@ -184,14 +213,18 @@ impl Job {
 
     /// Timing statistics over the tasks that finished successfully.
     pub fn timing(&self) -> Timing {
-        let mut t = Timing::default();
+        let mut t = Timing {
+            waited_us: self.waited_us,
+            ..Timing::default()
+        };
+        let mut assigned_to_start = 0u64;
         for (_, r) in self.table.touched() {
             if r.state != TaskState::Finished || r.assigned_us == 0 {
                 continue;
             }
             t.tasks += 1;
             t.queue_us += r.assigned_us.saturating_sub(self.submitted_us);
-            t.dispatch_us += r.started_us.saturating_sub(r.assigned_us);
+            assigned_to_start += r.started_us.saturating_sub(r.assigned_us);
             t.run_us += r.finished_us.saturating_sub(r.started_us);
             t.first_start_us = Some(
                 t.first_start_us
@@ -199,7 +232,37 @@ impl Job {
             );
             t.last_finish_us = t.last_finish_us.max(r.finished_us);
         }
+        // What is left of assignment-to-start once the wait for a slot is taken out.
+        t.dispatch_us = assigned_to_start.saturating_sub(t.waited_us);
         t
+    }
+
+    /// Counts an ended run's length into the job's moving average.
+    fn note_run_time(&mut self, run_us: u64) {
+        self.mean_run_us = Some(match self.mean_run_us {
+            None => run_us,
+            // An eighth of the way to each new sample: steady, yet a change shows in a few runs.
+            Some(m) => (m as i64 + (run_us as i64 - m as i64) / 8) as u64,
+        });
+    }
+
+    /// How many cpus' worth of this job's tasks `w` may hold beyond its slots: its prefetch,
+    /// made shallower as the job's tasks get longer (see [`Config::prefetch_horizon_us`]).
+    fn prefetch_for(&self, w: &Worker, horizon_us: u64) -> u32 {
+        match self.mean_run_us {
+            None => w.offer.prefetch,
+            Some(m) => {
+                let covered = u64::from(w.offer.resources.cpus) * horizon_us / m.max(1);
+                w.offer
+                    .prefetch
+                    .min(covered.min(u64::from(u32::MAX)) as u32)
+            }
+        }
+    }
+
+    /// Whether a waiting task of this job is worth taking back from a busy worker.
+    fn worth_stealing(&self, min_run_us: u64) -> bool {
+        !self.canceled && self.mean_run_us.is_none_or(|m| m >= min_run_us)
     }
 
     /// Records of touched tasks, in index order (untouched tasks are ready or canceled).
@@ -229,8 +292,11 @@ pub struct Timing {
     pub tasks: u64,
     /// Submission to assignment.
     pub queue_us: u64,
-    /// Assignment to process start: network, prefetch wait and spawn.
+    /// Assignment to process start, less the wait for a free slot on the worker: network,
+    /// the worker's handling and the preparation of the launch.
     pub dispatch_us: u64,
+    /// Waiting on the worker, assigned ahead (prefetched), for a free slot.
+    pub waited_us: u64,
     /// Process start to exit.
     pub run_us: u64,
     pub first_start_us: Option<u64>,
@@ -246,6 +312,9 @@ pub struct Worker {
     pub last_seen_us: u64,
     /// Resources held by tasks assigned to it and not yet finished (prefetched ones included).
     pub used: Resources,
+    /// Cpus held by those of its tasks known to be running (the rest wait for a slot there,
+    /// or are on their way).
+    running_cpus: u32,
     /// How many tasks it holds: assigned to it and not yet finished.
     held: u32,
     /// Where to find the tasks it holds (see [`holds`]).
@@ -256,50 +325,68 @@ pub struct Worker {
     pub tasks_failed: u64,
     /// Why it gets no new tasks, if quarantined (see [`Scheduler::resume_worker`]).
     pub quarantined: Option<String>,
-    /// When its recent task failures happened (within the quarantine window).
-    recent_failures: VecDeque<u64>,
-    /// When a task last succeeded on it.
-    last_success_us: Option<u64>,
+    /// How its recent tasks ended, per job (what quarantine judges).
+    tally: Tally,
+    /// Waiting tasks it was asked to give back (at most one request at a time), and their cpus.
+    revoking: Vec<(JobId, TaskIndex)>,
+    revoking_cpus: u32,
     /// Tasks it reported running when it resumed that were already assigned to another worker:
     /// the first successful result of either run is kept.
     duplicates: FxHashSet<(JobId, TaskIndex)>,
 }
 
 impl Worker {
-    /// How many cpus' and gpus' worth of tasks it takes at most.
-    fn capacity(&self) -> Resources {
+    /// How many cpus' and gpus' worth of tasks it takes at most, with `prefetch` cpus' worth
+    /// held beyond its slots (GPU tasks prefetch one GPU's worth per GPU).
+    fn capacity(&self, prefetch: u32) -> Resources {
         let r = self.offer.resources;
-        let gpu_prefetch = if self.offer.prefetch > 0 { r.gpus } else { 0 };
+        let gpu_prefetch = if prefetch > 0 { r.gpus } else { 0 };
         Resources {
-            cpus: r.cpus + self.offer.prefetch,
+            cpus: r.cpus + prefetch,
             gpus: r.gpus + gpu_prefetch,
         }
     }
 
     /// Takes a task (resumed or moved over from a previous registration) with what it holds;
-    /// the caller makes the task's record name this worker.
-    fn hold(&mut self, job: JobId, index: TaskIndex, need: Resources) {
+    /// the caller makes the task's record name this worker and says whether it is running.
+    fn hold(&mut self, job: JobId, index: TaskIndex, need: Resources, running: bool) {
         self.ledger.push(job, index);
         self.held += 1;
         self.used.cpus += need.cpus;
         self.used.gpus += need.gpus;
+        if running {
+            self.running_cpus += need.cpus;
+        }
         self.known_jobs.insert(job);
     }
 
     /// Gives back what a task it holds held; the caller has checked with [`Job::held_by`]
-    /// that it holds the task, and then moves the task's record on. Returns whether its ledger
-    /// is now due for [`Scheduler::prune_ledger`].
+    /// that it holds the task, passes the task's state, and then moves the task's record on.
+    /// Returns whether its ledger is now due for [`Scheduler::prune_ledger`].
     #[must_use]
-    fn release(&mut self, need: Resources) -> bool {
+    fn release(&mut self, need: Resources, state: TaskState) -> bool {
         self.held -= 1;
         self.used.cpus -= need.cpus;
         self.used.gpus -= need.gpus;
+        if state == TaskState::Running {
+            self.running_cpus = self.running_cpus.saturating_sub(need.cpus);
+        }
         self.ledger.needs_pruning(self.held)
     }
 
-    /// How many tasks needing `need` still fit.
-    fn room_for(&self, need: Resources) -> u32 {
-        let cap = self.capacity();
+    /// Cpus free for tasks that would start at once (no task of its own waits for them).
+    fn idle_cpus(&self) -> u32 {
+        self.offer.resources.cpus.saturating_sub(self.used.cpus)
+    }
+
+    /// Cpus' worth of tasks it holds beyond its slots: tasks waiting there for a slot.
+    fn waiting_cpus(&self) -> u32 {
+        self.used.cpus.saturating_sub(self.offer.resources.cpus)
+    }
+
+    /// How many tasks needing `need` still fit, holding `prefetch` cpus' worth beyond its slots.
+    fn room_for(&self, need: Resources, prefetch: u32) -> u32 {
+        let cap = self.capacity(prefetch);
         let by_cpu = cap.cpus.saturating_sub(self.used.cpus) / need.cpus.max(1);
         match cap
             .gpus
@@ -359,12 +446,84 @@ pub enum SchedError {
     Spec(#[from] SpecError),
 }
 
+/// Why a job's queued tasks cannot go to any worker (see [`Scheduler::stall`]): the answer to
+/// "why does my job not move?" that `job info` and `job wait` print.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stall {
+    /// No worker is connected.
+    NoWorkers,
+    /// Every worker is too small for one task.
+    TooBig {
+        need: Resources,
+        /// The most cpus and the most GPUs any connected worker has.
+        largest: Resources,
+    },
+    /// Every worker that could run the tasks is quarantined.
+    Quarantined { workers: Vec<WorkerId> },
+}
+
+impl fmt::Display for Stall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural =
+            |n: u32, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        match self {
+            Stall::NoWorkers => {
+                f.write_str("no worker is connected; start one with `kestrel worker start`")
+            }
+            Stall::TooBig { need, largest } => {
+                if need.cpus > largest.cpus {
+                    write!(
+                        f,
+                        "each task needs {}, the largest worker has {}",
+                        plural(need.cpus, "cpu", "cpus"),
+                        plural(largest.cpus, "cpu", "cpus")
+                    )?;
+                } else if need.gpus > largest.gpus {
+                    write!(
+                        f,
+                        "each task needs {}, the largest worker has {}",
+                        plural(need.gpus, "GPU", "GPUs"),
+                        plural(largest.gpus, "GPU", "GPUs")
+                    )?;
+                } else {
+                    write!(
+                        f,
+                        "each task needs {} and {}, and no worker has both",
+                        plural(need.cpus, "cpu", "cpus"),
+                        plural(need.gpus, "GPU", "GPUs")
+                    )?;
+                }
+                f.write_str("; start a bigger worker or cancel the job")
+            }
+            Stall::Quarantined { workers } => {
+                let ids: Vec<String> = workers.iter().map(u32::to_string).collect();
+                let n = workers.len() as u32;
+                write!(
+                    f,
+                    "no worker can take these tasks: {} quarantined ({}); `kestrel worker resume ID` lifts it",
+                    plural(n, "worker", "workers"),
+                    ids.join(", ")
+                )
+            }
+        }
+    }
+}
+
 /// What a worker event did, for the driver's logs and counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accepted {
     Recorded,
     /// The report was stale (the task was re-queued or finished elsewhere) and was ignored.
     Ignored,
+}
+
+/// How deep one pass of [`Scheduler::schedule`] fills workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Depth {
+    /// Only free slots: tasks that start at once.
+    Slots,
+    /// Slots and the prefetch window.
+    Prefetch,
 }
 
 /// How a resumed worker's task relates to the server's view.
@@ -422,8 +581,8 @@ pub struct Resumed {
 impl Scheduler {
     pub fn new(config: Config) -> Scheduler {
         Scheduler {
+            next_job: config.first_job.max(1),
             config,
-            next_job: 1,
             next_worker: 1,
             ..Default::default()
         }
@@ -539,14 +698,16 @@ impl Scheduler {
                 joined_us: now_us,
                 last_seen_us: now_us,
                 used: Resources { cpus: 0, gpus: 0 },
+                running_cpus: 0,
                 held: 0,
                 ledger: Ledger::default(),
                 known_jobs: FxHashSet::default(),
                 tasks_finished: 0,
                 tasks_failed: 0,
                 quarantined: None,
-                recent_failures: VecDeque::new(),
-                last_success_us: None,
+                tally: Tally::default(),
+                revoking: Vec::new(),
+                revoking_cpus: 0,
                 duplicates: FxHashSet::default(),
             },
         );
@@ -561,8 +722,9 @@ impl Scheduler {
     }
 
     /// A worker is gone (disconnected or silent). Its tasks go back to the queue, ahead of new
-    /// work, without spending their retries; each counts one crash, and a task that was on
-    /// [`Config::max_crashes`] lost workers fails (it probably kills its worker).
+    /// work, without spending their retries. Each that ran there counts one crash (and one
+    /// attempt), and a task that was on [`Config::max_crashes`] lost workers fails (it
+    /// probably kills its worker); tasks that only waited there for a slot count nothing.
     pub fn worker_lost(&mut self, now_us: u64, worker: WorkerId) {
         self.drop_worker(now_us, worker, true, &FxHashSet::default());
     }
@@ -588,6 +750,9 @@ impl Scheduler {
                 .held(|job, index| !keep.contains(&(job, index)) && holds(job, index))
         };
         let max_crashes = self.config.max_crashes.max(1);
+        // Slots not known to be busy: assigned tasks may have started there unreported (the
+        // worker starts them in the order they came, which the index order approximates).
+        let mut unreported = w.offer.resources.cpus.saturating_sub(w.running_cpus);
         let mut counted = Vec::new();
         for (job, index) in tasks {
             let Some(j) = self.jobs.get_mut(&job) else {
@@ -598,9 +763,24 @@ impl Scheduler {
                 self.check_job_done(now_us, job);
                 continue;
             }
+            let need = j.spec.resources.cpus;
+            let ran = match j.table.get(index).state {
+                TaskState::Running => true,
+                _ if need <= unreported => {
+                    unreported -= need;
+                    true
+                }
+                _ => false,
+            };
+            let was_running = j.table.get(index).state == TaskState::Running;
             let rec = j.set_state(index, TaskState::Ready);
+            let crashed = crashed && ran;
             if crashed {
                 rec.lost = rec.lost.saturating_add(1);
+                if !was_running {
+                    // Its start was never reported, but it probably ran (the crash counts it).
+                    rec.runs = rec.runs.saturating_add(1);
+                }
             }
             if rec.lost >= max_crashes {
                 let failure = Failure {
@@ -676,9 +856,11 @@ impl Scheduler {
                     continue;
                 };
                 let need = j.spec.resources;
-                j.table.get_mut(index).worker = worker;
+                let rec = j.table.get_mut(index);
+                rec.worker = worker;
+                let running = rec.state == TaskState::Running;
                 if let Some(w) = self.workers.get_mut(&worker) {
-                    w.hold(job, index, need);
+                    w.hold(job, index, need, running);
                 }
             }
         }
@@ -750,7 +932,12 @@ impl Scheduler {
             if rec.worker == worker {
                 // Moved over from its previous registration.
                 if running && rec.state == TaskState::Assigned {
-                    j.set_state(index, TaskState::Running);
+                    let cpus = j.spec.resources.cpus;
+                    let rec = j.set_state(index, TaskState::Running);
+                    rec.runs = rec.runs.saturating_add(1);
+                    if let Some(w) = self.workers.get_mut(&worker) {
+                        w.running_cpus += cpus;
+                    }
                 }
                 return Claim::Taken;
             }
@@ -772,7 +959,8 @@ impl Scheduler {
         rec.worker = worker;
         rec.assigned_us = now_us;
         rec.started_us = now_us;
-        w.hold(job, index, need);
+        rec.finished_us = 0;
+        w.hold(job, index, need, true);
         Claim::Taken
     }
 
@@ -794,7 +982,13 @@ impl Scheduler {
         if rec.worker != worker || rec.state != TaskState::Assigned {
             return Accepted::Ignored;
         }
-        j.set_state(index, TaskState::Running).started_us = at_us;
+        let cpus = j.spec.resources.cpus;
+        let rec = j.set_state(index, TaskState::Running);
+        rec.started_us = at_us;
+        rec.runs = rec.runs.saturating_add(1);
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.running_cpus += cpus;
+        }
         Accepted::Recorded
     }
 
@@ -820,7 +1014,7 @@ impl Scheduler {
         // The worker whose ledger a release made due for pruning.
         let mut prune = None;
         if ours {
-            prune = w.release(need).then_some(worker);
+            prune = w.release(need, rec.state).then_some(worker);
         } else {
             let dup = w.duplicates.remove(&key);
             if !(dup && active && f.end == RunEnd::Success) {
@@ -829,7 +1023,7 @@ impl Scheduler {
             // The duplicate run finished first: take the task from the other worker.
             let other = rec.worker;
             if let Some(o) = self.workers.get_mut(&other) {
-                prune = o.release(need).then_some(other);
+                prune = o.release(need, rec.state).then_some(other);
                 self.commands.push(Command::Cancel {
                     worker: other,
                     tasks: vec![key],
@@ -843,11 +1037,29 @@ impl Scheduler {
         let retries = j.spec.retries;
         let priority = j.spec.priority;
         let canceled = j.canceled;
-        let mut failed = false;
+        // After a failure: this worker's and the other workers' outcomes of the job.
+        let mut judged = None;
+        if f.end != RunEnd::Canceled {
+            j.note_run_time(f.finished_us.saturating_sub(f.started_us));
+            if ours && rec.state == TaskState::Assigned {
+                // It ran, though its start was reported together with its end (or not at all).
+                let r = j.table.get_mut(f.index);
+                r.runs = r.runs.saturating_add(1);
+            }
+            if self.config.quarantine_failures > 0 {
+                let window = self.config.quarantine_window_us;
+                let ok = f.end == RunEnd::Success;
+                let mine = w.tally.record(now_us, window, f.job, ok);
+                let all = j.outcomes.record(now_us, window, ok);
+                if !ok {
+                    judged = Some((mine, all.without(mine)));
+                }
+            }
+        }
         match f.end {
             RunEnd::Success => {
                 w.tasks_finished += 1;
-                w.last_success_us = Some(now_us);
+                j.waited_us += f.waited_us;
                 let rec = j.set_state(f.index, TaskState::Finished);
                 rec.started_us = f.started_us;
                 rec.finished_us = f.finished_us;
@@ -858,7 +1070,6 @@ impl Scheduler {
             }
             RunEnd::Failed(failure) => {
                 w.tasks_failed += 1;
-                failed = true;
                 let rec = j.set_state(f.index, TaskState::Failed);
                 rec.started_us = f.started_us;
                 rec.finished_us = f.finished_us;
@@ -884,8 +1095,8 @@ impl Scheduler {
                 }
             }
         }
-        if failed {
-            self.note_failure(now_us, worker);
+        if let Some((mine, others)) = judged {
+            self.note_failure(worker, f.job, mine, others);
         }
         if let Some(id) = prune {
             self.prune_ledger(id);
@@ -920,8 +1131,9 @@ impl Scheduler {
             return;
         }
         let need = j.spec.resources;
+        let state = j.table.get(index).state;
         if let Some(w) = self.workers.get_mut(&worker) {
-            if w.release(need) {
+            if w.release(need, state) {
                 w.ledger.prune(holder(&self.jobs, worker));
             }
         }
@@ -956,45 +1168,36 @@ impl Scheduler {
             .min(self.config.retry_backoff_max_us)
     }
 
-    /// Counts a task failure on a worker and quarantines it when its tasks fail too often
-    /// while some other worker has succeeded in the same window (so the tasks are not simply
-    /// broken everywhere).
-    fn note_failure(&mut self, now_us: u64, worker: WorkerId) {
+    /// After a task of `job` failed on `worker`, whose runs of the job ended as `mine` and on
+    /// the other workers as `others`: quarantines the worker if it is faulty (see
+    /// [`crate::quarantine`]), unless no other worker able to run the job would be left.
+    fn note_failure(&mut self, worker: WorkerId, job: JobId, mine: Outcomes, others: Outcomes) {
         let k = self.config.quarantine_failures;
-        if k == 0 {
+        if !quarantine::faulty(mine, others, k) {
             return;
         }
-        let window = self.config.quarantine_window_us;
-        let Some(w) = self.workers.get_mut(&worker) else {
+        let Some(need) = self.jobs.get(&job).map(|j| j.spec.resources) else {
             return;
         };
-        w.recent_failures.push_back(now_us);
-        while w
-            .recent_failures
-            .front()
-            .is_some_and(|t| now_us.saturating_sub(*t) > window)
-        {
-            w.recent_failures.pop_front();
+        let mut others_can_run = false;
+        for o in self.workers.values() {
+            if o.id == worker && o.quarantined.is_some() {
+                return;
+            }
+            others_can_run |= o.id != worker && o.quarantined.is_none() && o.can_ever_run(need);
         }
-        if w.quarantined.is_some() || (w.recent_failures.len() as u32) < k {
-            return;
-        }
-        let since = w.recent_failures.front().copied().unwrap_or(now_us);
-        let others_succeed = self
-            .workers
-            .values()
-            .any(|o| o.id != worker && o.last_success_us.is_some_and(|t| t >= since));
-        if !others_succeed {
+        if !others_can_run {
             return;
         }
         let reason = format!(
-            "{} task failures within {} s while other workers succeeded",
-            k,
-            window / 1_000_000
+            "{} of its last {} tasks of job {job} failed, against {} of {} on the other workers",
+            mine.failed,
+            u64::from(mine.ok) + u64::from(mine.failed),
+            others.failed,
+            u64::from(others.ok) + u64::from(others.failed),
         );
         if let Some(w) = self.workers.get_mut(&worker) {
             w.quarantined = Some(reason.clone());
-            w.recent_failures.clear();
         }
         self.commands.push(Command::Quarantined { worker, reason });
     }
@@ -1009,7 +1212,7 @@ impl Scheduler {
             .workers
             .get_mut(&worker)
             .ok_or(SchedError::NoSuchWorker(worker))?;
-        w.recent_failures.clear();
+        w.tally.clear();
         Ok(w.quarantined.take().is_some())
     }
 
@@ -1167,35 +1370,59 @@ impl Scheduler {
     }
 
     /// Hands ready tasks to workers with free credit. Call after a batch of events.
+    ///
+    /// Free slots everywhere are filled before any prefetch window, so a few long tasks spread
+    /// over the workers instead of queueing on the first one; then windows are filled as deep
+    /// as each job's run time makes useful; then idle workers take back tasks waiting on busy
+    /// ones ([`Self::steal`]).
     pub fn schedule(&mut self, now_us: u64) {
         self.release_due(now_us);
-        if self.ready.is_empty() || self.workers.is_empty() {
+        if self.workers.is_empty() {
             return;
         }
-        let ids: Vec<WorkerId> = self
-            .workers
-            .range(self.rotate..)
-            .chain(self.workers.range(..self.rotate))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            if self.ready.is_empty() {
-                break;
+        if !self.ready.is_empty() {
+            let ids: Vec<WorkerId> = self
+                .workers
+                .range(self.rotate..)
+                .chain(self.workers.range(..self.rotate))
+                .map(|(id, _)| *id)
+                .collect();
+            // Each worker's runs of both passes go out as one assignment.
+            let mut given: Vec<Vec<IndexRun>> = vec![Vec::new(); ids.len()];
+            for depth in [Depth::Slots, Depth::Prefetch] {
+                for (&id, runs) in ids.iter().zip(&mut given) {
+                    if self.ready.is_empty() {
+                        break;
+                    }
+                    self.fill_worker(now_us, id, depth, runs);
+                }
             }
-            self.fill_worker(now_us, id);
+            for (id, runs) in ids.into_iter().zip(given) {
+                if !runs.is_empty() {
+                    self.commands.push(Command::Assign { worker: id, runs });
+                }
+            }
+            self.rotate = self.rotate.wrapping_add(1);
         }
-        self.rotate = self.rotate.wrapping_add(1);
+        self.steal();
     }
 
-    fn fill_worker(&mut self, now_us: u64, id: WorkerId) {
+    /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends
+    /// them); the worker's first task of a job is preceded by a [`Command::DefineJob`].
+    fn fill_worker(&mut self, now_us: u64, id: WorkerId, depth: Depth, runs: &mut Vec<IndexRun>) {
         let Some(w) = self.workers.get_mut(&id) else {
             return;
         };
         if w.quarantined.is_some() {
             return;
         }
+        let horizon = self.config.prefetch_horizon_us;
+        let most_prefetch = match depth {
+            Depth::Slots => 0,
+            Depth::Prefetch => w.offer.prefetch,
+        };
         let jobs = &mut self.jobs;
-        let mut runs: Vec<IndexRun> = Vec::new();
+        let mut mine: Vec<IndexRun> = Vec::new();
         let mut defines: Vec<JobId> = Vec::new();
         self.ready.take_front(self.config.max_queue_skips, |span| {
             let Some(j) = jobs.get_mut(&span.job) else {
@@ -1205,10 +1432,14 @@ impl Scheduler {
             if !w.can_ever_run(need) {
                 return Some(0);
             }
-            let room = w.room_for(need);
+            let prefetch = match depth {
+                Depth::Slots => 0,
+                Depth::Prefetch => j.prefetch_for(w, horizon),
+            };
+            let room = w.room_for(need, prefetch);
             if room == 0 {
                 // Out of credit for this shape; smaller tasks further down may still fit.
-                return if w.room_for(Resources { cpus: 1, gpus: 0 }) == 0 {
+                return if w.room_for(Resources { cpus: 1, gpus: 0 }, most_prefetch) == 0 {
                     None
                 } else {
                     Some(0)
@@ -1223,11 +1454,13 @@ impl Scheduler {
                 }
                 let rec = j.set_state(index, TaskState::Assigned);
                 rec.assigned_us = now_us;
+                rec.started_us = 0;
+                rec.finished_us = 0;
                 rec.worker = id;
                 given += 1;
-                match runs.last_mut() {
+                match mine.last_mut() {
                     Some(r) if r.job == span.job && r.first + r.count == index => r.count += 1,
-                    _ => runs.push(IndexRun {
+                    _ => mine.push(IndexRun {
                         job: span.job,
                         first: index,
                         count: 1,
@@ -1242,14 +1475,145 @@ impl Scheduler {
             }
             Some(n)
         });
-        for r in &runs {
-            w.ledger.push_run(*r);
+        for r in mine {
+            w.ledger.push_run(r);
+            // A run that continues one of the first pass joins it.
+            match runs.last_mut() {
+                Some(l) if l.job == r.job && l.first + l.count == r.first => l.count += r.count,
+                _ => runs.push(r),
+            }
         }
         for job in defines {
             self.commands.push(Command::DefineJob { worker: id, job });
         }
-        if !runs.is_empty() {
-            self.commands.push(Command::Assign { worker: id, runs });
+    }
+
+    /// Work stealing of prefetch windows: while workers have free slots that nothing in the
+    /// queue fills, asks busy workers to give back tasks waiting there for a slot
+    /// ([`Command::Revoke`]); what they give back ([`Self::tasks_revoked`]) goes to the front
+    /// of the queue and from there to the idle slots. Only one request per worker is out at a
+    /// time, and no more is asked back than the idle slots can take.
+    fn steal(&mut self) {
+        let min_run = self.config.steal_min_run_us;
+        let mut idle: u32 = 0;
+        let mut on_the_way: u32 = 0;
+        for w in self.workers.values() {
+            on_the_way += w.revoking_cpus;
+            if w.quarantined.is_none() {
+                idle += w.idle_cpus();
+            }
+        }
+        let mut wanted = idle.saturating_sub(on_the_way);
+        if wanted == 0 {
+            return;
+        }
+        // The busiest first: the most tasks waiting for a slot.
+        let mut victims: Vec<(u32, WorkerId)> = self
+            .workers
+            .values()
+            .filter(|w| w.revoking.is_empty() && w.waiting_cpus() > 0)
+            .map(|w| (w.waiting_cpus(), w.id))
+            .collect();
+        if victims.is_empty() {
+            return;
+        }
+        victims.sort_unstable_by(|a, b| b.cmp(a));
+        let thieves: Vec<Resources> = self
+            .workers
+            .values()
+            .filter(|w| w.quarantined.is_none() && w.idle_cpus() > 0)
+            .map(|w| w.offer.resources)
+            .collect();
+        for (waiting, victim) in victims {
+            if wanted == 0 {
+                break;
+            }
+            let jobs = &self.jobs;
+            let w = &self.workers[&victim];
+            let mut holds = holder(jobs, victim);
+            // Tasks it holds that have not started, and that an idle worker can run.
+            let candidates = w.ledger.held(|job, index| {
+                holds(job, index)
+                    && jobs.get(&job).is_some_and(|j| {
+                        j.table.get(index).state == TaskState::Assigned
+                            && j.worth_stealing(min_run)
+                            && thieves.iter().any(|t| {
+                                let need = j.spec.resources;
+                                need.cpus <= t.cpus && need.gpus <= t.gpus
+                            })
+                    })
+            });
+            // The last handed out wait the longest there.
+            let mut budget = waiting.min(wanted);
+            let mut tasks = Vec::new();
+            let mut cpus = 0;
+            for (job, index) in candidates.into_iter().rev() {
+                let need = jobs[&job].spec.resources.cpus;
+                if need > budget {
+                    continue;
+                }
+                budget -= need;
+                cpus += need;
+                tasks.push((job, index));
+                if budget == 0 {
+                    break;
+                }
+            }
+            if tasks.is_empty() {
+                continue;
+            }
+            wanted = wanted.saturating_sub(cpus);
+            let w = self.workers.get_mut(&victim).expect("victim is a worker");
+            w.revoking = tasks.clone();
+            w.revoking_cpus = cpus;
+            self.commands.push(Command::Revoke {
+                worker: victim,
+                tasks,
+            });
+        }
+    }
+
+    /// A worker answers a [`Command::Revoke`]: `tasks` are those it still had waiting and has
+    /// dropped; they go back to the front of the queue, counting no attempt. Tasks it was asked
+    /// for and does not list had started (their reports follow).
+    pub fn tasks_revoked(&mut self, now_us: u64, worker: WorkerId, tasks: Vec<(JobId, TaskIndex)>) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let asked = std::mem::take(&mut w.revoking);
+        w.revoking_cpus = 0;
+        let mut prune = false;
+        for (job, index) in tasks {
+            if !asked.contains(&(job, index)) {
+                continue;
+            }
+            let Some(j) = self.jobs.get_mut(&job) else {
+                continue;
+            };
+            if !j.held_by(index, worker) || j.table.get(index).state != TaskState::Assigned {
+                continue;
+            }
+            let need = j.spec.resources;
+            if let Some(w) = self.workers.get_mut(&worker) {
+                prune |= w.release(need, TaskState::Assigned);
+            }
+            if j.canceled {
+                j.set_state(index, TaskState::Canceled).finished_us = now_us;
+                self.check_job_done(now_us, job);
+                continue;
+            }
+            j.set_state(index, TaskState::Ready);
+            self.ready.push_requeued(
+                j.spec.priority,
+                Span {
+                    job,
+                    next: index,
+                    end: index + 1,
+                },
+            );
+        }
+        if prune {
+            self.prune_ledger(worker);
         }
     }
 
@@ -1312,6 +1676,40 @@ impl Scheduler {
     /// Jobs with tasks not yet terminal.
     pub fn live_jobs(&self) -> usize {
         self.live_jobs.len()
+    }
+
+    /// Why a job's queued tasks cannot go to any worker, if so (`None` also when they simply
+    /// wait for busy slots). Looks at every worker: for displays, not for every event.
+    pub fn stall(&self, job: JobId) -> Option<Stall> {
+        let j = self.jobs.get(&job)?;
+        if j.canceled || j.counts.ready == 0 {
+            return None;
+        }
+        if self.workers.is_empty() {
+            return Some(Stall::NoWorkers);
+        }
+        let need = j.spec.resources;
+        let able = || self.workers.values().filter(|w| w.can_ever_run(need));
+        if able().any(|w| w.quarantined.is_none()) {
+            return None;
+        }
+        let quarantined: Vec<WorkerId> = able().map(|w| w.id).collect();
+        if !quarantined.is_empty() {
+            return Some(Stall::Quarantined {
+                workers: quarantined,
+            });
+        }
+        let largest = self
+            .workers
+            .values()
+            .fold(Resources { cpus: 0, gpus: 0 }, |l, w| {
+                let r = w.offer.resources;
+                Resources {
+                    cpus: l.cpus.max(r.cpus),
+                    gpus: l.gpus.max(r.gpus),
+                }
+            });
+        Some(Stall::TooBig { need, largest })
     }
 }
 

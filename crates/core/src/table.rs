@@ -22,6 +22,9 @@ pub struct TaskRecord {
     pub failures: u8,
     /// Runs lost with their worker (spend no retry).
     pub lost: u8,
+    /// Runs that started (the attempts `kestrel task list` shows); tasks that only waited on
+    /// a worker that was lost, or were taken back from it, did not start.
+    pub runs: u8,
 }
 
 impl TaskRecord {
@@ -33,6 +36,7 @@ impl TaskRecord {
         state: TaskState::Ready,
         failures: 0,
         lost: 0,
+        runs: 0,
     };
 }
 

@@ -61,6 +61,7 @@ fn end(s: &mut Scheduler, log: &mut Vec<Entry>, w: WorkerId, job: JobId, index: 
         started_us: 1000 + index as u64,
         finished_us: 2000 + index as u64,
         end: e,
+        waited_us: 0,
     };
     let assigned_us = s.job(job).unwrap().record(index).assigned_us;
     assert_eq!(s.task_finished(3000, w, f.clone()), Accepted::Recorded);
@@ -155,6 +156,7 @@ fn replay_restores_results_and_requeues_the_rest() {
             started_us: 1,
             finished_us: 2,
             end: RunEnd::Success,
+            waited_us: 0,
         };
         assert_eq!(b.task_finished(1100, w2, f), Accepted::Recorded);
     }
@@ -176,6 +178,7 @@ fn a_report_after_cancel_moves_a_task_out_of_canceled() {
             started_us: 1,
             finished_us: 9,
             end: RunEnd::Success,
+            waited_us: 0,
         },
         1,
     );
@@ -187,6 +190,7 @@ fn a_report_after_cancel_moves_a_task_out_of_canceled() {
             started_us: 1,
             finished_us: 9,
             end: failure(),
+            waited_us: 0,
         },
         1,
     );

@@ -128,8 +128,12 @@ fn a_lost_worker_gives_its_tasks_back_without_spending_retries() {
     let j = h.sched.job(job).unwrap();
     assert_eq!(j.counts.finished, 20);
     assert_eq!(h.worker_runs(b), 20);
+    // Tasks 0 and 1 ran on the lost worker; 2 and 3 only waited there for a slot, so they
+    // count no crash and no attempt.
     let lost: Vec<_> = (0..4).map(|i| j.record(i).lost).collect();
-    assert_eq!(lost, vec![1, 1, 1, 1]);
+    assert_eq!(lost, vec![1, 1, 0, 0]);
+    let runs: Vec<_> = (0..5).map(|i| j.record(i).runs).collect();
+    assert_eq!(runs, vec![2, 2, 1, 1, 1]);
     assert!((0..20).all(|i| j.record(i).failures == 0));
 }
 
@@ -197,6 +201,7 @@ fn a_late_report_from_a_lost_worker_is_not_recorded_twice() {
         started_us: 1,
         finished_us: 2,
         end: RunEnd::Success,
+        waited_us: 0,
     };
     assert_eq!(
         h.sched.task_finished(h.now_us, a, late.clone()),
@@ -475,6 +480,7 @@ fn worker_with_long_held_tasks() -> (Scheduler, JobId, WorkerId, Vec<(JobId, Tas
                 started_us: now,
                 finished_us: now,
                 end: RunEnd::Success,
+                waited_us: 0,
             };
             assert_eq!(s.task_finished(now, w, f), Accepted::Recorded);
         }

@@ -258,6 +258,7 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
+            any::<u64>(),
             prop_oneof![
                 Just(RunEnd::Success),
                 Just(RunEnd::Canceled),
@@ -277,13 +278,16 @@ mod tests {
                     }),
             ],
         )
-            .prop_map(|(job, index, started_us, finished_us, end)| Finished {
-                job,
-                index,
-                started_us,
-                finished_us,
-                end,
-            })
+            .prop_map(
+                |(job, index, started_us, finished_us, waited_us, end)| Finished {
+                    job,
+                    index,
+                    started_us,
+                    finished_us,
+                    end,
+                    waited_us,
+                },
+            )
     }
 
     proptest! {
@@ -375,6 +379,7 @@ mod tests {
                     started_us: 1_790_000_000_000_000,
                     finished_us: 1_790_000_000_000_003,
                     end: RunEnd::Success,
+                    waited_us: 0,
                 })
                 .collect(),
         };
@@ -398,6 +403,7 @@ mod tests {
                     reason: "x".repeat(MAX_FRAME_BYTES),
                     stderr_tail: String::new(),
                 })),
+                waited_us: 0,
             }],
         };
         let small = FromWorker::Heartbeat;

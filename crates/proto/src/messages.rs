@@ -11,39 +11,42 @@ use serde::{Deserialize, Serialize};
 
 // ----- worker <-> server --------------------------------------------------------------------
 
-/// Task ends as a worker reports them: each `[job, index, started_us, run_us, end]`, the end time
-/// an offset from the start, so a short task's end time costs 1 byte instead of 9 (a report is
-/// a few dozen bytes per task, and workers send one per task). Only the wire form: the journal
-/// stores [`Finished`] as it is.
+/// Task ends as a worker reports them: each `[job, index, started_us, run_us, end, waited_us]`,
+/// the end time an offset from the start, so a short task's end time costs 1 byte instead of 9
+/// (a report is a few dozen bytes per task, and workers send one per task). Only the wire form:
+/// the journal stores [`Finished`] as it is.
 mod ends_on_wire {
     use kestrel_core::{Finished, JobId, RunEnd, TaskIndex};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize)]
-    struct Out<'a>(JobId, TaskIndex, u64, i64, &'a RunEnd);
+    struct Out<'a>(JobId, TaskIndex, u64, i64, &'a RunEnd, u64);
 
     #[derive(Deserialize)]
-    struct In(JobId, TaskIndex, u64, i64, RunEnd);
+    struct In(JobId, TaskIndex, u64, i64, RunEnd, u64);
 
     pub fn serialize<S: Serializer>(ends: &[Finished], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(ends.iter().map(|f| {
             // Two's complement: an end before the start (a clock step) comes back exactly.
             let run_us = f.finished_us.wrapping_sub(f.started_us) as i64;
-            Out(f.job, f.index, f.started_us, run_us, &f.end)
+            Out(f.job, f.index, f.started_us, run_us, &f.end, f.waited_us)
         }))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Finished>, D::Error> {
         Ok(Vec::<In>::deserialize(d)?
             .into_iter()
-            .map(|In(job, index, started_us, run_us, end)| Finished {
-                job,
-                index,
-                started_us,
-                // The exact inverse of the encoding, for every pair of times.
-                finished_us: started_us.wrapping_add_signed(run_us),
-                end,
-            })
+            .map(
+                |In(job, index, started_us, run_us, end, waited_us)| Finished {
+                    job,
+                    index,
+                    started_us,
+                    // The exact inverse of the encoding, for every pair of times.
+                    finished_us: started_us.wrapping_add_signed(run_us),
+                    end,
+                    waited_us,
+                },
+            )
             .collect())
     }
 }
@@ -61,6 +64,9 @@ pub enum FromWorker {
     },
     /// Nothing to report, still alive.
     Heartbeat,
+    /// The answer to a `Revoke`: the tasks asked for that were still waiting for a slot and
+    /// are dropped (the others had started).
+    Revoked { tasks: Vec<(JobId, TaskIndex)> },
 }
 
 /// What a worker offers.
@@ -128,6 +134,9 @@ pub enum ToWorker {
     Assign { tasks: Vec<Assigned> },
     /// Kill these tasks if still there and report them canceled.
     Cancel { tasks: Vec<(JobId, TaskIndex)> },
+    /// Give back these tasks if they still wait for a slot (another worker is idle): drop them
+    /// unstarted and answer with `Revoked`, listing those dropped.
+    Revoke { tasks: Vec<(JobId, TaskIndex)> },
     /// The job is over; drop its template.
     ForgetJob { job: JobId },
     /// The server is going away (stop); do not reconnect.
@@ -234,6 +243,10 @@ pub enum ToClient {
 pub enum Answer {
     Submitted {
         job: JobId,
+        /// Why the job's tasks cannot run on the workers connected now, if so (it is kept:
+        /// a bigger worker may still come).
+        #[serde(default)]
+        warning: Option<String>,
     },
     Extended,
     Jobs(Vec<JobSummary>),
@@ -330,6 +343,9 @@ pub struct JobDetail {
     /// "array 1-100" or "list of 12 tasks".
     pub tasks: String,
     pub timing: Timing,
+    /// Why its queued tasks cannot go to any worker now, if so.
+    #[serde(default)]
+    pub waiting: Option<String>,
 }
 
 /// Means over the successful tasks of a job, from the server's timestamps.
@@ -338,12 +354,16 @@ pub struct Timing {
     pub tasks: u64,
     /// Submission to assignment.
     pub mean_queue_us: f64,
-    /// Assignment to process start (network, prefetch wait, spawn).
+    /// Assignment to process start, less the wait for a slot: network, the worker's handling
+    /// and the launch's preparation.
     pub mean_dispatch_us: f64,
     /// Process start to exit.
     pub mean_run_us: f64,
     /// First start to last end.
     pub span_us: u64,
+    /// Waiting on the worker, sent ahead of a free slot (prefetched), until one freed up.
+    #[serde(default)]
+    pub mean_waited_us: f64,
 }
 
 /// A page of `kestrel task list`.
@@ -368,6 +388,9 @@ pub struct TaskRow {
     pub exit_code: Option<i32>,
     pub reason: Option<String>,
     pub stderr_tail: Option<String>,
+    /// Runs that started (a task that failed once and then succeeded made 2).
+    #[serde(default)]
+    pub attempts: u32,
 }
 
 /// One line of `kestrel worker list`.
@@ -405,6 +428,9 @@ pub struct WaitProgress {
     pub jobs: u32,
     pub jobs_done: u32,
     pub counts: Counts,
+    /// Why some of the jobs' queued tasks cannot go to any worker now, if so.
+    #[serde(default)]
+    pub waiting: Option<String>,
 }
 
 /// `kestrel server info`.

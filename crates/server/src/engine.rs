@@ -125,9 +125,16 @@ impl Engine {
         _tx: mpsc::UnboundedSender<Inbound>,
     ) -> Engine {
         let heartbeat_ms = config.heartbeat.as_millis().max(1) as u64;
+        let defaults = Config::default();
         let core = Scheduler::new(Config {
             heartbeat_timeout_us: heartbeat_ms * 4 * 1000,
-            ..Config::default()
+            quarantine_failures: if config.quarantine {
+                defaults.quarantine_failures
+            } else {
+                0
+            },
+            first_job: config.first_job,
+            ..defaults
         });
         let info = ServerInfo {
             version: env!("CARGO_PKG_VERSION").into(),
@@ -343,6 +350,9 @@ impl Engine {
                             self.task_ended(now, worker, f);
                         }
                     }
+                    FromWorker::Revoked { tasks } => {
+                        self.core.tasks_revoked(now, worker, tasks);
+                    }
                     FromWorker::Heartbeat => {}
                     FromWorker::Register(_) => {
                         tracing::warn!(worker, "worker registered twice; ignored");
@@ -427,7 +437,10 @@ impl Engine {
             } => {
                 if let Some(job) = key.as_ref().and_then(|k| self.keys.get(k)) {
                     tracing::info!(job, "repeated submission answered with its job");
-                    Ok(Answer::Submitted { job: *job })
+                    Ok(Answer::Submitted {
+                        job: *job,
+                        warning: None,
+                    })
                 } else if let Err(e) = self.accepting_work() {
                     Err(e)
                 } else {
@@ -445,10 +458,16 @@ impl Engine {
                                 self.keys.insert(k.clone(), job);
                             }
                             tracing::info!(job, tasks = n, %name, "job submitted");
+                            // A job too big for every worker connected now is kept (a bigger
+                            // one may come), but its submitter hears of it at once.
+                            let warning = match self.core.stall(job) {
+                                Some(s @ kestrel_core::Stall::TooBig { .. }) => Some(s.to_string()),
+                                _ => None,
+                            };
                             self.deferred.push(Deferred {
                                 conn,
                                 id: req.id,
-                                result: Ok(Answer::Submitted { job }),
+                                result: Ok(Answer::Submitted { job, warning }),
                                 created: Some((job, key)),
                             });
                             return;
@@ -489,7 +508,10 @@ impl Engine {
                 self.core.jobs().map(views::job_summary).collect(),
             )),
             Ask::JobInfo { job } => match self.core.job(job) {
-                Some(j) => Ok(Answer::Job(Box::new(views::job_detail(j)))),
+                Some(j) => Ok(Answer::Job(Box::new(views::job_detail(
+                    j,
+                    self.core.stall(job),
+                )))),
                 None => Err(no_such_job(job)),
             },
             Ask::TaskList { job, state, limit } => match self.core.job(job) {
@@ -612,6 +634,8 @@ impl Engine {
             p.counts.add(&j.counts.into());
             if j.is_done() {
                 p.jobs_done += 1;
+            } else if p.waiting.is_none() {
+                p.waiting = self.core.stall(j.id).map(|s| format!("job {}: {s}", j.id));
             }
         }
         p
@@ -749,6 +773,12 @@ impl Engine {
                 Command::Cancel { worker, tasks } => {
                     if let Some(c) = self.workers.get(&worker) {
                         c.outbox.send(&ToWorker::Cancel { tasks });
+                    }
+                }
+                Command::Revoke { worker, tasks } => {
+                    tracing::debug!(worker, tasks = tasks.len(), "taking back waiting tasks");
+                    if let Some(c) = self.workers.get(&worker) {
+                        c.outbox.send(&ToWorker::Revoke { tasks });
                     }
                 }
                 Command::JobDone { job } => {

@@ -110,6 +110,10 @@ struct EndsBody {
     ok: Vec<(JobId, TaskIndex, i64, i64, i64)>,
     /// (report, assigned_us).
     other: Vec<(Finished, u64)>,
+    /// Per job, the summed wait for a slot of the successes in `ok` (one pair per job and
+    /// batch, not a number per task).
+    #[serde(default)]
+    waited: Vec<(JobId, u64)>,
 }
 
 /// Entries gathered while the engine applies one batch of events; written by [`Journal::commit`].
@@ -118,6 +122,7 @@ pub struct Pending {
     rows: Vec<(i64, Vec<u8>)>,
     ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
     other: Vec<(Finished, u64)>,
+    waited: Vec<(JobId, u64)>,
 }
 
 impl Pending {
@@ -134,6 +139,7 @@ impl Pending {
         self.rows.clear();
         self.ok.clear();
         self.other.clear();
+        self.waited.clear();
     }
 
     pub fn submit(
@@ -229,6 +235,12 @@ impl Pending {
         if f.end == kestrel_core::RunEnd::Success {
             self.ok
                 .push((f.job, f.index, assigned_us, f.started_us, f.finished_us));
+            if f.waited_us > 0 {
+                match self.waited.iter_mut().rev().find(|(j, _)| *j == f.job) {
+                    Some((_, sum)) => *sum += f.waited_us,
+                    None => self.waited.push((f.job, f.waited_us)),
+                }
+            }
         } else {
             self.other.push((f, assigned_us));
         }
@@ -263,6 +275,7 @@ impl Pending {
                 .map(|(j, i, a, s, f)| (j, i, off(a), off(s), off(f)))
                 .collect(),
             other: std::mem::take(&mut self.other),
+            waited: std::mem::take(&mut self.waited),
         };
         self.push(KIND_ENDS, &body);
     }
@@ -589,11 +602,15 @@ impl Journal {
                             started_us: at(s),
                             finished_us: at(f),
                             end: kestrel_core::RunEnd::Success,
+                            waited_us: 0,
                         };
                         core.restore_task_end(f, at(a));
                     }
                     for (f, a) in b.other {
                         core.restore_task_end(f, a);
+                    }
+                    for (job, waited_us) in b.waited {
+                        core.restore_waited(job, waited_us);
                     }
                 }
                 other => {
@@ -647,6 +664,7 @@ mod tests {
                     started_us: 1_000 + i as u64,
                     finished_us: 2_000 + i as u64,
                     end: RunEnd::Success,
+                    waited_us: 0,
                 },
                 900,
             );
@@ -737,6 +755,7 @@ mod tests {
                 reason: "exit code 1".into(),
                 stderr_tail: String::new(),
             })),
+            waited_us: 0,
         }
     }
 

@@ -47,6 +47,10 @@ pub struct ServerConfig {
     pub journal_limit: Option<u64>,
     /// TLS for every connection, or plain TCP when `None`.
     pub tls: Option<TlsConfig>,
+    /// Quarantine workers whose tasks fail far more often than on the others.
+    pub quarantine: bool,
+    /// The id of the first job (a journal's restored jobs continue after their own).
+    pub first_job: u32,
 }
 
 /// Where the server's TLS certificate comes from.
@@ -71,6 +75,8 @@ impl ServerConfig {
             journal: false,
             journal_limit: None,
             tls: None,
+            quarantine: true,
+            first_job: 1,
         }
     }
 }

@@ -20,7 +20,7 @@ pub struct DirLock {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    #[error("server directory {dir} is in use by a running server (pid {pid}); stop it with `kestrel server stop --dir {dir}` or pick another --dir")]
+    #[error("server directory {dir} is in use by a running server (pid {pid}); stop it with `kestrel --server-dir {dir} server stop` or pick another directory")]
     Held { dir: PathBuf, pid: String },
     #[error("cannot lock {path}: {err}")]
     Io { path: PathBuf, err: std::io::Error },
@@ -79,7 +79,7 @@ mod tests {
         let first = DirLock::acquire(dir.path()).unwrap();
         let e = DirLock::acquire(dir.path()).unwrap_err().to_string();
         assert!(e.contains(&format!("(pid {})", std::process::id())), "{e}");
-        assert!(e.contains("kestrel server stop --dir"), "{e}");
+        assert!(e.contains("server stop` or pick another directory"), "{e}");
         drop(first);
         DirLock::acquire(dir.path()).unwrap();
     }

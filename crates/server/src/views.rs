@@ -1,6 +1,6 @@
 //! Scheduler state rendered as the protocol's answers.
 
-use kestrel_core::{Job, TaskSet, TaskState, Worker};
+use kestrel_core::{Job, Stall, TaskSet, TaskState, Worker};
 use kestrel_proto::messages::*;
 
 /// "queued", "running", "finished", "failed" or "canceled".
@@ -32,7 +32,8 @@ pub fn job_summary(j: &Job) -> JobSummary {
     }
 }
 
-pub fn job_detail(j: &Job) -> JobDetail {
+/// `stall` is why its queued tasks cannot go to any worker now, if so.
+pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
     let t = j.timing();
     let mean = |sum: u64| {
         if t.tasks == 0 {
@@ -60,7 +61,9 @@ pub fn job_detail(j: &Job) -> JobDetail {
             span_us: t
                 .first_start_us
                 .map_or(0, |s| t.last_finish_us.saturating_sub(s)),
+            mean_waited_us: mean(t.waited_us),
         },
+        waiting: stall.map(|s| s.to_string()),
     }
 }
 
@@ -94,6 +97,7 @@ pub fn task_page(j: &Job, state: Option<TaskState>, limit: u32) -> TaskPage {
             stderr_tail: failure
                 .map(|f| f.stderr_tail.clone())
                 .filter(|s| !s.is_empty()),
+            attempts: r.runs.into(),
         });
     }
     TaskPage { rows, more }

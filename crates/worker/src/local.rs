@@ -19,6 +19,9 @@ pub struct LocalTask {
     pub index: TaskIndex,
     /// Own argv (list jobs); `None` uses the job template's.
     pub argv: Option<Vec<String>>,
+    /// When its assignment arrived (microseconds since the Unix epoch): the time until it
+    /// starts is its wait for a slot.
+    pub arrived_us: u64,
 }
 
 /// A job as this worker knows it.
@@ -75,8 +78,8 @@ impl Local {
         );
     }
 
-    /// Queues assigned tasks in order.
-    pub fn enqueue(&mut self, tasks: Vec<Assigned>) {
+    /// Queues assigned tasks in order; they arrived at `now_us`.
+    pub fn enqueue(&mut self, tasks: Vec<Assigned>, now_us: u64) {
         for a in tasks {
             let r = a.run;
             if a.argvs.is_empty() {
@@ -85,6 +88,7 @@ impl Local {
                         job: r.job,
                         index,
                         argv: None,
+                        arrived_us: now_us,
                     }));
             } else {
                 self.queue
@@ -96,6 +100,7 @@ impl Local {
                                 job: r.job,
                                 index,
                                 argv: Some(argv),
+                                arrived_us: now_us,
                             }),
                     );
             }
@@ -257,6 +262,7 @@ mod tests {
             job: 3,
             index: 2,
             argv: None,
+            arrived_us: 0,
         };
         let launch = l.launch(&t, &[], &me()).unwrap();
         assert_eq!(launch.argv, vec!["sim", "--seed", "20", "j3"]);
@@ -277,14 +283,17 @@ mod tests {
     fn slots_and_gpus_limit_what_starts() {
         let mut l = Local::new(2, 1);
         l.define(1, template(), JobIds::List, Resources { cpus: 1, gpus: 1 });
-        l.enqueue(vec![Assigned {
-            run: IndexRun {
-                job: 1,
-                first: 0,
-                count: 2,
-            },
-            argvs: vec![vec!["a".into()], vec!["b".into()]],
-        }]);
+        l.enqueue(
+            vec![Assigned {
+                run: IndexRun {
+                    job: 1,
+                    first: 0,
+                    count: 2,
+                },
+                argvs: vec![vec!["a".into()], vec!["b".into()]],
+            }],
+            0,
+        );
         let (t, gpus) = l.next_startable().unwrap();
         assert_eq!((t.index, gpus.clone()), (0, vec![0]));
         assert!(l.next_startable().is_none(), "the only GPU is taken");
@@ -300,14 +309,17 @@ mod tests {
     #[test]
     fn canceled_tasks_leave_the_queue() {
         let mut l = Local::new(1, 0);
-        l.enqueue(vec![Assigned {
-            run: IndexRun {
-                job: 1,
-                first: 0,
-                count: 3,
-            },
-            argvs: vec![],
-        }]);
+        l.enqueue(
+            vec![Assigned {
+                run: IndexRun {
+                    job: 1,
+                    first: 0,
+                    count: 3,
+                },
+                argvs: vec![],
+            }],
+            0,
+        );
         assert_eq!(l.unqueue(&[(1, 1), (2, 0)]), vec![(1, 1)]);
         assert_eq!(l.queue.len(), 2);
     }

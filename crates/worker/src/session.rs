@@ -78,6 +78,8 @@ struct Running {
     /// What it holds, kept here because its job's definition may be forgotten first.
     cpus: u32,
     gpus: Vec<u32>,
+    /// How long it waited here for a slot.
+    waited_us: u64,
 }
 
 /// What outlives a dropped connection: templates, running tasks and their buffered results,
@@ -186,6 +188,7 @@ pub(crate) async fn serve(
         running: std::mem::take(&mut carry.running),
         started: Vec::new(),
         finished: std::mem::take(&mut carry.finished),
+        revoked: Vec::new(),
     };
     // Runs that ended while disconnected.
     if let Some(p) = pool.as_mut() {
@@ -228,6 +231,8 @@ struct Session<'a> {
     running: FxHashMap<Key, Running>,
     started: Vec<Started>,
     finished: Vec<Finished>,
+    /// Answers to `Revoke` requests not sent yet, one per request.
+    revoked: Vec<Vec<Key>>,
 }
 
 impl Session<'_> {
@@ -357,6 +362,10 @@ impl Session<'_> {
                 self.send_update(writer).await?;
                 sent_since_tick = true;
             }
+            for tasks in std::mem::take(&mut self.revoked) {
+                writer.send(&FromWorker::Revoked { tasks }).await?;
+                sent_since_tick = true;
+            }
         }
     }
 
@@ -369,7 +378,12 @@ impl Session<'_> {
                 ids,
                 resources,
             } => self.local.define(job, template, ids, resources),
-            ToWorker::Assign { tasks } => self.local.enqueue(tasks),
+            ToWorker::Assign { tasks } => self.local.enqueue(tasks, now_us()),
+            ToWorker::Revoke { tasks } => {
+                // Those still waiting for a slot go back; those started run on.
+                let given = self.local.unqueue(&tasks);
+                self.revoked.push(given);
+            }
             ToWorker::Cancel { tasks } => {
                 let now = now_us();
                 for (job, index) in self.local.unqueue(&tasks) {
@@ -379,6 +393,7 @@ impl Session<'_> {
                         started_us: now,
                         finished_us: now,
                         end: RunEnd::Canceled,
+                        waited_us: 0,
                     });
                 }
                 for key in &tasks {
@@ -410,6 +425,7 @@ impl Session<'_> {
             started_us,
             finished_us,
             end,
+            waited_us: r.waited_us,
         });
     }
 
@@ -428,6 +444,7 @@ impl Session<'_> {
                         started_us: batch_now,
                         finished_us: batch_now,
                         end: RunEnd::Success,
+                        waited_us: batch_now.saturating_sub(task.arrived_us),
                     });
                 }
                 (ExecMode::Process, Some(p)) => self.launch(p, key, task, gpus),
@@ -438,6 +455,7 @@ impl Session<'_> {
     /// Hands a task to the process pool, or reports it failed if it cannot be launched.
     fn launch(&mut self, p: &Pool, key: Key, task: LocalTask, gpus: Vec<u32>) {
         let now = now_us();
+        let waited_us = now.saturating_sub(task.arrived_us);
         match self.local.launch(&task, &gpus, &self.me) {
             Ok(launch) => {
                 let cancel = CancelHandle::new();
@@ -447,6 +465,7 @@ impl Session<'_> {
                         cancel: cancel.clone(),
                         cpus: self.local.cpus_of(task.job),
                         gpus,
+                        waited_us,
                     },
                 );
                 self.started.push(Started {
@@ -473,6 +492,7 @@ impl Session<'_> {
                         reason,
                         stderr_tail: String::new(),
                     })),
+                    waited_us,
                 });
             }
         }

@@ -3,6 +3,7 @@
 
 use crate::args::{Exec, Global, RunArgs};
 use crate::client_cmds::{submissions, submit_all, wait_exit, wait_for};
+use crate::json::{CountsView, RunView};
 use crate::output::{self, Format};
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::TaskState;
@@ -74,20 +75,20 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     let p = outcome?;
     let rate = tasks as f64 / wall.as_secs_f64().max(1e-9);
     match g.output {
-        Format::Json => output::json(&serde_json::json!({
-            "tasks": tasks,
-            "finished": p.counts.finished,
-            "failed": p.counts.failed,
-            "canceled": p.counts.canceled,
-            "wall_s": wall.as_secs_f64(),
-            "tasks_per_s": rate,
-            "workers": a.workers,
-            "slots": slots,
-        })),
+        Format::Json => output::json(&RunView {
+            tasks,
+            workers: a.workers,
+            slots,
+            counts: CountsView::from(&p.counts),
+            wall_us: wall.as_micros() as u64,
+            tasks_per_s: rate,
+        }),
         Format::Table => {
             println!(
-                "{tasks} tasks on {} worker(s) x {slots} slots: {} in {} ({rate:.1} tasks/s)",
-                a.workers,
+                "{} on {} x {}: {} in {} ({rate:.1} tasks/s)",
+                output::plural(tasks, "task"),
+                output::plural(a.workers, "worker"),
+                output::plural(slots, "slot"),
                 output::counts(&p.counts),
                 output::duration(wall),
             );

@@ -319,7 +319,7 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                         }),
                     })
                     .collect();
-                output::json(&serde_json::json!({ "jobs": out }));
+                output::json(&json::Jobs { jobs: out });
             } else {
                 for r in &results {
                     if let Ok((queued, running)) = r.result {
@@ -483,8 +483,9 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
         return Err(unexpected());
     };
     if g.output == Format::Json {
-        let workers: Vec<WorkerView> = ws.iter().map(WorkerView::from).collect();
-        output::json(&serde_json::json!({ "workers": workers }));
+        output::json(&json::WorkerListView {
+            workers: ws.iter().map(WorkerView::from).collect(),
+        });
     } else if ws.is_empty() {
         println!("no workers connected; start one with `kestrel worker start`");
     } else {

@@ -174,8 +174,9 @@ pub struct TaskView {
     pub finished_us: Option<u64>,
     /// Start to end of its last run.
     pub run_us: Option<u64>,
+    /// 0 once it finished; the code of its last failed run otherwise.
     pub exit_code: Option<i32>,
-    /// Why its last run failed.
+    /// Why its last failed run failed (kept after a successful retry).
     pub reason: Option<String>,
     pub stderr_tail: Option<String>,
 }
@@ -194,10 +195,21 @@ impl TaskView {
             started_us: instant(r.started_us),
             finished_us: instant(r.finished_us),
             run_us: run_us(r),
-            exit_code: r.exit_code,
+            exit_code: exit_code(r),
             reason: r.reason.clone(),
             stderr_tail: r.stderr_tail.clone(),
         }
+    }
+}
+
+/// The exit code of a task's last ended run: 0 once it finished, the code of its last failure
+/// otherwise (`None` if it has not ended, or ended without one: a signal, a timeout, a
+/// program that could not start).
+pub fn exit_code(r: &TaskRow) -> Option<i32> {
+    if r.state == TaskState::Finished {
+        Some(0)
+    } else {
+        r.exit_code
     }
 }
 
@@ -442,4 +454,16 @@ pub struct RunView {
     pub counts: CountsView,
     pub wall_us: u64,
     pub tasks_per_s: f64,
+}
+
+/// A list of jobs (`{"jobs": [...]}`): `job state`, `job cancel`, `job forget`.
+#[derive(Serialize)]
+pub struct Jobs<T: Serialize> {
+    pub jobs: Vec<T>,
+}
+
+/// `worker list`.
+#[derive(Serialize)]
+pub struct WorkerListView {
+    pub workers: Vec<WorkerView>,
 }

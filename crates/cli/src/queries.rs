@@ -82,8 +82,8 @@ pub async fn job_list(
     println!("{t}");
     if page.more > 0 {
         println!(
-            "... and {} older (--last N shows more, --last 0 all)",
-            plural(page.more, "job")
+            "... and {} (--last N shows more, --last 0 all)",
+            plural(page.more, "older job")
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -112,7 +112,7 @@ pub async fn job_state(g: &Global, s: &mut Session<'_>, jobs: Vec<JobId>) -> Res
                 state: name(st),
             })
             .collect();
-        output::json(&serde_json::json!({ "jobs": jobs }));
+        output::json(&json::Jobs { jobs });
     } else {
         // One write for all lines: a poll of thousands of jobs stays one syscall.
         let mut out = String::with_capacity(states.len() * 12);
@@ -151,7 +151,7 @@ pub async fn job_forget(
                 done: None,
             })
             .collect();
-        output::json(&serde_json::json!({ "jobs": out }));
+        output::json(&json::Jobs { jobs: out });
     } else if forgotten.is_empty() {
         if all_ended && results.is_empty() {
             println!("no ended jobs to forget");
@@ -245,7 +245,7 @@ async fn task_list(
             Cell::new(r.worker.map_or("-".into(), |w| w.to_string())),
             Cell::new(json::run_us(r).map_or("-".into(), |us| output::micros(us as f64))),
             Cell::new(json::attempts(r)),
-            Cell::new(r.exit_code.map_or("-".into(), |c| c.to_string())),
+            Cell::new(json::exit_code(r).map_or("-".into(), |c| c.to_string())),
             Cell::new(why),
         ]);
     }
@@ -287,10 +287,9 @@ fn print_task(d: &TaskDetail) {
         (Some(w), Some(host)) => format!("{w} ({host})"),
         (Some(w), None) => format!("{w} (no longer connected)"),
     };
-    let ended = match (r.exit_code, d.signal) {
+    let ended = match (json::exit_code(r), d.signal) {
         (Some(c), _) => format!("exit code {c}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),
-        (None, None) if r.state == TaskState::Finished => "exit code 0".into(),
         (None, None) => "-".into(),
     };
     let command = shlex::try_join(paths.command.iter().map(String::as_str))

@@ -54,7 +54,7 @@ fn failed_tasks_show_exit_code_reason_and_stderr() {
     let all = task_rows(&c, "1", None);
     assert_eq!(all.len(), 3);
     assert_eq!(all[1]["state"], "finished");
-    assert_eq!(all[1]["exit_code"], Value::Null);
+    assert_eq!(all[1]["exit_code"], 0, "a finished task exited 0");
     assert_eq!(job_state(&c, "1")["state"], "failed");
 }
 

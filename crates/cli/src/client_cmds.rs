@@ -207,11 +207,9 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
         }
     }
     if g.output == Format::Table {
-        let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-        let noun = if ids.len() == 1 { "job" } else { "jobs" };
         eprintln!(
-            "submitted {noun} {} with {}",
-            list.join(", "),
+            "submitted {} with {}",
+            output::jobs(&ids),
             plural(total, "task")
         );
     }

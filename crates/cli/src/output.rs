@@ -33,6 +33,27 @@ pub fn plural(n: impl Into<u64>, noun: &str) -> String {
     }
 }
 
+/// `job 3`, `jobs 1-4, 7`: job ids with runs of consecutive ids shortened, so a job file of
+/// 100,000 jobs is not a 600 KB line.
+pub fn jobs(ids: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j].wrapping_add(1) {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => ids[i].to_string(),
+            1 => format!("{}, {}", ids[i], ids[j]),
+            _ => format!("{}-{}", ids[i], ids[j]),
+        });
+        i = j + 1;
+    }
+    let noun = if ids.len() == 1 { "job" } else { "jobs" };
+    format!("{noun} {}", parts.join(", "))
+}
+
 /// "active", or "quarantined: why" (see `kestrel worker resume`).
 pub fn worker_state(w: &kestrel_proto::messages::WorkerRow) -> String {
     match &w.quarantined {
@@ -198,5 +219,19 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jobs;
+
+    #[test]
+    fn job_ids_are_shortened_to_runs() {
+        assert_eq!(jobs(&[3]), "job 3");
+        assert_eq!(jobs(&[1, 2]), "jobs 1, 2");
+        assert_eq!(jobs(&[1, 2, 3, 4, 7, 9, 10, 11]), "jobs 1-4, 7, 9-11");
+        let many: Vec<u32> = (1..=100_000).collect();
+        assert_eq!(jobs(&many), "jobs 1-100000");
     }
 }

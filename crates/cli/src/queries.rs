@@ -157,9 +157,7 @@ pub async fn job_forget(
             println!("no ended jobs to forget");
         }
     } else {
-        let ids: Vec<String> = forgotten.iter().map(JobId::to_string).collect();
-        let noun = if ids.len() == 1 { "job" } else { "jobs" };
-        println!("forgot {noun} {}", ids.join(", "));
+        println!("forgot {}", output::jobs(&forgotten));
     }
     let refused = refused_jobs(results.iter().filter_map(|r| r.result.as_ref().err()));
     Ok(refused.map_or(ExitCode::SUCCESS, exit::code))

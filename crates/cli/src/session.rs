@@ -64,7 +64,7 @@ pub async fn connect(g: &Global, within: Duration) -> Result<Client> {
     match connect_once(g).await {
         Err(e) if unreachable(&e) && !within.is_zero() => {
             eprintln!(
-                "cannot reach the server ({e:#}); trying again for up to {}",
+                "{e:#} (trying again for up to {})",
                 humantime::format_duration(within)
             );
             retry(g, within).await

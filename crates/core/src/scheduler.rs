@@ -357,7 +357,7 @@ pub enum SchedError {
     RetryCanceled(JobId),
     #[error(transparent)]
     Spec(#[from] SpecError),
-    #[error("job {job} has not ended ({left} of its tasks are queued or running); wait for it (`kestrel job wait {job}`) or cancel it (`kestrel job cancel {job}`) first")]
+    #[error("job {job} has not ended ({left} of its tasks not done yet); wait for it (`kestrel job wait {job}`) or cancel it (`kestrel job cancel {job}`) first")]
     NotEnded { job: JobId, left: u32 },
 }
 

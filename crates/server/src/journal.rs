@@ -596,8 +596,11 @@ impl Journal {
                     // Accepted once, so it applies again; if the log's order makes it
                     // refused now, the job's state differs a little, not the journal's health.
                     for job in b.jobs {
-                        if let Err(e) = core.forget_job(job) {
-                            tracing::warn!("journal entry {seq}: job {job} not forgotten: {e}");
+                        match core.forget_job(job) {
+                            Ok(()) => restored.jobs = restored.jobs.saturating_sub(1),
+                            Err(e) => {
+                                tracing::warn!("journal entry {seq}: job {job} not forgotten: {e}")
+                            }
                         }
                     }
                 }

@@ -103,7 +103,7 @@ class Cluster:
         r = run_cmd(self.k("worker", "list", "--output", "json"), timeout=60, cwd=self.dir)
         if r["rc"] != 0:
             raise RuntimeError(cmd_error("kestrel worker list", r))
-        return json.loads(r["out"])
+        return json.loads(r["out"])["workers"]
 
     def submit(self, args: list, tasks: int, wait: bool = True, timeout: float = 3600) -> dict:
         """Times `kestrel submit ARGS [--wait]` and checks every task finished."""
@@ -132,10 +132,11 @@ class Cluster:
         return json.loads(r["out"]) if r["rc"] == 0 else {"error": cmd_error("job info", r)}
 
     def job_list(self) -> list:
-        r = run_cmd(self.k("job", "list", "--output", "json"), timeout=120, cwd=self.dir)
+        argv = self.k("job", "list", "--last", "0", "--output", "json")
+        r = run_cmd(argv, timeout=120, cwd=self.dir)
         if r["rc"] != 0:
             raise RuntimeError(cmd_error("kestrel job list", r))
-        return json.loads(r["out"])
+        return json.loads(r["out"])["jobs"]
 
     def cpu(self) -> dict:
         """CPU seconds used so far by the server and by the workers (and their tasks)."""

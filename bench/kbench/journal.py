@@ -107,7 +107,7 @@ class JournalScenarios(SuiteBase):
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 info = c.job_info(2)
-                if (info.get("summary") or {}).get("counts", {}).get("finished", 0) > 0:
+                if info.get("counts", {}).get("finished", 0) > 0:
                     break
                 time.sleep(0.01)
             else:

@@ -37,7 +37,7 @@ class MemoryScenarios(SuiteBase):
             time.sleep(1.0)
             st = proc_status(c.server.pid)
             jobs = c.job_list()
-            total = sum(sum(j["counts"].values()) for j in jobs)
+            total = sum(j["tasks"] for j in jobs)
             if total != n:
                 raise RuntimeError(f"the server holds {total} tasks, expected {n}")
             after_list = proc_status(c.server.pid)

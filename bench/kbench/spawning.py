@@ -96,13 +96,14 @@ class SpawningScenarios(SuiteBase):
         if r["rc"] != 0:
             raise RuntimeError(cmd_error("kestrel run", r))
         j = json_docs(r["out"])[-1]
-        if j.get("finished") != tasks:
-            raise RuntimeError(f"only {j.get('finished')} of {tasks} finished")
+        finished = j.get("counts", {}).get("finished")
+        if finished != tasks:
+            raise RuntimeError(f"only {finished} of {tasks} finished")
         return {
             "seconds": r["seconds"],
             "tasks": tasks,
             "rate": tasks / r["seconds"],
-            "internal_wall_s": j.get("wall_s"),
+            "internal_wall_s": j["wall_us"] / 1e6 if "wall_us" in j else None,
             "cpu_s": r["cpu_s"],
         }
 

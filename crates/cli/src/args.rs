@@ -19,7 +19,18 @@ A server and workers that outlive one command:
   kestrel submit --array 1-100000 -- ./sim --seed {task}
   kestrel job wait 1                            # progress bar; exit code 1 if a task failed
   kestrel task list 1 --status failed           # exit codes and the tail of stderr
-  kestrel server stop";
+  kestrel job state 1 2 3                       # one `id state` line per job, for scripts
+  kestrel server stop
+
+Exit status:
+  0  success
+  1  a task of the job(s) failed or was canceled (run, submit --wait, job wait)
+  2  error: bad arguments, or a request the server refused
+  3  not found: a job, task or worker id the server does not have
+  4  server unreachable: no access file, nobody listening, or the connection was lost and
+     did not come back within --reconnect-for
+
+Shell completion: kestrel completions bash|zsh|fish (see `kestrel completions --help`).";
 
 #[derive(Parser, Debug)]
 #[command(name = "kestrel", version, about = ABOUT, after_help = EXAMPLES, arg_required_else_help = true)]
@@ -45,6 +56,16 @@ pub struct Global {
     /// More log output (-v info, -vv debug); also RUST_LOG
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// When the server cannot be reached or goes away, keep trying this long before giving up
+    /// with exit status 4 (0 = give up at once) [default: 0, except that job wait and submit
+    /// keep trying 5m, and worker start 2m, after losing a server they were connected to]
+    #[arg(
+        long,
+        global = true,
+        value_name = "DURATION",
+        env = "KESTREL_RECONNECT_FOR"
+    )]
+    pub reconnect_for: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,9 +87,17 @@ pub enum Command {
     /// List, inspect, wait for or cancel jobs
     #[command(subcommand)]
     Job(JobCommand),
-    /// List the tasks of a job
+    /// List the tasks of a job, or show one in full
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Print a shell completion script
+    #[command(
+        after_help = "Examples:\n  kestrel completions bash > ~/.local/share/bash-completion/completions/kestrel\n  kestrel completions zsh > ~/.zfunc/_kestrel        # with fpath+=~/.zfunc before compinit\n  kestrel completions fish > ~/.config/fish/completions/kestrel.fish"
+    )]
+    Completions {
+        /// The shell to complete in
+        shell: clap_complete::Shell,
+    },
 }
 
 const SUBMIT_HELP: &str = "\
@@ -117,9 +146,6 @@ pub struct SubmitArgs {
     /// Wait until the job ends (progress bar; exit code 1 if any task failed)
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: keep trying to reconnect this long after losing the server
-    #[arg(long, default_value = "5m", value_name = "DURATION")]
-    pub reconnect_for: String,
     /// The program and its arguments
     #[arg(last = true, value_name = "PROGRAM ARGS")]
     pub command: Vec<String>,
@@ -217,9 +243,6 @@ pub enum WorkerCommand {
         /// How tasks are executed; `noop` is for benchmarks only and never the default
         #[arg(long, value_enum, default_value_t = Exec::Process)]
         exec: Exec,
-        /// Keep trying to reconnect this long after losing the server
-        #[arg(long, default_value = "2m", value_name = "DURATION")]
-        reconnect_for: String,
     },
     /// List connected workers (quarantined ones with the reason)
     List,
@@ -232,19 +255,44 @@ pub enum WorkerCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum JobCommand {
-    /// List jobs
-    List,
+    /// List jobs, oldest first (the server filters, so long histories answer quickly)
+    #[command(
+        after_help = "Examples:\n  kestrel job list --state running,queued\n  kestrel job list --name 'sweep-*' --last 10\n  kestrel job list --last 0 --output json      # every job"
+    )]
+    List {
+        /// Only jobs in these states (comma-separated)
+        #[arg(
+            long,
+            alias = "status",
+            value_enum,
+            value_delimiter = ',',
+            value_name = "STATE"
+        )]
+        state: Vec<JobStateArg>,
+        /// Only jobs whose name matches this pattern (`*` and `?` as in the shell)
+        #[arg(long, value_name = "PATTERN")]
+        name: Option<String>,
+        /// Only the newest N matching jobs (0 = all)
+        #[arg(long, default_value_t = 1000, value_name = "N")]
+        last: u32,
+    },
     /// Show a job's options, task counts and timing (queue, dispatch and run time)
     Info { job: u32 },
+    /// Print `ID STATE` for each job, one line each, in one request (for scripts and workflow
+    /// managers); exit status 3 if some id is unknown
+    #[command(
+        after_help = "States: queued, running, finished, failed, canceled; `unknown` for an id the server does\nnot have (never submitted, or forgotten).\n\nExample:\n  $ kestrel job state 4 5 99\n  4 finished\n  5 running\n  99 unknown"
+    )]
+    State {
+        #[arg(required = true)]
+        jobs: Vec<u32>,
+    },
     /// Wait for jobs to end (all unfinished jobs if none given); exit code 1 if a task failed
     Wait {
         jobs: Vec<u32>,
         /// No progress display
         #[arg(long, short)]
         quiet: bool,
-        /// Keep trying to reconnect this long after losing the server
-        #[arg(long, default_value = "5m", value_name = "DURATION")]
-        reconnect_for: String,
     },
     /// Cancel jobs: queued tasks at once, running ones are killed
     Cancel {
@@ -264,19 +312,55 @@ pub enum JobCommand {
         #[arg(long, conflicts_with = "failed")]
         all: bool,
     },
+    /// Drop ended jobs from the server for good (their tasks' records too); the journal
+    /// remembers it, so a restarted server does not bring them back
+    #[command(
+        after_help = "A job that still has queued or running tasks is refused: wait for it or cancel it first.\n\nExamples:\n  kestrel job forget 3 4\n  kestrel job forget --all-finished"
+    )]
+    Forget {
+        #[arg(required_unless_present = "all_finished")]
+        jobs: Vec<u32>,
+        /// Every job that has ended: finished, failed or canceled
+        #[arg(long)]
+        all_finished: bool,
+    },
+}
+
+/// A job state, as `job list --state` takes it.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStateArg {
+    Queued,
+    Running,
+    Finished,
+    Failed,
+    Canceled,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum TaskCommand {
-    /// List a job's tasks (failed ones with exit code and the tail of stderr)
+    /// List a job's tasks in pages (failed ones with exit code and the tail of stderr)
+    #[command(
+        after_help = "Pages: the last line says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\n\nExamples:\n  kestrel task list 1 --status failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
+    )]
     List {
         job: u32,
         /// Only tasks in this state
-        #[arg(long, value_enum)]
+        #[arg(long, alias = "state", value_enum)]
         status: Option<Status>,
+        /// Skip this many (matching) tasks: where the page starts
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        offset: u32,
         /// At most this many rows
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_name = "N")]
         limit: u32,
+    },
+    /// Show one task in full: state, worker, runs, times, exit code, reason, the tail of its
+    /// stderr, its command line and where its output went
+    #[command(after_help = "Example:\n  kestrel task info 1 17")]
+    Info {
+        job: u32,
+        /// The task's id (the array value, or the line number from 0 for lists)
+        task: u32,
     },
 }
 

@@ -1,38 +1,23 @@
-//! Commands that talk to a running server: submit, job, task, worker list, server info/stop.
+//! Commands that talk to a running server: submit, wait, job info/cancel/retry, worker
+//! list/resume, server info/stop. (Listings that page or filter are in [`crate::queries`].)
 
-use crate::args::{Global, JobCommand, Shape, Status, SubmitArgs, TaskCommand};
+use crate::args::{Global, JobCommand, Shape, SubmitArgs};
+use crate::exit;
 use crate::jobs::{self, Submission, TaskShape};
-use crate::output::{self, Format, Progress};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::json::{
+    self, JobInfoView, JobOutcome, ResumeView, RetryView, ServerView, WaitView, WorkerView,
+};
+use crate::output::{self, plural, Format, Progress};
+use crate::session::{self, unexpected, Session};
+use anyhow::{bail, Context, Result};
 use comfy_table::Cell;
-use kestrel_core::{JobId, TaskSet, TaskState};
-use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress};
-use kestrel_proto::{default_server_dir, Access, Client, ClientError, ProtoError, ACCESS_FILE};
+use kestrel_core::{JobId, TaskSet};
+use kestrel_proto::messages::{Answer, Ask, JobDetail, Refusal, RefusalKind, WaitProgress};
+use kestrel_proto::{Client, ClientError};
+use serde::Serialize;
 use std::ops::Range;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// The access file the global options point to.
-pub fn access_path(g: &Global) -> PathBuf {
-    match &g.access {
-        Some(a) => a.clone(),
-        None => g
-            .server_dir
-            .clone()
-            .unwrap_or_else(default_server_dir)
-            .join(ACCESS_FILE),
-    }
-}
-
-pub fn read_access(g: &Global) -> Result<Access> {
-    Ok(Access::read(&access_path(g))?)
-}
-
-pub async fn connect(g: &Global) -> Result<Client> {
-    let access = read_access(g)?;
-    Client::connect(&access).await.map_err(|e| anyhow!("{e}"))
-}
 
 /// Submits jobs; list jobs too large for one frame go in pieces. Returns their ids.
 pub async fn submit_all(client: &mut Client, subs: Vec<Submission>) -> Result<Vec<JobId>> {
@@ -122,48 +107,12 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
 }
 
 fn client_lost(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Unreachable { .. }
-            | ClientError::ConnectTimeout(_)
-            | ClientError::Proto(ProtoError::Io(_) | ProtoError::Closed | ProtoError::Timeout(_))
-    )
+    exit::lost_or_unreachable(e)
 }
 
 /// Whether an error means the connection to the server went away (worth reconnecting).
 pub fn connection_lost(e: &anyhow::Error) -> bool {
     e.downcast_ref::<ClientError>().is_some_and(client_lost)
-}
-
-/// Reconnects after the server went away, with backoff, re-reading the access file each time
-/// (a restarted server may listen elsewhere); gives up after `within`.
-pub async fn reconnect(g: &Global, within: Duration, cause: &anyhow::Error) -> Result<Client> {
-    eprintln!(
-        "lost the server ({cause}); reconnecting for up to {}",
-        humantime::format_duration(within)
-    );
-    let deadline = std::time::Instant::now() + within;
-    let mut delay = Duration::from_millis(100);
-    loop {
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
-        let attempt = async {
-            let access = read_access(g)?;
-            Ok::<_, anyhow::Error>(Client::connect(&access).await?)
-        }
-        .await;
-        match attempt {
-            Ok(c) => {
-                eprintln!("reconnected to the server");
-                return Ok(c);
-            }
-            Err(e) if std::time::Instant::now() >= deadline => bail!(
-                "lost the server and could not reconnect within {} (last try: {e}); check it with `kestrel server info`, start it again with `kestrel server start`, then `kestrel job wait`",
-                humantime::format_duration(within)
-            ),
-            Err(_) => {}
-        }
-    }
 }
 
 /// Waits like [`wait_for`], reconnecting and waiting again when the server goes away.
@@ -176,7 +125,7 @@ pub async fn wait_reconnecting(
 ) -> Result<WaitProgress> {
     loop {
         match wait_for(client, jobs.clone(), quiet).await {
-            Err(e) if connection_lost(&e) => *client = reconnect(g, within, &e).await?,
+            Err(e) if connection_lost(&e) => *client = session::reconnect(g, within, e).await?,
             done => return done,
         }
     }
@@ -235,118 +184,160 @@ pub async fn wait_for(client: &mut Client, jobs: Vec<JobId>, quiet: bool) -> Res
 /// Exit code of a wait: 1 if any task failed or was canceled.
 pub fn wait_exit(p: &WaitProgress) -> ExitCode {
     if p.counts.failed > 0 || p.counts.canceled > 0 {
-        ExitCode::FAILURE
+        exit::code(exit::TASKS_FAILED)
     } else {
         ExitCode::SUCCESS
     }
 }
 
+/// `submit --output json`: the jobs, and with `--wait` how they ended.
+#[derive(Serialize)]
+struct SubmitView {
+    jobs: Vec<JobId>,
+    tasks: u64,
+    #[serde(flatten)]
+    waited: Option<WaitView>,
+}
+
 pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
-    let within = jobs::parse_duration(&args.reconnect_for).context("--reconnect-for")?;
+    let within = session::reconnect_for(g, session::WAITING)?;
     let subs = keyed(submissions(&args.shape, &args.options, args.command)?);
     let total: u64 = subs.iter().map(|s| s.sub.tasks.len() as u64).sum();
-    let mut client = connect(g).await?;
+    let mut client = session::connect(g, session::reconnect_for(g, session::ONE_SHOT)?).await?;
     let mut ids = Vec::with_capacity(subs.len());
     loop {
         match submit_keyed(&mut client, &subs, &mut ids).await {
-            Err(e) if connection_lost(&e) => client = reconnect(g, within, &e).await?,
+            Err(e) if connection_lost(&e) => client = session::reconnect(g, within, e).await?,
             done => break done?,
         }
     }
-    match g.output {
-        Format::Json => output::json(&serde_json::json!({ "jobs": ids, "tasks": total })),
-        Format::Table => {
-            let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-            let noun = if ids.len() == 1 { "job" } else { "jobs" };
-            eprintln!("submitted {noun} {} with {total} tasks", list.join(", "));
+    if g.output == Format::Table {
+        eprintln!(
+            "submitted {} with {}",
+            output::jobs(&ids),
+            plural(total, "task")
+        );
+    }
+    let waited = if args.wait {
+        let p = wait_reconnecting(
+            g,
+            &mut client,
+            ids.clone(),
+            g.output == Format::Json,
+            within,
+        )
+        .await?;
+        if g.output == Format::Table {
+            report_wait(g, &p);
         }
+        Some(p)
+    } else {
+        None
+    };
+    if g.output == Format::Json {
+        output::json(&SubmitView {
+            jobs: ids,
+            tasks: total,
+            waited: waited.as_ref().map(WaitView::from),
+        });
     }
-    if !args.wait {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let p = wait_reconnecting(g, &mut client, ids, g.output == Format::Json, within).await?;
-    report_wait(g, &p);
-    Ok(wait_exit(&p))
+    Ok(waited.as_ref().map_or(ExitCode::SUCCESS, wait_exit))
 }
 
 fn report_wait(g: &Global, p: &WaitProgress) {
     match g.output {
-        Format::Json => output::json(p),
-        Format::Table => println!("{} jobs done: {}", p.jobs_done, output::counts(&p.counts)),
+        Format::Json => output::json(&WaitView::from(p)),
+        Format::Table => println!(
+            "{} done: {}",
+            plural(p.jobs_done, "job"),
+            output::counts(&p.counts)
+        ),
     }
 }
 
+/// Prints each refusal of a command on several jobs as one `error:` line; returns the exit
+/// status they call for: 3 if some job did not exist, else 2 (`None` if nothing was refused).
+pub fn refused_jobs<'a>(refusals: impl Iterator<Item = &'a Refusal>) -> Option<u8> {
+    let mut status = None;
+    for r in refusals {
+        eprintln!("error: {r}");
+        let code = match r.kind {
+            RefusalKind::NotFound => exit::NOT_FOUND,
+            RefusalKind::Refused => exit::ERROR,
+        };
+        status = Some(status.map_or(code, |s: u8| s.max(code)));
+    }
+    status
+}
+
+/// `job cancel --output json`: what happened to one job.
+#[derive(Serialize)]
+struct Canceled {
+    queued_canceled: u32,
+    running_stopping: u32,
+}
+
 pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
-    let mut client = connect(g).await?;
+    if let JobCommand::Wait { jobs, quiet } = cmd {
+        let within = session::reconnect_for(g, session::WAITING)?;
+        let mut client = session::connect(g, session::reconnect_for(g, session::ONE_SHOT)?).await?;
+        let quiet = quiet || g.output == Format::Json;
+        let p = wait_reconnecting(g, &mut client, jobs, quiet, within).await?;
+        report_wait(g, &p);
+        return Ok(wait_exit(&p));
+    }
+    let mut s = Session::open(g, session::ONE_SHOT).await?;
     match cmd {
-        JobCommand::List => {
-            let Answer::Jobs(jobs) = client.call(Ask::JobList).await? else {
-                bail!("unexpected answer")
-            };
-            if g.output == Format::Json {
-                output::json(&jobs);
-            } else if jobs.is_empty() {
-                println!("no jobs; submit one with `kestrel submit`");
-            } else {
-                let mut t =
-                    output::table(&["id", "name", "state", "tasks", "progress", "submitted"]);
-                for j in &jobs {
-                    t.add_row(vec![
-                        Cell::new(j.id),
-                        Cell::new(&j.name),
-                        Cell::new(&j.state),
-                        Cell::new(j.counts.total()),
-                        Cell::new(output::counts(&j.counts)),
-                        Cell::new(output::ago(j.submitted_us)),
-                    ]);
-                }
-                println!("{t}");
-            }
+        JobCommand::Wait { .. } => unreachable!("handled above"),
+        JobCommand::List { state, name, last } => {
+            return crate::queries::job_list(g, &mut s, state, name, last).await
+        }
+        JobCommand::State { jobs } => return crate::queries::job_state(g, &mut s, jobs).await,
+        JobCommand::Forget { jobs, all_finished } => {
+            return crate::queries::job_forget(g, &mut s, jobs, all_finished).await
         }
         JobCommand::Info { job } => {
-            let Answer::Job(d) = client.call(Ask::JobInfo { job }).await? else {
-                bail!("unexpected answer")
+            let Answer::Job(d) = s.call(Ask::JobInfo { job }).await? else {
+                return Err(unexpected());
             };
             if g.output == Format::Json {
-                output::json(&d);
+                output::json(&JobInfoView::from(&*d));
             } else {
                 print_job(&d);
             }
         }
-        JobCommand::Wait {
-            jobs,
-            quiet,
-            reconnect_for,
-        } => {
-            let within = jobs::parse_duration(&reconnect_for).context("--reconnect-for")?;
-            let quiet = quiet || g.output == Format::Json;
-            let p = wait_reconnecting(g, &mut client, jobs, quiet, within).await?;
-            report_wait(g, &p);
-            return Ok(wait_exit(&p));
-        }
         JobCommand::Cancel { jobs } => {
-            let Answer::Canceled(results) = client.call(Ask::Cancel { jobs }).await? else {
-                bail!("unexpected answer")
+            let Answer::Canceled(results) = s.call(Ask::Cancel { jobs }).await? else {
+                return Err(unexpected());
             };
             if g.output == Format::Json {
-                output::json(&results);
-            }
-            let mut failed = false;
-            for r in &results {
-                match &r.result {
-                    Ok((queued, running)) if g.output == Format::Table => println!(
-                        "job {}: canceled {queued} queued tasks, stopping {running} running",
-                        r.job
-                    ),
-                    Ok(_) => {}
-                    Err(e) => {
-                        failed = true;
-                        eprintln!("job {}: {e}", r.job);
+                let out: Vec<JobOutcome<Canceled>> = results
+                    .iter()
+                    .map(|r| JobOutcome {
+                        id: r.job,
+                        error: r.result.as_ref().err().map(ToString::to_string),
+                        done: r.result.as_ref().ok().map(|&(queued, running)| Canceled {
+                            queued_canceled: queued,
+                            running_stopping: running,
+                        }),
+                    })
+                    .collect();
+                output::json(&json::Jobs { jobs: out });
+            } else {
+                for r in &results {
+                    if let Ok((queued, running)) = r.result {
+                        println!(
+                            "job {}: canceled {}, stopping {running} running",
+                            r.job,
+                            plural(queued, "queued task"),
+                        );
                     }
                 }
             }
-            if failed {
-                return Ok(ExitCode::FAILURE);
+            if let Some(status) =
+                refused_jobs(results.iter().filter_map(|r| r.result.as_ref().err()))
+            {
+                return Ok(exit::code(status));
             }
         }
         JobCommand::Retry {
@@ -358,28 +349,34 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                 job,
                 failed,
                 canceled,
-            } = client
+            } = s
                 .call(Ask::Retry {
                     job,
                     failed_only: !all,
                 })
                 .await?
             else {
-                bail!("unexpected answer")
+                return Err(unexpected());
             };
             if g.output == Format::Json {
-                output::json(
-                    &serde_json::json!({ "job": job, "failed": failed, "canceled": canceled }),
-                );
+                output::json(&RetryView {
+                    id: job,
+                    retried_failed: failed,
+                    retried_canceled: canceled,
+                });
             } else if failed + canceled == 0 {
                 println!(
                     "job {job}: no failed{} tasks to retry",
                     if all { " or canceled" } else { "" }
                 );
             } else if all {
-                println!("job {job}: resubmitted {failed} failed and {canceled} canceled tasks");
+                println!(
+                    "job {job}: resubmitted {} and {}",
+                    plural(failed, "failed task"),
+                    plural(canceled, "canceled task")
+                );
             } else {
-                println!("job {job}: resubmitted {failed} failed tasks");
+                println!("job {job}: resubmitted {}", plural(failed, "failed task"));
             }
         }
     }
@@ -387,16 +384,19 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
 }
 
 pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
-    let mut client = connect(g).await?;
+    let mut s = Session::open(g, session::ONE_SHOT).await?;
     let Answer::WorkerResumed {
         worker,
         was_quarantined,
-    } = client.call(Ask::ResumeWorker { worker }).await?
+    } = s.call(Ask::ResumeWorker { worker }).await?
     else {
-        bail!("unexpected answer")
+        return Err(unexpected());
     };
     if g.output == Format::Json {
-        output::json(&serde_json::json!({ "worker": worker, "was_quarantined": was_quarantined }));
+        output::json(&ResumeView {
+            id: worker,
+            was_quarantined,
+        });
     } else if was_quarantined {
         println!("worker {worker}: quarantine lifted; it gets tasks again");
     } else {
@@ -405,13 +405,22 @@ pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `1 cpu per task`, `2 cpus, 1 gpu per task`.
+fn resources(r: kestrel_core::Resources) -> String {
+    if r.gpus == 0 {
+        format!("{} per task", plural(r.cpus, "cpu"))
+    } else {
+        format!(
+            "{}, {} per task",
+            plural(r.cpus, "cpu"),
+            plural(r.gpus, "gpu")
+        )
+    }
+}
+
 fn print_job(d: &JobDetail) {
     let s = &d.summary;
     let t = &d.spec.template;
-    let sink = |k: &kestrel_core::Sink| match k {
-        kestrel_core::Sink::Null => "none".to_string(),
-        kestrel_core::Sink::File(p) => p.clone(),
-    };
     let rows: Vec<(&str, String)> = vec![
         ("job", s.id.to_string()),
         ("name", s.name.clone()),
@@ -432,15 +441,9 @@ fn print_job(d: &JobDetail) {
         ),
         (
             "stdout / stderr",
-            format!("{} / {}", sink(&t.stdout), sink(&t.stderr)),
+            format!("{} / {}", json::sink(&t.stdout), json::sink(&t.stderr)),
         ),
-        (
-            "resources",
-            format!(
-                "{} cpus, {} gpus per task",
-                d.spec.resources.cpus, d.spec.resources.gpus
-            ),
-        ),
+        ("resources", resources(d.spec.resources)),
         (
             "priority / retries",
             format!("{} / {}", d.spec.priority, d.spec.retries),
@@ -485,87 +488,15 @@ fn shell_words(argv: &[String]) -> String {
     shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_else(|_| argv.join(" "))
 }
 
-pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
-    let TaskCommand::List { job, status, limit } = cmd;
-    let state = status.map(|s| match s {
-        Status::Queued => TaskState::Ready,
-        Status::Assigned => TaskState::Assigned,
-        Status::Running => TaskState::Running,
-        Status::Finished => TaskState::Finished,
-        Status::Failed => TaskState::Failed,
-        Status::Canceled => TaskState::Canceled,
-    });
-    let mut client = connect(g).await?;
-    let Answer::Tasks(page) = client.call(Ask::TaskList { job, state, limit }).await? else {
-        bail!("unexpected answer")
-    };
-    if g.output == Format::Json {
-        output::json(&page);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut t = output::table(&[
-        "task",
-        "state",
-        "worker",
-        "run time",
-        "attempts",
-        "exit",
-        "reason / stderr tail",
-    ]);
-    let now = kestrel_server::now_us();
-    for r in &page.rows {
-        let run = if r.finished_us > 0 && r.started_us > 0 {
-            output::micros(r.finished_us.saturating_sub(r.started_us) as f64)
-        } else if r.state == TaskState::Running && r.started_us > 0 {
-            format!(
-                "{} so far",
-                output::micros(now.saturating_sub(r.started_us) as f64)
-            )
-        } else {
-            "-".into()
-        };
-        let mut why = r.reason.clone().unwrap_or_default();
-        if let Some(tail) = &r.stderr_tail {
-            let last: Vec<&str> = tail.lines().rev().take(3).collect();
-            let tail = last.into_iter().rev().collect::<Vec<_>>().join(" | ");
-            why = if why.is_empty() {
-                tail
-            } else {
-                format!("{why}: {tail}")
-            };
-        }
-        t.add_row(vec![
-            Cell::new(r.id),
-            Cell::new(if r.state == TaskState::Ready {
-                "queued".to_string()
-            } else {
-                r.state.to_string()
-            }),
-            Cell::new(r.worker.map_or("-".into(), |w| w.to_string())),
-            Cell::new(run),
-            Cell::new(r.attempts),
-            Cell::new(r.exit_code.map_or("-".into(), |c| c.to_string())),
-            Cell::new(why),
-        ]);
-    }
-    if page.rows.is_empty() {
-        println!("no tasks match");
-    } else {
-        println!("{t}");
-    }
-    if page.more > 0 {
-        println!("... and {} more (raise --limit)", page.more);
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 pub async fn worker_list(g: &Global) -> Result<ExitCode> {
-    let mut client = connect(g).await?;
-    let Answer::Workers(ws) = client.call(Ask::WorkerList).await? else {
-        bail!("unexpected answer")
+    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let Answer::Workers(ws) = s.call(Ask::WorkerList).await? else {
+        return Err(unexpected());
     };
     if g.output == Format::Json {
-        output::json(&ws);
+        output::json(&json::WorkerListView {
+            workers: ws.iter().map(WorkerView::from).collect(),
+        });
     } else if ws.is_empty() {
         println!("no workers connected; start one with `kestrel worker start`");
     } else {
@@ -603,12 +534,12 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
 }
 
 pub async fn server_info(g: &Global) -> Result<ExitCode> {
-    let mut client = connect(g).await?;
-    let Answer::Info(i) = client.call(Ask::ServerInfo).await? else {
-        bail!("unexpected answer")
+    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let Answer::Info(i) = s.call(Ask::ServerInfo).await? else {
+        return Err(unexpected());
     };
     if g.output == Format::Json {
-        output::json(&i);
+        output::json(&ServerView::from(&i));
     } else {
         println!(
             "server    {} (pid {}, kestrel {}, protocol {})",
@@ -638,8 +569,11 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
 }
 
 pub async fn server_stop(g: &Global) -> Result<ExitCode> {
-    let mut client = connect(g).await?;
-    client.call(Ask::Stop).await?;
+    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    s.call(Ask::Stop).await?;
+    if g.output == Format::Json {
+        output::json(&serde_json::json!({ "stopping": true }));
+    }
     eprintln!("server stopping");
     Ok(ExitCode::SUCCESS)
 }

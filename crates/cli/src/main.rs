@@ -3,9 +3,14 @@
 
 mod args;
 mod client_cmds;
+mod completions;
+mod exit;
 mod jobs;
+mod json;
 mod output;
+mod queries;
 mod run;
+mod session;
 
 use anyhow::{Context, Result};
 use args::{Cli, Command, Exec, Global, ServerCommand, WorkerCommand};
@@ -23,14 +28,14 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            return exit::code(exit::ERROR);
         }
     };
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            exit::code(exit::code_of(&e))
         }
     }
 }
@@ -57,7 +62,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Run(a) => run::run(&g, a).await,
         Command::Submit(a) => client_cmds::submit(&g, a).await,
         Command::Job(c) => client_cmds::job(&g, c).await,
-        Command::Task(c) => client_cmds::task(&g, c).await,
+        Command::Task(c) => queries::task(&g, c).await,
+        Command::Completions { shell } => Ok(completions::print(shell)),
         Command::Worker(WorkerCommand::List) => client_cmds::worker_list(&g).await,
         Command::Worker(WorkerCommand::Resume { worker }) => {
             client_cmds::worker_resume(&g, worker).await
@@ -67,8 +73,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             gpus,
             prefetch,
             exec,
-            reconnect_for,
-        }) => worker_start(&g, slots, gpus, prefetch, exec, &reconnect_for).await,
+        }) => worker_start(&g, slots, gpus, prefetch, exec).await,
         Command::Server(ServerCommand::Start(args)) => server_start(&g, *args).await,
         Command::Server(ServerCommand::Stop) => client_cmds::server_stop(&g).await,
         Command::Server(ServerCommand::Info) => client_cmds::server_info(&g).await,
@@ -164,10 +169,9 @@ async fn worker_start(
     gpus: u32,
     prefetch: Option<u32>,
     exec: Exec,
-    reconnect_for: &str,
 ) -> Result<ExitCode> {
-    let path = client_cmds::access_path(g);
-    let access = client_cmds::read_access(g)?;
+    let path = session::access_path(g);
+    let access = session::read_access(g)?;
     let slots = slots.unwrap_or_else(cpus).max(1);
     let mut config = kestrel_worker::WorkerConfig::new(slots);
     config.gpus = gpus;
@@ -176,7 +180,7 @@ async fn worker_start(
         Exec::Process => kestrel_worker::ExecMode::Process,
         Exec::Noop => kestrel_worker::ExecMode::Noop,
     };
-    config.reconnect_for = jobs::parse_duration(reconnect_for).context("--reconnect-for")?;
+    config.reconnect_for = session::reconnect_for(g, session::WORKER)?;
     config.server_dir = path.parent().map(|p| p.display().to_string());
     config.access_file = Some(path);
     if exec == Exec::Noop {

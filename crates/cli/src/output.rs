@@ -25,6 +25,35 @@ pub fn json<T: Serialize>(v: &T) {
     }
 }
 
+/// `1 job`, `2 jobs`: a count with its noun, plural unless one.
+pub fn plural(n: impl Into<u64>, noun: &str) -> String {
+    match n.into() {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
+/// `job 3`, `jobs 1-4, 7`: job ids with runs of consecutive ids shortened, so a job file of
+/// 100,000 jobs is not a 600 KB line.
+pub fn jobs(ids: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j].wrapping_add(1) {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => ids[i].to_string(),
+            1 => format!("{}, {}", ids[i], ids[j]),
+            _ => format!("{}-{}", ids[i], ids[j]),
+        });
+        i = j + 1;
+    }
+    let noun = if ids.len() == 1 { "job" } else { "jobs" };
+    format!("{noun} {}", parts.join(", "))
+}
+
 /// "active", or "quarantined: why" (see `kestrel worker resume`).
 pub fn worker_state(w: &kestrel_proto::messages::WorkerRow) -> String {
     match &w.quarantined {
@@ -118,6 +147,9 @@ pub fn counts(c: &Counts) -> String {
 /// Shows the progress of a wait: a bar on a terminal, a plain line every few seconds otherwise.
 pub struct Progress {
     bar: Option<ProgressBar>,
+    /// Whether the bar shows counts yet: until the server's first report it is a spinner, since
+    /// a bar of 0 tasks out of 0 would be drawn full.
+    counting: bool,
     started: Instant,
     last_line: Instant,
     quiet: bool,
@@ -128,19 +160,18 @@ pub struct Progress {
 impl Progress {
     pub fn new(quiet: bool) -> Progress {
         let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
-            let b = ProgressBar::new(0);
+            let b = ProgressBar::new_spinner();
             b.set_style(
-                ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} tasks  {msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
+                ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
             );
+            b.set_message("waiting for the server's first progress report");
             b.enable_steady_tick(Duration::from_millis(200));
             b
         });
         Progress {
             bar,
+            counting: false,
             started: Instant::now(),
             last_line: Instant::now(),
             quiet,
@@ -179,6 +210,16 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.set_length(c.total());
             b.set_position(done);
+            if !self.counting {
+                self.counting = true;
+                b.set_style(
+                    ProgressStyle::with_template(
+                        "{spinner} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} tasks  {msg}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+            }
             b.set_message(msg);
         } else if !self.quiet && self.last_line.elapsed() >= Duration::from_secs(5) {
             self.last_line = Instant::now();
@@ -194,5 +235,19 @@ impl Progress {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jobs;
+
+    #[test]
+    fn job_ids_are_shortened_to_runs() {
+        assert_eq!(jobs(&[3]), "job 3");
+        assert_eq!(jobs(&[1, 2]), "jobs 1, 2");
+        assert_eq!(jobs(&[1, 2, 3, 4, 7, 9, 10, 11]), "jobs 1-4, 7, 9-11");
+        let many: Vec<u32> = (1..=100_000).collect();
+        assert_eq!(jobs(&many), "jobs 1-100000");
     }
 }

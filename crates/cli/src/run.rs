@@ -4,6 +4,7 @@
 use crate::args::{Exec, Global, RunArgs, Switch};
 use crate::client_cmds::{submissions, submit_all, wait_exit};
 use crate::jobs::Submission;
+use crate::json::{CountsView, RunView};
 use crate::output::{self, Format, Progress};
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::{Sink, TaskState};
@@ -113,23 +114,21 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     let total = counts.total().max(tasks);
     let rate = total as f64 / wall.as_secs_f64().max(1e-9);
     match g.output {
-        Format::Json => output::json(&serde_json::json!({
-            "jobs": jobs,
-            "tasks": total,
-            "finished": counts.finished,
-            "failed": counts.failed,
-            "canceled": counts.canceled,
-            "wall_s": wall.as_secs_f64(),
-            "tasks_per_s": rate,
-            "workers": a.workers,
-            "slots": slots,
-        })),
+        Format::Json => output::json(&RunView {
+            jobs: jobs.clone(),
+            tasks: total,
+            workers: a.workers,
+            slots,
+            counts: CountsView::from(&counts),
+            wall_us: wall.as_micros() as u64,
+            tasks_per_s: rate,
+        }),
         Format::Table => {
             println!(
-                "{} on {} x {slots} {}: {} in {} ({rate:.1} tasks/s)",
-                plural(total, "task", "tasks"),
-                plural(u64::from(a.workers), "worker", "workers"),
-                if slots == 1 { "slot" } else { "slots" },
+                "{} on {} x {}: {} in {} ({rate:.1} tasks/s)",
+                output::plural(total, "task"),
+                output::plural(a.workers, "worker"),
+                output::plural(slots, "slot"),
                 output::counts(&counts),
                 output::duration(wall),
             );
@@ -143,10 +142,6 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         counts,
         ..Default::default()
     }))
-}
-
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// Refuses at once what the local workers can never run (a server would wait for a bigger

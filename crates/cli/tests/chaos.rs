@@ -41,7 +41,7 @@ fn finished(c: &Cluster) -> Option<(u64, bool)> {
         return None;
     }
     let v: serde_json::Value = serde_json::from_str(&out.stdout).ok()?;
-    let s = &v["summary"];
+    let s = &v;
     let fin = s["counts"]["finished"].as_u64()?;
     Some((fin, s["state"] == "finished"))
 }

@@ -16,9 +16,9 @@ fn tasks(c: &Cluster, job: &str) -> Vec<Value> {
     let mut rows = c
         .run(&["task", "list", job, "--limit", "100", "--output", "json"])
         .ok()
-        .json()["rows"]
+        .json()["tasks"]
         .as_array()
-        .expect("rows")
+        .expect("tasks")
         .clone();
     for r in &mut rows {
         r.as_object_mut().expect("row").remove("worker");
@@ -27,9 +27,7 @@ fn tasks(c: &Cluster, job: &str) -> Vec<Value> {
 }
 
 fn jobs(c: &Cluster) -> Vec<Value> {
-    c.run(&["job", "list", "--output", "json"])
-        .ok()
-        .json()
+    c.run(&["job", "list", "--output", "json"]).ok().json()["jobs"]
         .as_array()
         .expect("job list")
         .clone()
@@ -110,13 +108,13 @@ fn a_killed_server_restarts_with_its_results_and_reruns_the_rest() {
         },
         COMMAND_LIMIT,
     );
-    assert_eq!(out.ok().json().as_array().map(Vec::len), Some(2));
+    assert_eq!(out.ok().json()["jobs"].as_array().map(Vec::len), Some(2));
 
     // Finished tasks kept their results and timings; the running ones are queued again.
     assert_eq!(tasks(&c, "1"), before);
     let js = jobs(&c);
     assert_eq!(js[0]["state"], "finished", "{js:?}");
-    assert_eq!(js[1]["counts"]["ready"], 2, "{js:?}");
+    assert_eq!(js[1]["counts"]["queued"], 2, "{js:?}");
 
     c.add_worker(2);
     let status = poll(
@@ -313,7 +311,7 @@ fn pieces_of_a_list_job_resent_after_a_crash_are_added_once() {
     assert_eq!(ask(&c, piece(true)), Answer::Extended);
     let js = jobs(&c);
     assert_eq!(js.len(), 1, "{js:?}");
-    assert_eq!(js[0]["counts"]["ready"], 3, "{js:?}");
+    assert_eq!(js[0]["counts"]["queued"], 3, "{js:?}");
     // Closed now: a repeat is harmless, new tasks are refused.
     assert_eq!(ask(&c, piece(true)), Answer::Extended);
     let more = Ask::Extend {

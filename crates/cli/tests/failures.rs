@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 /// The rows of `kestrel task list JOB [--status S] --output json`.
@@ -14,12 +14,12 @@ fn task_rows(c: &Cluster, job: &str, status: Option<&str>) -> Vec<Value> {
         args.extend_from_slice(&["--status", s]);
     }
     let page = c.run(&args).ok().json();
-    assert_eq!(page["more"], 0);
-    page["rows"].as_array().expect("rows").clone()
+    assert_eq!(page["next_offset"], Value::Null, "one page holds them all");
+    page["tasks"].as_array().expect("tasks").clone()
 }
 
 fn job_state(c: &Cluster, job: &str) -> Value {
-    c.run(&["job", "info", job, "--output", "json"]).ok().json()["summary"].clone()
+    c.run(&["job", "info", job, "--output", "json"]).ok().json()
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn failed_tasks_show_exit_code_reason_and_stderr() {
     assert_eq!(ids, [1, 3], "{failed:#?}");
     for r in &failed {
         let id = &r["id"];
-        assert_eq!(r["state"], "Failed");
+        assert_eq!(r["state"], "failed");
         assert_eq!(r["exit_code"], 3);
         assert_eq!(r["failures"], 1);
         assert_eq!(r["lost"], 0);
@@ -53,8 +53,8 @@ fn failed_tasks_show_exit_code_reason_and_stderr() {
     }
     let all = task_rows(&c, "1", None);
     assert_eq!(all.len(), 3);
-    assert_eq!(all[1]["state"], "Finished");
-    assert_eq!(all[1]["exit_code"], Value::Null);
+    assert_eq!(all[1]["state"], "finished");
+    assert_eq!(all[1]["exit_code"], 0, "a finished task exited 0");
     assert_eq!(job_state(&c, "1")["state"], "failed");
 }
 
@@ -79,7 +79,7 @@ fn retries_run_a_failing_task_again() {
     assert_eq!(c.read("count").as_deref(), Some("3\n"));
     let rows = task_rows(&c, "1", None);
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0]["state"], "Finished");
+    assert_eq!(rows[0]["state"], "finished");
     assert_eq!(rows[0]["failures"], 2, "{rows:#?}");
     assert_eq!(rows[0]["lost"], 0);
     assert_eq!(job_state(&c, "1")["state"], "finished");
@@ -97,7 +97,7 @@ fn retries_run_a_failing_task_again() {
     ]);
     assert_eq!(out.code(), Some(1), "{out:#?}");
     let rows = task_rows(&c, "2", None);
-    assert_eq!(rows[0]["state"], "Failed");
+    assert_eq!(rows[0]["state"], "failed");
     assert_eq!(rows[0]["failures"], 2, "first run and one retry: {rows:#?}");
     assert_eq!(rows[0]["exit_code"], 5);
 }
@@ -129,7 +129,7 @@ fn timeout_kills_a_long_task_quickly() {
         "ran {run_us} µs for a 300 ms timeout"
     );
     let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
-    assert_eq!(info["spec"]["template"]["timeout_ms"], 300);
+    assert_eq!(info["timeout_us"], 300_000);
 }
 
 #[test]
@@ -172,10 +172,15 @@ fn cancel_stops_running_and_queued_tasks() {
 
     let out = c.run(&["job", "cancel", "1", "--output", "json"]);
     let result = out.ok().json();
-    // [queued canceled at once, outstanding on workers (running or prefetched) to stop]
-    let counts = &result[0]["result"]["Ok"];
-    assert_eq!(result[0]["job"], 1, "{out:#?}");
-    let (queued, outstanding) = (counts[0].as_u64().unwrap(), counts[1].as_u64().unwrap());
+    // Queued tasks canceled at once, outstanding ones on workers (running or prefetched) to stop.
+    let job = &result["jobs"][0];
+    assert_eq!(
+        (&job["id"], &job["error"]),
+        (&json!(1), &Value::Null),
+        "{out:#?}"
+    );
+    let u = |k: &str| job[k].as_u64().unwrap_or_else(|| panic!("{k} in {job}"));
+    let (queued, outstanding) = (u("queued_canceled"), u("running_stopping"));
     assert_eq!(queued + outstanding, 10, "{out:#?}");
     assert!(outstanding >= 2, "{out:#?}");
     let wait = c.run(&["job", "wait", "1", "--quiet"]);
@@ -184,7 +189,7 @@ fn cancel_stops_running_and_queued_tasks() {
 
     let rows = task_rows(&c, "1", None);
     assert_eq!(rows.len(), 10);
-    assert!(rows.iter().all(|r| r["state"] == "Canceled"), "{rows:#?}");
+    assert!(rows.iter().all(|r| r["state"] == "canceled"), "{rows:#?}");
     assert_eq!(job_state(&c, "1")["state"], "canceled");
     // The running sleeps were killed (and reaped by the worker); queued tasks never started.
     for &pid in &pids {
@@ -226,7 +231,7 @@ fn a_lost_worker_task_runs_again_elsewhere() {
     assert_eq!(c.read("result").as_deref(), Some("second run\n"));
     let rows = task_rows(&c, "1", None);
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0]["state"], "Finished");
+    assert_eq!(rows[0]["state"], "finished");
     assert_eq!(rows[0]["lost"], 1, "{rows:#?}");
     assert_eq!(rows[0]["failures"], 0, "{rows:#?}");
     assert_eq!(rows[0]["worker"], 2, "ran on the second worker");

@@ -40,7 +40,10 @@ fn a_sweep_with_every_fifth_point_failing_ends_with_exactly_those_failed() {
     assert_eq!(out.code(), Some(1), "{out:#?}");
     let v = out.json();
     assert_eq!(
-        (v["finished"].as_u64(), v["failed"].as_u64()),
+        (
+            v["counts"]["finished"].as_u64(),
+            v["counts"]["failed"].as_u64()
+        ),
         (Some(240), Some(60)),
         "{v}"
     );
@@ -115,7 +118,7 @@ fn tasks_under_run_submit_tasks_that_the_run_waits_for() {
     let v = out.json();
     // The parent task and the 4 it submitted, all finished before the run ended.
     assert_eq!(v["tasks"].as_u64(), Some(5), "{v}");
-    assert_eq!(v["finished"].as_u64(), Some(5), "{v}");
+    assert_eq!(v["counts"]["finished"].as_u64(), Some(5), "{v}");
     // `{task}` in the parent's command was the parent's id (0); each child wrote the same file.
     assert_eq!(
         std::fs::read_to_string(dir.path().join("child-0.out")).unwrap(),
@@ -169,11 +172,11 @@ fn a_job_waiting_for_quarantined_workers_says_so() {
         ]);
         jobs += 1;
         let w = c.run(&["worker", "list", "--output", "json"]).ok().json();
-        let q: Vec<Value> = w
+        let q: Vec<Value> = w["workers"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|w| !w["quarantined"].is_null())
+            .filter(|w| !w["quarantine_reason"].is_null())
             .map(|w| w["id"].clone())
             .collect();
         if !q.is_empty() || jobs == 5 {
@@ -185,7 +188,7 @@ fn a_job_waiting_for_quarantined_workers_says_so() {
     c.kill_worker(1);
     poll("the lost worker to be dropped", COMMAND_LIMIT, || {
         let w = c.run(&["worker", "list", "--output", "json"]).ok().json();
-        (w.as_array().unwrap().len() == 1).then_some(())
+        (w["workers"].as_array().unwrap().len() == 1).then_some(())
     });
     c.run(&["submit", "--array", "1-5", "--", "true"]).ok();
     let job = (jobs + 1).to_string();
@@ -220,10 +223,11 @@ fn quarantine_can_be_switched_off() {
     assert_eq!(out.code(), Some(1), "{out:#?}");
     let w = c.run(&["worker", "list", "--output", "json"]).ok().json();
     assert!(
-        w.as_array()
+        w["workers"]
+            .as_array()
             .unwrap()
             .iter()
-            .all(|w| w["quarantined"].is_null()),
+            .all(|w| w["quarantine_reason"].is_null()),
         "{w}"
     );
 }

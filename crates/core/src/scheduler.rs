@@ -444,6 +444,8 @@ pub enum SchedError {
     RetryCanceled(JobId),
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error("job {job} has not ended ({left} of its tasks not done yet); wait for it (`kestrel job wait {job}`) or cancel it (`kestrel job cancel {job}`) first")]
+    NotEnded { job: JobId, left: u32 },
 }
 
 /// Why a job's queued tasks cannot go to any worker (see [`Scheduler::stall`]): the answer to
@@ -1629,6 +1631,25 @@ impl Scheduler {
             }
             self.commands.push(Command::JobDone { job });
         }
+    }
+
+    /// Removes a job that has ended, with its task records, so a long-lived server does not
+    /// keep every job it ever ran. Its id is not given out again. A job with tasks still queued
+    /// or running is refused.
+    pub fn forget_job(&mut self, job: JobId) -> Result<(), SchedError> {
+        let j = self.jobs.get(&job).ok_or(SchedError::NoSuchJob(job))?;
+        if !j.is_done() {
+            let left = j.len() - j.counts.done();
+            return Err(SchedError::NotEnded { job, left });
+        }
+        self.jobs.remove(&job);
+        self.live_jobs.remove(&job);
+        // An ended job rarely has queue entries left (a task a resumed worker took back keeps
+        // its entry until it is reached); without its job they would never be reached.
+        if !self.ready.is_empty() {
+            self.ready.retain(|s| s.job != job);
+        }
+        Ok(())
     }
 
     // ----- output ---------------------------------------------------------------------------

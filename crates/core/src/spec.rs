@@ -87,6 +87,24 @@ impl From<IdRanges> for Vec<IdRun> {
     }
 }
 
+/// The expression the ranges parse from, e.g. `1-100`, `0-98:2`, `1,5,9-12`.
+impl fmt::Display for IdRanges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.runs.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            let last = r.first as u64 + r.count.saturating_sub(1) as u64 * r.step as u64;
+            match (r.count, r.step) {
+                (0 | 1, _) => write!(f, "{}", r.first)?,
+                (_, 1) => write!(f, "{}-{last}", r.first)?,
+                (_, step) => write!(f, "{}-{last}:{step}", r.first)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdRun {
     first: u32,
@@ -384,6 +402,13 @@ mod tests {
             Err(RangeError::ZeroStep("1-9:0".into()))
         );
         assert_eq!(IdRanges::parse("0-4294967295,1"), Err(RangeError::TooLarge));
+    }
+
+    #[test]
+    fn ranges_print_as_they_parse() {
+        for text in ["1-100", "0-98:2", "1,5,9-12", "7", "0-10:5,20,30-31"] {
+            assert_eq!(IdRanges::parse(text).unwrap().to_string(), text);
+        }
     }
 
     proptest! {

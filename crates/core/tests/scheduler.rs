@@ -520,3 +520,49 @@ fn cancel_after_many_tasks_reaches_exactly_the_tasks_a_worker_holds() {
         .collect();
     assert_eq!(canceled, kept);
 }
+
+/// Forgetting: refused while a job has work left; afterwards the job is gone without
+/// disturbing ids, the queue or other jobs.
+#[test]
+fn only_an_ended_job_is_forgotten_and_its_id_is_not_reused() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 100, 10_000);
+    let done = h.submit(spec("t"), array(10));
+    h.add_worker(2, 2);
+    h.run_until_idle();
+    assert!(h.sched.job(done).unwrap().is_done());
+    // A job nobody runs yet is refused, saying how many tasks are left and what to do.
+    let waiting = h.submit(spec("t"), array(5));
+    let canceled = h.submit(spec("t"), array(1_000_000));
+    let e = h.sched.forget_job(waiting).unwrap_err();
+    assert_eq!(
+        e,
+        SchedError::NotEnded {
+            job: waiting,
+            left: 5
+        }
+    );
+    assert!(e.to_string().contains("kestrel job cancel"), "{e}");
+
+    h.sched.forget_job(done).unwrap();
+    assert!(h.sched.job(done).is_none());
+    assert_eq!(
+        h.sched.forget_job(done),
+        Err(SchedError::NoSuchJob(done)),
+        "forgetting twice"
+    );
+    // A canceled job has ended too; its queue entries go with it.
+    h.cancel(canceled);
+    h.sched.forget_job(canceled).unwrap();
+    let waiting_ready = h.sched.job(waiting).unwrap().counts.ready;
+    assert_eq!(
+        h.sched.queued(),
+        u64::from(waiting_ready),
+        "only the waiting job's tasks are queued"
+    );
+    assert_eq!(h.sched.live_jobs(), 1);
+    let next = h.submit(spec("t"), array(1));
+    assert!(next > canceled, "ids are never reused: {next}");
+    h.run_until_idle();
+    assert!(h.sched.job(waiting).unwrap().is_done());
+    assert!(h.sched.job(next).unwrap().is_done());
+}

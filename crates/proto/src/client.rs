@@ -3,7 +3,7 @@
 use crate::access::Access;
 use crate::auth::{connect_handshake, Role};
 use crate::frame::{FrameReader, FrameWriter, ProtoError};
-use crate::messages::{Answer, Ask, Request, ToClient, WaitProgress};
+use crate::messages::{Answer, Ask, Refusal, RefusalKind, Request, ToClient, WaitProgress};
 use crate::tls::{ConnRead, ConnWrite};
 use kestrel_core::JobId;
 use std::time::Duration;
@@ -24,10 +24,22 @@ pub enum ClientError {
     /// The server refused the request; its message says why.
     #[error("{0}")]
     Server(String),
+    /// The request names a job, task or worker the server does not have; the message says which.
+    #[error("{0}")]
+    NotFound(String),
     #[error("the server sent an unexpected answer: {0}")]
     Unexpected(String),
     #[error("TLS with the server at {addr} failed ({err}); the server does not run with --tls, or with another certificate than the access file's: use the server's current access file")]
     Tls { addr: String, err: String },
+}
+
+impl From<Refusal> for ClientError {
+    fn from(r: Refusal) -> ClientError {
+        match r.kind {
+            RefusalKind::NotFound => ClientError::NotFound(r.message),
+            RefusalKind::Refused => ClientError::Server(r.message),
+        }
+    }
 }
 
 /// Connects TCP to the access file's address, with a timeout and a clear message on failure.
@@ -95,7 +107,7 @@ impl Client {
         loop {
             match self.reader.recv::<ToClient>().await? {
                 ToClient::Reply { id: rid, result } if rid == id => {
-                    return result.map_err(ClientError::Server)
+                    return result.map_err(ClientError::from)
                 }
                 _ => continue,
             }
@@ -130,7 +142,7 @@ impl Client {
                     progress: p,
                 } if pid == id => progress(&p),
                 ToClient::Reply { id: rid, result } if rid == id => {
-                    return match result.map_err(ClientError::Server)? {
+                    return match result.map_err(ClientError::from)? {
                         Answer::WaitDone(p) => Ok(p),
                         other => Err(ClientError::Unexpected(format!("{other:?}"))),
                     };

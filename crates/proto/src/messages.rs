@@ -4,10 +4,11 @@
 //! the protocol version checked in the handshake). Every hot message carries a batch.
 
 use kestrel_core::{
-    Finished, IdRanges, IndexRun, JobId, JobSpec, Resources, TaskIndex, TaskSet, TaskState,
-    TaskTemplate, WorkerId,
+    Finished, IdRanges, IndexRun, JobId, JobSpec, Resources, SchedError, Sink, TaskId, TaskIndex,
+    TaskSet, TaskState, TaskTemplate, WorkerId,
 };
 use serde::{Deserialize, Serialize};
+use std::fmt;
 
 // ----- worker <-> server --------------------------------------------------------------------
 
@@ -224,6 +225,34 @@ pub enum Ask {
     ResumeWorker {
         worker: WorkerId,
     },
+    /// The state of each of these jobs, all in one answer (the status poll of workflow
+    /// managers: one round trip for any number of jobs).
+    JobStates {
+        jobs: Vec<JobId>,
+    },
+    /// The jobs that pass a filter (applied by the server, so only they travel).
+    Jobs {
+        filter: JobFilter,
+    },
+    /// Drop ended jobs from the server: their tasks' records are freed and a restarted server
+    /// does not bring them back. With `all_ended`, every ended job besides those listed.
+    Forget {
+        jobs: Vec<JobId>,
+        all_ended: bool,
+    },
+    /// A page of a job's tasks: of the tasks in `state` (every task if `None`), in task order,
+    /// those from the `offset`-th on, at most `limit`.
+    TaskPage {
+        job: JobId,
+        state: Option<TaskState>,
+        offset: u32,
+        limit: u32,
+    },
+    /// One task in full, by its user-visible id.
+    TaskInfo {
+        job: JobId,
+        task: TaskId,
+    },
 }
 
 /// Server to client.
@@ -232,7 +261,7 @@ pub enum ToClient {
     /// The answer to request `id`.
     Reply {
         id: u64,
-        result: Result<Answer, String>,
+        result: Result<Answer, Refusal>,
     },
     /// Progress of a `Wait` request `id`.
     Progress { id: u64, progress: WaitProgress },
@@ -268,6 +297,178 @@ pub enum Answer {
         worker: WorkerId,
         was_quarantined: bool,
     },
+    /// Each job asked about with its state, `None` for a job the server does not have.
+    JobStates(Vec<(JobId, Option<JobState>)>),
+    /// The jobs a [`JobFilter`] let through.
+    JobsPage(JobsPage),
+    /// What `Forget` did to each job.
+    Forgotten(Vec<ForgetResult>),
+    /// The answer to `TaskPage`.
+    TaskRange(TaskRange),
+    /// The answer to `TaskInfo`.
+    Task(Box<TaskDetail>),
+}
+
+/// Why the server refused a request: a message for people (what is wrong and what to do) and
+/// a kind for programs (the CLI's exit code).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub message: String,
+    pub kind: RefusalKind,
+}
+
+/// What kind of refusal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalKind {
+    /// The request cannot be carried out (bad input, a full journal, a job in the wrong state).
+    #[default]
+    Refused,
+    /// The request names a job, task or worker the server does not have.
+    NotFound,
+}
+
+impl Refusal {
+    /// A refusal because something named does not exist.
+    pub fn not_found(message: impl Into<String>) -> Refusal {
+        Refusal {
+            message: message.into(),
+            kind: RefusalKind::NotFound,
+        }
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal {
+            message,
+            kind: RefusalKind::Refused,
+        }
+    }
+}
+
+impl From<SchedError> for Refusal {
+    fn from(e: SchedError) -> Refusal {
+        let kind = match e {
+            SchedError::NoSuchJob(_) | SchedError::NoSuchWorker(_) => RefusalKind::NotFound,
+            _ => RefusalKind::Refused,
+        };
+        Refusal {
+            message: e.to_string(),
+            kind,
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// Where a job is in its life, as `kestrel job list` and `kestrel job state` show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum JobState {
+    /// No task has been handed to a worker yet.
+    Queued,
+    /// Some task has been handed out or has ended, and some has not ended.
+    Running,
+    /// Every task finished successfully.
+    Finished,
+    /// Every task ended and at least one failed.
+    Failed,
+    /// The job was canceled.
+    Canceled,
+}
+
+impl JobState {
+    /// Every state, in the order of a job's life.
+    pub const ALL: [JobState; 5] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Finished,
+        JobState::Failed,
+        JobState::Canceled,
+    ];
+
+    /// The lowercase name the CLI prints and parses.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Finished => "finished",
+            JobState::Failed => "failed",
+            JobState::Canceled => "canceled",
+        }
+    }
+
+    /// Whether the job has ended (nothing of it runs or waits any more).
+    pub fn is_ended(self) -> bool {
+        matches!(
+            self,
+            JobState::Finished | JobState::Failed | JobState::Canceled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which jobs `Jobs` returns.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobFilter {
+    /// Only jobs in one of these states (any state if empty).
+    pub states: Vec<JobState>,
+    /// Only jobs whose name matches this shell-style pattern (`*`, `?`, `[abc]`).
+    pub name: Option<String>,
+    /// Only the last (newest) this many of the matching jobs; 0 = all.
+    pub last: u32,
+}
+
+/// The jobs a filter let through, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobsPage {
+    pub jobs: Vec<JobSummary>,
+    /// Older jobs that matched but were left out by `last`.
+    pub more: u64,
+}
+
+/// What `Forget` did to one job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForgetResult {
+    pub job: JobId,
+    pub result: Result<(), Refusal>,
+}
+
+/// A page of a job's tasks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRange {
+    pub rows: Vec<TaskRow>,
+    /// How many matching tasks come before `rows`.
+    pub offset: u64,
+    /// How many tasks match in all.
+    pub matched: u64,
+}
+
+/// One task in full (`kestrel task info`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDetail {
+    pub job: JobId,
+    pub task: TaskRow,
+    /// The signal that ended its last failed run, if one did.
+    pub signal: Option<i32>,
+    /// Its command line as submitted (placeholders not yet replaced).
+    pub argv: Vec<String>,
+    /// The job's working directory (placeholders not yet replaced); the worker's if `None`.
+    pub cwd: Option<String>,
+    pub stdout: Sink,
+    pub stderr: Sink,
+    /// The host name of the worker it was last assigned to, while that worker is connected.
+    pub worker_host: Option<String>,
 }
 
 /// Task counts by state.
@@ -340,9 +541,12 @@ pub struct JobSummary {
 pub struct JobDetail {
     pub summary: JobSummary,
     pub spec: JobSpec,
-    /// "array 1-100" or "list of 12 tasks".
+    /// "array of 100 tasks, ids 1-100", "1 task (id 0)" or "list of 12 tasks".
     pub tasks: String,
     pub timing: Timing,
+    /// An array job's ids as a range expression (`1-100`, `0-98:2`); `None` for a list.
+    #[serde(default)]
+    pub ids: Option<String>,
     /// Why its queued tasks cannot go to any worker now, if so.
     #[serde(default)]
     pub waiting: Option<String>,
@@ -419,7 +623,7 @@ pub struct WorkerRow {
 pub struct CancelResult {
     pub job: JobId,
     /// Queued tasks canceled at once, running ones asked to stop; or why not.
-    pub result: Result<(u32, u32), String>,
+    pub result: Result<(u32, u32), Refusal>,
 }
 
 /// Progress of the jobs a client waits for.

@@ -99,7 +99,7 @@ pub struct Engine {
 struct Deferred {
     conn: ConnId,
     id: u64,
-    result: Result<Answer, String>,
+    result: Result<Answer, Refusal>,
     /// A job this batch created, with its submission key (withdrawn if the commit fails).
     created: Option<(JobId, Option<String>)>,
 }
@@ -226,9 +226,9 @@ impl Engine {
                 if let Some(k) = key {
                     self.keys.remove(&k);
                 }
-                d.result = Err(msg.to_string());
+                d.result = Err(msg.to_string().into());
             } else if matches!(d.result, Ok(Answer::Extended)) {
-                d.result = Err(msg.to_string());
+                d.result = Err(msg.to_string().into());
             }
         }
         let open: Vec<JobId> = self.core.jobs().filter(|j| j.open).map(|j| j.id).collect();
@@ -418,7 +418,7 @@ impl Engine {
     }
 
     /// Queues a reply; it goes out after this batch's journal commit (see [`Self::commit`]).
-    fn reply(&mut self, conn: ConnId, id: u64, result: Result<Answer, String>) {
+    fn reply(&mut self, conn: ConnId, id: u64, result: Result<Answer, Refusal>) {
         self.deferred.push(Deferred {
             conn,
             id,
@@ -428,7 +428,7 @@ impl Engine {
     }
 
     fn answer(&mut self, now: u64, conn: ConnId, req: Request) {
-        let result = match req.body {
+        let result: Result<Answer, Refusal> = match req.body {
             Ask::Submit {
                 spec,
                 tasks,
@@ -442,7 +442,7 @@ impl Engine {
                         warning: None,
                     })
                 } else if let Err(e) = self.accepting_work() {
-                    Err(e)
+                    Err(e.into())
                 } else {
                     let name = spec.name.clone();
                     let n = tasks.len();
@@ -474,7 +474,7 @@ impl Engine {
                         }
                         Err(e) => {
                             tracing::info!("submission refused: {e}");
-                            Err(e.to_string())
+                            Err(e.into())
                         }
                     }
                 }
@@ -486,7 +486,7 @@ impl Engine {
                 close,
             } => {
                 if let Err(e) = self.accepting_work() {
-                    Err(e)
+                    Err(e.into())
                 } else {
                     let before = self.core.job(job).map(|j| (j.len() as usize, j.open));
                     let r = self.core.extend(now, job, at, argvs, close);
@@ -501,7 +501,7 @@ impl Engine {
                             }
                         }
                     }
-                    r.map(|()| Answer::Extended).map_err(|e| e.to_string())
+                    r.map(|()| Answer::Extended).map_err(Refusal::from)
                 }
             }
             Ask::JobList => Ok(Answer::Jobs(
@@ -534,7 +534,7 @@ impl Engine {
             Ask::Cancel { jobs } => {
                 let mut results = Vec::with_capacity(jobs.len());
                 for job in jobs {
-                    let result = self.core.cancel_job(now, job).map_err(|e| e.to_string());
+                    let result = self.core.cancel_job(now, job).map_err(Refusal::from);
                     if result.is_ok() && self.journaling() {
                         self.pending.cancel(job, now);
                     }
@@ -587,11 +587,10 @@ impl Engine {
             Ask::Retry { job, failed_only } => {
                 // Re-running tasks is new work: refused, like a submission, while it cannot be
                 // journaled.
-                let retried = self.accepting_work().and_then(|()| {
-                    self.core
-                        .retry_job(job, failed_only)
-                        .map_err(|e| e.to_string())
-                });
+                let retried = self
+                    .accepting_work()
+                    .map_err(Refusal::from)
+                    .and_then(|()| self.core.retry_job(job, failed_only).map_err(Refusal::from));
                 retried.map(|(failed, canceled)| {
                     tracing::info!(job, failed, canceled, "job retried");
                     if self.journaling() {
@@ -614,15 +613,88 @@ impl Engine {
                         was_quarantined,
                     })
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e.into()),
             },
             Ask::Stop => {
                 tracing::info!("stop requested by a client");
                 self.stopping = true;
                 Ok(Answer::Stopping)
             }
+            Ask::JobStates { jobs } => Ok(Answer::JobStates(
+                jobs.into_iter()
+                    .map(|id| (id, self.core.job(id).map(views::job_state)))
+                    .collect(),
+            )),
+            Ask::Jobs { filter } => {
+                views::jobs_page(self.core.jobs(), &filter).map(Answer::JobsPage)
+            }
+            Ask::Forget { jobs, all_ended } => {
+                Ok(Answer::Forgotten(self.forget(now, jobs, all_ended)))
+            }
+            Ask::TaskPage {
+                job,
+                state,
+                offset,
+                limit,
+            } => match self.core.job(job) {
+                Some(j) => Ok(Answer::TaskRange(views::task_range(
+                    j, state, offset, limit,
+                ))),
+                None => Err(no_such_job(job)),
+            },
+            Ask::TaskInfo { job, task } => match self.core.job(job) {
+                None => Err(no_such_job(job)),
+                Some(j) => match j.index_of(task) {
+                    None => Err(Refusal::not_found(format!(
+                        "job {job} has no task {task}; `kestrel job info {job}` shows its task ids"
+                    ))),
+                    Some(index) => {
+                        let r = j.record(index);
+                        let host = (r.assigned_us > 0)
+                            .then(|| self.core.worker(r.worker))
+                            .flatten()
+                            .map(|w| w.offer.hostname.clone());
+                        Ok(Answer::Task(Box::new(views::task_detail(j, index, host))))
+                    }
+                },
+            },
         };
         self.reply(conn, req.id, result);
+    }
+
+    /// Forgets ended jobs (`jobs`, and with `all_ended` every ended job) and journals it, so
+    /// a restarted server does not bring them back. Submission keys of forgotten jobs go too.
+    fn forget(&mut self, now: u64, mut jobs: Vec<JobId>, all_ended: bool) -> Vec<ForgetResult> {
+        if all_ended {
+            let listed: rustc_hash::FxHashSet<JobId> = jobs.iter().copied().collect();
+            jobs.extend(
+                self.core
+                    .jobs()
+                    .filter(|j| j.is_done() && !listed.contains(&j.id))
+                    .map(|j| j.id),
+            );
+        }
+        let results: Vec<ForgetResult> = jobs
+            .into_iter()
+            .map(|job| ForgetResult {
+                job,
+                result: self.core.forget_job(job).map_err(Refusal::from),
+            })
+            .collect();
+        let gone: Vec<JobId> = results
+            .iter()
+            .filter(|r| r.result.is_ok())
+            .map(|r| r.job)
+            .collect();
+        if !gone.is_empty() {
+            tracing::info!(jobs = gone.len(), "jobs forgotten");
+            let gone_set: rustc_hash::FxHashSet<JobId> = gone.iter().copied().collect();
+            self.keys.retain(|_, job| !gone_set.contains(job));
+            if self.journaling() {
+                self.pending.forget(gone, now);
+            }
+        }
+        results
     }
 
     fn progress_of(&self, jobs: &[JobId]) -> WaitProgress {
@@ -836,6 +908,6 @@ impl Engine {
     }
 }
 
-fn no_such_job(job: JobId) -> String {
-    format!("job {job} does not exist; `kestrel job list` shows the jobs")
+fn no_such_job(job: JobId) -> Refusal {
+    kestrel_core::SchedError::NoSuchJob(job).into()
 }

@@ -18,8 +18,9 @@ use std::path::{Path, PathBuf};
 pub const JOURNAL_FILE: &str = "journal.sqlite";
 /// Bumped when `log` holds something an older Kestrel cannot read, so that one refuses the
 /// file with [`JournalError::Version`] instead of calling it damaged. 2: crash counts (LOST
-/// entries) and one-letter run endings. Older journals are read as they are.
-const SCHEMA_VERSION: i64 = 2;
+/// entries) and one-letter run endings. 3: forgotten jobs (FORGET entries). Older journals are
+/// read as they are.
+const SCHEMA_VERSION: i64 = 3;
 
 const KIND_SUBMIT: i64 = 1;
 const KIND_EXTEND: i64 = 2;
@@ -28,6 +29,7 @@ const KIND_ENDS: i64 = 4;
 const KIND_RETRY: i64 = 5;
 const KIND_GIVE_UP: i64 = 6;
 const KIND_LOST: i64 = 7;
+const KIND_FORGET: i64 = 8;
 
 /// Why the journal cannot be used, with what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +95,13 @@ struct GiveUpBody {
 #[derive(Serialize, Deserialize)]
 struct LostBody {
     tasks: Vec<(JobId, TaskIndex)>,
+}
+
+/// `kestrel job forget`: ended jobs dropped from the server.
+#[derive(Serialize, Deserialize)]
+struct ForgetBody {
+    jobs: Vec<JobId>,
+    at_us: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -228,6 +237,10 @@ impl Pending {
 
     pub fn lost(&mut self, tasks: Vec<(JobId, TaskIndex)>) {
         self.push(KIND_LOST, &LostBody { tasks });
+    }
+
+    pub fn forget(&mut self, jobs: Vec<JobId>, at_us: u64) {
+        self.push(KIND_FORGET, &ForgetBody { jobs, at_us });
     }
 
     /// An accepted task report, with when the task had been assigned (for its timing).
@@ -591,6 +604,19 @@ impl Journal {
                     let b: LostBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
                     core.restore_lost(&b.tasks);
                 }
+                KIND_FORGET => {
+                    let b: ForgetBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
+                    // Accepted once, so it applies again; if the log's order makes it
+                    // refused now, the job's state differs a little, not the journal's health.
+                    for job in b.jobs {
+                        match core.forget_job(job) {
+                            Ok(()) => restored.jobs = restored.jobs.saturating_sub(1),
+                            Err(e) => {
+                                tracing::warn!("journal entry {seq}: job {job} not forgotten: {e}")
+                            }
+                        }
+                    }
+                }
                 KIND_ENDS => {
                     let b: EndsBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
                     let at = |off: i64| (b.base_us as i64).saturating_add(off).max(0) as u64;
@@ -622,6 +648,8 @@ impl Journal {
             }
         }
         core.restore_done();
+        // A forgotten job's key no longer names a job.
+        keys.retain(|_, job| core.job(*job).is_some());
         Ok(keys)
     }
 }
@@ -797,6 +825,45 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o077, 0, "journal mode {mode:o}");
+    }
+
+    #[test]
+    fn forgotten_jobs_stay_forgotten_and_their_ids_stay_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        let mut p = Pending::default();
+        let one = TaskSet::Array(IdRanges::span(0, 0));
+        p.submit(1, 10, Some("k1".into()), &spec(), &one, false);
+        p.submit(2, 10, Some("k2".into()), &spec(), &one, false);
+        p.task_end(
+            Finished {
+                job: 1,
+                index: 0,
+                started_us: 20,
+                finished_us: 30,
+                end: RunEnd::Success,
+                waited_us: 0,
+            },
+            15,
+        );
+        p.forget(vec![1], 40);
+        j.commit(&mut p).unwrap();
+        drop(j);
+        let j = Journal::open(dir.path(), None).unwrap();
+        assert_eq!(
+            j.get_meta("schema_version").unwrap(),
+            Some("3".into()),
+            "an older kestrel must refuse a journal that can hold FORGET entries"
+        );
+        let mut core = Scheduler::new(Config::default());
+        let keys = j.replay(&mut core, &mut Restored::default()).unwrap();
+        assert!(core.job(1).is_none(), "job 1 was forgotten");
+        assert!(core.job(2).is_some());
+        assert_eq!(keys.get("k1"), None, "a forgotten job's key names nothing");
+        assert_eq!(keys.get("k2"), Some(&2));
+        let spec_tasks = TaskSet::Array(IdRanges::span(0, 0));
+        let next = core.submit(50, spec(), spec_tasks, false).unwrap();
+        assert_eq!(next, 3, "ids are not given out again");
     }
 
     #[test]

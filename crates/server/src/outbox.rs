@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use kestrel_core::IndexRun;
-use kestrel_proto::messages::{Answer, Assigned, ToClient, ToWorker};
+use kestrel_proto::messages::{Answer, Assigned, Refusal, ToClient, ToWorker};
 use kestrel_proto::{encode, ProtoError, MAX_FRAME_BYTES};
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -55,7 +55,7 @@ impl Outbox {
 
     /// Answers request `id`. An answer too big for a frame (a task list asked with a huge
     /// limit) becomes an error the client can act on, so the client never waits forever.
-    pub fn reply(&self, id: u64, result: Result<Answer, String>) {
+    pub fn reply(&self, id: u64, result: Result<Answer, Refusal>) {
         match encode(&ToClient::Reply { id, result }) {
             Ok(frame) => self.queue(frame),
             Err(e) => {
@@ -66,7 +66,7 @@ impl Outbox {
                 );
                 self.send(&ToClient::Reply {
                     id,
-                    result: Err(msg),
+                    result: Err(msg.into()),
                 });
             }
         }
@@ -222,12 +222,12 @@ mod tests {
                 result: Ok(Answer::Extended)
             }
         );
-        o.reply(4, Err("x".repeat(MAX_FRAME_BYTES + 1)));
+        o.reply(4, Err("x".repeat(MAX_FRAME_BYTES + 1).into()));
         let ToClient::Reply { id, result } = decode(&rx.try_recv().unwrap()).unwrap() else {
             panic!("not a reply");
         };
         assert_eq!(id, 4);
-        let err = result.unwrap_err();
+        let err = result.unwrap_err().message;
         assert!(err.contains("more than a message can carry"), "{err}");
     }
 }

@@ -1,31 +1,72 @@
 //! Scheduler state rendered as the protocol's answers.
 
-use kestrel_core::{Job, Stall, TaskSet, TaskState, Worker};
+use kestrel_core::{Job, Stall, TaskIndex, TaskSet, TaskState, Worker};
 use kestrel_proto::messages::*;
 
-/// "queued", "running", "finished", "failed" or "canceled".
-pub fn job_state(j: &Job) -> &'static str {
+/// Where a job is in its life.
+pub fn job_state(j: &Job) -> JobState {
     let c = &j.counts;
     if j.canceled {
-        "canceled"
+        JobState::Canceled
     } else if j.is_done() {
         if c.failed > 0 {
-            "failed"
+            JobState::Failed
         } else {
-            "finished"
+            JobState::Finished
         }
     } else if c.assigned + c.running + c.done() > 0 {
-        "running"
+        JobState::Running
     } else {
-        "queued"
+        JobState::Queued
     }
+}
+
+/// The jobs that pass `filter`, oldest first: the newest `filter.last` of them (all if 0).
+/// Newest first is the walk, so `--last 10` of 100,000 jobs without other filters looks at
+/// ten; the rest is only counted.
+pub fn jobs_page<'a>(
+    jobs: impl DoubleEndedIterator<Item = &'a Job>,
+    filter: &JobFilter,
+) -> Result<JobsPage, Refusal> {
+    let pattern = filter
+        .name
+        .as_deref()
+        .map(glob::Pattern::new)
+        .transpose()
+        .map_err(|e| {
+            Refusal::from(format!(
+                "--name: {e}; write a name or a pattern with * and ?, e.g. 'sweep-*'"
+            ))
+        })?;
+    let wanted = |j: &Job| {
+        (filter.states.is_empty() || filter.states.contains(&job_state(j)))
+            && pattern.as_ref().is_none_or(|p| p.matches(&j.spec.name))
+    };
+    let limit = if filter.last == 0 {
+        usize::MAX
+    } else {
+        filter.last as usize
+    };
+    let mut page = JobsPage {
+        jobs: Vec::new(),
+        more: 0,
+    };
+    for j in jobs.rev().filter(|j| wanted(j)) {
+        if page.jobs.len() < limit {
+            page.jobs.push(job_summary(j));
+        } else {
+            page.more += 1;
+        }
+    }
+    page.jobs.reverse();
+    Ok(page)
 }
 
 pub fn job_summary(j: &Job) -> JobSummary {
     JobSummary {
         id: j.id,
         name: j.spec.name.clone(),
-        state: job_state(j).into(),
+        state: job_state(j).name().into(),
         counts: j.counts.into(),
         submitted_us: j.submitted_us,
         finished_us: j.finished_us,
@@ -43,11 +84,15 @@ pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
         }
     };
     let tasks = match &j.tasks {
-        TaskSet::Array(r) => match (r.id_at(0), r.id_at(r.len().saturating_sub(1))) {
-            (Some(a), Some(b)) => format!("array of {} tasks, ids {a}..{b}", r.len()),
-            _ => "empty array".into(),
-        },
+        TaskSet::Array(r) if r.len() == 1 => format!("1 task (id {r})"),
+        TaskSet::Array(r) if r.is_empty() => "no tasks".into(),
+        TaskSet::Array(r) => format!("array of {} tasks, ids {r}", r.len()),
+        TaskSet::List(l) if l.len() == 1 => "list of 1 task".into(),
         TaskSet::List(l) => format!("list of {} tasks", l.len()),
+    };
+    let ids = match &j.tasks {
+        TaskSet::Array(r) => Some(r.to_string()),
+        TaskSet::List(_) => None,
     };
     JobDetail {
         summary: job_summary(j),
@@ -63,44 +108,115 @@ pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
                 .map_or(0, |s| t.last_finish_us.saturating_sub(s)),
             mean_waited_us: mean(t.waited_us),
         },
+        ids,
         waiting: stall.map(|s| s.to_string()),
     }
 }
 
-/// Tasks of a job in id order, filtered by state, at most `limit` rows.
+/// Tasks of a job in id order, filtered by state, at most `limit` rows (the first page).
 pub fn task_page(j: &Job, state: Option<TaskState>, limit: u32) -> TaskPage {
-    let mut rows = Vec::new();
-    let mut more = 0u64;
-    for index in 0..j.len() {
-        let r = j.record(index);
-        if state.is_some_and(|s| s != r.state) {
-            continue;
-        }
-        if rows.len() >= limit as usize {
-            more += 1;
-            continue;
-        }
-        let failure = (r.state == TaskState::Failed || r.failures > 0)
-            .then(|| j.failure(index))
-            .flatten();
-        rows.push(TaskRow {
-            id: j.task_id(index),
-            state: r.state,
-            worker: (r.assigned_us > 0).then_some(r.worker),
-            assigned_us: r.assigned_us,
-            started_us: r.started_us,
-            finished_us: r.finished_us,
-            failures: r.failures as u32,
-            lost: r.lost as u32,
-            exit_code: failure.and_then(|f| f.exit_code),
-            reason: failure.map(|f| f.reason.clone()),
-            stderr_tail: failure
-                .map(|f| f.stderr_tail.clone())
-                .filter(|s| !s.is_empty()),
-            attempts: r.runs.into(),
-        });
+    let page = task_range(j, state, 0, limit);
+    TaskPage {
+        more: page.matched.saturating_sub(page.rows.len() as u64),
+        rows: page.rows,
     }
-    TaskPage { rows, more }
+}
+
+/// How many of a job's tasks are in `state` (as [`Job::record`] shows them), from its counts.
+fn count_in(j: &Job, state: Option<TaskState>) -> u64 {
+    let c = &j.counts;
+    u64::from(match state {
+        None => j.len(),
+        Some(TaskState::Ready) => c.ready,
+        Some(TaskState::Assigned) => c.assigned,
+        Some(TaskState::Running) => c.running,
+        Some(TaskState::Finished) => c.finished,
+        Some(TaskState::Failed) => c.failed,
+        Some(TaskState::Canceled) => c.canceled,
+    })
+}
+
+/// The tasks of a job in `state` (all if `None`), in task order, from the `offset`-th matching
+/// one on, at most `limit`. Without a state the page is read straight from its position; a
+/// state other than queued or canceled is looked for only among tasks that have left the
+/// queue; the walk stops as soon as the page is full, and the total comes from the job's
+/// counts, so no page walks the whole job unless it has to.
+pub fn task_range(j: &Job, state: Option<TaskState>, offset: u32, limit: u32) -> TaskRange {
+    let matched = count_in(j, state);
+    let mut rows = Vec::with_capacity(limit.min(4096) as usize);
+    let limit = limit as usize;
+    match state {
+        None => {
+            let end = offset.saturating_add(limit.min(u32::MAX as usize) as u32);
+            for index in offset..end.min(j.len()) {
+                rows.push(task_row(j, index));
+            }
+        }
+        // Untouched tasks read as queued (or canceled in a canceled job): walk every index.
+        Some(s @ (TaskState::Ready | TaskState::Canceled)) => {
+            let found = (0..j.len()).filter(|&i| j.record(i).state == s);
+            rows.extend(
+                found
+                    .skip(offset as usize)
+                    .take(limit)
+                    .map(|i| task_row(j, i)),
+            );
+        }
+        Some(s) => {
+            let found = j.touched().filter(|(i, _)| j.record(*i).state == s);
+            rows.extend(
+                found
+                    .skip(offset as usize)
+                    .take(limit)
+                    .map(|(i, _)| task_row(j, i)),
+            );
+        }
+    }
+    TaskRange {
+        rows,
+        offset: u64::from(offset),
+        matched,
+    }
+}
+
+/// One task as listed.
+pub fn task_row(j: &Job, index: TaskIndex) -> TaskRow {
+    let r = j.record(index);
+    let failure = (r.state == TaskState::Failed || r.failures > 0)
+        .then(|| j.failure(index))
+        .flatten();
+    TaskRow {
+        id: j.task_id(index),
+        state: r.state,
+        worker: (r.assigned_us > 0).then_some(r.worker),
+        assigned_us: r.assigned_us,
+        started_us: r.started_us,
+        finished_us: r.finished_us,
+        failures: r.failures as u32,
+        lost: r.lost as u32,
+        exit_code: failure.and_then(|f| f.exit_code),
+        reason: failure.map(|f| f.reason.clone()),
+        stderr_tail: failure
+            .map(|f| f.stderr_tail.clone())
+            .filter(|s| !s.is_empty()),
+        attempts: r.runs.into(),
+    }
+}
+
+/// One task in full; `worker_host` names the worker it was last assigned to, if connected.
+pub fn task_detail(j: &Job, index: TaskIndex, worker_host: Option<String>) -> TaskDetail {
+    let t = &j.spec.template;
+    let failure = j.failure(index);
+    TaskDetail {
+        job: j.id,
+        task: task_row(j, index),
+        signal: failure.and_then(|f| f.signal),
+        argv: j.task_argv(index).unwrap_or(&t.argv).to_vec(),
+        cwd: t.cwd.clone(),
+        stdout: t.stdout.clone(),
+        stderr: t.stderr.clone(),
+        worker_host,
+    }
 }
 
 pub fn worker_row(w: &Worker, address: String, exec: String) -> WorkerRow {

@@ -350,7 +350,10 @@ impl Cluster {
                     .run(&["worker", "list", "--output", "json"])
                     .ok()
                     .json();
-                let list = list.as_array().expect("worker list is an array").clone();
+                let list = list["workers"]
+                    .as_array()
+                    .expect("worker list has a workers array")
+                    .clone();
                 (list.len() == n).then_some(list)
             },
         )

@@ -1,0 +1,72 @@
+//! The exit statuses of `kestrel`, one per kind of outcome a script must tell apart. Listed in
+//! `kestrel --help`, the README and docs/json.md; they follow grep's convention (0 yes, 1 no,
+//! 2 trouble) with two kinds of trouble of their own that a workflow manager reacts to
+//! differently: a job it asks about does not exist (3), or the server cannot be reached (4).
+
+use kestrel_proto::{AccessError, ClientError, ProtoError};
+use std::process::ExitCode;
+
+// 0: everything asked for was done (`ExitCode::SUCCESS`).
+/// The jobs ended, and some task failed or was canceled (`run`, `submit --wait`, `job wait`).
+pub const TASKS_FAILED: u8 = 1;
+/// Bad arguments (clap's usage errors use 2 too), or a request the server refused.
+pub const ERROR: u8 = 2;
+/// A job, task or worker id the server does not have.
+pub const NOT_FOUND: u8 = 3;
+/// No access file, nobody listening, or the server went away and did not come back within
+/// `--reconnect-for`.
+pub const UNREACHABLE: u8 = 4;
+
+/// The server could not be reached within the time given (see [`crate::session`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreachable(pub String);
+
+/// Some id a command named does not exist; what to print was printed already.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotFound(pub String);
+
+/// The exit status for an error, from its type (never from its text).
+pub fn code_of(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.is::<Unreachable>() {
+            return UNREACHABLE;
+        }
+        if cause.is::<NotFound>() {
+            return NOT_FOUND;
+        }
+        if let Some(c) = cause.downcast_ref::<ClientError>() {
+            return match c {
+                ClientError::NotFound(_) => NOT_FOUND,
+                c if lost_or_unreachable(c) => UNREACHABLE,
+                _ => ERROR,
+            };
+        }
+        if let Some(a) = cause.downcast_ref::<AccessError>() {
+            return match a {
+                AccessError::Missing(_)
+                | AccessError::Unreadable { .. }
+                | AccessError::Malformed { .. } => UNREACHABLE,
+                _ => ERROR,
+            };
+        }
+    }
+    ERROR
+}
+
+/// Whether a client error means the server is not there (or went away): worth trying again
+/// while `--reconnect-for` lasts, and exit status 4 when it is over.
+pub fn lost_or_unreachable(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Unreachable { .. }
+            | ClientError::ConnectTimeout(_)
+            | ClientError::Proto(ProtoError::Io(_) | ProtoError::Closed | ProtoError::Timeout(_))
+    )
+}
+
+/// An exit status as the process returns it.
+pub fn code(status: u8) -> ExitCode {
+    ExitCode::from(status)
+}

@@ -1,0 +1,479 @@
+//! The JSON vocabulary of `--output json`, one for every command (docs/json.md describes it):
+//! snake_case keys; lowercase state names (a task waiting for a worker is `queued`, as in job
+//! states and counts); every time and duration an integer number of microseconds in a key
+//! ending in `_us`, instants counted from the Unix epoch and `null` until they happen; an
+//! output sink is `"none"`, a path or `"stream"`. A job, task, worker or server object has the
+//! same fields wherever it appears.
+//!
+//! These views are built from the protocol's answers, so the wire and journal types keep their
+//! own (compact, positional) representation.
+
+use kestrel_core::{Sink, TaskState};
+use kestrel_proto::messages::{
+    Counts, JobDetail, JobSummary, ServerInfo, TaskDetail, TaskRow, WaitProgress, WorkerRow,
+};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The name of a task state, for tables and JSON alike: `Ready` is shown as `queued`.
+pub fn task_state(s: TaskState) -> &'static str {
+    match s {
+        TaskState::Ready => "queued",
+        other => other.name(),
+    }
+}
+
+/// An output sink: `none`, a path, or `stream`.
+pub fn sink(s: &Sink) -> String {
+    match s {
+        Sink::Null => "none".into(),
+        Sink::File(p) => p.clone(),
+    }
+}
+
+/// A wire time: 0 means "not yet".
+fn instant(us: u64) -> Option<u64> {
+    (us > 0).then_some(us)
+}
+
+/// Task counts by state, with their total.
+#[derive(Serialize)]
+pub struct CountsView {
+    pub queued: u32,
+    pub assigned: u32,
+    pub running: u32,
+    pub finished: u32,
+    pub failed: u32,
+    pub canceled: u32,
+    pub total: u64,
+}
+
+impl From<&Counts> for CountsView {
+    fn from(c: &Counts) -> CountsView {
+        CountsView {
+            queued: c.ready,
+            assigned: c.assigned,
+            running: c.running,
+            finished: c.finished,
+            failed: c.failed,
+            canceled: c.canceled,
+            total: c.total(),
+        }
+    }
+}
+
+/// A job, as `job list` shows it and `job info` starts.
+#[derive(Serialize)]
+pub struct JobView {
+    pub id: u32,
+    pub name: String,
+    /// queued, running, finished, failed or canceled.
+    pub state: String,
+    /// How many tasks it has.
+    pub tasks: u64,
+    pub counts: CountsView,
+    pub submitted_us: u64,
+    pub finished_us: Option<u64>,
+}
+
+impl From<&JobSummary> for JobView {
+    fn from(j: &JobSummary) -> JobView {
+        JobView {
+            id: j.id,
+            name: j.name.clone(),
+            state: j.state.clone(),
+            tasks: j.counts.total(),
+            counts: (&j.counts).into(),
+            submitted_us: j.submitted_us,
+            finished_us: j.finished_us,
+        }
+    }
+}
+
+/// Means over a job's successful tasks.
+#[derive(Serialize)]
+pub struct TimingView {
+    /// How many tasks the means are over.
+    pub tasks_timed: u64,
+    /// Submission to assignment to a worker.
+    pub mean_queue_us: u64,
+    /// Waiting on the worker, sent ahead (prefetched), for a free slot.
+    pub mean_slot_wait_us: u64,
+    /// Assignment to process start less the wait for a slot: network, the worker's handling
+    /// and the launch's preparation.
+    pub mean_dispatch_us: u64,
+    /// Process start to exit.
+    pub mean_run_us: u64,
+    /// First start to last end.
+    pub span_us: u64,
+}
+
+/// `job info`: the job, how its tasks run, and their timing.
+#[derive(Serialize)]
+pub struct JobInfoView {
+    #[serde(flatten)]
+    pub job: JobView,
+    /// An array's ids (`1-100`, `0-98:2`); `null` for a list.
+    pub ids: Option<String>,
+    /// The command of every task of an array (placeholders not replaced); empty for a list.
+    pub command: Vec<String>,
+    /// The tasks' working directory; `null` for the worker's own.
+    pub directory: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub stdout: String,
+    pub stderr: String,
+    pub cpus: u32,
+    pub gpus: u32,
+    pub priority: i32,
+    pub retries: u32,
+    pub timeout_us: Option<u64>,
+    pub timing: TimingView,
+    /// Why its queued tasks cannot go to any worker now; `null` when they can (or will, as
+    /// slots free up).
+    pub waiting: Option<String>,
+}
+
+impl From<&JobDetail> for JobInfoView {
+    fn from(d: &JobDetail) -> JobInfoView {
+        let t = &d.spec.template;
+        JobInfoView {
+            job: (&d.summary).into(),
+            ids: d.ids.clone(),
+            command: t.argv.clone(),
+            directory: t.cwd.clone(),
+            env: t.env.iter().cloned().collect(),
+            stdout: sink(&t.stdout),
+            stderr: sink(&t.stderr),
+            cpus: d.spec.resources.cpus,
+            gpus: d.spec.resources.gpus,
+            priority: d.spec.priority,
+            retries: d.spec.retries,
+            timeout_us: t.timeout_ms.map(|ms| ms.saturating_mul(1000)),
+            timing: TimingView {
+                tasks_timed: d.timing.tasks,
+                mean_queue_us: d.timing.mean_queue_us.round() as u64,
+                mean_slot_wait_us: d.timing.mean_waited_us.round() as u64,
+                mean_dispatch_us: d.timing.mean_dispatch_us.round() as u64,
+                mean_run_us: d.timing.mean_run_us.round() as u64,
+                span_us: d.timing.span_us,
+            },
+            waiting: d.waiting.clone(),
+        }
+    }
+}
+
+/// A task, as `task list` shows it and `task info` starts.
+#[derive(Serialize)]
+pub struct TaskView {
+    pub job: u32,
+    pub id: u32,
+    /// queued, assigned, running, finished, failed or canceled.
+    pub state: &'static str,
+    /// The worker it was last assigned to.
+    pub worker: Option<u32>,
+    /// Runs started, as `task list` counts them.
+    pub attempts: u32,
+    /// Runs that failed (each spends a retry).
+    pub failures: u32,
+    /// Runs lost with their worker (spend no retry).
+    pub lost: u32,
+    pub assigned_us: Option<u64>,
+    pub started_us: Option<u64>,
+    pub finished_us: Option<u64>,
+    /// Start to end of its last run.
+    pub run_us: Option<u64>,
+    /// 0 once it finished; the code of its last failed run otherwise.
+    pub exit_code: Option<i32>,
+    /// Why its last failed run failed (kept after a successful retry).
+    pub reason: Option<String>,
+    pub stderr_tail: Option<String>,
+}
+
+impl TaskView {
+    pub fn new(job: u32, r: &TaskRow) -> TaskView {
+        TaskView {
+            job,
+            id: r.id,
+            state: task_state(r.state),
+            worker: r.worker,
+            attempts: attempts(r),
+            failures: r.failures,
+            lost: r.lost,
+            assigned_us: instant(r.assigned_us),
+            started_us: instant(r.started_us),
+            finished_us: instant(r.finished_us),
+            run_us: run_us(r),
+            exit_code: exit_code(r),
+            reason: r.reason.clone(),
+            stderr_tail: r.stderr_tail.clone(),
+        }
+    }
+}
+
+/// The exit code of a task's last ended run: 0 once it finished, the code of its last failure
+/// otherwise (`None` if it has not ended, or ended without one: a signal, a timeout, a
+/// program that could not start).
+pub fn exit_code(r: &TaskRow) -> Option<i32> {
+    if r.state == TaskState::Finished {
+        Some(0)
+    } else {
+        r.exit_code
+    }
+}
+
+/// How many times a task was started (runs that only waited on a worker do not count).
+pub fn attempts(r: &TaskRow) -> u32 {
+    r.attempts
+}
+
+/// Start to end of a task's last run, once it has ended.
+pub fn run_us(r: &TaskRow) -> Option<u64> {
+    (r.finished_us > 0 && r.started_us > 0).then(|| r.finished_us.saturating_sub(r.started_us))
+}
+
+/// `task info`: the task, its command and where its output went (placeholders replaced).
+#[derive(Serialize)]
+pub struct TaskInfoView {
+    #[serde(flatten)]
+    pub task: TaskView,
+    pub signal: Option<i32>,
+    pub command: Vec<String>,
+    pub directory: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+    /// The host of the worker it was last assigned to, while that worker is connected.
+    pub worker_hostname: Option<String>,
+}
+
+/// A task's command, directory and output paths as its worker uses them.
+pub struct Resolved {
+    pub command: Vec<String>,
+    pub directory: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Replaces the placeholders of a task's command, directory and output paths as the worker
+/// does, and makes relative output paths relative to the directory.
+pub fn resolve(d: &TaskDetail) -> Resolved {
+    use kestrel_worker::local::substitute;
+    let (job, task) = (d.job.to_string(), d.task.id.to_string());
+    let sub = |s: &str| substitute(s, &job, &task).into_owned();
+    let directory = d.cwd.as_deref().map(sub);
+    let path = |s: &Sink| match s {
+        Sink::File(p) => {
+            let p = sub(p);
+            match &directory {
+                Some(dir) if std::path::Path::new(&p).is_relative() => {
+                    std::path::Path::new(dir).join(p).display().to_string()
+                }
+                _ => p,
+            }
+        }
+        other => sink(other),
+    };
+    Resolved {
+        command: d.argv.iter().map(|a| sub(a)).collect(),
+        stdout: path(&d.stdout),
+        stderr: path(&d.stderr),
+        directory,
+    }
+}
+
+impl From<&TaskDetail> for TaskInfoView {
+    fn from(d: &TaskDetail) -> TaskInfoView {
+        let r = resolve(d);
+        TaskInfoView {
+            task: TaskView::new(d.job, &d.task),
+            signal: d.signal,
+            command: r.command,
+            directory: r.directory,
+            stdout: r.stdout,
+            stderr: r.stderr,
+            worker_hostname: d.worker_host.clone(),
+        }
+    }
+}
+
+/// A worker, as `worker list` shows it.
+#[derive(Serialize)]
+pub struct WorkerView {
+    pub id: u32,
+    pub hostname: String,
+    pub address: String,
+    pub slots: u32,
+    pub gpus: u32,
+    pub prefetch: u32,
+    /// process, or noop (benchmarks).
+    pub exec: String,
+    /// Tasks assigned to it and not ended.
+    pub tasks: u64,
+    pub finished: u64,
+    pub failed: u64,
+    pub joined_us: u64,
+    pub last_seen_us: u64,
+    /// active or quarantined.
+    pub state: &'static str,
+    pub quarantine_reason: Option<String>,
+}
+
+impl From<&WorkerRow> for WorkerView {
+    fn from(w: &WorkerRow) -> WorkerView {
+        WorkerView {
+            id: w.id,
+            hostname: w.hostname.clone(),
+            address: w.address.clone(),
+            slots: w.slots,
+            gpus: w.gpus,
+            prefetch: w.prefetch,
+            exec: w.exec.clone(),
+            tasks: w.tasks,
+            finished: w.finished,
+            failed: w.failed,
+            joined_us: w.joined_us,
+            last_seen_us: w.last_seen_us,
+            state: if w.quarantined.is_some() {
+                "quarantined"
+            } else {
+                "active"
+            },
+            quarantine_reason: w.quarantined.clone(),
+        }
+    }
+}
+
+/// The server, as `server info` shows it.
+#[derive(Serialize)]
+pub struct ServerView {
+    pub version: String,
+    pub protocol: u32,
+    pub address: String,
+    pub directory: String,
+    pub pid: u32,
+    pub started_us: u64,
+    pub workers: u32,
+    pub jobs: u32,
+    /// Jobs not ended.
+    pub live_jobs: u32,
+    /// Tasks waiting for a worker.
+    pub queued: u64,
+    pub journal: Option<JournalView>,
+}
+
+#[derive(Serialize)]
+pub struct JournalView {
+    pub path: String,
+    pub bytes: u64,
+    pub rows: u64,
+    /// Why it can no longer be written, if so.
+    pub error: Option<String>,
+}
+
+impl From<&ServerInfo> for ServerView {
+    fn from(i: &ServerInfo) -> ServerView {
+        ServerView {
+            version: i.version.clone(),
+            protocol: i.protocol,
+            address: i.address.clone(),
+            directory: i.dir.clone(),
+            pid: i.pid,
+            started_us: i.started_us,
+            workers: i.workers,
+            jobs: i.jobs,
+            live_jobs: i.live_jobs,
+            queued: i.queued,
+            journal: i.journal.as_ref().map(|j| JournalView {
+                path: j.path.clone(),
+                bytes: j.bytes,
+                rows: j.rows,
+                error: j.error.clone(),
+            }),
+        }
+    }
+}
+
+/// What a wait ended with (`job wait`, and `submit --wait` after the submission's fields).
+#[derive(Serialize)]
+pub struct WaitView {
+    pub jobs_done: u32,
+    pub counts: CountsView,
+}
+
+impl From<&WaitProgress> for WaitView {
+    fn from(p: &WaitProgress) -> WaitView {
+        WaitView {
+            jobs_done: p.jobs_done,
+            counts: (&p.counts).into(),
+        }
+    }
+}
+
+/// What a command that acts on several jobs did to one of them (`job cancel`, `job forget`):
+/// `error` is `null` when it was done.
+#[derive(Serialize)]
+pub struct JobOutcome<T: Serialize> {
+    pub id: u32,
+    pub error: Option<String>,
+    #[serde(flatten)]
+    pub done: Option<T>,
+}
+
+/// `job list`: the jobs, oldest first, and how many older ones `--last` left out.
+#[derive(Serialize)]
+pub struct JobListView {
+    pub jobs: Vec<JobView>,
+    pub more: u64,
+}
+
+/// `task list`: a page of a job's tasks.
+#[derive(Serialize)]
+pub struct TaskListView {
+    pub job: u32,
+    pub tasks: Vec<TaskView>,
+    /// How many matching tasks come before this page.
+    pub offset: u64,
+    /// How many tasks match in all.
+    pub matched: u64,
+    /// The `--offset` of the next page; `null` on the last one.
+    pub next_offset: Option<u64>,
+}
+
+/// `job retry`: how many tasks went back to the queue.
+#[derive(Serialize)]
+pub struct RetryView {
+    pub id: u32,
+    pub retried_failed: u32,
+    pub retried_canceled: u32,
+}
+
+/// `worker resume`.
+#[derive(Serialize)]
+pub struct ResumeView {
+    pub id: u32,
+    pub was_quarantined: bool,
+}
+
+/// `kestrel run`: what ran where, how it ended, how long it took.
+#[derive(Serialize)]
+pub struct RunView {
+    /// Every job the run's server held: those submitted and those its tasks submitted.
+    pub jobs: Vec<u32>,
+    pub tasks: u64,
+    pub workers: u32,
+    pub slots: u32,
+    pub counts: CountsView,
+    pub wall_us: u64,
+    pub tasks_per_s: f64,
+}
+
+/// A list of jobs (`{"jobs": [...]}`): `job state`, `job cancel`, `job forget`.
+#[derive(Serialize)]
+pub struct Jobs<T: Serialize> {
+    pub jobs: Vec<T>,
+}
+
+/// `worker list`.
+#[derive(Serialize)]
+pub struct WorkerListView {
+    pub workers: Vec<WorkerView>,
+}

@@ -1,0 +1,349 @@
+//! The queries that scale to long histories and big jobs, and the status poll of scripts:
+//! `job list` (filtered by the server), `job state`, `job forget`, `task list` (in pages) and
+//! `task info`.
+
+use crate::args::{Global, JobStateArg, Status, TaskCommand};
+use crate::client_cmds::refused_jobs;
+use crate::exit;
+use crate::json::{self, JobListView, JobOutcome, JobView, TaskInfoView, TaskListView, TaskView};
+use crate::output::{self, plural, Format};
+use crate::session::{self, unexpected, Session};
+use anyhow::Result;
+use comfy_table::Cell;
+use kestrel_core::{JobId, TaskState};
+use kestrel_proto::messages::{Answer, Ask, JobFilter, JobState, TaskDetail};
+use serde::Serialize;
+use std::process::ExitCode;
+
+fn job_state_of(s: JobStateArg) -> JobState {
+    match s {
+        JobStateArg::Queued => JobState::Queued,
+        JobStateArg::Running => JobState::Running,
+        JobStateArg::Finished => JobState::Finished,
+        JobStateArg::Failed => JobState::Failed,
+        JobStateArg::Canceled => JobState::Canceled,
+    }
+}
+
+fn task_state_of(s: Status) -> TaskState {
+    match s {
+        Status::Queued => TaskState::Ready,
+        Status::Assigned => TaskState::Assigned,
+        Status::Running => TaskState::Running,
+        Status::Finished => TaskState::Finished,
+        Status::Failed => TaskState::Failed,
+        Status::Canceled => TaskState::Canceled,
+    }
+}
+
+/// `kestrel job list`.
+pub async fn job_list(
+    g: &Global,
+    s: &mut Session<'_>,
+    states: Vec<JobStateArg>,
+    name: Option<String>,
+    last: u32,
+) -> Result<ExitCode> {
+    let filtered = !states.is_empty() || name.is_some();
+    let filter = JobFilter {
+        states: states.into_iter().map(job_state_of).collect(),
+        name,
+        last,
+    };
+    let Answer::JobsPage(page) = s.call(Ask::Jobs { filter }).await? else {
+        return Err(unexpected());
+    };
+    if g.output == Format::Json {
+        output::json(&JobListView {
+            jobs: page.jobs.iter().map(JobView::from).collect(),
+            more: page.more,
+        });
+        return Ok(ExitCode::SUCCESS);
+    }
+    if page.jobs.is_empty() {
+        if filtered {
+            println!("no jobs match; `kestrel job list` without filters shows them all");
+        } else {
+            println!("no jobs; submit one with `kestrel submit`");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = output::table(&["id", "name", "state", "tasks", "progress", "submitted"]);
+    for j in &page.jobs {
+        t.add_row(vec![
+            Cell::new(j.id),
+            Cell::new(&j.name),
+            Cell::new(&j.state),
+            Cell::new(j.counts.total()),
+            Cell::new(output::counts(&j.counts)),
+            Cell::new(output::ago(j.submitted_us)),
+        ]);
+    }
+    println!("{t}");
+    if page.more > 0 {
+        println!(
+            "... and {} (--last N shows more, --last 0 all)",
+            plural(page.more, "older job")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line of `job state --output json`.
+#[derive(Serialize)]
+struct JobStateView {
+    id: JobId,
+    /// A job state, or `unknown`.
+    state: &'static str,
+}
+
+/// `kestrel job state`: `ID STATE` per job, one request for all; exit status 3 if some id is
+/// unknown.
+pub async fn job_state(g: &Global, s: &mut Session<'_>, jobs: Vec<JobId>) -> Result<ExitCode> {
+    let Answer::JobStates(states) = s.call(Ask::JobStates { jobs }).await? else {
+        return Err(unexpected());
+    };
+    let name = |st: Option<JobState>| st.map_or("unknown", JobState::name);
+    if g.output == Format::Json {
+        let jobs: Vec<JobStateView> = states
+            .iter()
+            .map(|&(id, st)| JobStateView {
+                id,
+                state: name(st),
+            })
+            .collect();
+        output::json(&json::Jobs { jobs });
+    } else {
+        // One write for all lines: a poll of thousands of jobs stays one syscall.
+        let mut out = String::with_capacity(states.len() * 12);
+        for &(id, st) in &states {
+            out.push_str(&format!("{id} {}\n", name(st)));
+        }
+        print!("{out}");
+    }
+    if states.iter().any(|(_, st)| st.is_none()) {
+        return Ok(exit::code(exit::NOT_FOUND));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kestrel job forget`.
+pub async fn job_forget(
+    g: &Global,
+    s: &mut Session<'_>,
+    jobs: Vec<JobId>,
+    all_ended: bool,
+) -> Result<ExitCode> {
+    let Answer::Forgotten(results) = s.call(Ask::Forget { jobs, all_ended }).await? else {
+        return Err(unexpected());
+    };
+    let forgotten: Vec<JobId> = results
+        .iter()
+        .filter(|r| r.result.is_ok())
+        .map(|r| r.job)
+        .collect();
+    if g.output == Format::Json {
+        let out: Vec<JobOutcome<()>> = results
+            .iter()
+            .map(|r| JobOutcome {
+                id: r.job,
+                error: r.result.as_ref().err().map(ToString::to_string),
+                done: None,
+            })
+            .collect();
+        output::json(&json::Jobs { jobs: out });
+    } else if forgotten.is_empty() {
+        if all_ended && results.is_empty() {
+            println!("no ended jobs to forget");
+        }
+    } else {
+        println!("forgot {}", output::jobs(&forgotten));
+    }
+    let refused = refused_jobs(results.iter().filter_map(|r| r.result.as_ref().err()));
+    Ok(refused.map_or(ExitCode::SUCCESS, exit::code))
+}
+
+/// `kestrel task ...`.
+pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
+    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    match cmd {
+        TaskCommand::List {
+            job,
+            status,
+            offset,
+            limit,
+        } => task_list(g, &mut s, job, status, offset, limit).await,
+        TaskCommand::Info { job, task } => task_info(g, &mut s, job, task).await,
+    }
+}
+
+async fn task_list(
+    g: &Global,
+    s: &mut Session<'_>,
+    job: JobId,
+    status: Option<Status>,
+    offset: u32,
+    limit: u32,
+) -> Result<ExitCode> {
+    let ask = Ask::TaskPage {
+        job,
+        state: status.map(task_state_of),
+        offset,
+        limit,
+    };
+    let Answer::TaskRange(page) = s.call(ask).await? else {
+        return Err(unexpected());
+    };
+    let end = page.offset + page.rows.len() as u64;
+    let next_offset = (end < page.matched && !page.rows.is_empty()).then_some(end);
+    if g.output == Format::Json {
+        output::json(&TaskListView {
+            job,
+            tasks: page.rows.iter().map(|r| TaskView::new(job, r)).collect(),
+            offset: page.offset,
+            matched: page.matched,
+            next_offset,
+        });
+        return Ok(ExitCode::SUCCESS);
+    }
+    if page.rows.is_empty() {
+        if page.matched > 0 {
+            println!(
+                "no tasks from offset {offset}: {} match (`--offset 0` starts again)",
+                page.matched
+            );
+        } else {
+            println!("no tasks match");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = output::table(&[
+        "task",
+        "state",
+        "worker",
+        "run time",
+        "attempts",
+        "exit",
+        "reason / stderr tail",
+    ]);
+    for r in &page.rows {
+        let mut why = r.reason.clone().unwrap_or_default();
+        if let Some(tail) = &r.stderr_tail {
+            let last: Vec<&str> = tail.lines().rev().take(3).collect();
+            let tail = last.into_iter().rev().collect::<Vec<_>>().join(" | ");
+            why = if why.is_empty() {
+                tail
+            } else {
+                format!("{why}: {tail}")
+            };
+        }
+        t.add_row(vec![
+            Cell::new(r.id),
+            Cell::new(json::task_state(r.state)),
+            Cell::new(r.worker.map_or("-".into(), |w| w.to_string())),
+            Cell::new(run_time(r)),
+            Cell::new(json::attempts(r)),
+            Cell::new(json::exit_code(r).map_or("-".into(), |c| c.to_string())),
+            Cell::new(why),
+        ]);
+    }
+    println!("{t}");
+    if let Some(next) = next_offset {
+        let status = status.map_or(String::new(), |s| {
+            format!(" --status {}", json::task_state(task_state_of(s)))
+        });
+        println!(
+            "tasks {}-{end} of {}; next page: kestrel task list {job}{status} --offset {next} --limit {limit}",
+            page.offset + 1,
+            page.matched
+        );
+    } else if page.offset > 0 {
+        println!("tasks {}-{end} of {}", page.offset + 1, page.matched);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn task_info(g: &Global, s: &mut Session<'_>, job: JobId, task: u32) -> Result<ExitCode> {
+    let Answer::Task(d) = s.call(Ask::TaskInfo { job, task }).await? else {
+        return Err(unexpected());
+    };
+    if g.output == Format::Json {
+        output::json(&TaskInfoView::from(&*d));
+    } else {
+        print_task(&d);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kestrel task info` for people.
+fn print_task(d: &TaskDetail) {
+    let r = &d.task;
+    let paths = json::resolve(d);
+    let time = |us: u64| if us == 0 { "-".into() } else { output::ago(us) };
+    let worker = match (r.worker, &d.worker_host) {
+        (None, _) => "-".to_string(),
+        (Some(w), Some(host)) => format!("{w} ({host})"),
+        (Some(w), None) => format!("{w} (no longer connected)"),
+    };
+    let ended = match (json::exit_code(r), d.signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        (None, None) => "-".into(),
+    };
+    let command = shlex::try_join(paths.command.iter().map(String::as_str))
+        .unwrap_or_else(|_| paths.command.join(" "));
+    let rows: Vec<(&str, String)> = vec![
+        ("task", format!("{} of job {}", r.id, d.job)),
+        ("state", json::task_state(r.state).into()),
+        ("worker", worker),
+        (
+            "attempts",
+            format!(
+                "{} ({} failed, {} lost with their worker)",
+                json::attempts(r),
+                r.failures,
+                r.lost
+            ),
+        ),
+        ("assigned", time(r.assigned_us)),
+        ("started", time(r.started_us)),
+        ("finished", time(r.finished_us)),
+        ("run time", run_time(r)),
+        ("ended with", ended),
+        ("reason", r.reason.clone().unwrap_or_else(|| "-".into())),
+        ("command", command),
+        (
+            "directory",
+            paths.directory.unwrap_or_else(|| "(worker's)".into()),
+        ),
+        ("stdout", paths.stdout),
+        ("stderr", paths.stderr),
+    ];
+    let mut table = output::table(&["", ""]);
+    table.set_header(Vec::<Cell>::new());
+    for (k, v) in rows {
+        table.add_row(vec![Cell::new(k), Cell::new(v)]);
+    }
+    println!("{table}");
+    if let Some(tail) = &r.stderr_tail {
+        println!("end of stderr:");
+        for line in tail.lines() {
+            println!("  {line}");
+        }
+    }
+}
+
+/// A task's run time for people: its last run's once ended, the time so far while it runs.
+fn run_time(r: &kestrel_proto::messages::TaskRow) -> String {
+    match json::run_us(r) {
+        Some(us) => output::micros(us as f64),
+        None if r.state == kestrel_core::TaskState::Running && r.started_us > 0 => {
+            let now = kestrel_server::now_us();
+            format!(
+                "{} so far",
+                output::micros(now.saturating_sub(r.started_us) as f64)
+            )
+        }
+        None => "-".into(),
+    }
+}

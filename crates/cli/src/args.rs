@@ -237,6 +237,14 @@ pub enum WorkerCommand {
         /// GPUs to hand to tasks
         #[arg(long, default_value_t = 0, value_name = "N")]
         gpus: u32,
+        /// Memory tasks may hold in all, e.g. 64G (their `--mem` adds up to at most this)
+        /// [default: this machine's memory, or its cgroup's limit]
+        #[arg(long, value_name = "SIZE")]
+        mem: Option<String>,
+        /// A named countable resource tasks may hold, e.g. licenses=4 (repeat for more);
+        /// tasks ask for it with `submit --resource licenses=1`
+        #[arg(long = "resource", value_name = "NAME=N")]
+        resource: Vec<String>,
         /// Tasks kept queued beyond free slots, so no slot waits a round trip [default: slots]
         #[arg(long, value_name = "N")]
         prefetch: Option<u32>,

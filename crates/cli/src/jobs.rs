@@ -21,6 +21,15 @@ pub struct TaskOptions {
     /// GPUs each task holds (the worker sets CUDA_VISIBLE_DEVICES)
     #[arg(long, value_name = "N")]
     pub gpus: Option<u32>,
+    /// Memory each task holds, e.g. 500M or 2G, against what its worker offers (its
+    /// machine's memory unless `worker start --mem` says otherwise)
+    #[arg(long, value_name = "SIZE")]
+    pub mem: Option<String>,
+    /// A named countable resource each task holds, e.g. licenses=1, against what workers
+    /// offer with `worker start --resource licenses=4` (repeat for more)
+    #[arg(long = "resource", value_name = "NAME=N")]
+    #[serde(default, rename = "resources", deserialize_with = "resource_entries")]
+    pub resource: Vec<String>,
     /// Higher-priority jobs' tasks are dispatched first (may be negative)
     #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub priority: Option<i32>,
@@ -52,7 +61,10 @@ impl TaskOptions {
         macro_rules! fill {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = defaults.$f.clone(); } )* };
         }
-        fill!(name, cpus, gpus, priority, retries, timeout, stdout, stderr, cwd);
+        fill!(name, cpus, gpus, mem, priority, retries, timeout, stdout, stderr, cwd);
+        if self.resource.is_empty() {
+            self.resource = defaults.resource.clone();
+        }
         let mut env = defaults.env.clone();
         env.append(&mut self.env);
         self.env = env;
@@ -107,11 +119,58 @@ impl TaskOptions {
             resources: Resources {
                 cpus,
                 gpus: self.gpus.unwrap_or(0),
+                mem: match &self.mem {
+                    Some(m) => parse_size(m).with_context(|| format!("--mem {m:?}"))?,
+                    None => 0,
+                },
+                ..Resources::NONE
             },
             priority: self.priority.unwrap_or(0),
             retries: self.retries.unwrap_or(0),
+            named: parse_named(&self.resource)?,
         })
     }
+}
+
+/// `NAME=N` pairs of named resources, e.g. `licenses=1`, summed per name.
+pub fn parse_named(entries: &[String]) -> Result<Vec<(String, u32)>> {
+    let mut out: Vec<(String, u32)> = Vec::new();
+    for e in entries {
+        let (name, n) = e
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--resource {e:?} must look like NAME=N, e.g. licenses=1"))?;
+        let name = name.trim();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        {
+            bail!("--resource {e:?}: a name is letters, digits, '_', '-' or '.', e.g. licenses=1");
+        }
+        let n: u32 = n
+            .trim()
+            .parse()
+            .map_err(|_| anyhow!("--resource {e:?}: {n:?} is not a whole number"))?;
+        match out.iter_mut().find(|(k, _)| k == name) {
+            Some((_, total)) => *total = total.saturating_add(n),
+            None => out.push((name.to_string(), n)),
+        }
+    }
+    Ok(out)
+}
+
+/// `NAME=N` strings from a TOML table `{ licenses = 1 }` or a list `["licenses=1"]`.
+fn resource_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Named {
+        Table(std::collections::BTreeMap<String, u32>),
+        List(Vec<String>),
+    }
+    Ok(match Named::deserialize(d)? {
+        Named::Table(t) => t.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        Named::List(l) => l,
+    })
 }
 
 /// `KEY=VALUE` strings from a TOML table `{ KEY = "VALUE" }` or a list `["KEY=VALUE"]`.
@@ -281,6 +340,9 @@ struct JobEntry {
     name: Option<String>,
     cpus: Option<u32>,
     gpus: Option<u32>,
+    mem: Option<String>,
+    #[serde(default, deserialize_with = "resource_entries")]
+    resources: Vec<String>,
     priority: Option<i32>,
     retries: Option<u32>,
     timeout: Option<String>,
@@ -334,6 +396,8 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
         name: e.name,
         cpus: e.cpus,
         gpus: e.gpus,
+        mem: e.mem,
+        resource: e.resources,
         priority: e.priority,
         retries: e.retries,
         timeout: e.timeout,

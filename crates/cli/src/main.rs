@@ -71,9 +71,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Worker(WorkerCommand::Start {
             slots,
             gpus,
+            mem,
+            resource,
             prefetch,
             exec,
-        }) => worker_start(&g, slots, gpus, prefetch, exec).await,
+        }) => {
+            let offer = Offer {
+                slots,
+                gpus,
+                mem,
+                resource,
+                prefetch,
+            };
+            worker_start(&g, offer, exec).await
+        }
         Command::Server(ServerCommand::Start(args)) => server_start(&g, *args).await,
         Command::Server(ServerCommand::Stop) => client_cmds::server_stop(&g).await,
         Command::Server(ServerCommand::Info) => client_cmds::server_info(&g).await,
@@ -163,19 +174,26 @@ async fn server_until_stopped(server: kestrel_server::RunningServer) {
     waiting.await;
 }
 
-async fn worker_start(
-    g: &Global,
+/// What `worker start` offers to tasks.
+struct Offer {
     slots: Option<u32>,
     gpus: u32,
+    mem: Option<String>,
+    resource: Vec<String>,
     prefetch: Option<u32>,
-    exec: Exec,
-) -> Result<ExitCode> {
+}
+
+async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> {
     let path = session::access_path(g);
     let access = session::read_access(g)?;
-    let slots = slots.unwrap_or_else(cpus).max(1);
+    let slots = offer.slots.unwrap_or_else(cpus).max(1);
     let mut config = kestrel_worker::WorkerConfig::new(slots);
-    config.gpus = gpus;
-    config.prefetch = prefetch.unwrap_or(slots);
+    config.gpus = offer.gpus;
+    if let Some(m) = &offer.mem {
+        config.mem = jobs::parse_size(m).with_context(|| format!("--mem {m:?}"))?;
+    }
+    config.named = jobs::parse_named(&offer.resource)?;
+    config.prefetch = offer.prefetch.unwrap_or(slots);
     config.exec = match exec {
         Exec::Process => kestrel_worker::ExecMode::Process,
         Exec::Noop => kestrel_worker::ExecMode::Noop,

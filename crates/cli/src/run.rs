@@ -158,6 +158,21 @@ fn refuse_impossible(subs: &[Submission], slots: u32) -> Result<()> {
                 need.cpus
             );
         }
+        if let Some((name, _)) = s.spec.named.first() {
+            bail!(
+                "job {:?}: each task needs the resource '{name}', which `kestrel run`'s local workers do not have; start a server and `kestrel worker start --resource {name}=N`",
+                s.spec.name
+            );
+        }
+        let mem = kestrel_worker::memory().unwrap_or(u64::MAX);
+        if need.mem > mem {
+            bail!(
+                "job {:?}: each task needs {} MiB of memory, but this machine has {} MiB",
+                s.spec.name,
+                need.mem.div_ceil(1 << 20),
+                mem >> 20
+            );
+        }
         if need.gpus > 0 {
             bail!(
                 "job {:?}: each task needs {} GPU(s), but `kestrel run`'s local workers have none; start a server and `kestrel worker start --gpus N`",

@@ -259,6 +259,7 @@ fn true_spec(name: &str) -> kestrel_core::JobSpec {
         resources: kestrel_core::Resources::default(),
         priority: 0,
         retries: 0,
+        named: vec![],
     }
 }
 

@@ -155,7 +155,12 @@ const FAILS_ON_WORKER_1: &str = "test \"$KESTREL_WORKER_ID\" != 1";
 /// so and how to lift it; the last healthy worker leaving does not go unexplained.
 #[test]
 fn a_job_waiting_for_quarantined_workers_says_so() {
-    let mut c = Cluster::with_workers(&[1, 1]);
+    // One at a time, so worker index i has id i + 1.
+    let mut c = Cluster::new();
+    c.add_worker(1);
+    c.wait_workers(1);
+    c.add_worker(1);
+    c.wait_workers(2);
     // Jobs until worker 1 is judged (how many of its failures that takes depends on how fast
     // worker 2 runs its share on a loaded machine).
     let mut jobs = 0;
@@ -229,5 +234,52 @@ fn quarantine_can_be_switched_off() {
             .iter()
             .all(|w| w["quarantine_reason"].is_null()),
         "{w}"
+    );
+}
+
+/// Day-one resources: `--mem` and named resources on tasks and workers.
+#[test]
+fn tasks_go_where_their_memory_and_named_resources_are() {
+    let mut c = Cluster::new();
+    c.add_worker_with(2, &["--resource", "licenses=1", "--mem", "1G"]);
+    c.wait_workers(1);
+    c.add_worker_with(2, &["--mem", "8G"]);
+    c.wait_workers(2);
+    let out = c.run(&[
+        "submit",
+        "--array",
+        "1-6",
+        "--resource",
+        "licenses=1",
+        "--wait",
+        "--",
+        "true",
+    ]);
+    out.ok();
+    let page = c
+        .run(&["task", "list", "1", "--output", "json"])
+        .ok()
+        .json();
+    let on: Vec<&Value> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["worker"])
+        .collect();
+    assert!(on.iter().all(|w| **w == 1), "{page}");
+    // More memory than any worker has: kept, with a warning saying so.
+    let out = c.run(&["submit", "--mem", "16G", "--", "true"]);
+    out.ok();
+    assert!(
+        out.stderr.contains(
+            "each task needs 16384 MiB of memory, the largest worker has 8192 MiB of memory"
+        ),
+        "{out:#?}"
+    );
+    // A bad resource is refused before anything is sent.
+    let bad = c.run(&["submit", "--resource", "licenses", "--", "true"]);
+    assert!(
+        bad.one_line_error().contains("must look like NAME=N"),
+        "{bad:#?}"
     );
 }

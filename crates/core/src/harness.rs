@@ -132,9 +132,10 @@ impl Harness {
             hostname: "sim".into(),
             resources: Resources {
                 cpus: slots,
-                gpus: 0,
+                ..Resources::NONE
             },
             prefetch,
+            named: Vec::new(),
         };
         let id = self.sched.worker_joined(self.now_us, offer);
         self.workers.insert(

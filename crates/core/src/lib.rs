@@ -22,5 +22,5 @@ pub use scheduler::{
 };
 pub use spec::{
     IdRanges, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex, TaskSet,
-    TaskState, TaskTemplate, WorkerId,
+    TaskState, TaskTemplate, WorkerId, MAX_NAMED,
 };

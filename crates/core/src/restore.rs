@@ -20,6 +20,8 @@ use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, TaskState};
 pub enum RestoreError {
     #[error("job {0} appears twice in the journal")]
     DuplicateJob(JobId),
+    #[error("job {job}: {err}")]
+    Resources { job: JobId, err: super::SchedError },
 }
 
 impl Scheduler {
@@ -36,9 +38,12 @@ impl Scheduler {
         if self.jobs.contains_key(&job) {
             return Err(RestoreError::DuplicateJob(job));
         }
+        let need = self
+            .need_of(&spec)
+            .map_err(|err| RestoreError::Resources { job, err })?;
         self.next_job = self.next_job.max(job.saturating_add(1));
         self.jobs
-            .insert(job, Job::new(job, spec, tasks, submitted_us, open));
+            .insert(job, Job::new(job, spec, need, tasks, submitted_us, open));
         self.live_jobs.insert(job);
         Ok(())
     }

@@ -8,7 +8,9 @@ use crate::ledger::Ledger;
 use crate::outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
 use crate::quarantine::{self, JobOutcomes, Outcomes, Tally};
 use crate::queue::{ReadyQueue, Span};
-use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, TaskSet, TaskState, WorkerId};
+use crate::spec::{
+    JobId, JobSpec, Resources, SpecError, TaskIndex, TaskSet, TaskState, WorkerId, MAX_NAMED,
+};
 use crate::table::{TaskRecord, TaskTable};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
@@ -72,6 +74,8 @@ pub struct WorkerOffer {
     pub resources: Resources,
     /// Extra cpus' worth of tasks it accepts ahead of free slots, so no slot waits a round trip.
     pub prefetch: u32,
+    /// Named countable resources it has (`kestrel worker start --resource licenses=4`).
+    pub named: Vec<(String, u32)>,
 }
 
 /// Per-state task counts of a job.
@@ -117,6 +121,8 @@ impl Counts {
 pub struct Job {
     pub id: JobId,
     pub spec: JobSpec,
+    /// What each task holds: the spec's resources with its named ones numbered.
+    pub need: Resources,
     pub tasks: TaskSet,
     pub submitted_us: u64,
     /// Set when the last task reached a terminal state (and the job is closed).
@@ -138,10 +144,18 @@ pub struct Job {
 
 impl Job {
     /// A job as submitted: every task ready.
-    fn new(id: JobId, spec: JobSpec, tasks: TaskSet, submitted_us: u64, open: bool) -> Job {
+    fn new(
+        id: JobId,
+        spec: JobSpec,
+        need: Resources,
+        tasks: TaskSet,
+        submitted_us: u64,
+        open: bool,
+    ) -> Job {
         let n = tasks.len();
         Job {
             id,
+            need,
             table: TaskTable::new(n),
             counts: Counts {
                 ready: n,
@@ -336,15 +350,17 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// How many cpus' and gpus' worth of tasks it takes at most, with `prefetch` cpus' worth
-    /// held beyond its slots (GPU tasks prefetch one GPU's worth per GPU).
+    /// How much it takes at most, with `prefetch` cpus' worth held beyond its slots. Beyond
+    /// cpus, a prefetch window holds one more of everything it has (GPUs, memory, named
+    /// resources): tasks wait there for what frees up.
     fn capacity(&self, prefetch: u32) -> Resources {
         let r = self.offer.resources;
-        let gpu_prefetch = if prefetch > 0 { r.gpus } else { 0 };
-        Resources {
-            cpus: r.cpus + prefetch,
-            gpus: r.gpus + gpu_prefetch,
+        if prefetch == 0 {
+            return r;
         }
+        let mut cap = Resources::NONE.plus(&r, 2);
+        cap.cpus = r.cpus + prefetch;
+        cap
     }
 
     /// Takes a task (resumed or moved over from a previous registration) with what it holds;
@@ -352,8 +368,7 @@ impl Worker {
     fn hold(&mut self, job: JobId, index: TaskIndex, need: Resources, running: bool) {
         self.ledger.push(job, index);
         self.held += 1;
-        self.used.cpus += need.cpus;
-        self.used.gpus += need.gpus;
+        self.used = self.used.plus(&need, 1);
         if running {
             self.running_cpus += need.cpus;
         }
@@ -366,8 +381,7 @@ impl Worker {
     #[must_use]
     fn release(&mut self, need: Resources, state: TaskState) -> bool {
         self.held -= 1;
-        self.used.cpus -= need.cpus;
-        self.used.gpus -= need.gpus;
+        self.used = self.used.minus(&need);
         if state == TaskState::Running {
             self.running_cpus = self.running_cpus.saturating_sub(need.cpus);
         }
@@ -386,22 +400,12 @@ impl Worker {
 
     /// How many tasks needing `need` still fit, holding `prefetch` cpus' worth beyond its slots.
     fn room_for(&self, need: Resources, prefetch: u32) -> u32 {
-        let cap = self.capacity(prefetch);
-        let by_cpu = cap.cpus.saturating_sub(self.used.cpus) / need.cpus.max(1);
-        match cap
-            .gpus
-            .saturating_sub(self.used.gpus)
-            .checked_div(need.gpus)
-        {
-            Some(by_gpu) => by_cpu.min(by_gpu),
-            None => by_cpu,
-        }
+        self.capacity(prefetch).minus(&self.used).times_fits(&need)
     }
 
     /// Whether a task needing `need` could ever run here.
     fn can_ever_run(&self, need: Resources) -> bool {
-        let r = self.offer.resources;
-        need.cpus <= r.cpus && need.gpus <= r.gpus
+        need.fits_in(&self.offer.resources)
     }
 
     /// Tasks assigned to it and not finished.
@@ -442,6 +446,8 @@ pub enum SchedError {
     NoSuchWorker(WorkerId),
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
     RetryCanceled(JobId),
+    #[error("resource '{name}' would be the server's {max}th name of a resource, past the most it tells apart ({known}); use one of those names", max = MAX_NAMED + 1)]
+    TooManyNames { name: String, known: String },
     #[error(transparent)]
     Spec(#[from] SpecError),
     #[error("job {job} has not ended ({left} of its tasks not done yet); wait for it (`kestrel job wait {job}`) or cancel it (`kestrel job cancel {job}`) first")]
@@ -454,12 +460,9 @@ pub enum SchedError {
 pub enum Stall {
     /// No worker is connected.
     NoWorkers,
-    /// Every worker is too small for one task.
-    TooBig {
-        need: Resources,
-        /// The most cpus and the most GPUs any connected worker has.
-        largest: Resources,
-    },
+    /// Every worker is too small for one task: `what` says what it lacks, e.g. "3 cpus, the
+    /// largest worker has 2 cpus".
+    TooBig { what: String },
     /// Every worker that could run the tasks is quarantined.
     Quarantined { workers: Vec<WorkerId> },
 }
@@ -472,31 +475,10 @@ impl fmt::Display for Stall {
             Stall::NoWorkers => {
                 f.write_str("no worker is connected; start one with `kestrel worker start`")
             }
-            Stall::TooBig { need, largest } => {
-                if need.cpus > largest.cpus {
-                    write!(
-                        f,
-                        "each task needs {}, the largest worker has {}",
-                        plural(need.cpus, "cpu", "cpus"),
-                        plural(largest.cpus, "cpu", "cpus")
-                    )?;
-                } else if need.gpus > largest.gpus {
-                    write!(
-                        f,
-                        "each task needs {}, the largest worker has {}",
-                        plural(need.gpus, "GPU", "GPUs"),
-                        plural(largest.gpus, "GPU", "GPUs")
-                    )?;
-                } else {
-                    write!(
-                        f,
-                        "each task needs {} and {}, and no worker has both",
-                        plural(need.cpus, "cpu", "cpus"),
-                        plural(need.gpus, "GPU", "GPUs")
-                    )?;
-                }
-                f.write_str("; start a bigger worker or cancel the job")
-            }
+            Stall::TooBig { what } => write!(
+                f,
+                "each task needs {what}; start a bigger worker or cancel the job"
+            ),
             Stall::Quarantined { workers } => {
                 let ids: Vec<String> = workers.iter().map(u32::to_string).collect();
                 let n = workers.len() as u32;
@@ -562,6 +544,8 @@ pub struct Scheduler {
     /// Why each worker that left while quarantined was quarantined: a worker that comes back
     /// naming its old id (after a lost connection) stays quarantined.
     quarantined_gone: FxHashMap<WorkerId, String>,
+    /// Names of named resources, numbered by position (see [`Resources::named`]).
+    names: Vec<String>,
 }
 
 /// What [`Scheduler::worker_resumed`] did with a reconnected worker's report.
@@ -594,6 +578,41 @@ impl Scheduler {
         &self.config
     }
 
+    /// What each task of a job with `spec` holds, its named resources numbered.
+    fn need_of(&mut self, spec: &JobSpec) -> Result<Resources, SchedError> {
+        let mut need = spec.resources;
+        need.named = self.number(&spec.named)?;
+        Ok(need)
+    }
+
+    /// The amounts of `named` by this scheduler's numbering of names; a new name takes the
+    /// next number, up to [`MAX_NAMED`] names in all.
+    fn number(&mut self, named: &[(String, u32)]) -> Result<[u32; MAX_NAMED], SchedError> {
+        let mut out = [0u32; MAX_NAMED];
+        for (name, amount) in named {
+            let i = match self.names.iter().position(|n| n == name) {
+                Some(i) => i,
+                None if self.names.len() < MAX_NAMED => {
+                    self.names.push(name.clone());
+                    self.names.len() - 1
+                }
+                None => {
+                    return Err(SchedError::TooManyNames {
+                        name: name.clone(),
+                        known: self.names.join(", "),
+                    })
+                }
+            };
+            out[i] = out[i].saturating_add(*amount);
+        }
+        Ok(out)
+    }
+
+    /// The name numbered `i` (see [`Resources::named`]).
+    pub fn resource_name(&self, i: usize) -> Option<&str> {
+        self.names.get(i).map(String::as_str)
+    }
+
     // ----- events ---------------------------------------------------------------------------
 
     /// A client submits a job. With `open`, more tasks may follow through [`Self::extend`].
@@ -609,9 +628,10 @@ impl Scheduler {
         } else {
             spec.validate(&tasks)?;
         }
+        let need = self.need_of(&spec)?;
         let id = self.next_job;
         self.next_job += 1;
-        let job = Job::new(id, spec, tasks, now_us, open);
+        let job = Job::new(id, spec, need, tasks, now_us, open);
         let n = job.len();
         self.ready.push_new(
             job.spec.priority,
@@ -689,7 +709,15 @@ impl Scheduler {
     }
 
     /// A worker connects. Returns its id.
-    pub fn worker_joined(&mut self, now_us: u64, offer: WorkerOffer) -> WorkerId {
+    pub fn worker_joined(&mut self, now_us: u64, mut offer: WorkerOffer) -> WorkerId {
+        // A name past the most the server tells apart cannot be asked for by any job either.
+        let named: Vec<_> = offer
+            .named
+            .iter()
+            .filter(|(n, _)| self.names.contains(n) || self.names.len() < MAX_NAMED)
+            .cloned()
+            .collect();
+        offer.resources.named = self.number(&named).unwrap_or([0; MAX_NAMED]);
         let id = self.next_worker;
         self.next_worker += 1;
         self.workers.insert(
@@ -699,7 +727,7 @@ impl Scheduler {
                 offer,
                 joined_us: now_us,
                 last_seen_us: now_us,
-                used: Resources { cpus: 0, gpus: 0 },
+                used: Resources::NONE,
                 running_cpus: 0,
                 held: 0,
                 ledger: Ledger::default(),
@@ -765,7 +793,7 @@ impl Scheduler {
                 self.check_job_done(now_us, job);
                 continue;
             }
-            let need = j.spec.resources.cpus;
+            let need = j.need.cpus;
             let ran = match j.table.get(index).state {
                 TaskState::Running => true,
                 _ if need <= unreported => {
@@ -857,7 +885,7 @@ impl Scheduler {
                 let Some(j) = self.jobs.get_mut(&job) else {
                     continue;
                 };
-                let need = j.spec.resources;
+                let need = j.need;
                 let rec = j.table.get_mut(index);
                 rec.worker = worker;
                 let running = rec.state == TaskState::Running;
@@ -934,7 +962,7 @@ impl Scheduler {
             if rec.worker == worker {
                 // Moved over from its previous registration.
                 if running && rec.state == TaskState::Assigned {
-                    let cpus = j.spec.resources.cpus;
+                    let cpus = j.need.cpus;
                     let rec = j.set_state(index, TaskState::Running);
                     rec.runs = rec.runs.saturating_add(1);
                     if let Some(w) = self.workers.get_mut(&worker) {
@@ -956,7 +984,7 @@ impl Scheduler {
         let Some(w) = self.workers.get_mut(&worker) else {
             return Claim::Ended;
         };
-        let need = j.spec.resources;
+        let need = j.need;
         let rec = j.set_state(index, TaskState::Running);
         rec.worker = worker;
         rec.assigned_us = now_us;
@@ -984,7 +1012,7 @@ impl Scheduler {
         if rec.worker != worker || rec.state != TaskState::Assigned {
             return Accepted::Ignored;
         }
-        let cpus = j.spec.resources.cpus;
+        let cpus = j.need.cpus;
         let rec = j.set_state(index, TaskState::Running);
         rec.started_us = at_us;
         rec.runs = rec.runs.saturating_add(1);
@@ -1009,7 +1037,7 @@ impl Scheduler {
         let rec = j.table.get(f.index);
         let active = matches!(rec.state, TaskState::Assigned | TaskState::Running);
         let ours = rec.worker == worker && active;
-        let need = j.spec.resources;
+        let need = j.need;
         let Some(w) = self.workers.get_mut(&worker) else {
             return Accepted::Ignored;
         };
@@ -1132,7 +1160,7 @@ impl Scheduler {
         if !j.held_by(index, worker) {
             return;
         }
-        let need = j.spec.resources;
+        let need = j.need;
         let state = j.table.get(index).state;
         if let Some(w) = self.workers.get_mut(&worker) {
             if w.release(need, state) {
@@ -1178,7 +1206,7 @@ impl Scheduler {
         if !quarantine::faulty(mine, others, k) {
             return;
         }
-        let Some(need) = self.jobs.get(&job).map(|j| j.spec.resources) else {
+        let Some(need) = self.jobs.get(&job).map(|j| j.need) else {
             return;
         };
         let mut others_can_run = false;
@@ -1430,7 +1458,7 @@ impl Scheduler {
             let Some(j) = jobs.get_mut(&span.job) else {
                 return Some(0);
             };
-            let need = j.spec.resources;
+            let need = j.need;
             if !w.can_ever_run(need) {
                 return Some(0);
             }
@@ -1441,7 +1469,11 @@ impl Scheduler {
             let room = w.room_for(need, prefetch);
             if room == 0 {
                 // Out of credit for this shape; smaller tasks further down may still fit.
-                return if w.room_for(Resources { cpus: 1, gpus: 0 }, most_prefetch) == 0 {
+                let one_cpu = Resources {
+                    cpus: 1,
+                    ..Resources::NONE
+                };
+                return if w.room_for(one_cpu, most_prefetch) == 0 {
                     None
                 } else {
                     Some(0)
@@ -1470,8 +1502,7 @@ impl Scheduler {
                 }
             }
             w.held += given;
-            w.used.cpus += need.cpus * given;
-            w.used.gpus += need.gpus * given;
+            w.used = w.used.plus(&need, given);
             if given > 0 && w.known_jobs.insert(span.job) {
                 defines.push(span.job);
             }
@@ -1539,10 +1570,7 @@ impl Scheduler {
                     && jobs.get(&job).is_some_and(|j| {
                         j.table.get(index).state == TaskState::Assigned
                             && j.worth_stealing(min_run)
-                            && thieves.iter().any(|t| {
-                                let need = j.spec.resources;
-                                need.cpus <= t.cpus && need.gpus <= t.gpus
-                            })
+                            && thieves.iter().any(|t| j.need.fits_in(t))
                     })
             });
             // The last handed out wait the longest there.
@@ -1550,7 +1578,7 @@ impl Scheduler {
             let mut tasks = Vec::new();
             let mut cpus = 0;
             for (job, index) in candidates.into_iter().rev() {
-                let need = jobs[&job].spec.resources.cpus;
+                let need = jobs[&job].need.cpus;
                 if need > budget {
                     continue;
                 }
@@ -1595,7 +1623,7 @@ impl Scheduler {
             if !j.held_by(index, worker) || j.table.get(index).state != TaskState::Assigned {
                 continue;
             }
-            let need = j.spec.resources;
+            let need = j.need;
             if let Some(w) = self.workers.get_mut(&worker) {
                 prune |= w.release(need, TaskState::Assigned);
             }
@@ -1699,6 +1727,58 @@ impl Scheduler {
         self.live_jobs.len()
     }
 
+    /// What no connected worker has enough of for a task needing `need`: "3 cpus, the largest
+    /// worker has 2 cpus", or, when each resource is somewhere but never all on one worker,
+    /// everything the task needs.
+    fn lacking(&self, need: &Resources) -> String {
+        let most = self
+            .workers
+            .values()
+            .fold(Resources::NONE, |m, w| max_each(m, &w.offer.resources));
+        let count = |n: u64, one: &str| {
+            if n == 1 {
+                format!("1 {one}")
+            } else {
+                format!("{n} {one}s")
+            }
+        };
+        let mib = |b: u64| format!("{} MiB of memory", b.div_ceil(1 << 20));
+        let short = |need: String, most: String| format!("{need}, the largest worker has {most}");
+        let mut needs = vec![count(need.cpus.into(), "cpu")];
+        if need.cpus > most.cpus {
+            return short(needs.remove(0), count(most.cpus.into(), "cpu"));
+        }
+        if need.gpus > 0 {
+            needs.push(count(need.gpus.into(), "GPU"));
+            if need.gpus > most.gpus {
+                return short(
+                    count(need.gpus.into(), "GPU"),
+                    count(most.gpus.into(), "GPU"),
+                );
+            }
+        }
+        if need.mem > 0 {
+            needs.push(mib(need.mem));
+            if need.mem > most.mem {
+                return short(mib(need.mem), mib(most.mem));
+            }
+        }
+        for (i, (&n, &m)) in need.named.iter().zip(&most.named).enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let name = self.resource_name(i).unwrap_or("?");
+            needs.push(format!("{n} {name}"));
+            if n > m {
+                return match m {
+                    0 => format!("{n} {name}, and no worker has any"),
+                    m => format!("{n} {name}, the most a worker has is {m}"),
+                };
+            }
+        }
+        format!("{}, and no worker has all of it", needs.join(" and "))
+    }
+
     /// Why a job's queued tasks cannot go to any worker, if so (`None` also when they simply
     /// wait for busy slots). Looks at every worker: for displays, not for every event.
     pub fn stall(&self, job: JobId) -> Option<Stall> {
@@ -1709,7 +1789,7 @@ impl Scheduler {
         if self.workers.is_empty() {
             return Some(Stall::NoWorkers);
         }
-        let need = j.spec.resources;
+        let need = j.need;
         let able = || self.workers.values().filter(|w| w.can_ever_run(need));
         if able().any(|w| w.quarantined.is_none()) {
             return None;
@@ -1720,18 +1800,21 @@ impl Scheduler {
                 workers: quarantined,
             });
         }
-        let largest = self
-            .workers
-            .values()
-            .fold(Resources { cpus: 0, gpus: 0 }, |l, w| {
-                let r = w.offer.resources;
-                Resources {
-                    cpus: l.cpus.max(r.cpus),
-                    gpus: l.gpus.max(r.gpus),
-                }
-            });
-        Some(Stall::TooBig { need, largest })
+        Some(Stall::TooBig {
+            what: self.lacking(&need),
+        })
     }
+}
+
+/// The larger of each resource of `a` and `b`.
+fn max_each(mut a: Resources, b: &Resources) -> Resources {
+    a.cpus = a.cpus.max(b.cpus);
+    a.gpus = a.gpus.max(b.gpus);
+    a.mem = a.mem.max(b.mem);
+    for (x, y) in a.named.iter_mut().zip(&b.named) {
+        *x = (*x).max(*y);
+    }
+    a
 }
 
 /// Replay of a journal after a crash (a child module so it can reach the private state).

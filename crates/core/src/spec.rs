@@ -25,18 +25,89 @@ pub enum Sink {
     File(String),
 }
 
-/// Resources a task holds while it runs.
+/// How many names of countable resources (licenses, scratch disks, ...) one server tells
+/// apart; a fixed number keeps [`Resources`] a small `Copy` value on the dispatch path.
+pub const MAX_NAMED: usize = 8;
+
+/// Resources a task holds while it runs, or a worker has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resources {
-    /// Slots (cores); at least 1.
+    /// Slots (cores); at least 1 for a task.
     pub cpus: u32,
     /// Whole GPUs.
     pub gpus: u32,
+    /// Memory in bytes (0: a task that asks for none).
+    #[serde(default)]
+    pub mem: u64,
+    /// Amounts of named resources, by the scheduler's numbering of their names. Filled in by
+    /// the scheduler from [`JobSpec::named`] and a worker's offer; the names are what travel
+    /// and are journaled, never these numbers.
+    #[serde(skip)]
+    pub named: [u32; MAX_NAMED],
 }
 
 impl Default for Resources {
     fn default() -> Self {
-        Resources { cpus: 1, gpus: 0 }
+        Resources {
+            cpus: 1,
+            gpus: 0,
+            mem: 0,
+            named: [0; MAX_NAMED],
+        }
+    }
+}
+
+impl Resources {
+    /// Nothing at all.
+    pub const NONE: Resources = Resources {
+        cpus: 0,
+        gpus: 0,
+        mem: 0,
+        named: [0; MAX_NAMED],
+    };
+
+    /// Whether `self` fits in `room`, resource by resource.
+    pub fn fits_in(&self, room: &Resources) -> bool {
+        self.cpus <= room.cpus
+            && self.gpus <= room.gpus
+            && self.mem <= room.mem
+            && self.named.iter().zip(&room.named).all(|(n, r)| n <= r)
+    }
+
+    /// `self` plus `n` times `other`.
+    pub fn plus(mut self, other: &Resources, n: u32) -> Resources {
+        self.cpus += other.cpus * n;
+        self.gpus += other.gpus * n;
+        self.mem += other.mem * u64::from(n);
+        for (a, b) in self.named.iter_mut().zip(&other.named) {
+            *a += b * n;
+        }
+        self
+    }
+
+    /// `self` less `other` (never below zero).
+    pub fn minus(mut self, other: &Resources) -> Resources {
+        self.cpus = self.cpus.saturating_sub(other.cpus);
+        self.gpus = self.gpus.saturating_sub(other.gpus);
+        self.mem = self.mem.saturating_sub(other.mem);
+        for (a, b) in self.named.iter_mut().zip(&other.named) {
+            *a = a.saturating_sub(*b);
+        }
+        self
+    }
+
+    /// How many times `need` fits in `self` (`u32::MAX` if `need` is nothing).
+    pub fn times_fits(&self, need: &Resources) -> u32 {
+        fn div(have: u64, need: u64) -> u64 {
+            have.checked_div(need).unwrap_or(u64::MAX)
+        }
+        let mut n = div(self.cpus.into(), need.cpus.into())
+            .min(div(self.gpus.into(), need.gpus.into()))
+            .min(div(self.mem, need.mem));
+        for (h, w) in self.named.iter().zip(&need.named) {
+            n = n.min(div((*h).into(), (*w).into()));
+        }
+        n.min(u64::from(u32::MAX)) as u32
     }
 }
 
@@ -269,6 +340,10 @@ pub struct JobSpec {
     pub priority: i32,
     /// How many times a failed task is run again.
     pub retries: u32,
+    /// Named countable resources each task holds (`--resource licenses=1`), matched against
+    /// what workers offer under the same names.
+    #[serde(default)]
+    pub named: Vec<(String, u32)>,
 }
 
 /// Why a job specification was refused at submission.

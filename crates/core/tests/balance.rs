@@ -19,6 +19,7 @@ fn spec(name: &str) -> JobSpec {
         resources: Resources::default(),
         priority: 0,
         retries: 0,
+        named: vec![],
     }
 }
 

@@ -18,6 +18,7 @@ fn spec(name: &str) -> JobSpec {
         resources: Resources::default(),
         priority: 0,
         retries: 0,
+        named: vec![],
     }
 }
 
@@ -28,8 +29,13 @@ fn array(n: u32) -> TaskSet {
 fn offer() -> WorkerOffer {
     WorkerOffer {
         hostname: "sim".into(),
-        resources: Resources { cpus: 2, gpus: 0 },
+        resources: Resources {
+            cpus: 2,
+            gpus: 0,
+            ..Resources::NONE
+        },
         prefetch: 0,
+        named: Vec::new(),
     }
 }
 

@@ -17,6 +17,7 @@ fn spec(name: &str, retries: u32) -> JobSpec {
         resources: Resources::default(),
         priority: 0,
         retries,
+        named: vec![],
     }
 }
 
@@ -34,6 +35,8 @@ fn failure() -> RunEnd {
 }
 
 /// What a journal would hold, in order.
+// Test data, a few entries: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Entry {
     Submit(JobId, u64, JobSpec, TaskSet),
     Cancel(JobId, u64),
@@ -80,8 +83,13 @@ fn replay_restores_results_and_requeues_the_rest() {
         100,
         WorkerOffer {
             hostname: "h".into(),
-            resources: Resources { cpus: 8, gpus: 0 },
+            resources: Resources {
+                cpus: 8,
+                gpus: 0,
+                ..Resources::NONE
+            },
             prefetch: 0,
+            named: Vec::new(),
         },
     );
     a.schedule(500);
@@ -141,8 +149,13 @@ fn replay_restores_results_and_requeues_the_rest() {
         900,
         WorkerOffer {
             hostname: "h2".into(),
-            resources: Resources { cpus: 64, gpus: 0 },
+            resources: Resources {
+                cpus: 64,
+                gpus: 0,
+                ..Resources::NONE
+            },
             prefetch: 0,
+            named: Vec::new(),
         },
     );
     b.schedule(1000);
@@ -204,8 +217,13 @@ fn a_report_after_cancel_moves_a_task_out_of_canceled() {
 fn offer(cpus: u32) -> WorkerOffer {
     WorkerOffer {
         hostname: "h".into(),
-        resources: Resources { cpus, gpus: 0 },
+        resources: Resources {
+            cpus,
+            gpus: 0,
+            ..Resources::NONE
+        },
         prefetch: 0,
+        named: Vec::new(),
     }
 }
 

@@ -18,6 +18,7 @@ fn spec(name: &str) -> JobSpec {
         resources: Resources::default(),
         priority: 0,
         retries: 0,
+        named: vec![],
     }
 }
 
@@ -262,7 +263,11 @@ fn higher_priority_jobs_run_first() {
 fn tasks_wait_for_a_worker_with_enough_resources() {
     let mut h = Harness::new(Scheduler::new(Config::default()), 10, 100);
     let mut big = spec("big");
-    big.resources = Resources { cpus: 4, gpus: 0 };
+    big.resources = Resources {
+        cpus: 4,
+        gpus: 0,
+        ..Resources::NONE
+    };
     let big_job = h.submit(big, array(3));
     let small_job = h.submit(spec("small"), array(3));
     h.add_worker(2, 0);
@@ -413,8 +418,13 @@ fn an_undeliverable_task_fails_for_good_without_blaming_its_worker() {
         0,
         WorkerOffer {
             hostname: "h".into(),
-            resources: Resources { cpus: 2, gpus: 0 },
+            resources: Resources {
+                cpus: 2,
+                gpus: 0,
+                ..Resources::NONE
+            },
             prefetch: 0,
+            named: Vec::new(),
         },
     );
     s.schedule(0);
@@ -447,8 +457,13 @@ fn worker_with_long_held_tasks() -> (Scheduler, JobId, WorkerId, Vec<(JobId, Tas
     let job = s.submit(0, spec("many"), array(60_000), false).unwrap();
     let offer = WorkerOffer {
         hostname: "h".into(),
-        resources: Resources { cpus: 64, gpus: 0 },
+        resources: Resources {
+            cpus: 64,
+            gpus: 0,
+            ..Resources::NONE
+        },
         prefetch: 64,
+        named: Vec::new(),
     };
     let w = s.worker_joined(0, offer);
     let mut kept = std::collections::BTreeSet::new();

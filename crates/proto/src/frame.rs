@@ -384,8 +384,8 @@ mod tests {
                 .collect(),
         };
         let per_task = encode(&update(116)).unwrap().len() - encode(&update(16)).unwrap().len();
-        // array 1 + job 1 + index 5 + start 9 + offset 1 + "S" 2
-        assert_eq!(per_task, 100 * 19);
+        // array 1 + job 1 + index 5 + start 9 + offset 1 + "S" 2 + slot wait 1 (a short one)
+        assert_eq!(per_task, 100 * 20);
     }
 
     #[test]

@@ -83,6 +83,12 @@ pub struct Registration {
     /// Set when reconnecting: what the worker still runs and what ended while it was away.
     #[serde(default)]
     pub resume: Option<Resume>,
+    /// Memory tasks may hold, in bytes.
+    #[serde(default)]
+    pub mem: u64,
+    /// Named countable resources it has (`licenses=4`).
+    #[serde(default)]
+    pub named: Vec<(String, u32)>,
 }
 
 /// A reconnecting worker's state, so its tasks are taken back rather than run again.
@@ -130,6 +136,9 @@ pub enum ToWorker {
         template: TaskTemplate,
         ids: JobIds,
         resources: Resources,
+        /// Named resources each task holds.
+        #[serde(default)]
+        named: Vec<(String, u32)>,
     },
     /// Tasks to run, in batches of consecutive indices.
     Assign { tasks: Vec<Assigned> },

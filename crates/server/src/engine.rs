@@ -314,8 +314,11 @@ impl Engine {
                     resources: Resources {
                         cpus: r.slots.max(1),
                         gpus: r.gpus,
+                        mem: r.mem,
+                        ..Resources::NONE
                     },
                     prefetch: r.prefetch,
+                    named: r.named.clone(),
                 };
                 let id = self.core.worker_joined(now, offer);
                 outbox.send(&ToWorker::Registered {
@@ -819,6 +822,7 @@ impl Engine {
                         template: j.spec.template.clone(),
                         ids,
                         resources: j.spec.resources,
+                        named: j.spec.named.clone(),
                     });
                 }
                 Command::Assign { worker, runs } => {

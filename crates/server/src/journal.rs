@@ -673,6 +673,7 @@ mod tests {
             resources: Resources::default(),
             priority: 0,
             retries: 0,
+            named: vec![],
         }
     }
 

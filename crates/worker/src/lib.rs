@@ -29,6 +29,10 @@ pub struct WorkerConfig {
     pub access_file: Option<PathBuf>,
     pub slots: u32,
     pub gpus: u32,
+    /// Memory tasks may hold, in bytes (their `--mem` adds up to at most this).
+    pub mem: u64,
+    /// Named countable resources tasks may hold (`licenses=4`).
+    pub named: Vec<(String, u32)>,
     /// Extra cpus' worth of tasks kept queued here so no slot waits a round trip.
     pub prefetch: u32,
     pub exec: ExecMode,
@@ -46,6 +50,8 @@ impl WorkerConfig {
             access_file: None,
             slots,
             gpus: 0,
+            mem: memory().unwrap_or(0),
+            named: Vec::new(),
             prefetch: slots,
             exec: ExecMode::Process,
             hostname: hostname(),
@@ -53,6 +59,32 @@ impl WorkerConfig {
             reconnect_for: Duration::from_secs(120),
         }
     }
+}
+
+impl WorkerConfig {
+    /// Fresh bookkeeping of what this worker has.
+    pub(crate) fn local(&self) -> local::Local {
+        local::Local::new(self.slots, self.gpus, self.mem, &self.named)
+    }
+}
+
+/// The memory this process may use: the machine's, or its cgroup's limit if lower.
+pub fn memory() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1024)?;
+    // cgroup v2: "max" or a number of bytes.
+    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    Some(limit.map_or(total, |l| l.min(total)))
 }
 
 /// Why a worker stopped.

@@ -30,6 +30,19 @@ pub struct JobDef {
     pub template: TaskTemplate,
     pub ids: JobIds,
     pub resources: Resources,
+    /// Named resources each task holds.
+    pub named: Vec<(String, u32)>,
+}
+
+/// What a started task holds here, given back when it ends. Kept with the task because its
+/// job's definition may be forgotten first (a `ForgetJob` while a duplicate run goes on).
+#[derive(Debug, Default)]
+pub struct Held {
+    pub cpus: u32,
+    /// The GPUs it got, by number.
+    pub gpus: Vec<u32>,
+    pub mem: u64,
+    pub named: Vec<(String, u32)>,
 }
 
 /// Values substituted into placeholders and the task environment.
@@ -49,15 +62,20 @@ pub struct Local {
     pub queue: VecDeque<LocalTask>,
     free_cpus: u32,
     free_gpus: Vec<u32>,
+    free_mem: u64,
+    free_named: Vec<(String, u32)>,
 }
 
 impl Local {
-    pub fn new(slots: u32, gpus: u32) -> Local {
+    /// A worker's bookkeeping with these `slots`, GPUs, memory (bytes) and named resources.
+    pub fn new(slots: u32, gpus: u32, mem: u64, named: &[(String, u32)]) -> Local {
         Local {
             jobs: FxHashMap::default(),
             queue: VecDeque::new(),
             free_cpus: slots,
             free_gpus: (0..gpus).collect(),
+            free_mem: mem,
+            free_named: named.to_vec(),
         }
     }
 
@@ -67,6 +85,7 @@ impl Local {
         template: TaskTemplate,
         ids: JobIds,
         resources: Resources,
+        named: Vec<(String, u32)>,
     ) {
         self.jobs.insert(
             job,
@@ -74,6 +93,7 @@ impl Local {
                 template,
                 ids,
                 resources,
+                named,
             },
         );
     }
@@ -107,42 +127,53 @@ impl Local {
         }
     }
 
-    /// Takes the next queued task if its resources are free; returns it with the GPUs it got.
-    pub fn next_startable(&mut self) -> Option<(LocalTask, Vec<u32>)> {
+    /// Takes the next queued task if what it needs is free; returns it with what it holds.
+    pub fn next_startable(&mut self) -> Option<(LocalTask, Held)> {
         let head = self.queue.front()?;
-        let need = self
-            .jobs
-            .get(&head.job)
-            .map_or(Resources::default(), |d| d.resources);
-        if need.cpus > self.free_cpus || need.gpus as usize > self.free_gpus.len() {
+        let (need, named) = match self.jobs.get(&head.job) {
+            Some(d) => (d.resources, d.named.as_slice()),
+            None => (Resources::default(), &[][..]),
+        };
+        let named_free = named.iter().all(|(name, n)| {
+            self.free_named
+                .iter()
+                .any(|(have, free)| have == name && free >= n)
+        });
+        if need.cpus > self.free_cpus
+            || need.gpus as usize > self.free_gpus.len()
+            || need.mem > self.free_mem
+            || !named_free
+        {
             return None;
         }
         self.free_cpus -= need.cpus;
-        let gpus = self
-            .free_gpus
-            .split_off(self.free_gpus.len() - need.gpus as usize);
-        self.queue.pop_front().map(|t| (t, gpus))
+        self.free_mem -= need.mem;
+        for (name, n) in named {
+            if let Some((_, free)) = self.free_named.iter_mut().find(|(have, _)| have == name) {
+                *free -= n;
+            }
+        }
+        let held = Held {
+            cpus: need.cpus,
+            gpus: self
+                .free_gpus
+                .split_off(self.free_gpus.len() - need.gpus as usize),
+            mem: need.mem,
+            named: named.to_vec(),
+        };
+        self.queue.pop_front().map(|t| (t, held))
     }
 
-    /// Gives back what a task of `job` held (the job must still be defined).
-    pub fn release(&mut self, job: JobId, gpus: Vec<u32>) {
-        let cpus = self.cpus_of(job);
-        self.release_held(cpus, gpus);
-    }
-
-    /// Gives back `cpus` slots and the `gpus` a task held (for tasks that may outlive their
-    /// job's definition: a `ForgetJob` can arrive while a duplicate run still goes on).
-    pub fn release_held(&mut self, cpus: u32, gpus: Vec<u32>) {
-        self.free_cpus += cpus;
-        self.free_gpus.extend(gpus);
-    }
-
-    /// Slots each task of `job` holds.
-    pub fn cpus_of(&self, job: JobId) -> u32 {
-        self.jobs
-            .get(&job)
-            .map_or(Resources::default(), |d| d.resources)
-            .cpus
+    /// Gives back what a task held.
+    pub fn release(&mut self, held: Held) {
+        self.free_cpus += held.cpus;
+        self.free_gpus.extend(held.gpus);
+        self.free_mem += held.mem;
+        for (name, n) in held.named {
+            if let Some((_, free)) = self.free_named.iter_mut().find(|(have, _)| *have == name) {
+                *free += n;
+            }
+        }
     }
 
     /// Removes queued tasks among `tasks`; returns the ones removed.
@@ -251,12 +282,13 @@ mod tests {
 
     #[test]
     fn placeholders_and_environment() {
-        let mut l = Local::new(2, 0);
+        let mut l = Local::new(2, 0, 0, &[]);
         l.define(
             3,
             template(),
             JobIds::Array(IdRanges::parse("10-20:5").unwrap()),
             Resources::default(),
+            vec![],
         );
         let t = LocalTask {
             job: 3,
@@ -281,8 +313,13 @@ mod tests {
 
     #[test]
     fn slots_and_gpus_limit_what_starts() {
-        let mut l = Local::new(2, 1);
-        l.define(1, template(), JobIds::List, Resources { cpus: 1, gpus: 1 });
+        let mut l = Local::new(2, 1, 0, &[]);
+        let need = Resources {
+            cpus: 1,
+            gpus: 1,
+            ..Resources::NONE
+        };
+        l.define(1, template(), JobIds::List, need, vec![]);
         l.enqueue(
             vec![Assigned {
                 run: IndexRun {
@@ -294,21 +331,61 @@ mod tests {
             }],
             0,
         );
-        let (t, gpus) = l.next_startable().unwrap();
-        assert_eq!((t.index, gpus.clone()), (0, vec![0]));
+        let (t, held) = l.next_startable().unwrap();
+        assert_eq!((t.index, held.gpus.clone()), (0, vec![0]));
         assert!(l.next_startable().is_none(), "the only GPU is taken");
-        let launch = l.launch(&t, &gpus, &me()).unwrap();
+        let launch = l.launch(&t, &held.gpus, &me()).unwrap();
         assert_eq!(launch.argv, vec!["a"]);
         assert!(launch
             .env
             .contains(&("CUDA_VISIBLE_DEVICES".into(), "0".into())));
-        l.release(1, gpus);
+        l.release(held);
         assert_eq!(l.next_startable().unwrap().0.index, 1);
     }
 
     #[test]
+    fn memory_and_named_resources_limit_what_starts() {
+        let mut l = Local::new(8, 0, 3 << 30, &[("licenses".into(), 3)]);
+        let need = Resources {
+            cpus: 1,
+            mem: 1 << 30,
+            ..Resources::NONE
+        };
+        l.define(
+            1,
+            template(),
+            JobIds::List,
+            need,
+            vec![("licenses".into(), 2)],
+        );
+        l.define(2, template(), JobIds::List, need, vec![]);
+        let run = |job, count| Assigned {
+            run: IndexRun {
+                job,
+                first: 0,
+                count,
+            },
+            argvs: vec![vec!["x".into()]; count as usize],
+        };
+        l.enqueue(vec![run(1, 2), run(2, 3)], 0);
+        let (_, a) = l.next_startable().unwrap();
+        assert!(
+            l.next_startable().is_none(),
+            "one license is left, a task needs 2"
+        );
+        l.release(a);
+        let (_, b) = l.next_startable().unwrap();
+        let (_, c) = l.next_startable().unwrap();
+        let (_, d) = l.next_startable().unwrap();
+        assert!(l.next_startable().is_none(), "3 GiB of memory are taken");
+        l.release(b);
+        assert!(l.next_startable().is_some());
+        drop((c, d));
+    }
+
+    #[test]
     fn canceled_tasks_leave_the_queue() {
-        let mut l = Local::new(1, 0);
+        let mut l = Local::new(1, 0, 0, &[]);
         l.enqueue(
             vec![Assigned {
                 run: IndexRun {

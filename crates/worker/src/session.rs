@@ -2,7 +2,7 @@
 //! batched starts and ends, answer cancels, send heartbeats.
 
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
-use crate::local::{Identity, Local, LocalTask};
+use crate::local::{Held, Identity, Local, LocalTask};
 use crate::{ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex, WorkerId};
 use kestrel_proto::client::open;
@@ -76,8 +76,7 @@ pub(crate) enum SessionEnd {
 struct Running {
     cancel: CancelHandle,
     /// What it holds, kept here because its job's definition may be forgotten first.
-    cpus: u32,
-    gpus: Vec<u32>,
+    held: Held,
     /// How long it waited here for a slot.
     waited_us: u64,
 }
@@ -181,10 +180,7 @@ pub(crate) async fn serve(
             server: String::new(),
             server_dir: config.server_dir.clone(),
         },
-        local: carry
-            .local
-            .take()
-            .unwrap_or_else(|| Local::new(config.slots, config.gpus)),
+        local: carry.local.take().unwrap_or_else(|| config.local()),
         running: std::mem::take(&mut carry.running),
         started: Vec::new(),
         finished: std::mem::take(&mut carry.finished),
@@ -262,6 +258,8 @@ impl Session<'_> {
                 hostname: self.config.hostname.clone(),
                 slots: self.config.slots,
                 gpus: self.config.gpus,
+                mem: self.config.mem,
+                named: self.config.named.clone(),
                 prefetch: self.config.prefetch,
                 exec: exec.into(),
                 resume,
@@ -299,7 +297,7 @@ impl Session<'_> {
                 };
                 old.abandon(pool).await;
                 self.finished.clear();
-                self.local = Local::new(self.config.slots, self.config.gpus);
+                self.local = self.config.local();
             }
             Some(_) => {
                 if !self.running.is_empty() || !self.finished.is_empty() {
@@ -377,7 +375,8 @@ impl Session<'_> {
                 template,
                 ids,
                 resources,
-            } => self.local.define(job, template, ids, resources),
+                named,
+            } => self.local.define(job, template, ids, resources, named),
             ToWorker::Assign { tasks } => self.local.enqueue(tasks, now_us()),
             ToWorker::Revoke { tasks } => {
                 // Those still waiting for a slot go back; those started run on.
@@ -415,7 +414,7 @@ impl Session<'_> {
         let Some(r) = self.running.remove(&done.key) else {
             return;
         };
-        self.local.release_held(r.cpus, r.gpus);
+        self.local.release(r.held);
         let started_us = micros(done.outcome.started);
         let finished_us = micros(done.outcome.finished);
         let end = run_end(done.outcome, done.timeout);
@@ -433,11 +432,11 @@ impl Session<'_> {
     fn start_tasks(&mut self, pool: &Option<Pool>) {
         // The no-op executor ends a whole batch at one instant: one clock read serves it.
         let batch_now = now_us();
-        while let Some((task, gpus)) = self.local.next_startable() {
+        while let Some((task, held)) = self.local.next_startable() {
             let key = (task.job, task.index);
             match (self.config.exec, pool) {
                 (ExecMode::Noop, _) | (_, None) => {
-                    self.local.release(task.job, gpus);
+                    self.local.release(held);
                     self.finished.push(Finished {
                         job: task.job,
                         index: task.index,
@@ -447,24 +446,23 @@ impl Session<'_> {
                         waited_us: batch_now.saturating_sub(task.arrived_us),
                     });
                 }
-                (ExecMode::Process, Some(p)) => self.launch(p, key, task, gpus),
+                (ExecMode::Process, Some(p)) => self.launch(p, key, task, held),
             }
         }
     }
 
     /// Hands a task to the process pool, or reports it failed if it cannot be launched.
-    fn launch(&mut self, p: &Pool, key: Key, task: LocalTask, gpus: Vec<u32>) {
+    fn launch(&mut self, p: &Pool, key: Key, task: LocalTask, held: Held) {
         let now = now_us();
         let waited_us = now.saturating_sub(task.arrived_us);
-        match self.local.launch(&task, &gpus, &self.me) {
+        match self.local.launch(&task, &held.gpus, &self.me) {
             Ok(launch) => {
                 let cancel = CancelHandle::new();
                 self.running.insert(
                     key,
                     Running {
                         cancel: cancel.clone(),
-                        cpus: self.local.cpus_of(task.job),
-                        gpus,
+                        held,
                         waited_us,
                     },
                 );
@@ -480,7 +478,7 @@ impl Session<'_> {
                 });
             }
             Err(reason) => {
-                self.local.release(task.job, gpus);
+                self.local.release(held);
                 self.finished.push(Finished {
                     job: task.job,
                     index: task.index,

@@ -327,9 +327,15 @@ impl Cluster {
 
     /// Starts a worker with `slots` slots; returns its index for [`Self::kill_worker`].
     pub fn add_worker(&mut self, slots: u32) -> usize {
+        self.add_worker_with(slots, &[])
+    }
+
+    /// [`Self::add_worker`] with extra `worker start` arguments.
+    pub fn add_worker_with(&mut self, slots: u32, extra: &[&str]) -> usize {
         let log = self.log_file("worker");
         let mut c = kestrel();
         c.args(["worker", "start", "--slots", &slots.to_string()])
+            .args(extra)
             .arg("--server-dir")
             .arg(&self.server_dir)
             .current_dir(&self.work)

@@ -6,6 +6,7 @@
 //! code, and [`harness::Harness`] drives it in virtual time for tests.
 
 pub mod harness;
+mod id_merge;
 pub mod ledger;
 pub mod outcome;
 pub mod quarantine;
@@ -21,6 +22,6 @@ pub use scheduler::{
     WorkerOffer,
 };
 pub use spec::{
-    IdRanges, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex, TaskSet,
-    TaskState, TaskTemplate, WorkerId,
+    IdRanges, IdRun, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex,
+    TaskSet, TaskState, TaskTemplate, WorkerId,
 };

@@ -57,6 +57,10 @@ pub struct TaskTemplate {
 
 /// The set of task ids of an array job, kept as ranges so a 10-million-task array costs bytes.
 /// On the wire only the runs travel; the index is rebuilt (and checked) on arrival.
+///
+/// [`IdRanges::parse`] gives ids sorted and unique (overlapping ranges merged, as Slurm does);
+/// a submission must be so ([`JobSpec::validate`]). Deserializing keeps the runs as they were
+/// stored, so a journal written before ids were merged replays with its tasks' indices intact.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Vec<IdRun>", into = "Vec<IdRun>")]
 pub struct IdRanges {
@@ -87,11 +91,12 @@ impl From<IdRanges> for Vec<IdRun> {
     }
 }
 
+/// `count` ids `first, first + step, ...`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdRun {
-    first: u32,
-    count: u32,
-    step: u32,
+    pub(crate) first: u32,
+    pub(crate) count: u32,
+    pub(crate) step: u32,
 }
 
 /// Why an array expression was refused.
@@ -99,18 +104,27 @@ pub struct IdRun {
 pub enum RangeError {
     #[error("empty array expression; write e.g. 1-100, 0-98:2 or 1,5,9-12")]
     Empty,
-    #[error("'{0}' is not a number, a range a-b, or a range with a step a-b:s")]
+    #[error("'{0}' is not a number, a range a-b, or a range with a step a-b:s; write e.g. 1-100, 0-98:2 or 1,5,9-12")]
     Syntax(String),
+    #[error("'{0}': task ids must be at most 4294967295")]
+    IdTooLarge(String),
     #[error("range '{0}' runs backwards; write the smaller number first, e.g. 1-5")]
     Backwards(String),
     #[error("step in '{0}' must be at least 1")]
     ZeroStep(String),
     #[error("the array has more than 4294967295 tasks")]
     TooLarge,
+    #[error("ranges {one} and {other} overlap over {ids} ids in a pattern that would need a range per id; write ranges that do not overlap")]
+    CannotMerge {
+        one: String,
+        other: String,
+        ids: u64,
+    },
 }
 
 impl IdRanges {
-    /// Parses `1-100`, `0-98:2`, `7`, and comma-separated lists of those.
+    /// Parses `1-100`, `0-98:2`, `7`, and comma-separated lists of those; the ids come out
+    /// sorted and unique (see [`crate::id_merge`]).
     pub fn parse(text: &str) -> Result<IdRanges, RangeError> {
         let mut runs = Vec::new();
         for part in text.split(',').map(str::trim) {
@@ -122,7 +136,27 @@ impl IdRanges {
         if runs.is_empty() {
             return Err(RangeError::Empty);
         }
-        Self::from_runs(runs)
+        Self::from_runs(crate::id_merge::merge(&runs)?)
+    }
+
+    /// The same ids, sorted and unique.
+    pub fn merged(&self) -> Result<IdRanges, RangeError> {
+        Self::from_runs(crate::id_merge::merge(&self.runs)?)
+    }
+
+    /// Whether every id is larger than the one before it (no id twice, none out of order).
+    pub fn is_sorted_unique(&self) -> bool {
+        let mut next_allowed: u64 = 0;
+        self.runs.iter().filter(|r| r.count > 0).all(|r| {
+            let ok = r.first as u64 >= next_allowed && (r.count == 1 || r.step > 0);
+            next_allowed = r.first as u64 + (r.count as u64 - 1) * r.step as u64 + 1;
+            ok
+        })
+    }
+
+    /// The runs, as they travel.
+    pub fn runs(&self) -> &[IdRun] {
+        &self.runs
     }
 
     /// The ids `first ..= last`, every one.
@@ -193,9 +227,14 @@ impl IdRanges {
 
 fn parse_run(part: &str) -> Result<IdRun, RangeError> {
     let num = |s: &str| {
-        s.trim()
-            .parse::<u32>()
-            .map_err(|_| RangeError::Syntax(part.into()))
+        let s = s.trim();
+        s.parse::<u32>().map_err(|_| {
+            if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+                RangeError::IdTooLarge(part.into())
+            } else {
+                RangeError::Syntax(part.into())
+            }
+        })
     };
     let (range, step) = match part.split_once(':') {
         Some((r, s)) => (r, num(s)?),
@@ -264,6 +303,8 @@ pub enum SpecError {
     NoCommand,
     #[error("task {0} of the list has an empty command line")]
     EmptyTask(u32),
+    #[error("the array's ids must be sorted and unique (its ranges overlap or are out of order); `kestrel submit --array` merges them")]
+    Unmerged,
     #[error("array: {0}")]
     Range(#[from] RangeError),
     #[error("--retries {0} is too many: at most {max} (a task's failures are counted in a byte)", max = MAX_RETRIES)]
@@ -296,6 +337,9 @@ impl JobSpec {
                 }
                 if self.template.argv.is_empty() {
                     return Err(SpecError::NoCommand);
+                }
+                if !r.is_sorted_unique() {
+                    return Err(SpecError::Unmerged);
                 }
             }
             TaskSet::List(list) => {
@@ -384,6 +428,49 @@ mod tests {
             Err(RangeError::ZeroStep("1-9:0".into()))
         );
         assert_eq!(IdRanges::parse("0-4294967295,1"), Err(RangeError::TooLarge));
+    }
+
+    #[test]
+    fn ids_past_u32_say_the_limit() {
+        assert_eq!(
+            IdRanges::parse("0-10000000000"),
+            Err(RangeError::IdTooLarge("0-10000000000".into()))
+        );
+        assert!(RangeError::IdTooLarge("x".into())
+            .to_string()
+            .contains("at most 4294967295"));
+    }
+
+    #[test]
+    fn arrays_from_the_wire_keep_their_order_but_a_submission_must_be_merged() {
+        let run = |first, count, step| IdRun { first, count, step };
+        // Stored as given: a journal written before ids were merged keeps its indices.
+        let old = IdRanges::try_from(vec![run(1, 5, 1), run(3, 5, 1)]).unwrap();
+        assert_eq!((old.len(), old.id_at(5)), (10, Some(3)));
+        assert!(!old.is_sorted_unique());
+        let spec = JobSpec {
+            name: "a".into(),
+            template: TaskTemplate {
+                argv: vec!["true".into()],
+                env: vec![],
+                cwd: None,
+                stdout: Sink::Null,
+                stderr: Sink::Null,
+                timeout_ms: None,
+            },
+            resources: Resources::default(),
+            priority: 0,
+            retries: 0,
+        };
+        assert_eq!(
+            spec.validate(&TaskSet::Array(old.clone())),
+            Err(SpecError::Unmerged)
+        );
+        let merged = old.merged().unwrap();
+        assert_eq!(merged, IdRanges::parse("1-7").unwrap());
+        assert_eq!(spec.validate(&TaskSet::Array(merged)), Ok(()));
+        let unsorted = IdRanges::try_from(vec![run(5, 1, 1), run(1, 1, 1)]).unwrap();
+        assert!(!unsorted.is_sorted_unique());
     }
 
     proptest! {

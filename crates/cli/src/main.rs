@@ -6,6 +6,7 @@ mod client_cmds;
 mod jobs;
 mod output;
 mod run;
+mod sizes;
 
 use anyhow::{Context, Result};
 use args::{Cli, Command, Exec, Global, ServerCommand, WorkerCommand};

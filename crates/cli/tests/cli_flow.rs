@@ -140,7 +140,7 @@ fn each_lines_and_job_files() {
     ]);
     let docs = out.ok().json_docs();
     assert_eq!(docs.len(), 2, "{out:#?}");
-    assert_eq!(docs[0], json!({"jobs": [1], "tasks": 3}));
+    assert_eq!(docs[0], json!({"jobs": [1], "tasks": 3, "repeated": []}));
     assert_eq!(docs[1]["jobs_done"], 1);
     assert_eq!(docs[1]["counts"]["finished"], 3);
     // The empty line makes no task; list tasks are numbered from 0.
@@ -149,7 +149,7 @@ fn each_lines_and_job_files() {
     assert_eq!(c.read("each-gamma.txt").as_deref(), Some("2:gamma\n"));
     assert_eq!(c.read("each-.txt"), None);
     let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
-    assert_eq!(info["tasks"], "list of 3 tasks");
+    assert_eq!(info["tasks"], "3 tasks, one per line");
 
     // A job file: [defaults] plus an array job and a list job; relative paths are relative to
     // the file.
@@ -185,7 +185,11 @@ retries = 0
         "json",
     ]);
     let docs = out.ok().json_docs();
-    assert_eq!(docs[0], json!({"jobs": [2, 3], "tasks": 6}), "{out:#?}");
+    assert_eq!(
+        docs[0],
+        json!({"jobs": [2, 3], "tasks": 6, "repeated": []}),
+        "{out:#?}"
+    );
     assert_eq!(docs[1]["jobs"], 2);
     assert_eq!(docs[1]["jobs_done"], 2);
     assert_eq!(docs[1]["counts"]["finished"], 6);

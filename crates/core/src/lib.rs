@@ -8,7 +8,9 @@
 pub mod harness;
 mod id_merge;
 pub mod ledger;
+mod lines;
 pub mod outcome;
+pub mod placeholders;
 pub mod quarantine;
 pub mod queue;
 pub mod scheduler;
@@ -22,6 +24,6 @@ pub use scheduler::{
     WorkerOffer,
 };
 pub use spec::{
-    IdRanges, IdRun, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex,
-    TaskSet, TaskState, TaskTemplate, WorkerId,
+    IdRanges, IdRun, JobId, JobSpec, LineList, RangeError, Resources, Sink, SpecError, TaskId,
+    TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId,
 };

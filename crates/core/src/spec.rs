@@ -4,6 +4,7 @@
 //! scheduler only looks at resources, priority, retries and the shape of the task set; the
 //! command itself is carried through to the worker untouched.
 
+pub use crate::lines::LineList;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -17,11 +18,12 @@ pub type TaskIndex = u32;
 pub type WorkerId = u32;
 
 /// Where a task's stdout or stderr goes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Sink {
     /// Discarded (`/dev/null`).
+    #[default]
     Null,
-    /// A file path that may contain `{job}` and `{task}` placeholders.
+    /// A file path that may contain placeholders (see [`crate::placeholders`]).
     File(String),
 }
 
@@ -40,10 +42,12 @@ impl Default for Resources {
     }
 }
 
-/// How every task of a job runs, apart from its own command line.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How every task of a job runs, apart from its own command line. The default runs nothing
+/// (no argv) with its output discarded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskTemplate {
-    /// Program and arguments for array jobs (with `{job}`/`{task}` placeholders); empty for lists.
+    /// Program and arguments for arrays and jobs of lines (with placeholders, see
+    /// [`crate::placeholders`]); empty for lists of commands.
     pub argv: Vec<String>,
     /// Extra environment variables, added to the worker's own.
     pub env: Vec<(String, String)>,
@@ -265,6 +269,9 @@ pub enum TaskSet {
     Array(IdRanges),
     /// One task per entry, each with its own argv (ids `0..n`).
     List(Vec<Vec<String>>),
+    /// One task per line (`--each`), all running the template's command with `{line}` replaced
+    /// by the task's line (ids `0..n`). The lines alone are kept, not a command line per task.
+    Lines(LineList),
 }
 
 impl TaskSet {
@@ -272,11 +279,65 @@ impl TaskSet {
         match self {
             TaskSet::Array(r) => r.len(),
             TaskSet::List(l) => l.len() as u32,
+            TaskSet::Lines(l) => l.len() as u32,
         }
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What kind of task set this is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TaskSet::Array(_) => "an array",
+            TaskSet::List(_) => "a list of commands",
+            TaskSet::Lines(_) => "a list of lines",
+        }
+    }
+
+    /// The argv of task `index` of a list (`None` otherwise: the template's argv applies).
+    pub fn argv(&self, index: TaskIndex) -> Option<&[String]> {
+        match self {
+            TaskSet::List(l) => l.get(index as usize).map(Vec::as_slice),
+            _ => None,
+        }
+    }
+
+    /// The line of task `index` of a `Lines` job.
+    pub fn line(&self, index: TaskIndex) -> Option<&str> {
+        match self {
+            TaskSet::Lines(l) => l.get(index as usize),
+            _ => None,
+        }
+    }
+
+    /// Appends the entries of `more` (of the same kind, lists only) from its `skip`th on.
+    /// Returns `false`, appending nothing, if the kinds differ.
+    pub fn append(&mut self, more: TaskSet, skip: usize) -> bool {
+        match (self, more) {
+            (TaskSet::List(l), TaskSet::List(m)) => {
+                l.extend(m.into_iter().skip(skip));
+                true
+            }
+            (TaskSet::Lines(l), TaskSet::Lines(m)) => {
+                l.append_from(&m, skip);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The index of the first list entry from `skip` on with an empty command line.
+    pub fn first_empty(&self, skip: usize) -> Option<usize> {
+        match self {
+            TaskSet::List(l) => l
+                .iter()
+                .skip(skip)
+                .position(Vec::is_empty)
+                .map(|i| i + skip),
+            _ => None,
+        }
     }
 }
 
@@ -303,6 +364,8 @@ pub enum SpecError {
     NoCommand,
     #[error("task {0} of the list has an empty command line")]
     EmptyTask(u32),
+    #[error("a job of lines needs a command: give it after `--`, e.g. `kestrel submit --each inputs.txt -- ./process {{line}}`")]
+    NoLineCommand,
     #[error("the array's ids must be sorted and unique (its ranges overlap or are out of order); `kestrel submit --array` merges them")]
     Unmerged,
     #[error("array: {0}")]
@@ -330,11 +393,11 @@ impl JobSpec {
     /// Checks what the scheduler relies on; the server calls this on every submission.
     pub fn validate(&self, tasks: &TaskSet) -> Result<(), SpecError> {
         self.validate_spec()?;
+        if tasks.is_empty() {
+            return Err(SpecError::NoTasks);
+        }
         match tasks {
             TaskSet::Array(r) => {
-                if r.is_empty() {
-                    return Err(SpecError::NoTasks);
-                }
                 if self.template.argv.is_empty() {
                     return Err(SpecError::NoCommand);
                 }
@@ -342,11 +405,13 @@ impl JobSpec {
                     return Err(SpecError::Unmerged);
                 }
             }
-            TaskSet::List(list) => {
-                if list.is_empty() {
-                    return Err(SpecError::NoTasks);
+            TaskSet::Lines(_) => {
+                if self.template.argv.is_empty() {
+                    return Err(SpecError::NoLineCommand);
                 }
-                if let Some(i) = list.iter().position(|argv| argv.is_empty()) {
+            }
+            TaskSet::List(_) => {
+                if let Some(i) = tasks.first_empty(0) {
                     return Err(SpecError::EmptyTask(i as u32));
                 }
             }
@@ -441,6 +506,19 @@ mod tests {
             .contains("at most 4294967295"));
     }
 
+    fn array_spec() -> JobSpec {
+        JobSpec {
+            name: "a".into(),
+            template: TaskTemplate {
+                argv: vec!["true".into()],
+                ..Default::default()
+            },
+            resources: Resources::default(),
+            priority: 0,
+            retries: 0,
+        }
+    }
+
     #[test]
     fn arrays_from_the_wire_keep_their_order_but_a_submission_must_be_merged() {
         let run = |first, count, step| IdRun { first, count, step };
@@ -448,20 +526,7 @@ mod tests {
         let old = IdRanges::try_from(vec![run(1, 5, 1), run(3, 5, 1)]).unwrap();
         assert_eq!((old.len(), old.id_at(5)), (10, Some(3)));
         assert!(!old.is_sorted_unique());
-        let spec = JobSpec {
-            name: "a".into(),
-            template: TaskTemplate {
-                argv: vec!["true".into()],
-                env: vec![],
-                cwd: None,
-                stdout: Sink::Null,
-                stderr: Sink::Null,
-                timeout_ms: None,
-            },
-            resources: Resources::default(),
-            priority: 0,
-            retries: 0,
-        };
+        let spec = array_spec();
         assert_eq!(
             spec.validate(&TaskSet::Array(old.clone())),
             Err(SpecError::Unmerged)
@@ -471,6 +536,11 @@ mod tests {
         assert_eq!(spec.validate(&TaskSet::Array(merged)), Ok(()));
         let unsorted = IdRanges::try_from(vec![run(5, 1, 1), run(1, 1, 1)]).unwrap();
         assert!(!unsorted.is_sorted_unique());
+        let mut no_command = spec.clone();
+        no_command.template.argv.clear();
+        let lines = TaskSet::Lines(["a"].into_iter().collect());
+        assert_eq!(no_command.validate(&lines), Err(SpecError::NoLineCommand));
+        assert_eq!(spec.validate(&lines), Ok(()));
     }
 
     proptest! {

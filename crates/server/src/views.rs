@@ -48,6 +48,10 @@ pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
             _ => "empty array".into(),
         },
         TaskSet::List(l) => format!("list of {} tasks", l.len()),
+        TaskSet::Lines(l) => match l.len() {
+            1 => "1 task, one per line".into(),
+            n => format!("{n} tasks, one per line"),
+        },
     };
     JobDetail {
         summary: job_summary(j),

@@ -101,35 +101,50 @@ pub enum Command {
 }
 
 const SUBMIT_HELP: &str = "\
-Placeholders {job} and {task} are replaced in arguments, paths and --env values; {line} is the
-line of the --each file. Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID and
-KESTREL_SERVER in their environment.
+Placeholders, replaced in the command, --stdout, --stderr, --cwd and --env values:
+  {job}    the job's id
+  {task}   the task's id (the array id, or the position in a list, from 0)
+  {line}   with --each: the task's line, as it is
+A {name} preceded by $ is left alone (${HOME}, ${line} belong to the shell), and so is any
+other text in braces (awk '{print $1}', find -exec ... {} +). A placeholder that does not
+apply ({line} without --each) or that looks mistyped ({tsk}, {TASK}, {lines}: a letter off,
+or another case) is refused at submission, naming the valid ones.
+
+Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID and KESTREL_SERVER in their
+environment, on top of the worker's own (or of this shell's with --env-all).
 
 Examples:
   kestrel submit -- ./one-task
   kestrel submit --array 1-1000 --cpus 2 --retries 2 -- ./sim --seed {task}
-  kestrel submit --each inputs.txt --stdout out/{task}.txt -- ./process {line}
+  kestrel submit --each inputs.txt --stdout sums/{line}.sha -- sha1sum {line}
+  find data -name '*.fits' | kestrel submit --each - -- ./process {line}
   kestrel submit --array 0-98:2 --timeout 10m --wait -- ./step {task}
   kestrel submit --file sweep.toml --wait
+  job=$(kestrel submit --parsable --key nightly-$(date +%F) --env-all -- ./report)
 
 Job file (TOML):
   [defaults]                 # options for every job below
   retries = 1
+  env_all = true             # like --env-all
   [[job]]
   name = \"sim\"
   array = \"1-100\"
   command = [\"./sim\", \"--seed\", \"{task}\"]   # or a string, split like a shell
   cpus = 2
   [[job]]
+  each = \"inputs.txt\"                         # relative to the job file
+  command = \"./process {line}\"
+  [[job]]
   tasks = [\"./post a\", \"./post b\"]            # a list of commands";
 
 /// How the tasks of a job are given.
 #[derive(Args, Debug, Clone, Default)]
 pub struct Shape {
-    /// Task ids: 1-100, 0-98:2 (step), 1,5,9-12
+    /// Task ids: 1-100, 0-98:2 (step), 1,5,9-12. As in Slurm, ranges that overlap are
+    /// merged: each id runs once, in increasing order
     #[arg(long, value_name = "RANGE", conflicts_with_all = ["each", "file"])]
     pub array: Option<String>,
-    /// One task per line of FILE, with {line} replaced by the line
+    /// One task per non-blank line of FILE (- reads standard input); {line} is the line
     #[arg(long, value_name = "FILE", conflicts_with = "file")]
     pub each: Option<PathBuf>,
     /// Submit the jobs of a TOML job file (see below)
@@ -146,6 +161,13 @@ pub struct SubmitArgs {
     /// Wait until the job ends (progress bar; exit code 1 if any task failed)
     #[arg(long)]
     pub wait: bool,
+    /// Submit at most once under KEY: run again with the same KEY, it answers with the job
+    /// the first run made (jobs of a --file get KEY#1, KEY#2, ...)
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// Print only the job id(s) on stdout, one a line (like sbatch --parsable)
+    #[arg(long)]
+    pub parsable: bool,
     /// The program and its arguments
     #[arg(last = true, value_name = "PROGRAM ARGS")]
     pub command: Vec<String>,

@@ -9,66 +9,94 @@ use crate::json::{
 };
 use crate::output::{self, plural, Format, Progress};
 use crate::session::{self, unexpected, Session};
+use crate::sizes;
 use anyhow::{bail, Context, Result};
 use comfy_table::Cell;
 use kestrel_core::{JobId, TaskSet};
 use kestrel_proto::messages::{Answer, Ask, JobDetail, Refusal, RefusalKind, WaitProgress};
 use kestrel_proto::{Client, ClientError};
 use serde::Serialize;
-use std::ops::Range;
 use std::process::ExitCode;
 use std::time::Duration;
 
 /// Submits jobs; list jobs too large for one frame go in pieces. Returns their ids.
 pub async fn submit_all(client: &mut Client, subs: Vec<Submission>) -> Result<Vec<JobId>> {
-    let subs = keyed(subs);
-    let mut ids = Vec::with_capacity(subs.len());
-    submit_keyed(client, &subs, &mut ids).await?;
-    Ok(ids)
+    let subs = keyed(subs, None);
+    let mut done = Vec::with_capacity(subs.len());
+    submit_keyed(client, &subs, &mut done, false).await?;
+    Ok(done.into_iter().map(|d| d.job).collect())
 }
 
-/// A submission with its client-generated idempotency key: the server answers a repeated key
-/// with the job the first submit created, so resending after a lost connection is safe.
+/// A submission with its idempotency key: the server answers a repeated key with the job the
+/// first submit created, so resending after a lost connection is safe, and so is running the
+/// same `kestrel submit --key K` twice.
 pub struct Keyed {
     pub key: String,
     pub sub: Submission,
 }
 
-/// Gives each submission a fresh random key.
-pub fn keyed(subs: Vec<Submission>) -> Vec<Keyed> {
+/// A job the server holds for a submission.
+#[derive(Clone, Copy, Debug)]
+pub struct Done {
+    pub job: JobId,
+    /// The key had made the job before this command: nothing new was submitted.
+    pub repeated: bool,
+}
+
+/// Gives each submission its key: `user` (`--key`) for the only job of a command line, the
+/// user's key and the job's place for the jobs of a job file (`K#1`, `K#2`, ...), else a fresh
+/// random key.
+pub fn keyed(subs: Vec<Submission>, user: Option<(&str, bool)>) -> Vec<Keyed> {
     use rand::RngCore;
     subs.into_iter()
-        .map(|sub| {
-            let mut k = [0u8; 16];
-            rand::rngs::OsRng.fill_bytes(&mut k);
-            Keyed {
-                key: hex::encode(k),
-                sub,
-            }
+        .enumerate()
+        .map(|(i, sub)| {
+            let key = match user {
+                Some((k, false)) => k.to_string(),
+                Some((k, true)) => format!("{k}#{}", i + 1),
+                None => {
+                    let mut k = [0u8; 16];
+                    rand::rngs::OsRng.fill_bytes(&mut k);
+                    hex::encode(k)
+                }
+            };
+            Keyed { key, sub }
         })
         .collect()
 }
 
-/// Submits `subs[ids.len()..]`, pushing each job's id once the server holds all its tasks.
+/// Submits `subs[done.len()..]`, pushing each job once the server holds all its tasks.
 /// A lost connection comes back as a [`ClientError`] (see [`connection_lost`]); calling again
-/// after reconnecting resumes with the first job not yet confirmed.
-pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<JobId>) -> Result<()> {
-    /// Task argv bytes per message, well under the frame limit.
+/// after reconnecting (`resumed`) goes on with the first job not yet confirmed.
+pub async fn submit_keyed(
+    client: &mut Client,
+    subs: &[Keyed],
+    done: &mut Vec<Done>,
+    resumed: bool,
+) -> Result<()> {
+    /// Task bytes per message, well under the frame limit.
     const CHUNK_BYTES: usize = 4 << 20;
-    for k in &subs[ids.len()..] {
+    let first_unconfirmed = done.len();
+    for k in &subs[done.len()..] {
         // Pieces are index ranges into the list, copied one at a time as they are sent: the
         // list itself is kept (for a resend after a reconnect) but never copied whole.
-        let list: &[Vec<String>] = match &k.sub.tasks {
-            TaskSet::List(list) => list,
-            TaskSet::Array(_) => &[],
+        let tasks = &k.sub.tasks;
+        let mut ranges = match tasks {
+            TaskSet::List(list) => {
+                sizes::piece_ranges(list.len(), CHUNK_BYTES, |i| sizes::argv_bytes(&list[i]))
+            }
+            TaskSet::Lines(lines) => sizes::piece_ranges(lines.len(), CHUNK_BYTES, |i| {
+                sizes::string_bytes(lines.get(i).unwrap_or_default())
+            }),
+            TaskSet::Array(_) => sizes::piece_ranges(0, CHUNK_BYTES, |_| 0),
         };
-        let mut ranges = piece_ranges(list, CHUNK_BYTES);
         let rest = ranges.split_off(1);
-        let first = match &k.sub.tasks {
-            TaskSet::List(_) => TaskSet::List(list[ranges[0].clone()].to_vec()),
+        let first = match tasks {
+            TaskSet::List(list) => TaskSet::List(list[ranges[0].clone()].to_vec()),
+            TaskSet::Lines(lines) => TaskSet::Lines(lines.slice(ranges[0].clone())),
             array => array.clone(),
         };
-        let job = match client
+        let (job, repeated) = match client
             .call(Ask::Submit {
                 spec: k.sub.spec.clone(),
                 tasks: first,
@@ -77,11 +105,15 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
             })
             .await
         {
-            Ok(Answer::Submitted { job, warning }) => {
+            Ok(Answer::Submitted {
+                job,
+                warning,
+                repeated,
+            }) => {
                 if let Some(w) = warning {
                     eprintln!("warning: job {job} cannot run on the workers connected now: {w}");
                 }
-                job
+                (job, repeated)
             }
             Ok(other) => bail!("unexpected answer to a submission: {other:?}"),
             Err(e) if client_lost(&e) => return Err(e.into()),
@@ -89,19 +121,33 @@ pub async fn submit_keyed(client: &mut Client, subs: &[Keyed], ids: &mut Vec<Job
         };
         let n = rest.len();
         for (i, r) in rest.into_iter().enumerate() {
-            client
-                .call(Ask::Extend {
+            let (at, close) = (r.start as u32, i + 1 == n);
+            let piece = match tasks {
+                TaskSet::Lines(lines) => Ask::ExtendLines {
                     job,
-                    at: r.start as u32,
+                    at,
+                    lines: lines.slice(r),
+                    close,
+                },
+                TaskSet::List(list) => Ask::Extend {
+                    job,
+                    at,
                     argvs: list[r].to_vec(),
-                    close: i + 1 == n,
-                })
-                .await
-                .with_context(|| {
-                    format!("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again)")
-                })?;
+                    close,
+                },
+                TaskSet::Array(_) => break,
+            };
+            client.call(piece).await.with_context(|| {
+                format!("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again)")
+            })?;
         }
-        ids.push(job);
+        // After a reconnect the first job may have been sent before the connection broke: a
+        // repeated key then names what this command itself submitted.
+        let sent_before = resumed && done.len() == first_unconfirmed;
+        done.push(Done {
+            job,
+            repeated: repeated && !sent_before,
+        });
     }
     Ok(())
 }
@@ -129,23 +175,6 @@ pub async fn wait_reconnecting(
             done => return done,
         }
     }
-}
-
-/// Splits a task list into consecutive index ranges of at most `max` encoded bytes each (a
-/// single longer task gets a range of its own); at least one range, empty for an empty list.
-fn piece_ranges(list: &[Vec<String>], max: usize) -> Vec<Range<usize>> {
-    let mut ranges = Vec::new();
-    let (mut start, mut size) = (0, 0);
-    for (i, argv) in list.iter().enumerate() {
-        let n: usize = argv.iter().map(|a| a.len() + 4).sum::<usize>() + 4;
-        if size + n > max && i > start {
-            ranges.push(start..i);
-            (start, size) = (i, 0);
-        }
-        size += n;
-    }
-    ranges.push(start..list.len());
-    ranges
 }
 
 /// Builds the submissions of `submit`/`run` from their flags.
@@ -195,63 +224,104 @@ pub fn wait_exit(p: &WaitProgress) -> ExitCode {
 struct SubmitView {
     jobs: Vec<JobId>,
     tasks: u64,
+    /// Jobs a repeated `--key` named: submitted before, nothing new.
+    repeated: Vec<JobId>,
     #[serde(flatten)]
     waited: Option<WaitView>,
 }
 
 pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
     let within = session::reconnect_for(g, session::WAITING)?;
-    let subs = keyed(submissions(&args.shape, &args.options, args.command)?);
+    if args.key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        bail!("--key must not be empty; use a name that stands for this submission, e.g. --key sweep-2024-06-01");
+    }
+    let from_file = args.shape.file.is_some();
+    let user_key = args.key.as_deref().map(|k| (k, from_file));
+    let subs = keyed(
+        submissions(&args.shape, &args.options, args.command)?,
+        user_key,
+    );
     let total: u64 = subs.iter().map(|s| s.sub.tasks.len() as u64).sum();
     let mut client = session::connect(g, session::reconnect_for(g, session::ONE_SHOT)?).await?;
-    let mut ids = Vec::with_capacity(subs.len());
+    let mut done = Vec::with_capacity(subs.len());
+    let mut resumed = false;
     loop {
-        match submit_keyed(&mut client, &subs, &mut ids).await {
-            Err(e) if connection_lost(&e) => client = session::reconnect(g, within, e).await?,
-            done => break done?,
+        match submit_keyed(&mut client, &subs, &mut done, resumed).await {
+            Err(e) if connection_lost(&e) => {
+                client = session::reconnect(g, within, e).await?;
+                resumed = true;
+            }
+            result => break result?,
         }
     }
-    if g.output == Format::Table {
-        eprintln!(
-            "submitted {} with {}",
-            output::jobs(&ids),
-            plural(total, "task")
-        );
-    }
+    let ids: Vec<JobId> = done.iter().map(|d| d.job).collect();
+    report_submitted(g, &subs, &done, args.parsable);
     let waited = if args.wait {
-        let p = wait_reconnecting(
-            g,
-            &mut client,
-            ids.clone(),
-            g.output == Format::Json,
-            within,
-        )
-        .await?;
-        if g.output == Format::Table {
+        let quiet = g.output == Format::Json || args.parsable;
+        let p = wait_reconnecting(g, &mut client, ids.clone(), quiet, within).await?;
+        if args.parsable {
+            // Standard output holds the job ids alone.
+            eprintln!("{}", wait_summary(&p));
+        } else if g.output == Format::Table {
             report_wait(g, &p);
         }
         Some(p)
     } else {
         None
     };
-    if g.output == Format::Json {
+    if g.output == Format::Json && !args.parsable {
         output::json(&SubmitView {
             jobs: ids,
             tasks: total,
+            repeated: done.iter().filter(|d| d.repeated).map(|d| d.job).collect(),
             waited: waited.as_ref().map(WaitView::from),
         });
     }
     Ok(waited.as_ref().map_or(ExitCode::SUCCESS, wait_exit))
 }
 
+/// What `submit` prints once the server holds the jobs: the ids alone with `--parsable` (one
+/// a line, on stdout), else a line on stderr (JSON comes once the command is done); jobs a
+/// repeated `--key` named are said so.
+fn report_submitted(g: &Global, subs: &[Keyed], done: &[Done], parsable: bool) {
+    for (k, d) in subs.iter().zip(done).filter(|(_, d)| d.repeated) {
+        eprintln!(
+            "job {} was already submitted with key {:?}; nothing new was submitted",
+            d.job, k.key
+        );
+    }
+    let fresh: Vec<(&Keyed, &Done)> = subs.iter().zip(done).filter(|(_, d)| !d.repeated).collect();
+    if parsable {
+        let mut out = String::new();
+        for d in done {
+            out.push_str(&format!("{}\n", d.job));
+        }
+        print!("{out}");
+        return;
+    }
+    if g.output == Format::Table && !fresh.is_empty() {
+        let ids: Vec<JobId> = fresh.iter().map(|(_, d)| d.job).collect();
+        let total: u64 = fresh.iter().map(|(k, _)| k.sub.tasks.len() as u64).sum();
+        eprintln!(
+            "submitted {} with {}",
+            output::jobs(&ids),
+            plural(total, "task")
+        );
+    }
+}
+
+fn wait_summary(p: &WaitProgress) -> String {
+    format!(
+        "{} done: {}",
+        plural(p.jobs_done, "job"),
+        output::counts(&p.counts)
+    )
+}
+
 fn report_wait(g: &Global, p: &WaitProgress) {
     match g.output {
         Format::Json => output::json(&WaitView::from(p)),
-        Format::Table => println!(
-            "{} done: {}",
-            plural(p.jobs_done, "job"),
-            output::counts(&p.counts)
-        ),
+        Format::Table => println!("{}", wait_summary(p)),
     }
 }
 
@@ -576,22 +646,4 @@ pub async fn server_stop(g: &Global) -> Result<ExitCode> {
     }
     eprintln!("server stopping");
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::piece_ranges;
-
-    #[test]
-    fn a_list_is_cut_into_consecutive_pieces_under_the_limit() {
-        let line = |len: usize| vec!["x".repeat(len)];
-        // Each 10-byte argument costs 18 bytes: 5 fit under 100.
-        let list: Vec<_> = (0..12).map(|_| line(10)).collect();
-        assert_eq!(piece_ranges(&list, 100), vec![0..5, 5..10, 10..12]);
-        // A task bigger than the limit gets a piece of its own.
-        let list = vec![line(10), line(500), line(10)];
-        assert_eq!(piece_ranges(&list, 100), vec![0..1, 1..2, 2..3]);
-        // At least one piece, empty for an empty list.
-        assert_eq!(piece_ranges(&[], 100), vec![0..0]);
-    }
 }

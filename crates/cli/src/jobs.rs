@@ -3,8 +3,10 @@
 //! `kestrel submit`, `kestrel run` and job files share [`TaskOptions`], so an option means the
 //! same thing wherever it is written.
 
+use crate::sizes;
 use anyhow::{anyhow, bail, Context, Result};
-use kestrel_core::{IdRanges, JobSpec, Resources, Sink, TaskSet, TaskTemplate};
+use kestrel_core::placeholders;
+use kestrel_core::{IdRanges, JobSpec, LineList, Resources, Sink, TaskSet, TaskTemplate};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -37,9 +39,9 @@ pub struct TaskOptions {
     #[arg(long, value_name = "N")]
     pub retries: Option<u32>,
     /// Kill a task's whole process group after this long, e.g. 90s, 10m, 2h
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub timeout: Option<String>,
-    /// Where each task's stdout goes: `none`, or a path with {job}/{task} placeholders,
+    /// Where each task's stdout goes: `none`, or a path with placeholders (see below),
     /// relative to the task's directory [default: job-{job}/{task}.out]
     #[arg(long, value_name = "none|PATH")]
     pub stdout: Option<String>,
@@ -49,10 +51,15 @@ pub struct TaskOptions {
     /// Directory tasks run in (placeholders allowed) [default: the current directory]
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<String>,
-    /// Set an environment variable for each task (repeat for more)
+    /// Set an environment variable for each task (repeat for more); tasks start from the
+    /// worker's own environment
     #[arg(long = "env", value_name = "KEY=VALUE")]
     #[serde(default, deserialize_with = "env_entries")]
     pub env: Vec<String>,
+    /// Pass this shell's whole environment to the tasks (an activated venv or conda env), like
+    /// `sbatch --export=ALL`; --env entries win [in job files: env_all = true]
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub env_all: Option<bool>,
 }
 
 impl TaskOptions {
@@ -61,7 +68,7 @@ impl TaskOptions {
         macro_rules! fill {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = defaults.$f.clone(); } )* };
         }
-        fill!(name, cpus, gpus, mem, priority, retries, timeout, stdout, stderr, cwd);
+        fill!(name, cpus, gpus, mem, priority, retries, timeout, stdout, stderr, cwd, env_all);
         if self.resource.is_empty() {
             self.resource = defaults.resource.clone();
         }
@@ -71,23 +78,33 @@ impl TaskOptions {
         self
     }
 
+    /// With `--env-all`, puts the submitter's environment under the job's own `--env` entries
+    /// (which win). Variables a worker sets for each task are left to the worker.
+    pub fn add_env_all(&self, spec: &mut JobSpec) {
+        if self.env_all != Some(true) {
+            return;
+        }
+        let own = std::mem::take(&mut spec.template.env);
+        let mut env = submitter_env();
+        env.retain(|(k, _)| !own.iter().any(|(o, _)| o == k));
+        env.extend(own);
+        spec.template.env = env;
+    }
+
     /// The job specification for tasks running `argv` (empty for list jobs).
     pub fn spec(&self, argv: Vec<String>, default_name: &str, base_dir: &Path) -> Result<JobSpec> {
         let timeout_ms = match &self.timeout {
             None => None,
-            Some(t) => Some(
-                parse_duration(t)
-                    .with_context(|| format!("--timeout {t:?}"))?
-                    .as_millis()
-                    .max(1) as u64,
-            ),
+            Some(t) => Some(parse_duration(t).context("--timeout")?.as_millis().max(1) as u64),
         };
         let env = self
             .env
             .iter()
             .map(|kv| match kv.split_once('=') {
                 Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-                _ => Err(anyhow!("--env {kv:?} must look like KEY=VALUE")),
+                _ => Err(anyhow!(
+                    "--env {kv:?} must look like KEY=VALUE, e.g. --env OMP_NUM_THREADS=1"
+                )),
             })
             .collect::<Result<Vec<_>>>()?;
         let cwd = match &self.cwd {
@@ -173,6 +190,34 @@ fn resource_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String
     })
 }
 
+/// Variables a worker sets for each task itself: `--env-all` leaves them out, or a task would
+/// see the submitter's (a task submitting tasks would pass on its own job and task ids).
+const PER_TASK_VARIABLES: [&str; 6] = [
+    "KESTREL_JOB_ID",
+    "KESTREL_TASK_ID",
+    "KESTREL_WORKER_ID",
+    "KESTREL_SERVER",
+    "KESTREL_SERVER_DIR",
+    "CUDA_VISIBLE_DEVICES",
+];
+
+/// This process's environment for `--env-all`, sorted by name, without [`PER_TASK_VARIABLES`].
+fn submitter_env() -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| match (k.into_string(), v.into_string()) {
+            (Ok(k), Ok(v)) => Some((k, v)),
+            (k, _) => {
+                let name = k.unwrap_or_else(|k| k.to_string_lossy().into_owned());
+                eprintln!("warning: --env-all: {name} is not valid UTF-8 and is not passed; set it with --env if the tasks need it");
+                None
+            }
+        })
+        .filter(|(k, _)| !PER_TASK_VARIABLES.contains(&k.as_str()))
+        .collect();
+    env.sort();
+    env
+}
+
 /// `KEY=VALUE` strings from a TOML table `{ KEY = "VALUE" }` or a list `["KEY=VALUE"]`.
 fn env_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
@@ -194,9 +239,11 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration> {
         if secs.is_finite() && secs > 0.0 {
             return Ok(std::time::Duration::from_secs_f64(secs));
         }
-        bail!("a duration must be positive");
+        bail!("{s:?}: a duration must be positive; write e.g. 500ms, 30s, 10m or 2h");
     }
-    humantime::parse_duration(s).map_err(|e| anyhow!("{e}; write e.g. 500ms, 30s, 10m or 2h"))
+    // humantime's own reasons ("expected number at 0") say little to a person.
+    humantime::parse_duration(s)
+        .map_err(|_| anyhow!("{s:?} is not a duration; write e.g. 500ms, 30s, 10m or 2h"))
 }
 
 /// A size in bytes: `4096`, `64K`, `512M`, `2G` (powers of 1024; a trailing `B`/`iB` is fine).
@@ -266,16 +313,27 @@ pub fn from_flags(
     match (shape.array, shape.each) {
         (Some(_), Some(_)) => bail!("--array and --each cannot be combined; pick one"),
         (None, Some(file)) => {
-            let tasks = each_line(file, &argv)?;
-            let spec = opts.spec(Vec::new(), &name, base_dir)?;
-            Ok(Submission { spec, tasks })
+            let mut spec = opts.spec(argv, &name, base_dir)?;
+            placeholders::check_template(&spec.template, true)?;
+            if !placeholders::uses_line(&spec.template) {
+                eprintln!("warning: --each: {{line}} appears nowhere in the command, paths or --env values, so every task runs the same command; put {{line}} where each task's line goes");
+            }
+            opts.add_env_all(&mut spec);
+            let lines = each_lines(file, sizes::task_room(&spec)?)?;
+            Ok(Submission {
+                spec,
+                tasks: TaskSet::Lines(lines),
+            })
         }
         (array, None) => {
             let ids = match array {
                 Some(a) => IdRanges::parse(a).map_err(|e| anyhow!("--array {a:?}: {e}"))?,
                 None => IdRanges::span(0, 0),
             };
-            let spec = opts.spec(argv, &name, base_dir)?;
+            let mut spec = opts.spec(argv, &name, base_dir)?;
+            placeholders::check_template(&spec.template, false)?;
+            opts.add_env_all(&mut spec);
+            sizes::task_room(&spec)?;
             Ok(Submission {
                 spec,
                 tasks: TaskSet::Array(ids),
@@ -284,22 +342,67 @@ pub fn from_flags(
     }
 }
 
-/// One task per non-empty line of `file`, with `{line}` replaced in the command.
-fn each_line(file: &Path, argv: &[String]) -> Result<TaskSet> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read --each file {}", file.display()))?;
-    let tasks: Vec<Vec<String>> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| argv.iter().map(|a| a.replace("{line}", line)).collect())
-        .collect();
-    if tasks.is_empty() {
-        bail!(
-            "--each file {} has no non-empty lines, so there would be no tasks",
-            file.display()
-        );
+/// Where `--each` reads: a file, or standard input for `-`.
+fn each_source(file: &Path) -> (String, bool) {
+    if file == Path::new("-") {
+        ("standard input".into(), true)
+    } else {
+        (format!("file {}", file.display()), false)
     }
-    Ok(TaskSet::List(tasks))
+}
+
+/// Reads the text of an `--each` file (or standard input), saying what to do when it cannot.
+fn read_each(file: &Path) -> Result<Vec<u8>> {
+    use std::io::{IsTerminal, Read};
+    let (what, stdin) = each_source(file);
+    if stdin {
+        if std::io::stdin().is_terminal() {
+            eprintln!("reading one input per line from the terminal; end with Ctrl-D");
+        }
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("cannot read --each {what}"))?;
+        return Ok(bytes);
+    }
+    if file.is_dir() {
+        bail!("--each {what} is a directory; give a file with one input per line (e.g. `ls {} > inputs.txt`)", file.display());
+    }
+    std::fs::read(file).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => anyhow!(
+            "--each {what} does not exist; give a file with one input per line, or - to read them from standard input"
+        ),
+        _ => anyhow!("cannot read --each {what}: {e}"),
+    })
+}
+
+/// One task per non-blank line of `file`; each line must fit in `room` bytes.
+fn each_lines(file: &Path, room: usize) -> Result<LineList> {
+    let (what, _) = each_source(file);
+    let bytes = read_each(file)?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| {
+        let line = bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count() + 1;
+        anyhow!("--each {what} is not text (line {line} is not UTF-8; is it a binary file?); give a text file with one input per line")
+    })?;
+    let mut lines = LineList::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if line.contains('\0') {
+            bail!("--each {what}: line {} holds a NUL byte, which no command line can carry (is it a binary file?); give a text file with one input per line", n + 1);
+        }
+        sizes::check_task(
+            &format!("line {} of --each {what}", n + 1),
+            sizes::string_bytes(line),
+            room,
+        )?;
+        lines.push(line);
+    }
+    if lines.is_empty() {
+        bail!("--each {what} has no non-empty lines, so there would be no tasks; give one input per line");
+    }
+    Ok(lines)
 }
 
 /// A command in a job file: a list of words, or a string split like a shell would.
@@ -351,6 +454,7 @@ struct JobEntry {
     cwd: Option<String>,
     #[serde(default, deserialize_with = "env_entries")]
     env: Vec<String>,
+    env_all: Option<bool>,
 }
 
 /// Reads a TOML job file: `[defaults]` options and one `[[job]]` table per job.
@@ -405,6 +509,7 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
         stderr: e.stderr,
         cwd: e.cwd,
         env: e.env,
+        env_all: e.env_all,
     }
     .or(defaults);
     match (e.command, e.tasks) {
@@ -424,15 +529,35 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
                 .first()
                 .map(|a| program_name(a))
                 .unwrap_or_else(|| "job".into());
-            let spec = opts.spec(Vec::new(), &name, base)?;
+            let mut spec = opts.spec(Vec::new(), &name, base)?;
+            placeholders::check_template(&spec.template, false)?;
+            for (i, argv) in argvs.iter().enumerate() {
+                for arg in argv {
+                    placeholders::check(arg, &format!("task {i} of `tasks`"), false)?;
+                }
+            }
+            opts.add_env_all(&mut spec);
+            let room = sizes::task_room(&spec)?;
+            for (i, argv) in argvs.iter().enumerate() {
+                sizes::check_task(
+                    &format!("task {i} of `tasks`"),
+                    sizes::argv_bytes(argv),
+                    room,
+                )?;
+            }
             let tasks = TaskSet::List(argvs);
             spec.validate(&tasks).map_err(|e| anyhow!("{e}"))?;
             Ok(Submission { spec, tasks })
         }
         (Some(cmd), None) => {
-            let each = e
-                .each
-                .map(|p| if p.is_relative() { base.join(p) } else { p });
+            // `each = "-"` reads standard input, like the flag.
+            let each = e.each.map(|p| {
+                if p.is_relative() && p != Path::new("-") {
+                    base.join(p)
+                } else {
+                    p
+                }
+            });
             let shape = TaskShape {
                 array: e.array.as_deref(),
                 each: each.as_deref(),
@@ -538,16 +663,12 @@ mod tests {
             dir.path(),
         )
         .unwrap();
-        match s.tasks {
-            TaskSet::List(l) => assert_eq!(
-                l,
-                vec![
-                    vec!["proc", "a.fits", "{task}"],
-                    vec!["proc", "b.fits", "{task}"]
-                ]
-            ),
-            other => panic!("{other:?}"),
-        }
+        // The lines alone are kept; the worker puts each into the template.
+        assert_eq!(
+            s.tasks,
+            TaskSet::Lines(["a.fits", "b.fits"].into_iter().collect())
+        );
+        assert_eq!(s.spec.template.argv, vec!["proc", "{line}", "{task}"]);
     }
 
     #[test]
@@ -589,6 +710,30 @@ retries = 0
         assert_eq!(
             jobs[1].spec.template.env,
             vec![("MODE".to_string(), "fast".to_string())]
+        );
+    }
+
+    #[test]
+    fn env_all_puts_the_submitters_environment_under_the_jobs_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("jobs.toml");
+        std::fs::write(
+            &f,
+            "[defaults]\nenv_all = true\nenv = { PATH = \"/mine\" }\n\n[[job]]\ncommand = \"true\"\n\n[[job]]\ncommand = \"true\"\nenv_all = false\n",
+        )
+        .unwrap();
+        let jobs = from_file(&f).unwrap();
+        let env = &jobs[0].spec.template.env;
+        // The job's own entry wins over the submitter's PATH, and comes once.
+        assert_eq!(env.iter().filter(|(k, _)| k == "PATH").count(), 1);
+        assert_eq!(env.last(), Some(&("PATH".to_string(), "/mine".to_string())));
+        assert!(env.len() > 1, "the submitter's environment: {env:?}");
+        assert!(env
+            .iter()
+            .all(|(k, _)| !PER_TASK_VARIABLES.contains(&k.as_str())));
+        assert_eq!(
+            jobs[1].spec.template.env,
+            vec![("PATH".into(), "/mine".into())]
         );
     }
 

@@ -256,9 +256,14 @@ pub struct Resolved {
 /// Replaces the placeholders of a task's command, directory and output paths as the worker
 /// does, and makes relative output paths relative to the directory.
 pub fn resolve(d: &TaskDetail) -> Resolved {
-    use kestrel_worker::local::substitute;
+    use kestrel_core::placeholders::{substitute, Values};
     let (job, task) = (d.job.to_string(), d.task.id.to_string());
-    let sub = |s: &str| substitute(s, &job, &task).into_owned();
+    let values = Values {
+        job: &job,
+        task: &task,
+        line: d.line.as_deref(),
+    };
+    let sub = |s: &str| substitute(s, &values).into_owned();
     let directory = d.cwd.as_deref().map(sub);
     let path = |s: &Sink| match s {
         Sink::File(p) => {

@@ -11,6 +11,7 @@ mod output;
 mod queries;
 mod run;
 mod session;
+mod sizes;
 
 use anyhow::{Context, Result};
 use args::{Cli, Command, Exec, Global, ServerCommand, WorkerCommand};

@@ -324,3 +324,51 @@ fn pieces_of_a_list_job_resent_after_a_crash_are_added_once() {
     let err = try_ask(&c, more).expect_err("refused");
     assert!(err.to_string().contains("is closed"), "{err}");
 }
+
+#[test]
+fn pieces_of_a_job_of_lines_resent_after_a_crash_are_added_once() {
+    let mut c = Cluster::new();
+    let lines = |l: &[&str]| l.iter().copied().collect::<kestrel_core::LineList>();
+    let head = || kestrel_core::TaskSet::Lines(lines(&["a"]));
+    let job = submit_keyed(&c, "lines-key", head(), true);
+    let piece = |close| Ask::ExtendLines {
+        job,
+        at: 1,
+        lines: lines(&["b", "c"]),
+        close,
+    };
+    assert_eq!(ask(&c, piece(false)), Answer::Extended);
+    c.kill_server();
+    c.start_server();
+    assert_eq!(submit_keyed(&c, "lines-key", head(), true), job);
+    assert_eq!(ask(&c, piece(true)), Answer::Extended);
+    let js = jobs(&c);
+    assert_eq!(js.len(), 1, "{js:?}");
+    assert_eq!(js[0]["counts"]["queued"], 3, "{js:?}");
+    // Argvs do not go into a job of lines.
+    let argvs = Ask::Extend {
+        job,
+        at: 3,
+        argvs: vec![vec!["echo".into()]],
+        close: true,
+    };
+    let err = try_ask(&c, argvs).expect_err("refused");
+    assert!(err.to_string().contains("a list of lines"), "{err}");
+}
+
+#[test]
+fn an_array_with_overlapping_runs_from_the_wire_is_refused() {
+    let c = Cluster::new();
+    // Runs 1-5 and 3-7, as a client other than kestrel's could send them.
+    let runs = kestrel_proto::encode(&vec![(1u32, 5u32, 1u32), (3, 5, 1)]).unwrap();
+    let ids: kestrel_core::IdRanges = kestrel_proto::decode(&runs).unwrap();
+    let body = Ask::Submit {
+        spec: true_spec("overlap"),
+        tasks: kestrel_core::TaskSet::Array(ids),
+        open: false,
+        key: None,
+    };
+    let err = try_ask(&c, body).expect_err("refused").to_string();
+    assert!(err.contains("sorted and unique"), "{err}");
+    assert!(jobs(&c).is_empty());
+}

@@ -6,8 +6,11 @@
 //! code, and [`harness::Harness`] drives it in virtual time for tests.
 
 pub mod harness;
+mod id_merge;
 pub mod ledger;
+mod lines;
 pub mod outcome;
+pub mod placeholders;
 pub mod quarantine;
 pub mod queue;
 pub mod scheduler;
@@ -21,6 +24,6 @@ pub use scheduler::{
     WorkerOffer,
 };
 pub use spec::{
-    IdRanges, JobId, JobSpec, RangeError, Resources, Sink, SpecError, TaskId, TaskIndex, TaskSet,
-    TaskState, TaskTemplate, WorkerId, MAX_NAMED,
+    IdRanges, IdRun, JobId, JobSpec, LineList, RangeError, Resources, Sink, SpecError, TaskId,
+    TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId, MAX_NAMED,
 };

@@ -205,7 +205,7 @@ impl Job {
     pub fn task_id(&self, index: TaskIndex) -> u32 {
         match &self.tasks {
             TaskSet::Array(r) => r.id_at(index).unwrap_or(index),
-            TaskSet::List(_) => index,
+            TaskSet::List(_) | TaskSet::Lines(_) => index,
         }
     }
 
@@ -213,16 +213,13 @@ impl Job {
     pub fn index_of(&self, id: u32) -> Option<TaskIndex> {
         match &self.tasks {
             TaskSet::Array(r) => r.index_of(id),
-            TaskSet::List(l) => (id < l.len() as u32).then_some(id),
+            TaskSet::List(_) | TaskSet::Lines(_) => (id < self.tasks.len()).then_some(id),
         }
     }
 
     /// The argv of one task of a list job (`None` for arrays: the template's argv applies).
     pub fn task_argv(&self, index: TaskIndex) -> Option<&[String]> {
-        match &self.tasks {
-            TaskSet::List(l) => l.get(index as usize).map(Vec::as_slice),
-            TaskSet::Array(_) => None,
-        }
+        self.tasks.argv(index)
     }
 
     /// Timing statistics over the tasks that finished successfully.
@@ -442,6 +439,12 @@ pub enum SchedError {
     NotAList(JobId),
     #[error("job {job} holds {len} tasks, so more can start at index {len}, not {at}")]
     ExtendGap { job: JobId, len: u32, at: u32 },
+    #[error("job {job} is {holds}; it cannot take {given}")]
+    ExtendKind {
+        job: JobId,
+        holds: &'static str,
+        given: &'static str,
+    },
     #[error("worker {0} is not connected; `kestrel worker list` shows the workers")]
     NoSuchWorker(WorkerId),
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
@@ -623,7 +626,7 @@ impl Scheduler {
         tasks: TaskSet,
         open: bool,
     ) -> Result<JobId, SchedError> {
-        if open && matches!(&tasks, TaskSet::List(l) if l.is_empty()) {
+        if open && matches!(&tasks, TaskSet::List(_) | TaskSet::Lines(_)) && tasks.is_empty() {
             spec.validate_spec()?;
         } else {
             spec.validate(&tasks)?;
@@ -656,33 +659,52 @@ impl Scheduler {
         now_us: u64,
         job: JobId,
         at: u32,
-        mut argvs: Vec<Vec<String>>,
+        argvs: Vec<Vec<String>>,
+        close: bool,
+    ) -> Result<(), SchedError> {
+        self.extend_with(now_us, job, at, TaskSet::List(argvs), close)
+    }
+
+    /// [`Self::extend`] for any kind of open job: `more` is of the job's kind (argvs for a
+    /// list of commands, lines for a job of lines).
+    pub fn extend_with(
+        &mut self,
+        now_us: u64,
+        job: JobId,
+        at: u32,
+        more: TaskSet,
         close: bool,
     ) -> Result<(), SchedError> {
         let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
-        let TaskSet::List(list) = &mut j.tasks else {
+        if let TaskSet::Array(_) = j.tasks {
             return Err(SchedError::NotAList(job));
-        };
-        let len = list.len() as u32;
+        }
+        if std::mem::discriminant(&j.tasks) != std::mem::discriminant(&more) {
+            return Err(SchedError::ExtendKind {
+                job,
+                holds: j.tasks.kind(),
+                given: more.kind(),
+            });
+        }
+        let len = j.tasks.len();
         if at > len {
             return Err(SchedError::ExtendGap { job, len, at });
         }
-        let already = ((len - at) as usize).min(argvs.len());
+        let already = ((len - at) as usize).min(more.len() as usize);
         if !j.open {
             // A repeat of pieces the job took before it closed changes nothing.
-            return if already == argvs.len() {
+            return if already == more.len() as usize {
                 Ok(())
             } else {
                 Err(SchedError::JobClosed(job))
             };
         }
-        argvs.drain(..already);
-        let start = list.len() as u32;
-        if let Some(i) = argvs.iter().position(|a| a.is_empty()) {
-            return Err(SpecError::EmptyTask(start + i as u32).into());
+        let start = len;
+        if let Some(i) = more.first_empty(already) {
+            return Err(SpecError::EmptyTask(start + (i - already) as u32).into());
         }
-        list.extend(argvs);
-        let end = list.len() as u32;
+        j.tasks.append(more, already);
+        let end = j.tasks.len();
         j.table.extend_to(end);
         if j.canceled {
             j.counts.canceled += end - start;

@@ -4,6 +4,7 @@
 //! scheduler only looks at resources, priority, retries and the shape of the task set; the
 //! command itself is carried through to the worker untouched.
 
+pub use crate::lines::LineList;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -17,11 +18,12 @@ pub type TaskIndex = u32;
 pub type WorkerId = u32;
 
 /// Where a task's stdout or stderr goes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Sink {
     /// Discarded (`/dev/null`).
+    #[default]
     Null,
-    /// A file path that may contain `{job}` and `{task}` placeholders.
+    /// A file path that may contain placeholders (see [`crate::placeholders`]).
     File(String),
 }
 
@@ -111,10 +113,12 @@ impl Resources {
     }
 }
 
-/// How every task of a job runs, apart from its own command line.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How every task of a job runs, apart from its own command line. The default runs nothing
+/// (no argv) with its output discarded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskTemplate {
-    /// Program and arguments for array jobs (with `{job}`/`{task}` placeholders); empty for lists.
+    /// Program and arguments for arrays and jobs of lines (with placeholders, see
+    /// [`crate::placeholders`]); empty for lists of commands.
     pub argv: Vec<String>,
     /// Extra environment variables, added to the worker's own.
     pub env: Vec<(String, String)>,
@@ -128,6 +132,10 @@ pub struct TaskTemplate {
 
 /// The set of task ids of an array job, kept as ranges so a 10-million-task array costs bytes.
 /// On the wire only the runs travel; the index is rebuilt (and checked) on arrival.
+///
+/// [`IdRanges::parse`] gives ids sorted and unique (overlapping ranges merged, as Slurm does);
+/// a submission must be so ([`JobSpec::validate`]). Deserializing keeps the runs as they were
+/// stored, so a journal written before ids were merged replays with its tasks' indices intact.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "Vec<IdRun>", into = "Vec<IdRun>")]
 pub struct IdRanges {
@@ -176,11 +184,12 @@ impl fmt::Display for IdRanges {
     }
 }
 
+/// `count` ids `first, first + step, ...`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdRun {
-    first: u32,
-    count: u32,
-    step: u32,
+    pub(crate) first: u32,
+    pub(crate) count: u32,
+    pub(crate) step: u32,
 }
 
 /// Why an array expression was refused.
@@ -188,18 +197,27 @@ pub struct IdRun {
 pub enum RangeError {
     #[error("empty array expression; write e.g. 1-100, 0-98:2 or 1,5,9-12")]
     Empty,
-    #[error("'{0}' is not a number, a range a-b, or a range with a step a-b:s")]
+    #[error("'{0}' is not a number, a range a-b, or a range with a step a-b:s; write e.g. 1-100, 0-98:2 or 1,5,9-12")]
     Syntax(String),
+    #[error("'{0}': task ids must be at most 4294967295")]
+    IdTooLarge(String),
     #[error("range '{0}' runs backwards; write the smaller number first, e.g. 1-5")]
     Backwards(String),
     #[error("step in '{0}' must be at least 1")]
     ZeroStep(String),
     #[error("the array has more than 4294967295 tasks")]
     TooLarge,
+    #[error("ranges {one} and {other} overlap over {ids} ids in a pattern that would need a range per id; write ranges that do not overlap")]
+    CannotMerge {
+        one: String,
+        other: String,
+        ids: u64,
+    },
 }
 
 impl IdRanges {
-    /// Parses `1-100`, `0-98:2`, `7`, and comma-separated lists of those.
+    /// Parses `1-100`, `0-98:2`, `7`, and comma-separated lists of those; the ids come out
+    /// sorted and unique (see [`crate::id_merge`]).
     pub fn parse(text: &str) -> Result<IdRanges, RangeError> {
         let mut runs = Vec::new();
         for part in text.split(',').map(str::trim) {
@@ -211,7 +229,27 @@ impl IdRanges {
         if runs.is_empty() {
             return Err(RangeError::Empty);
         }
-        Self::from_runs(runs)
+        Self::from_runs(crate::id_merge::merge(&runs)?)
+    }
+
+    /// The same ids, sorted and unique.
+    pub fn merged(&self) -> Result<IdRanges, RangeError> {
+        Self::from_runs(crate::id_merge::merge(&self.runs)?)
+    }
+
+    /// Whether every id is larger than the one before it (no id twice, none out of order).
+    pub fn is_sorted_unique(&self) -> bool {
+        let mut next_allowed: u64 = 0;
+        self.runs.iter().filter(|r| r.count > 0).all(|r| {
+            let ok = r.first as u64 >= next_allowed && (r.count == 1 || r.step > 0);
+            next_allowed = r.first as u64 + (r.count as u64 - 1) * r.step as u64 + 1;
+            ok
+        })
+    }
+
+    /// The runs, as they travel.
+    pub fn runs(&self) -> &[IdRun] {
+        &self.runs
     }
 
     /// The ids `first ..= last`, every one.
@@ -282,9 +320,14 @@ impl IdRanges {
 
 fn parse_run(part: &str) -> Result<IdRun, RangeError> {
     let num = |s: &str| {
-        s.trim()
-            .parse::<u32>()
-            .map_err(|_| RangeError::Syntax(part.into()))
+        let s = s.trim();
+        s.parse::<u32>().map_err(|_| {
+            if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+                RangeError::IdTooLarge(part.into())
+            } else {
+                RangeError::Syntax(part.into())
+            }
+        })
     };
     let (range, step) = match part.split_once(':') {
         Some((r, s)) => (r, num(s)?),
@@ -315,6 +358,9 @@ pub enum TaskSet {
     Array(IdRanges),
     /// One task per entry, each with its own argv (ids `0..n`).
     List(Vec<Vec<String>>),
+    /// One task per line (`--each`), all running the template's command with `{line}` replaced
+    /// by the task's line (ids `0..n`). The lines alone are kept, not a command line per task.
+    Lines(LineList),
 }
 
 impl TaskSet {
@@ -322,11 +368,65 @@ impl TaskSet {
         match self {
             TaskSet::Array(r) => r.len(),
             TaskSet::List(l) => l.len() as u32,
+            TaskSet::Lines(l) => l.len() as u32,
         }
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What kind of task set this is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TaskSet::Array(_) => "an array",
+            TaskSet::List(_) => "a list of commands",
+            TaskSet::Lines(_) => "a list of lines",
+        }
+    }
+
+    /// The argv of task `index` of a list (`None` otherwise: the template's argv applies).
+    pub fn argv(&self, index: TaskIndex) -> Option<&[String]> {
+        match self {
+            TaskSet::List(l) => l.get(index as usize).map(Vec::as_slice),
+            _ => None,
+        }
+    }
+
+    /// The line of task `index` of a `Lines` job.
+    pub fn line(&self, index: TaskIndex) -> Option<&str> {
+        match self {
+            TaskSet::Lines(l) => l.get(index as usize),
+            _ => None,
+        }
+    }
+
+    /// Appends the entries of `more` (of the same kind, lists only) from its `skip`th on.
+    /// Returns `false`, appending nothing, if the kinds differ.
+    pub fn append(&mut self, more: TaskSet, skip: usize) -> bool {
+        match (self, more) {
+            (TaskSet::List(l), TaskSet::List(m)) => {
+                l.extend(m.into_iter().skip(skip));
+                true
+            }
+            (TaskSet::Lines(l), TaskSet::Lines(m)) => {
+                l.append_from(&m, skip);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The index of the first list entry from `skip` on with an empty command line.
+    pub fn first_empty(&self, skip: usize) -> Option<usize> {
+        match self {
+            TaskSet::List(l) => l
+                .iter()
+                .skip(skip)
+                .position(Vec::is_empty)
+                .map(|i| i + skip),
+            _ => None,
+        }
     }
 }
 
@@ -357,6 +457,10 @@ pub enum SpecError {
     NoCommand,
     #[error("task {0} of the list has an empty command line")]
     EmptyTask(u32),
+    #[error("a job of lines needs a command: give it after `--`, e.g. `kestrel submit --each inputs.txt -- ./process {{line}}`")]
+    NoLineCommand,
+    #[error("the array's ids must be sorted and unique (its ranges overlap or are out of order); `kestrel submit --array` merges them")]
+    Unmerged,
     #[error("array: {0}")]
     Range(#[from] RangeError),
     #[error("--retries {0} is too many: at most {max} (a task's failures are counted in a byte)", max = MAX_RETRIES)]
@@ -382,20 +486,25 @@ impl JobSpec {
     /// Checks what the scheduler relies on; the server calls this on every submission.
     pub fn validate(&self, tasks: &TaskSet) -> Result<(), SpecError> {
         self.validate_spec()?;
+        if tasks.is_empty() {
+            return Err(SpecError::NoTasks);
+        }
         match tasks {
             TaskSet::Array(r) => {
-                if r.is_empty() {
-                    return Err(SpecError::NoTasks);
-                }
                 if self.template.argv.is_empty() {
                     return Err(SpecError::NoCommand);
                 }
-            }
-            TaskSet::List(list) => {
-                if list.is_empty() {
-                    return Err(SpecError::NoTasks);
+                if !r.is_sorted_unique() {
+                    return Err(SpecError::Unmerged);
                 }
-                if let Some(i) = list.iter().position(|argv| argv.is_empty()) {
+            }
+            TaskSet::Lines(_) => {
+                if self.template.argv.is_empty() {
+                    return Err(SpecError::NoLineCommand);
+                }
+            }
+            TaskSet::List(_) => {
+                if let Some(i) = tasks.first_empty(0) {
                     return Err(SpecError::EmptyTask(i as u32));
                 }
             }
@@ -484,6 +593,55 @@ mod tests {
         for text in ["1-100", "0-98:2", "1,5,9-12", "7", "0-10:5,20,30-31"] {
             assert_eq!(IdRanges::parse(text).unwrap().to_string(), text);
         }
+    }
+
+    #[test]
+    fn ids_past_u32_say_the_limit() {
+        assert_eq!(
+            IdRanges::parse("0-10000000000"),
+            Err(RangeError::IdTooLarge("0-10000000000".into()))
+        );
+        assert!(RangeError::IdTooLarge("x".into())
+            .to_string()
+            .contains("at most 4294967295"));
+    }
+
+    fn array_spec() -> JobSpec {
+        JobSpec {
+            name: "a".into(),
+            template: TaskTemplate {
+                argv: vec!["true".into()],
+                ..Default::default()
+            },
+            resources: Resources::default(),
+            priority: 0,
+            retries: 0,
+            named: vec![],
+        }
+    }
+
+    #[test]
+    fn arrays_from_the_wire_keep_their_order_but_a_submission_must_be_merged() {
+        let run = |first, count, step| IdRun { first, count, step };
+        // Stored as given: a journal written before ids were merged keeps its indices.
+        let old = IdRanges::try_from(vec![run(1, 5, 1), run(3, 5, 1)]).unwrap();
+        assert_eq!((old.len(), old.id_at(5)), (10, Some(3)));
+        assert!(!old.is_sorted_unique());
+        let spec = array_spec();
+        assert_eq!(
+            spec.validate(&TaskSet::Array(old.clone())),
+            Err(SpecError::Unmerged)
+        );
+        let merged = old.merged().unwrap();
+        assert_eq!(merged, IdRanges::parse("1-7").unwrap());
+        assert_eq!(spec.validate(&TaskSet::Array(merged)), Ok(()));
+        let unsorted = IdRanges::try_from(vec![run(5, 1, 1), run(1, 1, 1)]).unwrap();
+        assert!(!unsorted.is_sorted_unique());
+        let mut no_command = spec.clone();
+        no_command.template.argv.clear();
+        let lines = TaskSet::Lines(["a"].into_iter().collect());
+        assert_eq!(no_command.validate(&lines), Err(SpecError::NoLineCommand));
+        assert_eq!(spec.validate(&lines), Ok(()));
     }
 
     proptest! {

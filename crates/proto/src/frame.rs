@@ -307,10 +307,15 @@ mod tests {
         #[test]
         fn assignments_round_trip_through_a_stream(
             runs in proptest::collection::vec((any::<u32>(), any::<u32>(), 1u32..1000,
-                proptest::collection::vec(proptest::collection::vec(".{0,12}", 1..4), 0..3)), 1..20)
+                proptest::collection::vec(proptest::collection::vec(".{0,12}", 1..4), 0..3),
+                proptest::collection::vec(".{0,12}", 0..3)), 1..20)
         ) {
-            let msgs: Vec<ToWorker> = runs.into_iter().map(|(job, first, count, argvs)| ToWorker::Assign {
-                tasks: vec![Assigned { run: IndexRun { job, first, count }, argvs }],
+            let msgs: Vec<ToWorker> = runs.into_iter().map(|(job, first, count, argvs, lines)| ToWorker::Assign {
+                tasks: vec![Assigned {
+                    run: IndexRun { job, first, count },
+                    argvs,
+                    lines: lines.iter().map(String::as_str).collect(),
+                }],
             }).collect();
             prop_assert_eq!(through_a_stream(&msgs, |_| false), msgs);
         }

@@ -4,8 +4,8 @@
 //! the protocol version checked in the handshake). Every hot message carries a batch.
 
 use kestrel_core::{
-    Finished, IdRanges, IndexRun, JobId, JobSpec, Resources, SchedError, Sink, TaskId, TaskIndex,
-    TaskSet, TaskState, TaskTemplate, WorkerId,
+    Finished, IdRanges, IndexRun, JobId, JobSpec, LineList, Resources, SchedError, Sink, TaskId,
+    TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId,
 };
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -158,15 +158,52 @@ pub enum ToWorker {
 pub enum JobIds {
     /// Array: ids from the ranges.
     Array(IdRanges),
-    /// List: id = index; each assignment carries the task's argv.
+    /// List or lines: id = index; each assignment carries the task's argv or line.
     List,
 }
 
-/// A run of assigned tasks; for list jobs, with one argv per task.
+/// A run of assigned tasks; for list jobs with one argv per task, for jobs of lines with one
+/// line per task (the template's command runs with `{line}` replaced by it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assigned {
     pub run: IndexRun,
     pub argvs: Vec<Vec<String>>,
+    /// Left out when empty (only a trailing field can be: fields are positional), so an
+    /// array's assignment is as short as before.
+    #[serde(default, skip_serializing_if = "LineList::is_empty")]
+    pub lines: LineList,
+}
+
+impl Assigned {
+    /// Tasks of an array job: everything they need is in the job's template.
+    pub fn run(run: IndexRun) -> Assigned {
+        Assigned {
+            run,
+            argvs: Vec::new(),
+            lines: LineList::new(),
+        }
+    }
+
+    /// Whether each task carries its own argv or line (so the run can be split).
+    pub fn carries_tasks(&self) -> bool {
+        !self.argvs.is_empty() || !self.lines.is_empty()
+    }
+
+    /// Splits off the tasks from the `at`th of the run on, keeping the ones before.
+    pub fn split_off(&mut self, at: u32) -> Assigned {
+        let at = at.min(self.run.count);
+        let right = Assigned {
+            run: IndexRun {
+                job: self.run.job,
+                first: self.run.first + at,
+                count: self.run.count - at,
+            },
+            argvs: self.argvs.split_off((at as usize).min(self.argvs.len())),
+            lines: self.lines.split_off(at as usize),
+        };
+        self.run.count = at;
+        right
+    }
 }
 
 // ----- client <-> server --------------------------------------------------------------------
@@ -199,6 +236,13 @@ pub enum Ask {
         job: JobId,
         at: u32,
         argvs: Vec<Vec<String>>,
+        close: bool,
+    },
+    /// More lines for an open job of lines (`--each`), like `Extend`.
+    ExtendLines {
+        job: JobId,
+        at: u32,
+        lines: LineList,
         close: bool,
     },
     JobList,
@@ -285,6 +329,9 @@ pub enum Answer {
         /// a bigger worker may still come).
         #[serde(default)]
         warning: Option<String>,
+        /// The submission's key had already made this job: nothing new was submitted.
+        #[serde(default)]
+        repeated: bool,
     },
     Extended,
     Jobs(Vec<JobSummary>),
@@ -478,6 +525,9 @@ pub struct TaskDetail {
     pub stderr: Sink,
     /// The host name of the worker it was last assigned to, while that worker is connected.
     pub worker_host: Option<String>,
+    /// Its line, for a job of lines (`--each`): the value of `{line}`.
+    #[serde(default)]
+    pub line: Option<String>,
 }
 
 /// Task counts by state.

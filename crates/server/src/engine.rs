@@ -443,6 +443,7 @@ impl Engine {
                     Ok(Answer::Submitted {
                         job: *job,
                         warning: None,
+                        repeated: true,
                     })
                 } else if let Err(e) = self.accepting_work() {
                     Err(e.into())
@@ -470,7 +471,11 @@ impl Engine {
                             self.deferred.push(Deferred {
                                 conn,
                                 id: req.id,
-                                result: Ok(Answer::Submitted { job, warning }),
+                                result: Ok(Answer::Submitted {
+                                    job,
+                                    warning,
+                                    repeated: false,
+                                }),
                                 created: Some((job, key)),
                             });
                             return;
@@ -487,26 +492,13 @@ impl Engine {
                 at,
                 argvs,
                 close,
-            } => {
-                if let Err(e) = self.accepting_work() {
-                    Err(e.into())
-                } else {
-                    let before = self.core.job(job).map(|j| (j.len() as usize, j.open));
-                    let r = self.core.extend(now, job, at, argvs, close);
-                    let after = self.core.job(job).map(|j| (j.len() as usize, j.open));
-                    // A resent piece the job already held changes nothing and is not logged.
-                    if let (Ok(()), true, Some((held, _))) = (&r, self.journaling(), before) {
-                        if before != after {
-                            if let Some(TaskSet::List(list)) = self.core.job(job).map(|j| &j.tasks)
-                            {
-                                let added = list.get(held..).unwrap_or(&[]);
-                                self.pending.extend(job, now, added, close);
-                            }
-                        }
-                    }
-                    r.map(|()| Answer::Extended).map_err(Refusal::from)
-                }
-            }
+            } => self.extend(now, job, at, TaskSet::List(argvs), close),
+            Ask::ExtendLines {
+                job,
+                at,
+                lines,
+                close,
+            } => self.extend(now, job, at, TaskSet::Lines(lines), close),
             Ask::JobList => Ok(Answer::Jobs(
                 self.core.jobs().map(views::job_summary).collect(),
             )),
@@ -700,6 +692,31 @@ impl Engine {
         results
     }
 
+    /// Adds the tasks of `more` to an open job (see [`Scheduler::extend_with`]) and journals
+    /// those it did not hold yet.
+    fn extend(
+        &mut self,
+        now: u64,
+        job: JobId,
+        at: u32,
+        more: TaskSet,
+        close: bool,
+    ) -> Result<Answer, Refusal> {
+        self.accepting_work()?;
+        let before = self.core.job(job).map(|j| (j.len() as usize, j.open));
+        let r = self.core.extend_with(now, job, at, more, close);
+        let after = self.core.job(job).map(|j| (j.len() as usize, j.open));
+        // A resent piece the job already held changes nothing and is not logged.
+        if let (Ok(()), true, Some((held, _))) = (&r, self.journaling(), before) {
+            if before != after {
+                if let Some(j) = self.core.job(job) {
+                    self.pending.extend(job, now, &j.tasks, held, close);
+                }
+            }
+        }
+        r.map(|()| Answer::Extended).map_err(Refusal::from)
+    }
+
     fn progress_of(&self, jobs: &[JobId]) -> WaitProgress {
         let mut p = WaitProgress {
             jobs: jobs.len() as u32,
@@ -815,7 +832,7 @@ impl Engine {
                     };
                     let ids = match &j.tasks {
                         TaskSet::Array(r) => JobIds::Array(r.clone()),
-                        TaskSet::List(_) => JobIds::List,
+                        TaskSet::List(_) | TaskSet::Lines(_) => JobIds::List,
                     };
                     c.outbox.send(&ToWorker::DefineJob {
                         job,
@@ -832,16 +849,17 @@ impl Engine {
                     let tasks = runs
                         .into_iter()
                         .map(|run| {
-                            let argvs = match self.core.job(run.job) {
-                                Some(j) if matches!(j.tasks, TaskSet::List(_)) => (run.first
-                                    ..run.first + run.count)
-                                    .map(|i| {
-                                        j.task_argv(i).map(<[String]>::to_vec).unwrap_or_default()
-                                    })
-                                    .collect(),
-                                _ => Vec::new(),
-                            };
-                            Assigned { run, argvs }
+                            let mut a = Assigned::run(run);
+                            let range = run.first as usize..(run.first + run.count) as usize;
+                            match self.core.job(run.job).map(|j| &j.tasks) {
+                                Some(TaskSet::List(list)) => {
+                                    a.argvs = list.get(range).unwrap_or_default().to_vec();
+                                }
+                                // One copy of the run's bytes, not a string per task.
+                                Some(TaskSet::Lines(lines)) => a.lines = lines.slice(range),
+                                _ => {}
+                            }
+                            a
                         })
                         .collect();
                     unsendable.extend(c.outbox.assign(tasks).into_iter().map(|t| (worker, t)));

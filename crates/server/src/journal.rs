@@ -8,7 +8,7 @@
 //! in one transaction (group commit), so a million task ends cost a few hundred syncs, not a
 //! million. WAL mode with `synchronous=FULL`: a committed transaction survives power loss.
 
-use kestrel_core::{Finished, JobId, JobSpec, Scheduler, TaskIndex, TaskSet};
+use kestrel_core::{Finished, JobId, JobSpec, LineList, Scheduler, TaskIndex, TaskSet};
 use rusqlite::{params, Connection, OptionalExtension};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -18,8 +18,9 @@ use std::path::{Path, PathBuf};
 pub const JOURNAL_FILE: &str = "journal.sqlite";
 /// Bumped when `log` holds something an older Kestrel cannot read, so that one refuses the
 /// file with [`JournalError::Version`] instead of calling it damaged. 2: crash counts (LOST
-/// entries) and one-letter run endings. 3: forgotten jobs (FORGET entries). Older journals are
-/// read as they are.
+/// entries) and one-letter run endings. 3: forgotten jobs (FORGET entries) and jobs of lines
+/// (`--each`: a `Lines` task set, and extensions carrying lines). Older journals are read as
+/// they are.
 const SCHEMA_VERSION: i64 = 3;
 
 const KIND_SUBMIT: i64 = 1;
@@ -66,12 +67,16 @@ struct SubmitBody {
     open: bool,
 }
 
+/// Tasks added to an open job: argvs for a list of commands, lines for a job of lines.
 #[derive(Serialize, Deserialize)]
 struct ExtendBody {
     job: JobId,
     at_us: u64,
     argvs: Vec<Vec<String>>,
     close: bool,
+    /// Absent from entries written before jobs of lines existed.
+    #[serde(default)]
+    lines: LineList,
 }
 
 /// `kestrel job retry`: failed (and maybe canceled) tasks back in the queue.
@@ -183,14 +188,30 @@ impl Pending {
         );
     }
 
-    pub fn extend(&mut self, job: JobId, at_us: u64, argvs: &[Vec<String>], close: bool) {
+    /// The tasks an extension added to a job: those of `tasks` (the job's, after it) from
+    /// index `from` on.
+    pub fn extend(&mut self, job: JobId, at_us: u64, tasks: &TaskSet, from: usize, close: bool) {
+        /// Lines `from..` of a list, written as a list without copying them.
+        struct LinesFrom<'a>(&'a LineList, usize);
+        impl Serialize for LinesFrom<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.iter().skip(self.1))
+            }
+        }
         #[derive(Serialize)]
         struct ExtendRef<'a> {
             job: JobId,
             at_us: u64,
             argvs: &'a [Vec<String>],
             close: bool,
+            lines: LinesFrom<'a>,
         }
+        let none = LineList::new();
+        let (argvs, lines) = match tasks {
+            TaskSet::List(l) => (l.get(from..).unwrap_or(&[]), LinesFrom(&none, 0)),
+            TaskSet::Lines(l) => (&[][..], LinesFrom(l, from)),
+            TaskSet::Array(_) => (&[][..], LinesFrom(&none, 0)),
+        };
         self.push(
             KIND_EXTEND,
             &ExtendRef {
@@ -198,6 +219,7 @@ impl Pending {
                 at_us,
                 argvs,
                 close,
+                lines,
             },
         );
     }
@@ -566,7 +588,11 @@ impl Journal {
                     // refused now, the job's state differs a little, not the journal's health.
                     // The log holds exactly the tasks each extension added, in order.
                     let at = core.job(b.job).map_or(0, |j| j.len());
-                    if let Err(e) = core.extend(b.at_us, b.job, at, b.argvs, b.close) {
+                    let more = match core.job(b.job).map(|j| &j.tasks) {
+                        Some(TaskSet::Lines(_)) => TaskSet::Lines(b.lines),
+                        _ => TaskSet::List(b.argvs),
+                    };
+                    if let Err(e) = core.extend_with(b.at_us, b.job, at, more, b.close) {
                         tracing::warn!(
                             "journal entry {seq}: extension of job {} not replayed: {e}",
                             b.job
@@ -865,6 +891,60 @@ mod tests {
         let spec_tasks = TaskSet::Array(IdRanges::span(0, 0));
         let next = core.submit(50, spec(), spec_tasks, false).unwrap();
         assert_eq!(next, 3, "ids are not given out again");
+    }
+
+    #[test]
+    fn a_job_of_lines_and_its_pieces_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        let lines = |l: &[&str]| TaskSet::Lines(l.iter().copied().collect());
+        let mut p = Pending::default();
+        p.submit(1, 10, None, &spec(), &lines(&["a", "b"]), true);
+        // The job's tasks after the extension; the entry holds those from index 2 on.
+        p.extend(1, 20, &lines(&["a", "b", "c {task}", "d"]), 2, true);
+        j.commit(&mut p).unwrap();
+        let mut core = Scheduler::new(Config::default());
+        j.replay(&mut core, &mut Restored::default()).unwrap();
+        let job = core.job(1).unwrap();
+        assert_eq!(job.tasks, lines(&["a", "b", "c {task}", "d"]));
+        assert!(!job.open);
+        assert_eq!(job.counts.ready, 4);
+    }
+
+    #[test]
+    fn an_extension_journaled_before_lines_existed_replays() {
+        // The form of an extension entry before it had `lines`.
+        #[derive(Serialize)]
+        struct OldExtend {
+            job: JobId,
+            at_us: u64,
+            argvs: Vec<Vec<String>>,
+            close: bool,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        let mut p = Pending::default();
+        let list = TaskSet::List(vec![vec!["echo".into(), "a".into()]]);
+        p.submit(1, 10, None, &spec(), &list, true);
+        p.push(
+            KIND_EXTEND,
+            &OldExtend {
+                job: 1,
+                at_us: 20,
+                argvs: vec![vec!["echo".into(), "b".into()]],
+                close: true,
+            },
+        );
+        j.commit(&mut p).unwrap();
+        let mut core = Scheduler::new(Config::default());
+        j.replay(&mut core, &mut Restored::default()).unwrap();
+        let job = core.job(1).unwrap();
+        assert_eq!(job.len(), 2);
+        assert_eq!(
+            job.task_argv(1),
+            Some(&["echo".to_string(), "b".into()][..])
+        );
+        assert!(!job.open);
     }
 
     #[test]

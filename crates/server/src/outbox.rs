@@ -103,17 +103,8 @@ impl Outbox {
             self.assign_into(tasks, unsendable);
             self.assign_into(right, unsendable);
         } else if let Some(mut a) = tasks.pop() {
-            if a.run.count > 1 && a.argvs.len() == a.run.count as usize {
-                let half = a.run.count / 2;
-                let right = Assigned {
-                    run: IndexRun {
-                        job: a.run.job,
-                        first: a.run.first + half,
-                        count: a.run.count - half,
-                    },
-                    argvs: a.argvs.split_off(half as usize),
-                };
-                a.run.count = half;
+            if a.run.count > 1 && a.carries_tasks() {
+                let right = a.split_off(a.run.count / 2);
                 self.assign_into(vec![a], unsendable);
                 self.assign_into(vec![right], unsendable);
             } else {
@@ -156,6 +147,7 @@ mod tests {
                     count: 30,
                 },
                 argvs: (0..30).map(|_| long_task(1 << 20)).collect(),
+                lines: Default::default(),
             },
             Assigned {
                 run: IndexRun {
@@ -164,6 +156,7 @@ mod tests {
                     count: 10,
                 },
                 argvs: (0..10).map(|_| long_task(1 << 20)).collect(),
+                lines: Default::default(),
             },
         ];
         assert!(o.assign(tasks).is_empty());
@@ -189,6 +182,33 @@ mod tests {
     }
 
     #[test]
+    fn lines_too_many_for_one_frame_are_split_with_their_run() {
+        let (o, mut rx) = outbox();
+        let line = "y".repeat(1 << 20);
+        let tasks = vec![Assigned {
+            run: IndexRun {
+                job: 3,
+                first: 10,
+                count: 40,
+            },
+            argvs: vec![],
+            lines: (0..40).map(|_| line.as_str()).collect(),
+        }];
+        assert!(o.assign(tasks).is_empty());
+        let mut indices = Vec::new();
+        while let Ok(frame) = rx.try_recv() {
+            let ToWorker::Assign { tasks } = decode(&frame).unwrap() else {
+                panic!("not an assignment");
+            };
+            for a in tasks {
+                assert_eq!(a.lines.len(), a.run.count as usize);
+                indices.extend(a.run.first..a.run.first + a.run.count);
+            }
+        }
+        assert_eq!(indices, (10..50).collect::<Vec<_>>());
+    }
+
+    #[test]
     fn a_task_longer_than_a_frame_is_returned_not_dropped() {
         let (o, mut rx) = outbox();
         let tasks = vec![Assigned {
@@ -198,6 +218,7 @@ mod tests {
                 count: 2,
             },
             argvs: vec![long_task(10), long_task(MAX_FRAME_BYTES + 1)],
+            lines: Default::default(),
         }];
         let left = o.assign(tasks);
         assert_eq!(left.len(), 1);

@@ -89,10 +89,14 @@ pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
         TaskSet::Array(r) => format!("array of {} tasks, ids {r}", r.len()),
         TaskSet::List(l) if l.len() == 1 => "list of 1 task".into(),
         TaskSet::List(l) => format!("list of {} tasks", l.len()),
+        TaskSet::Lines(l) => match l.len() {
+            1 => "1 task, one per line".into(),
+            n => format!("{n} tasks, one per line"),
+        },
     };
     let ids = match &j.tasks {
         TaskSet::Array(r) => Some(r.to_string()),
-        TaskSet::List(_) => None,
+        TaskSet::List(_) | TaskSet::Lines(_) => None,
     };
     JobDetail {
         summary: job_summary(j),
@@ -216,6 +220,7 @@ pub fn task_detail(j: &Job, index: TaskIndex, worker_host: Option<String>) -> Ta
         stdout: t.stdout.clone(),
         stderr: t.stderr.clone(),
         worker_host,
+        line: j.tasks.line(index).map(str::to_string),
     }
 }
 

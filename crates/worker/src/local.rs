@@ -4,10 +4,10 @@
 //! Pure data; the session loop in `session.rs` drives it.
 
 use crate::exec::{Launch, Sink as ExecSink};
+use kestrel_core::placeholders::{substitute, Values};
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
 use kestrel_proto::messages::{Assigned, JobIds};
 use rustc_hash::FxHashMap;
-use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,6 +22,8 @@ pub struct LocalTask {
     /// When its assignment arrived (microseconds since the Unix epoch): the time until it
     /// starts is its wait for a slot.
     pub arrived_us: u64,
+    /// Own line (jobs of lines), for `{line}` in the template.
+    pub line: Option<String>,
 }
 
 /// A job as this worker knows it.
@@ -102,27 +104,30 @@ impl Local {
     pub fn enqueue(&mut self, tasks: Vec<Assigned>, now_us: u64) {
         for a in tasks {
             let r = a.run;
-            if a.argvs.is_empty() {
-                self.queue
-                    .extend((r.first..r.first + r.count).map(|index| LocalTask {
-                        job: r.job,
-                        index,
-                        argv: None,
-                        arrived_us: now_us,
-                    }));
+            let task = |index, argv, line| LocalTask {
+                job: r.job,
+                index,
+                argv,
+                line,
+                arrived_us: now_us,
+            };
+            if !a.argvs.is_empty() {
+                self.queue.extend(
+                    a.argvs
+                        .into_iter()
+                        .zip(r.first..)
+                        .map(|(argv, index)| task(index, Some(argv), None)),
+                );
+            } else if !a.lines.is_empty() {
+                self.queue.extend(
+                    a.lines
+                        .iter()
+                        .zip(r.first..)
+                        .map(|(line, index)| task(index, None, Some(line.to_string()))),
+                );
             } else {
                 self.queue
-                    .extend(
-                        a.argvs
-                            .into_iter()
-                            .zip(r.first..)
-                            .map(|(argv, index)| LocalTask {
-                                job: r.job,
-                                index,
-                                argv: Some(argv),
-                                arrived_us: now_us,
-                            }),
-                    );
+                    .extend((r.first..r.first + r.count).map(|index| task(index, None, None)));
             }
         }
     }
@@ -201,7 +206,12 @@ impl Local {
             JobIds::List => task.index,
         };
         let (job_s, id_s) = (task.job.to_string(), id.to_string());
-        let sub = |s: &str| substitute(s, &job_s, &id_s).into_owned();
+        let values = Values {
+            job: &job_s,
+            task: &id_s,
+            line: task.line.as_deref(),
+        };
+        let sub = |s: &str| substitute(s, &values).into_owned();
         let argv: Vec<String> = match &task.argv {
             Some(a) => a.iter().map(|s| sub(s)).collect(),
             None => t.argv.iter().map(|s| sub(s)).collect(),
@@ -233,14 +243,6 @@ impl Local {
             timeout: t.timeout_ms.map(Duration::from_millis),
         })
     }
-}
-
-/// Replaces `{job}` and `{task}`; borrows when there is nothing to replace.
-pub fn substitute<'a>(s: &'a str, job: &str, task: &str) -> Cow<'a, str> {
-    if !s.contains('{') {
-        return Cow::Borrowed(s);
-    }
-    Cow::Owned(s.replace("{job}", job).replace("{task}", task))
 }
 
 fn resolve(cwd: Option<&Path>, p: &str) -> PathBuf {
@@ -295,6 +297,7 @@ mod tests {
             index: 2,
             argv: None,
             arrived_us: 0,
+            line: None,
         };
         let launch = l.launch(&t, &[], &me()).unwrap();
         assert_eq!(launch.argv, vec!["sim", "--seed", "20", "j3"]);
@@ -328,6 +331,7 @@ mod tests {
                     count: 2,
                 },
                 argvs: vec![vec!["a".into()], vec!["b".into()]],
+                lines: Default::default(),
             }],
             0,
         );
@@ -366,6 +370,7 @@ mod tests {
                 count,
             },
             argvs: vec![vec!["x".into()]; count as usize],
+            lines: Default::default(),
         };
         l.enqueue(vec![run(1, 2), run(2, 3)], 0);
         let (_, a) = l.next_startable().unwrap();
@@ -387,17 +392,55 @@ mod tests {
     fn canceled_tasks_leave_the_queue() {
         let mut l = Local::new(1, 0, 0, &[]);
         l.enqueue(
-            vec![Assigned {
-                run: IndexRun {
-                    job: 1,
-                    first: 0,
-                    count: 3,
-                },
-                argvs: vec![],
-            }],
+            vec![Assigned::run(IndexRun {
+                job: 1,
+                first: 0,
+                count: 3,
+            })],
             0,
         );
         assert_eq!(l.unqueue(&[(1, 1), (2, 0)]), vec![(1, 1)]);
         assert_eq!(l.queue.len(), 2);
+    }
+
+    #[test]
+    fn a_line_goes_into_the_command_paths_and_environment() {
+        let mut l = Local::new(1, 0, 0, &[]);
+        let mut t = template();
+        t.argv = vec!["sha1sum".into(), "{line}".into()];
+        t.stdout = Sink::File("sums/{line}.sha".into());
+        t.stderr = Sink::File("${line}/{task}.err".into());
+        t.env = vec![("IN".into(), "{line}-{job}".into())];
+        l.define(4, t, JobIds::List, Resources::default(), vec![]);
+        l.enqueue(
+            vec![Assigned {
+                run: IndexRun {
+                    job: 4,
+                    first: 7,
+                    count: 2,
+                },
+                argvs: vec![],
+                lines: ["a.dat", "b {task}.dat"].into_iter().collect(),
+            }],
+            0,
+        );
+        let (first, held) = l.next_startable().unwrap();
+        let launch = l.launch(&first, &[], &me()).unwrap();
+        assert_eq!(launch.argv, vec!["sha1sum", "a.dat"]);
+        assert_eq!(
+            launch.stdout,
+            ExecSink::File("/data/run-4/sums/a.dat.sha".into())
+        );
+        // `${line}` is the shell's, not a placeholder.
+        assert_eq!(
+            launch.stderr,
+            ExecSink::File("/data/run-4/${line}/7.err".into())
+        );
+        assert!(launch.env.contains(&("IN".into(), "a.dat-4".into())));
+        l.release(held);
+        let (second, _) = l.next_startable().unwrap();
+        let launch = l.launch(&second, &[], &me()).unwrap();
+        // A line is put in as it is, never read for placeholders itself.
+        assert_eq!(launch.argv, vec!["sha1sum", "b {task}.dat"]);
     }
 }

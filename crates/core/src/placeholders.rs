@@ -1,0 +1,254 @@
+//! Placeholders in a job's command, output paths, directory and environment values.
+//!
+//! `{job}` is the job's id, `{task}` the task's id and, in a job made of the lines of a file
+//! (`--each`), `{line}` the task's line. A placeholder is `{name}` not preceded by `$`, so
+//! `${line}` stays the shell's variable. Workers replace them ([`substitute`]); at submission,
+//! [`check_template`] refuses a placeholder that does not apply (`{line}` without `--each`) or that
+//! looks like a mistyped one (`{tsk}`, `{TASK}`, `{lines}`), and lets any other text in braces
+//! through untouched (`awk '{print $1}'`, `find -exec rm {} +`, `{x}`).
+
+use crate::spec::{Sink, TaskTemplate};
+use std::borrow::Cow;
+use std::fmt;
+
+/// The job's id.
+pub const JOB: &str = "job";
+/// The task's id.
+pub const TASK: &str = "task";
+/// The task's line, in a job of lines.
+pub const LINE: &str = "line";
+const NAMES: [&str; 3] = [JOB, TASK, LINE];
+
+/// What the placeholders of one task stand for.
+#[derive(Clone, Copy, Debug)]
+pub struct Values<'a> {
+    pub job: &'a str,
+    pub task: &'a str,
+    /// The task's line; `None` leaves `{line}` as it is.
+    pub line: Option<&'a str>,
+}
+
+/// Each placeholder-shaped `{name}` of `text` (`name` of letters, digits and `_`, not preceded
+/// by `$`): `(start, end, name)`, `start..end` covering the braces.
+fn tokens(text: &str) -> impl Iterator<Item = (usize, usize, &str)> + '_ {
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    std::iter::from_fn(move || {
+        while let Some(off) = text[from..].find('{') {
+            let open = from + off;
+            from = open + 1;
+            let len = bytes[from..]
+                .iter()
+                .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
+                .count();
+            let close = from + len;
+            let dollar = open > 0 && bytes[open - 1] == b'$';
+            if len > 0 && bytes.get(close) == Some(&b'}') && !dollar {
+                from = close + 1;
+                return Some((open, close + 1, &text[open + 1..close]));
+            }
+        }
+        None
+    })
+}
+
+/// `text` with its placeholders replaced; borrowed when there is nothing to replace. Every
+/// placeholder is replaced in one pass, so a line holding `{task}` is not replaced again.
+pub fn substitute<'a>(text: &'a str, v: &Values) -> Cow<'a, str> {
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    for (start, end, name) in tokens(text) {
+        let value = match (name, v.line) {
+            (JOB, _) => v.job,
+            (TASK, _) => v.task,
+            (LINE, Some(line)) => line,
+            _ => continue,
+        };
+        let o = out.get_or_insert_with(|| String::with_capacity(text.len() + value.len()));
+        o.push_str(&text[copied..start]);
+        o.push_str(value);
+        copied = end;
+    }
+    match out {
+        None => Cow::Borrowed(text),
+        Some(mut o) => {
+            o.push_str(&text[copied..]);
+            Cow::Owned(o)
+        }
+    }
+}
+
+/// A placeholder refused at submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlaceholderError {
+    /// As written, with its braces.
+    pub found: String,
+    /// Where: "the command", "--stdout", "--env NAME", ...
+    pub place: String,
+    /// The placeholder it looks like.
+    pub meant: &'static str,
+    /// Whether the job is made of lines (`--each`).
+    pub lines: bool,
+}
+
+impl fmt::Display for PlaceholderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (found, place, meant) = (&self.found, &self.place, self.meant);
+        if found.trim_matches(['{', '}']) == LINE && !self.lines {
+            write!(f, "placeholder {found} in {place} works only with --each")?;
+        } else if meant == LINE && !self.lines {
+            write!(
+                f,
+                "unknown placeholder {found} in {place} (did you mean {{{meant}}}? it works only with --each)"
+            )?;
+        } else {
+            write!(
+                f,
+                "unknown placeholder {found} in {place} (did you mean {{{meant}}}?)"
+            )?;
+        }
+        f.write_str("; placeholders are {job}, {task} and, with --each, {line}")
+    }
+}
+
+impl std::error::Error for PlaceholderError {}
+
+/// The placeholder a `{name}` was probably meant to be, if it is a near miss: the same but
+/// for case, or one letter added, dropped, changed or two swapped (`{tsk}`, `{jobs}`).
+fn meant(name: &str) -> Option<&'static str> {
+    let lower = name.to_ascii_lowercase();
+    NAMES
+        .into_iter()
+        .find(|n| strsim::osa_distance(&lower, n) <= 1)
+}
+
+/// Checks the placeholders of one piece of text (see the module's rule); `place` names it in
+/// the error, `lines` says whether `{line}` applies.
+pub fn check(text: &str, place: &str, lines: bool) -> Result<(), PlaceholderError> {
+    for (_, _, name) in tokens(text) {
+        let fine = name == JOB || name == TASK || (name == LINE && lines);
+        if fine {
+            continue;
+        }
+        if let Some(meant) = meant(name) {
+            return Err(PlaceholderError {
+                found: format!("{{{name}}}"),
+                place: place.to_string(),
+                meant,
+                lines,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks every text of a job's template that placeholders are replaced in: the command, the
+/// output paths, the directory and the environment values. `lines` says whether the job is
+/// made of lines (`--each`). A list's own commands are checked with [`check`] each.
+pub fn check_template(t: &TaskTemplate, lines: bool) -> Result<(), PlaceholderError> {
+    for arg in &t.argv {
+        check(arg, "the command", lines)?;
+    }
+    for (sink, flag) in [(&t.stdout, "--stdout"), (&t.stderr, "--stderr")] {
+        if let Sink::File(path) = sink {
+            check(path, flag, lines)?;
+        }
+    }
+    if let Some(cwd) = &t.cwd {
+        check(cwd, "--cwd", lines)?;
+    }
+    for (key, value) in &t.env {
+        check(value, &format!("--env {key}"), lines)?;
+    }
+    Ok(())
+}
+
+/// Whether `{line}` appears anywhere it would be replaced (a job of lines without it runs the
+/// same command for every line, which is rarely meant).
+pub fn uses_line(t: &TaskTemplate) -> bool {
+    let sinks = [&t.stdout, &t.stderr].into_iter().filter_map(|s| match s {
+        Sink::File(p) => Some(p.as_str()),
+        Sink::Null => None,
+    });
+    t.argv
+        .iter()
+        .map(String::as_str)
+        .chain(sinks)
+        .chain(t.cwd.as_deref())
+        .chain(t.env.iter().map(|(_, v)| v.as_str()))
+        .any(|text| tokens(text).any(|(_, _, name)| name == LINE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(line: Option<&str>) -> Values<'_> {
+        Values {
+            job: "3",
+            task: "17",
+            line,
+        }
+    }
+
+    #[test]
+    fn placeholders_are_replaced_once_and_shell_text_is_kept() {
+        let v = values(Some("a {task} b.txt"));
+        assert_eq!(substitute("sums/{line}.sha", &v), "sums/a {task} b.txt.sha");
+        assert_eq!(substitute("j{job}-t{task}-{task}", &v), "j3-t17-17");
+        assert_eq!(substitute("{{task}}", &v), "{17}");
+        for kept in [
+            "${line}",
+            "awk '{print $1}'",
+            "{}",
+            "{x}",
+            "{task",
+            "task}",
+            "${task}x",
+        ] {
+            assert!(matches!(substitute(kept, &v), Cow::Borrowed(_)), "{kept}");
+        }
+        assert_eq!(substitute("{line}/{task}", &values(None)), "{line}/17");
+    }
+
+    #[test]
+    fn near_misses_are_refused_and_other_braces_pass() {
+        let e = check("out/{tsk}.txt", "--stdout", false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown placeholder {tsk} in --stdout (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line}"
+        );
+        for typo in [
+            "{TASK}", "{Job}", "{jobs}", "{tasks}", "{lien}", "{lines}", "{ob}",
+        ] {
+            assert!(check(typo, "the command", true).is_err(), "{typo}");
+        }
+        let e = check("{line}", "the command", false).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("placeholder {line} in the command works only with --each"),
+            "{e}"
+        );
+        let e = check("{Line}", "the command", false).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("did you mean {line}? it works only with --each"),
+            "{e}"
+        );
+        for fine in [
+            "{job}-{task}",
+            "${HOME}/{task}",
+            "${line}",
+            "${TASK}",
+            "awk '{print $1}'",
+            "{}",
+            "{x}",
+            "{name}",
+            "{1..10}",
+            "{a,b}",
+        ] {
+            assert_eq!(check(fine, "the command", false), Ok(()), "{fine}");
+        }
+        assert_eq!(check("{line}", "the command", true), Ok(()));
+    }
+}

@@ -87,7 +87,7 @@ pub enum Command {
     /// List, inspect, wait for or cancel jobs
     #[command(subcommand)]
     Job(JobCommand),
-    /// List the tasks of a job, or show one in full
+    /// List the tasks of a job, show one in full, or print one's output
     #[command(subcommand)]
     Task(TaskCommand),
     /// Print a shell completion script
@@ -342,6 +342,9 @@ pub enum JobCommand {
         #[arg(long, conflicts_with = "failed")]
         all: bool,
     },
+    /// Print the output of a job's tasks in task order (files or streamed output)
+    #[command(after_help = CAT_HELP)]
+    Cat(CatArgs),
     /// Drop ended jobs from the server for good (their tasks' records too); the journal
     /// remembers it, so a restarted server does not bring them back
     #[command(
@@ -354,6 +357,41 @@ pub enum JobCommand {
         #[arg(long)]
         all_finished: bool,
     },
+}
+
+const CAT_HELP: &str = "\
+Outputs written to files (the default) are read by this command from the file system, so run it
+where the workers' files can be seen; streamed outputs (--stdout stream) come from the server.
+Tasks that have not ended are left out (a note says how many). Notes go to stderr.
+
+Examples:
+  kestrel job cat 4                  # the stdout of every task, in task order
+  kestrel job cat 4 --tasks 1-10     # tasks 1 to 10
+  kestrel job cat 4 --stderr > errors.txt";
+
+/// Options of `kestrel job cat`.
+#[derive(Args, Debug)]
+pub struct CatArgs {
+    /// The job's id
+    pub job: u32,
+    /// Only the tasks with these ids: 1-10, 0-98:2, 3,7,9
+    #[arg(long, value_name = "RANGE")]
+    pub tasks: Option<String>,
+    /// Their stderr instead of their stdout
+    #[arg(long)]
+    pub stderr: bool,
+}
+
+/// Options of `kestrel task output`.
+#[derive(Args, Debug)]
+pub struct TaskOutputArgs {
+    /// The job's id
+    pub job: u32,
+    /// The task's id (its array value, or its position in a list from 0)
+    pub task: u32,
+    /// Its stderr instead of its stdout
+    #[arg(long)]
+    pub stderr: bool,
 }
 
 /// A job state, as `job list --state` takes it.
@@ -392,6 +430,11 @@ pub enum TaskCommand {
         /// The task's id (the array value, or the line number from 0 for lists)
         task: u32,
     },
+    /// Print one task's output (its file, or its streamed output)
+    #[command(
+        after_help = "Examples:\n  kestrel task output 4 17\n  kestrel task output 4 17 --stderr"
+    )]
+    Output(TaskOutputArgs),
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]

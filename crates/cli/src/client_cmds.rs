@@ -449,6 +449,7 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                 println!("job {job}: resubmitted {}", plural(failed, "failed task"));
             }
         }
+        JobCommand::Cat(a) => return crate::cat::job_cat(&mut s, a).await,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,6 +6,7 @@
 use crate::sizes;
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::placeholders;
+use kestrel_core::spec::{DEFAULT_STREAM_LIMIT, MAX_STREAM_LIMIT};
 use kestrel_core::{IdRanges, JobSpec, LineList, Resources, Sink, TaskSet, TaskTemplate};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -41,12 +42,15 @@ pub struct TaskOptions {
     /// Kill a task's whole process group after this long, e.g. 90s, 10m, 2h
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub timeout: Option<String>,
-    /// Where each task's stdout goes: `none`, or a path with placeholders (see below),
-    /// relative to the task's directory [default: job-{job}/{task}.out]
-    #[arg(long, value_name = "none|PATH")]
+    /// Where each task's stdout goes: `none`; `stream`, kept by the server with the job (no
+    /// file per task; read it with `kestrel job cat`), the first 1M of each task's output, or
+    /// up to SIZE with `stream:SIZE` (at most 4M); or a path with placeholders (see below),
+    /// relative to the task's directory (`./stream` for a file named so)
+    /// [default: job-{job}/{task}.out]
+    #[arg(long, value_name = "none|stream[:SIZE]|PATH")]
     pub stdout: Option<String>,
     /// Where each task's stderr goes, like --stdout [default: job-{job}/{task}.err]
-    #[arg(long, value_name = "none|PATH")]
+    #[arg(long, value_name = "none|stream[:SIZE]|PATH")]
     pub stderr: Option<String>,
     /// Directory tasks run in (placeholders allowed) [default: the current directory]
     #[arg(long, value_name = "DIR")]
@@ -111,10 +115,11 @@ impl TaskOptions {
             Some(c) => absolute(base_dir, c),
             None => base_dir.display().to_string(),
         };
-        let sink = |s: &Option<String>, default: &str| match s.as_deref() {
-            Some("none") | Some("null") => Sink::Null,
-            Some(p) => Sink::File(p.to_string()),
-            None => Sink::File(default.to_string()),
+        let sink = |s: &Option<String>, which: &str, default: &str| match s.as_deref() {
+            Some("none") | Some("null") => Ok(Sink::Null),
+            Some(p) if p == "stream" || p.starts_with("stream:") => stream_sink(p, which),
+            Some(p) => Ok(Sink::File(p.to_string())),
+            None => Ok(Sink::File(default.to_string())),
         };
         let cpus = self.cpus.unwrap_or(1);
         if cpus == 0 {
@@ -129,8 +134,8 @@ impl TaskOptions {
                 argv,
                 env,
                 cwd: Some(cwd),
-                stdout: sink(&self.stdout, "job-{job}/{task}.out"),
-                stderr: sink(&self.stderr, "job-{job}/{task}.err"),
+                stdout: sink(&self.stdout, "stdout", "job-{job}/{task}.out")?,
+                stderr: sink(&self.stderr, "stderr", "job-{job}/{task}.err")?,
                 timeout_ms,
             },
             resources: Resources {
@@ -216,6 +221,20 @@ fn submitter_env() -> Vec<(String, String)> {
         .collect();
     env.sort();
     env
+}
+
+/// `stream` or `stream:SIZE` (of `--stdout`/`--stderr`).
+fn stream_sink(text: &str, which: &str) -> Result<Sink> {
+    let limit = match text.strip_prefix("stream:") {
+        None => DEFAULT_STREAM_LIMIT as u64,
+        Some(size) => parse_size(size).with_context(|| format!("--{which} {text}"))?,
+    };
+    match u32::try_from(limit) {
+        Ok(limit) if limit <= MAX_STREAM_LIMIT => Ok(Sink::Stream { limit }),
+        _ => bail!(
+            "--{which} {text}: a task's streamed output keeps at most 4M; write bigger outputs to files (--{which} PATH)"
+        ),
+    }
 }
 
 /// `KEY=VALUE` strings from a TOML table `{ KEY = "VALUE" }` or a list `["KEY=VALUE"]`.
@@ -614,6 +633,32 @@ mod tests {
         assert_eq!(
             s.spec.template.env,
             vec![("A".to_string(), "1".to_string())]
+        );
+    }
+
+    #[test]
+    fn stream_sinks_take_a_limit() {
+        let spec = |out: &str, err: &str| {
+            TaskOptions {
+                stdout: Some(out.into()),
+                stderr: Some(err.into()),
+                ..Default::default()
+            }
+            .spec(vec!["x".into()], "x", Path::new("/"))
+        };
+        let s = spec("stream", "stream:64K").unwrap();
+        assert_eq!(s.template.stdout, Sink::Stream { limit: 1 << 20 });
+        assert_eq!(s.template.stderr, Sink::Stream { limit: 64 << 10 });
+        assert_eq!(
+            spec("./stream", "none").unwrap().template.stdout,
+            Sink::File("./stream".into())
+        );
+        let e = format!("{:#}", spec("stream:5M", "none").unwrap_err());
+        assert!(e.contains("at most 4M"), "{e}");
+        let e = format!("{:#}", spec("none", "stream:lots").unwrap_err());
+        assert!(
+            e.contains("--stderr stream:lots") && e.contains("64K"),
+            "{e}"
         );
     }
 

@@ -28,6 +28,7 @@ pub fn sink(s: &Sink) -> String {
     match s {
         Sink::Null => "none".into(),
         Sink::File(p) => p.clone(),
+        Sink::Stream { .. } => "stream".into(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! and prints results.
 
 mod args;
+mod cat;
 mod client_cmds;
 mod completions;
 mod exit;

@@ -174,6 +174,7 @@ pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
             limit,
         } => task_list(g, &mut s, job, status, offset, limit).await,
         TaskCommand::Info { job, task } => task_info(g, &mut s, job, task).await,
+        TaskCommand::Output(a) => crate::cat::task_output(&mut s, a).await,
     }
 }
 

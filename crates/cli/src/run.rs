@@ -32,6 +32,15 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     }
     refuse_impossible(&subs, slots)?;
     let tasks: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
+    // Which outputs are streamed, to print them before the embedded server goes away.
+    let streamed: Vec<[bool; 2]> = subs
+        .iter()
+        .map(|s| [&s.spec.template.stdout, &s.spec.template.stderr].map(|k| k.is_stream()))
+        .collect();
+    let streaming = streamed.iter().flatten().any(|s| *s);
+    if streaming && g.output == Format::Json {
+        bail!("kestrel run prints streamed output (--stdout/--stderr stream) as the tasks wrote it, which is not JSON: drop --output json, or write outputs to files");
+    }
     // The server directory: the one asked for, or a temporary one that goes with this process.
     // Tasks see it as KESTREL_SERVER_DIR, so they (and the user, in another terminal) can
     // reach this server with any `kestrel` command.
@@ -85,6 +94,10 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             dir.display()
         );
         wait_all(&mut client, ids.clone(), quiet, hint).await?;
+        if streaming {
+            let jobs: Vec<_> = ids.iter().copied().zip(streamed).collect();
+            crate::cat::print_streamed(&mut client, &jobs).await?;
+        }
         // Tasks may have submitted jobs of their own: the summary covers every job.
         let Answer::Jobs(jobs) = client.call(Ask::JobList).await? else {
             bail!("unexpected answer to a job list");

@@ -10,6 +10,7 @@
 use crate::spec::{Sink, TaskTemplate};
 use std::borrow::Cow;
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// The job's id.
 pub const JOB: &str = "job";
@@ -168,7 +169,7 @@ pub fn check_template(t: &TaskTemplate, lines: bool) -> Result<(), PlaceholderEr
 pub fn uses_line(t: &TaskTemplate) -> bool {
     let sinks = [&t.stdout, &t.stderr].into_iter().filter_map(|s| match s {
         Sink::File(p) => Some(p.as_str()),
-        Sink::Null => None,
+        Sink::Null | Sink::Stream { .. } => None,
     });
     t.argv
         .iter()
@@ -177,6 +178,29 @@ pub fn uses_line(t: &TaskTemplate) -> bool {
         .chain(t.cwd.as_deref())
         .chain(t.env.iter().map(|(_, v)| v.as_str()))
         .any(|text| tokens(text).any(|(_, _, name)| name == LINE))
+}
+
+/// `p` relative to the task's working directory, when it has one and `p` is relative.
+pub fn resolve(cwd: Option<&Path>, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    match cwd {
+        Some(c) if p.is_relative() => c.join(p),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// The file a task's output goes to when `sink` is a file, as its worker opens it: placeholders
+/// replaced, relative to the task's working directory (left relative when the worker's own
+/// directory is used). The server names it to `kestrel job cat`, which reads it.
+pub fn output_path(template: &TaskTemplate, sink: &Sink, v: &Values) -> Option<PathBuf> {
+    let Sink::File(path) = sink else {
+        return None;
+    };
+    let cwd = template
+        .cwd
+        .as_deref()
+        .map(|c| PathBuf::from(substitute(c, v).as_ref()));
+    Some(resolve(cwd.as_deref(), &substitute(path, v)))
 }
 
 #[cfg(test)]
@@ -250,5 +274,32 @@ mod tests {
             assert_eq!(check(fine, "the command", false), Ok(()), "{fine}");
         }
         assert_eq!(check("{line}", "the command", true), Ok(()));
+    }
+
+    #[test]
+    fn output_paths_follow_the_working_directory() {
+        let t = TaskTemplate {
+            argv: vec!["x".into()],
+            env: vec![],
+            cwd: Some("/data/run-{job}".into()),
+            stdout: Sink::File("job-{job}/{line}.out".into()),
+            stderr: Sink::File("/logs/{task}.err".into()),
+            timeout_ms: None,
+        };
+        let v = Values {
+            job: "3",
+            task: "17",
+            line: Some("a.fits"),
+        };
+        assert_eq!(
+            output_path(&t, &t.stdout, &v),
+            Some(PathBuf::from("/data/run-3/job-3/a.fits.out"))
+        );
+        assert_eq!(
+            output_path(&t, &t.stderr, &v),
+            Some(PathBuf::from("/logs/17.err"))
+        );
+        assert_eq!(output_path(&t, &Sink::Null, &v), None);
+        assert_eq!(output_path(&t, &Sink::Stream { limit: 1 }, &v), None);
     }
 }

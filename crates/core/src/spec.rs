@@ -25,6 +25,22 @@ pub enum Sink {
     Null,
     /// A file path that may contain placeholders (see [`crate::placeholders`]).
     File(String),
+    /// Sent to the server with the task's end and kept in the job's output log (`kestrel job
+    /// cat`): no file per task. Only the first `limit` bytes of each task's output are kept.
+    Stream { limit: u32 },
+}
+
+/// What a streamed output keeps per task unless the job says otherwise (`stream:SIZE`).
+pub const DEFAULT_STREAM_LIMIT: u32 = 1 << 20;
+/// The most a job may keep per task and stream: a task's stdout and stderr together must fit
+/// in one message from its worker, with room to spare.
+pub const MAX_STREAM_LIMIT: u32 = 4 << 20;
+
+impl Sink {
+    /// Whether the output goes to the server's log.
+    pub fn is_stream(&self) -> bool {
+        matches!(self, Sink::Stream { .. })
+    }
 }
 
 /// How many names of countable resources (licenses, scratch disks, ...) one server tells
@@ -465,6 +481,8 @@ pub enum SpecError {
     Range(#[from] RangeError),
     #[error("--retries {0} is too many: at most {max} (a task's failures are counted in a byte)", max = MAX_RETRIES)]
     TooManyRetries(u32),
+    #[error("a streamed output may keep at most {max} bytes per task (4M), not {0}", max = MAX_STREAM_LIMIT)]
+    StreamLimit(u32),
 }
 
 /// The most retries a task may have: failures are counted per task in one byte (task records
@@ -479,6 +497,13 @@ impl JobSpec {
         }
         if self.retries > MAX_RETRIES {
             return Err(SpecError::TooManyRetries(self.retries));
+        }
+        for sink in [&self.template.stdout, &self.template.stderr] {
+            if let Sink::Stream { limit } = sink {
+                if *limit > MAX_STREAM_LIMIT {
+                    return Err(SpecError::StreamLimit(*limit));
+                }
+            }
         }
         Ok(())
     }
@@ -642,6 +667,22 @@ mod tests {
         let lines = TaskSet::Lines(["a"].into_iter().collect());
         assert_eq!(no_command.validate(&lines), Err(SpecError::NoLineCommand));
         assert_eq!(spec.validate(&lines), Ok(()));
+    }
+
+    #[test]
+    fn a_stream_keeps_at_most_its_maximum() {
+        let mut spec = array_spec();
+        spec.template.stdout = Sink::Stream {
+            limit: MAX_STREAM_LIMIT,
+        };
+        assert_eq!(spec.validate_spec(), Ok(()));
+        spec.template.stderr = Sink::Stream {
+            limit: MAX_STREAM_LIMIT + 1,
+        };
+        assert_eq!(
+            spec.validate_spec(),
+            Err(SpecError::StreamLimit(MAX_STREAM_LIMIT + 1))
+        );
     }
 
     proptest! {

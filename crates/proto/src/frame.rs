@@ -299,6 +299,7 @@ mod tests {
             let msg = FromWorker::Update {
                 started: started.into_iter().map(|(job, index, at_us)| Started { job, index, at_us }).collect(),
                 finished,
+                outputs: vec![],
             };
             let bytes = encode(&msg).unwrap();
             prop_assert_eq!(decode::<FromWorker>(&bytes).unwrap(), msg);
@@ -327,7 +328,7 @@ mod tests {
             updates in proptest::collection::vec(proptest::collection::vec(finished_strategy(), 0..40), 1..12)
         ) {
             let msgs: Vec<FromWorker> = updates.into_iter()
-                .map(|finished| FromWorker::Update { started: vec![], finished })
+                .map(|finished| FromWorker::Update { started: vec![], finished, outputs: vec![] })
                 .collect();
             prop_assert_eq!(through_a_stream(&msgs, |i| i % 2 == 0), msgs);
         }
@@ -372,6 +373,52 @@ mod tests {
         assert_eq!(encode(&RunEnd::Success).unwrap().len(), 2);
     }
 
+    /// An update from a worker that knows nothing of streamed output (no `outputs` field)
+    /// still decodes; outputs travel as binary, about their own size.
+    #[test]
+    fn updates_without_outputs_decode_and_outputs_travel_as_bytes() {
+        #[derive(Serialize)]
+        enum OldFromWorker {
+            Update {
+                started: Vec<Started>,
+                finished: Vec<(u32, u32, u64, i64, RunEnd, u64)>,
+            },
+        }
+        let old = OldFromWorker::Update {
+            started: vec![],
+            finished: vec![(1, 2, 100, 5, RunEnd::Success, 0)],
+        };
+        let decoded: FromWorker = decode(&rmp_serde::to_vec(&old).unwrap()).unwrap();
+        let FromWorker::Update {
+            finished, outputs, ..
+        } = decoded
+        else {
+            panic!("not an update");
+        };
+        assert_eq!((finished[0].index, finished[0].finished_us), (2, 105));
+        assert!(outputs.is_empty());
+
+        let with = |data: Vec<u8>| FromWorker::Update {
+            started: vec![],
+            finished: vec![],
+            outputs: vec![TaskOutput {
+                job: 1,
+                index: 2,
+                stdout: Some(Kept {
+                    total: data.len() as u64,
+                    data,
+                }),
+                stderr: None,
+            }],
+        };
+        let small = encode(&with(vec![0xff; 10])).unwrap().len();
+        let big = encode(&with(vec![0xff; 10_010])).unwrap().len();
+        // A binary blob, not an array of integers (which would take 2 bytes per 0xff).
+        assert!(big - small <= 10_000 + 3, "{}", big - small);
+        let msg = with(b"hello\n".to_vec());
+        assert_eq!(decode::<FromWorker>(&encode(&msg).unwrap()).unwrap(), msg);
+    }
+
     /// A report of a short successful task sends its end time as an offset from its start.
     #[test]
     fn a_task_end_report_is_small() {
@@ -387,6 +434,7 @@ mod tests {
                     waited_us: 0,
                 })
                 .collect(),
+            outputs: vec![],
         };
         let per_task = encode(&update(116)).unwrap().len() - encode(&update(16)).unwrap().len();
         // array 1 + job 1 + index 5 + start 9 + offset 1 + "S" 2 + slot wait 1 (a short one)
@@ -410,6 +458,7 @@ mod tests {
                 })),
                 waited_us: 0,
             }],
+            outputs: vec![],
         };
         let small = FromWorker::Heartbeat;
         let (err, got) = rt().block_on(async {

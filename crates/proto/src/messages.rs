@@ -62,6 +62,11 @@ pub enum FromWorker {
         started: Vec<Started>,
         #[serde(with = "ends_on_wire")]
         finished: Vec<Finished>,
+        /// Streamed output of ended tasks, in the order of `finished` (tasks that wrote nothing
+        /// to a streamed output have no entry). A worker splits its updates so that this stays
+        /// well under a frame.
+        #[serde(default)]
+        outputs: Vec<TaskOutput>,
     },
     /// Nothing to report, still alive.
     Heartbeat,
@@ -106,6 +111,49 @@ pub struct Resume {
     /// Runs that ended while the connection was down.
     #[serde(with = "ends_on_wire")]
     pub finished: Vec<Finished>,
+    /// Their streamed output, as in [`FromWorker::Update`]. Ends whose output would make the
+    /// registration too big are left out and their tasks listed in `running` instead; their
+    /// ends follow in updates.
+    #[serde(default)]
+    pub outputs: Vec<TaskOutput>,
+}
+
+/// What a task wrote to a streamed stdout or stderr, as its worker kept it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    /// The first bytes written (at most the job's stream limit).
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Bytes written in all; more than `data.len()` when the output was cut.
+    pub total: u64,
+}
+
+impl Kept {
+    /// Whether the task wrote more than was kept.
+    pub fn truncated(&self) -> bool {
+        self.total > self.data.len() as u64
+    }
+
+    /// Bytes on the wire and in memory, for budgets.
+    pub fn size(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// The streamed output of one run of a task, reported with its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskOutput {
+    pub job: JobId,
+    pub index: TaskIndex,
+    pub stdout: Option<Kept>,
+    pub stderr: Option<Kept>,
+}
+
+impl TaskOutput {
+    /// Bytes of output it carries.
+    pub fn size(&self) -> usize {
+        self.stdout.as_ref().map_or(0, Kept::size) + self.stderr.as_ref().map_or(0, Kept::size)
+    }
 }
 
 /// A task's process started.
@@ -306,6 +354,16 @@ pub enum Ask {
         job: JobId,
         task: TaskId,
     },
+    /// A page of the output of a job's tasks (`kestrel job cat`, `kestrel task output`), in
+    /// task order: the tasks with the ids in `tasks` (every task if `None`), from position
+    /// `from` of that selection, with about `max_bytes` of output at most (at least one task).
+    Output {
+        job: JobId,
+        stderr: bool,
+        tasks: Option<IdRanges>,
+        from: u32,
+        max_bytes: u32,
+    },
 }
 
 /// Server to client.
@@ -353,6 +411,7 @@ pub enum Answer {
         worker: WorkerId,
         was_quarantined: bool,
     },
+    Output(OutputPage),
     /// Each job asked about with its state, `None` for a job the server does not have.
     JobStates(Vec<(JobId, Option<JobState>)>),
     /// The jobs a [`JobFilter`] let through.
@@ -528,6 +587,39 @@ pub struct TaskDetail {
     /// Its line, for a job of lines (`--each`): the value of `{line}`.
     #[serde(default)]
     pub line: Option<String>,
+}
+
+/// A page of task outputs, the answer to [`Ask::Output`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputPage {
+    /// Where the job sends this stream (placeholders not substituted).
+    pub sink: Sink,
+    /// One per selected task, in order; none for a job that discards the stream.
+    pub rows: Vec<OutputRow>,
+    /// The position of the next page in the selection, if there is more.
+    pub next: Option<u32>,
+}
+
+/// The output of one task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputRow {
+    pub id: TaskId,
+    /// `None` if the job has no task with this id.
+    pub state: Option<TaskState>,
+    pub output: RowOutput,
+}
+
+/// Where a task's output is, or why there is none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowOutput {
+    /// Nothing kept: the task has not ended, wrote nothing, or does not exist.
+    Nothing,
+    /// Written on its worker to this file (placeholders substituted); the client reads it.
+    File(String),
+    /// Kept by the server (streamed).
+    Kept(Kept),
+    /// Streamed but not kept, and why.
+    Dropped(String),
 }
 
 /// Task counts by state.

@@ -269,6 +269,7 @@ fn message_strategy() -> impl Strategy<Value = Vec<u8>> {
             encode(&FromWorker::Update {
                 started,
                 finished: vec![],
+                outputs: vec![],
             })
             .expect("encodes")
             .to_vec()

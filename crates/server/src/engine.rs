@@ -6,6 +6,7 @@
 
 use crate::journal::{Journal, JournalError, Pending, Restored};
 pub use crate::outbox::{ConnId, Outbox};
+use crate::outputs::{OutputLog, Stream};
 use crate::views;
 use crate::{now_us, ServerConfig};
 use kestrel_core::Resources;
@@ -93,6 +94,9 @@ pub struct Engine {
     /// Submission key -> job, so a retried submit finds its job.
     keys: FxHashMap<String, JobId>,
     last_commit: std::time::Instant,
+    /// Streamed output of tasks (`--stdout stream`). `kestrel job forget` must drop a job's
+    /// with [`OutputLog::forget`] in the same batch as the job.
+    outputs: OutputLog,
 }
 
 /// A reply held back until the journal commit that makes it true.
@@ -167,6 +171,7 @@ impl Engine {
             deferred: Vec::new(),
             keys: FxHashMap::default(),
             last_commit: std::time::Instant::now(),
+            outputs: OutputLog::default(),
         }
     }
 
@@ -174,6 +179,9 @@ impl Engine {
     pub fn attach_journal(&mut self, journal: Journal) -> Result<Restored, JournalError> {
         let mut restored = Restored::default();
         self.keys = journal.replay(&mut self.core, &mut restored)?;
+        for j in self.core.jobs() {
+            self.outputs.note_job(&j.spec);
+        }
         if let Ok(meta) = journal.meta() {
             if !meta.server_id.is_empty() {
                 self.server_id = meta.server_id;
@@ -345,12 +353,18 @@ impl Engine {
             Inbound::FromWorker { worker, msg } => {
                 self.core.worker_seen(now, worker);
                 match msg {
-                    FromWorker::Update { started, finished } => {
+                    FromWorker::Update {
+                        started,
+                        finished,
+                        outputs,
+                    } => {
                         for s in started {
                             self.core.task_started(worker, s.job, s.index, s.at_us);
                         }
+                        let mut outputs = OutputsOf::new(outputs);
                         for f in finished {
-                            self.task_ended(now, worker, f);
+                            let output = outputs.take(&f);
+                            self.task_ended(now, worker, f, output);
                         }
                     }
                     FromWorker::Revoked { tasks } => {
@@ -396,17 +410,21 @@ impl Engine {
         // After a restart worker ids start again at 1: an id of the previous start may now
         // name another, live worker, which must not be dropped.
         let previous = (resume.epoch == self.epoch).then_some(resume.previous_worker);
+        let mut outputs = OutputsOf::new(resume.outputs);
         let r = self
             .core
             .worker_resumed(now, worker, previous, resume.running, resume.finished);
         self.ignored_reports += r.ignored as u64;
-        if self.journaling() {
-            for f in r.recorded_ends.iter().cloned() {
+        for f in r.recorded_ends.iter() {
+            if self.journaling() {
                 let assigned_us = self
                     .core
                     .job(f.job)
                     .map_or(0, |j| j.record(f.index).assigned_us);
-                self.pending.task_end(f, assigned_us);
+                self.pending.task_end(f.clone(), assigned_us);
+            }
+            if self.outputs.streaming() {
+                self.record_output(f.job, f.index, outputs.take(f));
             }
         }
         tracing::info!(
@@ -451,6 +469,7 @@ impl Engine {
                     let name = spec.name.clone();
                     let n = tasks.len();
                     let journaling = self.journaling();
+                    self.outputs.note_job(&spec);
                     match self.core.submit(now, spec, tasks, open) {
                         Ok(job) => {
                             // Encoded from the core's copy: a big task list is never cloned.
@@ -610,6 +629,33 @@ impl Engine {
                 }
                 Err(e) => Err(e.into()),
             },
+            Ask::Output {
+                job,
+                stderr,
+                tasks,
+                from,
+                max_bytes,
+            } => {
+                // Outputs still waiting for their commit are read from the journal once there.
+                if self.journaling() && !self.pending.is_empty() {
+                    self.commit(true);
+                }
+                match self.core.job(job) {
+                    Some(j) => self
+                        .outputs
+                        .page(
+                            self.journal.as_ref(),
+                            j,
+                            Stream::of(stderr),
+                            tasks.as_ref(),
+                            from,
+                            max_bytes,
+                        )
+                        .map(Answer::Output)
+                        .map_err(Refusal::from),
+                    None => Err(no_such_job(job)),
+                }
+            }
             Ask::Stop => {
                 tracing::info!("stop requested by a client");
                 self.stopping = true;
@@ -779,19 +825,47 @@ impl Engine {
         }
     }
 
-    /// Applies a report that a task's run ended, and journals it if the scheduler took it.
-    fn task_ended(&mut self, now: u64, worker: WorkerId, f: kestrel_core::Finished) {
+    /// Applies a report that a task's run ended, and journals it (with its streamed output) if
+    /// the scheduler took it.
+    fn task_ended(
+        &mut self,
+        now: u64,
+        worker: WorkerId,
+        f: kestrel_core::Finished,
+        output: Option<TaskOutput>,
+    ) {
         let (job, index) = (f.job, f.index);
         let kept = self.journaling().then(|| f.clone());
         if self.core.task_finished(now, worker, f) == kestrel_core::Accepted::Ignored {
             self.ignored_reports += 1;
-        } else if let Some(f) = kept {
+            return;
+        }
+        if let Some(f) = kept {
             let assigned_us = self
                 .core
                 .job(job)
                 .map_or(0, |j| j.record(index).assigned_us);
             self.pending.task_end(f, assigned_us);
         }
+        if self.outputs.streaming() {
+            self.record_output(job, index, output);
+        }
+    }
+
+    /// Keeps the streamed output of an accepted run, journaled with its end when journaling.
+    fn record_output(&mut self, job: JobId, index: u32, output: Option<TaskOutput>) {
+        let Some(j) = self.core.job(job) else {
+            return;
+        };
+        // An earlier run (this one is counted already) may have left an output to replace.
+        let rerun = j.record(index).runs > 1;
+        let pending = if self.journal.is_some() && self.journal_error.is_none() {
+            Some(&mut self.pending)
+        } else {
+            None
+        };
+        self.outputs
+            .record(&j.spec, job, index, rerun, output, pending);
     }
 
     /// Fails tasks whose command line alone is too long for a message to a worker: they can
@@ -932,4 +1006,20 @@ impl Engine {
 
 fn no_such_job(job: JobId) -> Refusal {
     kestrel_core::SchedError::NoSuchJob(job).into()
+}
+
+/// The streamed outputs of one report, taken by the end they belong to.
+struct OutputsOf(FxHashMap<(JobId, u32), TaskOutput>);
+
+impl OutputsOf {
+    fn new(outputs: Vec<TaskOutput>) -> OutputsOf {
+        OutputsOf(outputs.into_iter().map(|o| ((o.job, o.index), o)).collect())
+    }
+
+    fn take(&mut self, f: &kestrel_core::Finished) -> Option<TaskOutput> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.remove(&(f.job, f.index))
+    }
 }

@@ -8,6 +8,7 @@
 //! in one transaction (group commit), so a million task ends cost a few hundred syncs, not a
 //! million. WAL mode with `synchronous=FULL`: a committed transaction survives power loss.
 
+use crate::outputs::OutputOp;
 use kestrel_core::{Finished, JobId, JobSpec, LineList, Scheduler, TaskIndex, TaskSet};
 use rusqlite::{params, Connection, OptionalExtension};
 use rustc_hash::FxHashMap;
@@ -19,9 +20,9 @@ pub const JOURNAL_FILE: &str = "journal.sqlite";
 /// Bumped when `log` holds something an older Kestrel cannot read, so that one refuses the
 /// file with [`JournalError::Version`] instead of calling it damaged. 2: crash counts (LOST
 /// entries) and one-letter run endings. 3: forgotten jobs (FORGET entries) and jobs of lines
-/// (`--each`: a `Lines` task set, and extensions carrying lines). Older journals are read as
-/// they are.
-const SCHEMA_VERSION: i64 = 3;
+/// (`--each`: a `Lines` task set, and extensions carrying lines). 4: streamed output
+/// (`Sink::Stream` in submissions, the `output` table). Older journals are read as they are.
+const SCHEMA_VERSION: i64 = 4;
 
 const KIND_SUBMIT: i64 = 1;
 const KIND_EXTEND: i64 = 2;
@@ -137,11 +138,16 @@ pub struct Pending {
     ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
     other: Vec<(Finished, u64)>,
     waited: Vec<(JobId, u64)>,
+    /// Changes to the `output` table, written after the log rows in the same transaction.
+    pub(crate) outputs: Vec<OutputOp>,
 }
 
 impl Pending {
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty() && self.ok.is_empty() && self.other.is_empty()
+        self.rows.is_empty()
+            && self.ok.is_empty()
+            && self.other.is_empty()
+            && self.outputs.is_empty()
     }
 
     /// Whether entries other than task ends wait (submissions, extensions, cancels).
@@ -154,6 +160,7 @@ impl Pending {
         self.ok.clear();
         self.other.clear();
         self.waited.clear();
+        self.outputs.clear();
     }
 
     pub fn submit(
@@ -381,7 +388,8 @@ impl Journal {
         }
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
-             CREATE TABLE IF NOT EXISTS log(seq INTEGER PRIMARY KEY, kind INTEGER NOT NULL, body BLOB NOT NULL);",
+             CREATE TABLE IF NOT EXISTS log(seq INTEGER PRIMARY KEY, kind INTEGER NOT NULL, body BLOB NOT NULL);
+             CREATE TABLE IF NOT EXISTS output(job INTEGER NOT NULL, task INTEGER NOT NULL, stream INTEGER NOT NULL, total INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(job, task, stream)) WITHOUT ROWID;",
         )
         .map_err(|e| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::DiskFull) => JournalError::Write(format!(
@@ -428,6 +436,11 @@ impl Journal {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The database, for the output log's reads (see `outputs`).
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
     }
 
     /// Rows in the log.
@@ -495,7 +508,7 @@ impl Journal {
     /// On error nothing of it is kept.
     pub fn commit(&mut self, pending: &mut Pending) -> Result<(), rusqlite::Error> {
         pending.seal_ends();
-        if pending.rows.is_empty() {
+        if pending.rows.is_empty() && pending.outputs.is_empty() {
             return Ok(());
         }
         let n = pending.rows.len() as u64;
@@ -506,6 +519,10 @@ impl Journal {
                 for (kind, body) in &pending.rows {
                     st.execute(params![kind, body])?;
                 }
+            }
+            // Outputs with the ends they belong to: a restart gives back both or neither.
+            for op in &pending.outputs {
+                op.apply(&tx)?;
             }
             tx.commit()
         })();
@@ -879,7 +896,7 @@ mod tests {
         let j = Journal::open(dir.path(), None).unwrap();
         assert_eq!(
             j.get_meta("schema_version").unwrap(),
-            Some("3".into()),
+            Some(SCHEMA_VERSION.to_string()),
             "an older kestrel must refuse a journal that can hold FORGET entries"
         );
         let mut core = Scheduler::new(Config::default());

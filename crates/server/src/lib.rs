@@ -5,12 +5,15 @@
 //! - [`engine`] owns the [`kestrel_core::Scheduler`], applies events in batches, runs one
 //!   scheduling pass per batch and sends the resulting commands as coalesced frames.
 //! - [`views`] renders scheduler state into the protocol's answers.
+//! - [`outputs`] keeps the streamed output of tasks (`--stdout stream`), in the journal or in
+//!   memory.
 
 pub mod conn;
 pub mod engine;
 pub mod journal;
 pub mod lock;
 pub mod outbox;
+pub mod outputs;
 pub mod views;
 
 /// A random id naming a server's state (kept in the journal, so it survives restarts): workers

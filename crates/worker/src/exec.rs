@@ -18,6 +18,7 @@
 //! On kernels without `pidfd_open` the child is waited for with a plain blocking wait and
 //! timeouts/cancellation are not enforced (a warning is logged once).
 
+use crate::capture::{Capture, Captured, Captures};
 use std::cell::OnceCell;
 use std::ffi::{CString, OsStr};
 use std::fmt;
@@ -68,6 +69,9 @@ pub enum Sink {
     /// created or truncated. If stdout and stderr name the same path, they share one
     /// open file so their output interleaves instead of overwriting each other.
     File(PathBuf),
+    /// Capture in memory through a pipe, keeping the first N bytes ([`Outcome::stdout`] /
+    /// [`Outcome::stderr`]); see `capture` for how it is read.
+    Capture(u32),
 }
 
 /// What happened to one task, reported back to the scheduler.
@@ -82,8 +86,12 @@ pub struct Outcome {
     /// For a failed run (not [`ExitKind::SpawnFailed`]) whose stderr went to a file: the
     /// last <= [`STDERR_TAIL_BYTES`] bytes of that file as lossy UTF-8, so failures can be
     /// explained without fetching the file. `None` otherwise, or if the file is empty or
-    /// unreadable.
+    /// unreadable. A captured stderr gives the end of what was kept of it.
     pub stderr_tail: Option<String>,
+    /// What was captured of stdout, when it went to [`Sink::Capture`].
+    pub stdout: Option<Captured>,
+    /// What was captured of stderr, when it went to [`Sink::Capture`].
+    pub stderr: Option<Captured>,
 }
 
 /// How a task ended; distinguishes the user's failures from the engine's interventions.
@@ -262,22 +270,30 @@ fn eventfd_drain(fd: RawFd) {
 /// touched. Never panics on OS errors: launch problems become [`ExitKind::SpawnFailed`].
 pub fn run(launch: &Launch, cancel: &CancelHandle) -> Outcome {
     let started = SystemTime::now();
-    let status = run_inner(launch, cancel);
+    let mut captures = Captures::default();
+    let status = run_inner(launch, cancel, &mut captures);
     let finished = SystemTime::now();
+    let (stdout, stderr) = captures.finish();
     let stderr_tail = match (&status, &launch.stderr) {
         (ExitKind::SpawnFailed(_), _) | (_, Sink::Null) => None,
         (s, _) if s.is_success() => None,
         (_, Sink::File(path)) => read_tail(path, STDERR_TAIL_BYTES),
+        (_, Sink::Capture(_)) => stderr
+            .as_ref()
+            .and_then(|c| tail_of(&c.data, STDERR_TAIL_BYTES as usize)),
     };
     Outcome {
         started,
         finished,
         status,
         stderr_tail,
+        stdout,
+        stderr,
     }
 }
 
-fn run_inner(launch: &Launch, cancel: &CancelHandle) -> ExitKind {
+/// Runs the task; the pipes of captured streams are left in `captures`.
+fn run_inner(launch: &Launch, cancel: &CancelHandle, captures: &mut Captures) -> ExitKind {
     if cancel.is_canceled() {
         return ExitKind::Canceled;
     }
@@ -296,7 +312,7 @@ fn run_inner(launch: &Launch, cancel: &CancelHandle) -> ExitKind {
         return ExitKind::Canceled;
     };
 
-    let mut cmd = match build_command(launch, program) {
+    let mut cmd = match build_command(launch, program, captures) {
         Ok(cmd) => cmd,
         Err(msg) => return ExitKind::SpawnFailed(msg),
     };
@@ -305,21 +321,26 @@ fn run_inner(launch: &Launch, cancel: &CancelHandle) -> ExitKind {
         return ExitKind::Canceled;
     }
     let spawned = cmd.spawn();
-    // Close our copies of the sink files right away.
+    // Close our copies of the sink files (and pipes' write ends) right away.
     drop(cmd);
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => return ExitKind::SpawnFailed(describe_spawn_error(launch, program, &e)),
     };
 
-    let status = wait_child(&mut child, launch.timeout, cancel, waker);
+    let status = wait_child(&mut child, launch.timeout, cancel, waker, captures);
     drop(registration);
     status
 }
 
 /// Builds the `Command` without doing anything that would make std leave its posix_spawn
-/// fast path. Errors are ready-made `SpawnFailed` messages.
-fn build_command(launch: &Launch, program: &str) -> Result<Command, String> {
+/// fast path; the pipes of captured streams go into `captures`. Errors are ready-made
+/// `SpawnFailed` messages.
+fn build_command(
+    launch: &Launch,
+    program: &str,
+    captures: &mut Captures,
+) -> Result<Command, String> {
     let path_override = launch
         .env
         .iter()
@@ -362,9 +383,11 @@ fn build_command(launch: &Launch, program: &str) -> Result<Command, String> {
     let out_file = match &launch.stdout {
         Sink::Null => None,
         Sink::File(path) => Some(open_sink(path, "stdout")?),
+        Sink::Capture(limit) => Some(capture(*limit, "stdout", &mut captures.stdout)?),
     };
     let err_stdio = match &launch.stderr {
         Sink::Null => Stdio::null(),
+        Sink::Capture(limit) => Stdio::from(capture(*limit, "stderr", &mut captures.stderr)?),
         Sink::File(path) => match (&launch.stdout, &out_file) {
             (Sink::File(out_path), Some(out)) if out_path == path => Stdio::from(
                 out.try_clone()
@@ -379,6 +402,15 @@ fn build_command(launch: &Launch, program: &str) -> Result<Command, String> {
     });
     cmd.stderr(err_stdio);
     Ok(cmd)
+}
+
+/// Opens the pipe of a captured stream; returns the write end for the child as a `File`.
+fn capture(limit: u32, which: &str, slot: &mut Option<Capture>) -> Result<File, String> {
+    let (capture, write) = Capture::open(limit).map_err(|e| {
+        format!("cannot create a pipe for the task's {which}: {e}; the worker may be out of file descriptors (raise `ulimit -n`)")
+    })?;
+    *slot = Some(capture);
+    Ok(File::from(write))
 }
 
 /// Creates/truncates a sink file; parent directories are created only if the first open
@@ -403,12 +435,14 @@ fn open_sink(path: &Path, which: &str) -> Result<File, String> {
     }
 }
 
-/// Waits for the child's exit, the timeout or a cancel, whichever comes first, and reaps it.
+/// Waits for the child's exit, the timeout or a cancel, whichever comes first, and reaps it;
+/// reads captured streams meanwhile.
 fn wait_child(
     child: &mut Child,
     timeout: Option<Duration>,
     cancel: &CancelHandle,
     waker: RawFd,
+    captures: &mut Captures,
 ) -> ExitKind {
     // Pids fit in pid_t; the kernel never hands out larger ones.
     let pid = child.id() as libc::pid_t;
@@ -417,24 +451,20 @@ fn wait_child(
     if raw < 0 {
         let err = io::Error::last_os_error();
         warn_no_pidfd(&err);
+        captures.read_until_closed();
         return reap(child);
     }
     // SAFETY: pidfd_open returned a new descriptor (close-on-exec) that we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
 
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-    let mut fds = [
-        libc::pollfd {
-            fd: pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: waker,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    // The exit, a cancel, and the pipes of captured streams (-1, skipped by poll, if none).
+    let [out, err] = captures.poll_fds();
+    let mut fds = [pidfd.as_raw_fd(), waker, out, err].map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
     let kill_reason = loop {
         let timeout_ms = match deadline {
             None => -1,
@@ -443,7 +473,7 @@ fn wait_child(
                 _ => break ExitKind::TimedOut,
             },
         };
-        // SAFETY: `fds` is a valid array of two pollfds for the duration of the call.
+        // SAFETY: `fds` is a valid array of pollfds for the duration of the call.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if rc < 0 {
             let err = io::Error::last_os_error();
@@ -451,10 +481,19 @@ fn wait_child(
                 continue;
             }
             tracing::warn!(pid, error = %err, "poll on pidfd failed; waiting without timeout");
+            captures.read_until_closed();
             return reap(child);
         }
+        for which in 0..2 {
+            if fds[2 + which].revents != 0 {
+                captures.read_ready(which);
+                fds[2 + which].fd = captures.poll_fds()[which];
+            }
+        }
         if fds[0].revents != 0 {
-            // The leader exited (or the pidfd is in an error state): reap it.
+            // The leader exited (or the pidfd is in an error state): what it wrote is in the
+            // pipes; read it and reap.
+            captures.drain();
             return reap(child);
         }
         if fds[1].revents != 0 {
@@ -478,6 +517,7 @@ fn wait_child(
         libc::killpg(pid, libc::SIGKILL);
         libc::kill(pid, libc::SIGKILL);
     }
+    captures.drain();
     match child.wait() {
         Ok(_) => kill_reason,
         Err(e) => lost_child(pid, &e),
@@ -651,6 +691,12 @@ fn describe_spawn_error(launch: &Launch, program: &str, err: &io::Error) -> Stri
     }
 }
 
+/// Last `max` bytes of `data` as lossy UTF-8, like [`read_tail`]; `None` if empty.
+fn tail_of(data: &[u8], max: usize) -> Option<String> {
+    let start = data.len().saturating_sub(max);
+    lossy_tail(&data[start..], start > 0)
+}
+
 /// Last `max` bytes of `path` as lossy UTF-8, skipping a character cut in half at the
 /// start; `None` if the file is empty or unreadable.
 fn read_tail(path: &Path, max: u64) -> Option<String> {
@@ -663,18 +709,21 @@ fn read_tail(path: &Path, max: u64) -> Option<String> {
     file.seek(SeekFrom::Start(start)).ok()?;
     let mut buf = Vec::with_capacity(usize::try_from(len - start).unwrap_or(0));
     file.take(max).read_to_end(&mut buf).ok()?;
-    let skip = if start > 0 {
-        buf.iter()
+    lossy_tail(&buf, start > 0)
+}
+
+/// `tail` as lossy UTF-8; when it was `cut` from a longer text, without the continuation bytes
+/// of a character cut in half at its start. `None` if nothing is left.
+fn lossy_tail(tail: &[u8], cut: bool) -> Option<String> {
+    let skip = if cut {
+        tail.iter()
             .take(3)
             .take_while(|b| **b & 0xC0 == 0x80)
             .count()
     } else {
         0
     };
-    if buf.len() <= skip {
-        return None;
-    }
-    Some(String::from_utf8_lossy(&buf[skip..]).into_owned())
+    (tail.len() > skip).then(|| String::from_utf8_lossy(&tail[skip..]).into_owned())
 }
 
 #[cfg(test)]
@@ -968,6 +1017,62 @@ mod tests {
         let out = run_it(&sh("echo x >&2; exit 1"));
         assert_eq!(out.status, ExitKind::Exited(1));
         assert_eq!(out.stderr_tail, None);
+    }
+
+    #[test]
+    fn captured_streams_are_kept_in_memory() {
+        let out = run_it(&Launch {
+            stdout: Sink::Capture(1 << 20),
+            stderr: Sink::Capture(1 << 20),
+            ..sh("echo to-out; echo to-err >&2; echo more-out")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        let stdout = out.stdout.expect("stdout captured");
+        assert_eq!(stdout.data, b"to-out\nmore-out\n");
+        assert_eq!(stdout.total, 16);
+        assert_eq!(out.stderr.expect("stderr captured").data, b"to-err\n");
+        assert_eq!(out.stderr_tail, None, "no tail for a successful run");
+    }
+
+    #[test]
+    fn a_capture_keeps_its_limit_and_never_blocks_the_task() {
+        // 3 MiB is far more than a pipe holds: the task would hang if nobody read it.
+        let out = run_it(&Launch {
+            stdout: Sink::Capture(1000),
+            stderr: Sink::Capture(1 << 20),
+            timeout: Some(Duration::from_secs(20)),
+            ..sh("head -c 3145728 /dev/zero; echo failing >&2; exit 2")
+        });
+        assert_eq!(out.status, ExitKind::Exited(2));
+        let stdout = out.stdout.expect("stdout captured");
+        assert_eq!(stdout.data.len(), 1000);
+        assert_eq!(stdout.total, 3 << 20);
+        assert!(stdout.truncated());
+        assert_eq!(out.stderr_tail.as_deref(), Some("failing\n"));
+    }
+
+    #[test]
+    fn a_background_writer_does_not_hold_up_a_captured_task() {
+        let t0 = Instant::now();
+        let out = run_it(&Launch {
+            stdout: Sink::Capture(100),
+            timeout: Some(Duration::from_secs(20)),
+            ..sh("echo main; (sleep 5; echo late) & exit 0")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert_eq!(out.stdout.expect("captured").data, b"main\n");
+        assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn a_timed_out_task_keeps_what_it_wrote() {
+        let out = run_it(&Launch {
+            stdout: Sink::Capture(100),
+            timeout: Some(Duration::from_millis(300)),
+            ..sh("echo before; sleep 30")
+        });
+        assert_eq!(out.status, ExitKind::TimedOut);
+        assert_eq!(out.stdout.expect("captured").data, b"before\n");
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! Kestrel's worker: connects out to the server, runs assigned tasks on its slots, reports.
 //!
 //! - [`exec`] runs one task as a process in its own process group (spawn, wait, timeout, kill).
+//! - [`capture`] reads a task's streamed stdout/stderr from a pipe while `exec` waits.
 //! - [`local`] keeps templates, the local queue and free resources, and builds launches.
 //! - `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
 //!   running tasks survive the drop: the next registration hands them and their results over.
 
+pub mod capture;
 pub mod exec;
 pub mod local;
+mod outputs;
 mod session;
 
 use kestrel_proto::{Access, ClientError, ProtoError};

@@ -4,12 +4,12 @@
 //! Pure data; the session loop in `session.rs` drives it.
 
 use crate::exec::{Launch, Sink as ExecSink};
-use kestrel_core::placeholders::{substitute, Values};
+use kestrel_core::placeholders::{resolve, substitute, Values};
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
 use kestrel_proto::messages::{Assigned, JobIds};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// A task waiting on this worker for a free slot.
@@ -220,6 +220,7 @@ impl Local {
         let sink = |s: &Sink| match s {
             Sink::Null => ExecSink::Null,
             Sink::File(p) => ExecSink::File(resolve(cwd.as_deref(), &sub(p))),
+            Sink::Stream { limit } => ExecSink::Capture(*limit),
         };
         let mut env = Vec::with_capacity(t.env.len() + 6);
         env.push(("KESTREL_JOB_ID".to_string(), job_s.clone()));
@@ -245,18 +246,11 @@ impl Local {
     }
 }
 
-fn resolve(cwd: Option<&Path>, p: &str) -> PathBuf {
-    let p = Path::new(p);
-    match cwd {
-        Some(c) if p.is_relative() => c.join(p),
-        _ => p.to_path_buf(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use kestrel_core::{IdRanges, IndexRun};
+    use std::path::Path;
 
     fn template() -> TaskTemplate {
         TaskTemplate {

@@ -3,10 +3,11 @@
 
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::local::{Held, Identity, Local, LocalTask};
+use crate::outputs::{self, OUTPUT_BYTES_PER_MESSAGE};
 use crate::{ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex, WorkerId};
 use kestrel_proto::client::open;
-use kestrel_proto::messages::{FromWorker, Registration, Resume, Started, ToWorker};
+use kestrel_proto::messages::{FromWorker, Registration, Resume, Started, TaskOutput, ToWorker};
 use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -88,6 +89,8 @@ pub(crate) struct Carry {
     local: Option<Local>,
     running: FxHashMap<Key, Running>,
     finished: Vec<Finished>,
+    /// Streamed output of `finished`, in its order.
+    outputs: Vec<TaskOutput>,
     /// Worker id and server id of the last registration.
     prev: Option<(WorkerId, String, u64)>,
 }
@@ -110,6 +113,7 @@ impl Carry {
             self.running.remove(&done.key);
         }
         self.finished.clear();
+        self.outputs.clear();
     }
 }
 
@@ -185,6 +189,7 @@ pub(crate) async fn serve(
         started: Vec::new(),
         finished: std::mem::take(&mut carry.finished),
         revoked: Vec::new(),
+        outputs: std::mem::take(&mut carry.outputs),
     };
     // Runs that ended while disconnected.
     if let Some(p) = pool.as_mut() {
@@ -214,6 +219,7 @@ pub(crate) async fn serve(
     carry.local = Some(session.local);
     carry.running = session.running;
     carry.finished = session.finished;
+    carry.outputs = session.outputs;
     if !keep {
         carry.abandon(pool).await;
     }
@@ -229,6 +235,8 @@ struct Session<'a> {
     finished: Vec<Finished>,
     /// Answers to `Revoke` requests not sent yet, one per request.
     revoked: Vec<Vec<Key>>,
+    /// Streamed output of `finished`, in its order (see [`outputs`]).
+    outputs: Vec<TaskOutput>,
 }
 
 impl Session<'_> {
@@ -242,15 +250,21 @@ impl Session<'_> {
         carry: &mut Carry,
         exec: &str,
     ) -> Result<Result<(WorkerId, u64), SessionEnd>, WorkerError> {
+        // Results whose output would make the registration too big are reported as still
+        // running; their ends follow in the first updates.
+        let (sent, sent_outputs) =
+            outputs::fitting(&self.finished, &self.outputs, OUTPUT_BYTES_PER_MESSAGE);
         let resume = carry.prev.as_ref().map(|(worker, server_id, epoch)| {
             let mut running: Vec<Key> = self.running.keys().copied().collect();
+            running.extend(self.finished[sent..].iter().map(|f| (f.job, f.index)));
             running.sort_unstable();
             Resume {
                 server_id: server_id.clone(),
                 previous_worker: *worker,
                 epoch: *epoch,
                 running,
-                finished: self.finished.clone(),
+                finished: self.finished[..sent].to_vec(),
+                outputs: self.outputs[..sent_outputs].to_vec(),
             }
         });
         writer
@@ -293,10 +307,12 @@ impl Session<'_> {
                     local: None,
                     running: std::mem::take(&mut self.running),
                     finished: Vec::new(),
+                    outputs: Vec::new(),
                     prev: None,
                 };
                 old.abandon(pool).await;
                 self.finished.clear();
+                self.outputs.clear();
                 self.local = self.config.local();
             }
             Some(_) => {
@@ -307,7 +323,8 @@ impl Session<'_> {
                         "handed running tasks and results to the server"
                     );
                 }
-                self.finished.clear();
+                self.finished.drain(..sent);
+                self.outputs.drain(..sent_outputs);
             }
             None => {}
         }
@@ -415,9 +432,13 @@ impl Session<'_> {
             return;
         };
         self.local.release(r.held);
-        let started_us = micros(done.outcome.started);
-        let finished_us = micros(done.outcome.finished);
-        let end = run_end(done.outcome, done.timeout);
+        let mut outcome = done.outcome;
+        if let Some(output) = outputs::of_run(done.key, &mut outcome) {
+            self.outputs.push(output);
+        }
+        let started_us = micros(outcome.started);
+        let finished_us = micros(outcome.finished);
+        let end = run_end(outcome, done.timeout);
         self.finished.push(Finished {
             job: done.key.0,
             index: done.key.1,
@@ -505,9 +526,41 @@ impl Session<'_> {
             let ended: FxHashSet<Key> = self.finished.iter().map(|f| (f.job, f.index)).collect();
             self.started.retain(|s| !ended.contains(&(s.job, s.index)));
         }
+        // Streamed output can be big: the ends go in as many messages as it needs.
+        loop {
+            let (ends, outs) =
+                outputs::fitting(&self.finished, &self.outputs, OUTPUT_BYTES_PER_MESSAGE);
+            if ends == self.finished.len() {
+                return self.send_all(writer).await;
+            }
+            let msg = FromWorker::Update {
+                started: std::mem::take(&mut self.started),
+                finished: self.finished.drain(..ends).collect(),
+                outputs: self.outputs.drain(..outs).collect(),
+            };
+            if let Err(e) = writer.send(&msg).await {
+                // The results stay for the next registration's resume report.
+                if let FromWorker::Update {
+                    finished, outputs, ..
+                } = msg
+                {
+                    self.finished.splice(..0, finished);
+                    self.outputs.splice(..0, outputs);
+                }
+                return Err(e.into());
+            }
+        }
+    }
+
+    /// Sends every start and end in one update.
+    async fn send_all(
+        &mut self,
+        writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
+    ) -> Result<(), WorkerError> {
         let msg = FromWorker::Update {
             started: std::mem::take(&mut self.started),
             finished: std::mem::take(&mut self.finished),
+            outputs: std::mem::take(&mut self.outputs),
         };
         let sent = writer.send(&msg).await;
         // The vectors go back for the next update, keeping their capacity (allocating them
@@ -516,14 +569,17 @@ impl Session<'_> {
         if let FromWorker::Update {
             mut started,
             mut finished,
+            mut outputs,
         } = msg
         {
             started.clear();
             if sent.is_ok() {
                 finished.clear();
+                outputs.clear();
             }
             self.started = started;
             self.finished = finished;
+            self.outputs = outputs;
         }
         sent.map_err(WorkerError::from)
     }

@@ -10,7 +10,7 @@ and writes the report:
                    writes bench/results/quick.md instead of docs/benchmarks.md
     --runs N       measure each figure N times (default 3) and report median, min and max
     --only A,B     run only these scenarios: true, noop, efficiency, memory, workers, journal,
-                   chaos
+                   chaos, output
                    (a partial run writes bench/results/partial.md)
     --no-peers     skip xargs, HyperQueue, Dask and Parsl
     --peer-tasks N tasks for HyperQueue, Dask and Parsl (default 20000; xargs runs Kestrel's count)
@@ -29,6 +29,10 @@ Scenarios (one machine, 2 slots, every server on 127.0.0.1 with a fresh --server
   journal     1M noop and 100K /bin/true with the journal on and off (`--no-journal`), and the
               restart time of a SIGKILLed server whose journal holds 1M finished + 1M queued
   chaos       the repository's chaos test (release build), for its completed-tasks timeline
+  output      100,000 `echo {task}` tasks on `kestrel run --workers 1 --slots 2` with stdout
+              streamed to the server (`--stdout stream`, printed by `run` in task order) and in
+              one file per task; and on a standalone server (journal on and off): its memory,
+              journal size per task, and the time of `kestrel job cat`
 
 Outputs: bench/results/<timestamp>.json (raw, git-ignored), bench/results/latest.json (summary
 of the latest full run), docs/benchmarks.md and docs/benchmarks.png.

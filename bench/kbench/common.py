@@ -11,7 +11,7 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 PEERS_PY = REPO.parent / "shared" / "anchors" / "peers.py"
 DOC = REPO / "docs" / "benchmarks.md"
-SCENARIOS = ["true", "noop", "efficiency", "memory", "workers", "journal", "chaos"]
+SCENARIOS = ["true", "noop", "efficiency", "memory", "workers", "journal", "chaos", "output"]
 SLOTS = 2  # every scenario runs on 2 task slots (the machine's cores)
 
 FULL = {
@@ -31,6 +31,7 @@ FULL = {
     "journal_noop": 1_000_000,
     "journal_true": 100_000,
     "restart_tasks": 1_000_000,
+    "output_tasks": 100_000,
 }
 QUICK = {
     "runs": 1,
@@ -49,6 +50,7 @@ QUICK = {
     "journal_noop": 100_000,
     "journal_true": 2_000,
     "restart_tasks": 100_000,
+    "output_tasks": 2_000,
 }
 
 T0 = time.monotonic()

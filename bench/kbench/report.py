@@ -474,6 +474,10 @@ def report(res: dict, doc: Path, png: Path) -> None:
         for err in w["errors"]:
             a(f"- error: {err[:400]}")
 
+    o = sc.get("output")
+    if o:
+        _output_section(a, o)
+
     a("## Plot\n")
     if plot_err:
         a(f"No plot: {plot_err}\n")
@@ -572,6 +576,13 @@ def report(res: dict, doc: Path, png: Path) -> None:
     )
     a("- **Workers**: as noop, with many worker processes started at once.")
     a(
+        "- **Streamed output**: `kestrel run --workers 1 --slots 2 --array 1-N --stdout stream "
+        "--stderr none --quiet -- echo {task}` (the outputs printed by `run`, checked in task "
+        "order) against the same with `--stdout job-{job}/{task}.out` (the files counted), timed "
+        "whole; then one standalone server + worker per mode, journal on and off, for the "
+        "server's VmRSS, the journal's size and the time of `kestrel job cat`."
+    )
+    a(
         "- A failure of any measurement (a peer that cannot install or run, a Kestrel error) is "
         "recorded in the results and listed under its table instead of stopping the suite.\n"
     )
@@ -583,6 +594,64 @@ def report(res: dict, doc: Path, png: Path) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(L).rstrip() + "\n")
     log(f"wrote {doc.relative_to(REPO) if doc.is_relative_to(REPO) else doc}")
+
+
+def _output_section(a, o: dict) -> None:
+    n = o["tasks"]
+    # Wall time per task: the median run's seconds over its tasks.
+    per = {m: _per_task_us(o.get(f"run_{m}"), n) for m in ("stream", "files")}
+    a(f"## 6. Streamed output against one file per task ({n:,} tasks, {o['slots']} slots)\n")
+    if per["stream"] and per["files"]:
+        a(
+            f"**Streamed output: {per['stream']:,.0f} µs/task vs files {per['files']:,.0f} "
+            f"µs/task** (`kestrel run --workers 1 --slots 2`, {n:,} × `echo {{task}}`, wall "
+            "time per task, median). With `--stdout stream` each task's stdout goes through a "
+            "pipe to its worker, travels with the task's end to the server and is kept in the "
+            "job's log; `run` prints the log in task order at the end (included in the time). "
+            "With files, each task creates `job-1/<task>.out`: "
+            f"{n:,} files in one directory.\n"
+        )
+    a("| stdout | median s | median tasks/s | min – max tasks/s | runs | µs/task (median) |")
+    a("|---|---|---|---|---|---|")
+    for m, label in [("stream", "`--stdout stream`"), ("files", "`job-{job}/{task}.out`")]:
+        fig = o.get(f"run_{m}")
+        us = per[m]
+        a(f"| {label} | {' | '.join(rate_cells(fig))} | {'—' if us is None else f'{us:,.0f}'} |")
+    a("")
+    srv = o.get("server") or {}
+    if srv:
+        a(
+            "A standalone server with one worker (one run each): the server's VmRSS once the job "
+            "is done, the journal, and `kestrel job cat` printing every output (from the "
+            "server's log, or reading the files).\n"
+        )
+        a(
+            "| stdout | journal | submit --wait s | server VmRSS MiB (idle → after) | "
+            "journal size | journal bytes/task | job cat s |"
+        )
+        a("|---|---|---|---|---|---|---|")
+        for key, s in srv.items():
+            mode, where = key.split("_")
+            if "error" in s:
+                a(f"| {mode} | {where} | failed: {s['error'][:200]} | | | | |")
+                continue
+            jb = s.get("journal_bytes")
+            a(
+                f"| {'`stream`' if mode == 'stream' else 'files'} | "
+                f"{'on' if s.get('journal') else 'off (memory)'} | {fmt_s(s['seconds'])} | "
+                f"{mib(s.get('idle_rss_kib'))} → {mib(s.get('rss_kib'))} | "
+                f"{'—' if not jb else f'{jb / 2**20:.1f} MiB'} | "
+                f"{'—' if not jb else f'{jb / n:.1f}'} | {fmt_s(s.get('cat_seconds'))} |"
+            )
+        a("")
+    for m in ("stream", "files"):
+        for err in (o.get(f"run_{m}") or {}).get("errors", []):
+            a(f"- error: {err[:400]}")
+
+
+def _per_task_us(fig: dict | None, tasks: int) -> float | None:
+    s = med(fig, "seconds")
+    return None if s is None else s / tasks * 1e6
 
 
 def _cpu_total(s: dict) -> float | None:

@@ -10,13 +10,15 @@
 //!   child gets its own process group via `process_group(0)`, which posix_spawn supports.
 //! * **Waiting** uses a pidfd (`pidfd_open`, Linux >= 5.3) polled together with a per-thread
 //!   eventfd that [`CancelHandle::cancel`] writes to. One `poll` covers exit, timeout and
-//!   cancel without races and without helper threads.
+//!   cancel without races and without helper threads; the pipes of captured (streamed) output
+//!   join it too (see [`crate::capture`]).
 //! * **Killing** (timeout/cancel) happens only on the waiting thread, which owns the
 //!   unreaped child: a pid cannot be reused before it is reaped, so `killpg(pid, SIGKILL)`
 //!   can never hit a stranger. [`CancelHandle`] itself never sends signals.
 //!
 //! On kernels without `pidfd_open` the child is waited for with a plain blocking wait and
-//! timeouts/cancellation are not enforced (a warning is logged once).
+//! timeouts/cancellation are not enforced (a warning is logged once); captured output is then
+//! read until every process holding its pipe has closed it.
 
 use crate::capture::{Capture, Captured, Captures};
 use std::cell::OnceCell;

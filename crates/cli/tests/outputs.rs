@@ -255,3 +255,29 @@ fn a_rerun_replaces_the_output_of_the_run_before() {
     c.run(&["job", "wait", "2"]).ok();
     assert_eq!(c.run(&["job", "cat", "2"]).ok().stdout, "");
 }
+
+#[test]
+fn forgetting_a_job_drops_its_output_log() {
+    let c = Cluster::with_workers(&[2]);
+    submit_streamed(&c, "1-4", "echo kept {task}");
+    submit_streamed(&c, "1-2", "echo other {task}");
+    let rows = |job: u32| -> i64 {
+        let db = rusqlite::Connection::open_with_flags(
+            c.server_dir.join("journal.sqlite"),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap();
+        db.query_row("SELECT count(*) FROM output WHERE job = ?1", [job], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    assert_eq!((rows(1), rows(2)), (4, 2));
+    c.run(&["job", "forget", "1"]).ok();
+    assert_eq!((rows(1), rows(2)), (0, 2));
+    assert_eq!(
+        c.run(&["job", "cat", "2"]).ok().stdout,
+        lines("other", 1..=2)
+    );
+    c.run(&["job", "cat", "1"]).failed();
+}

@@ -94,8 +94,7 @@ pub struct Engine {
     /// Submission key -> job, so a retried submit finds its job.
     keys: FxHashMap<String, JobId>,
     last_commit: std::time::Instant,
-    /// Streamed output of tasks (`--stdout stream`). `kestrel job forget` must drop a job's
-    /// with [`OutputLog::forget`] in the same batch as the job.
+    /// Streamed output of tasks (`--stdout stream`); a forgotten job's goes with it.
     outputs: OutputLog,
 }
 
@@ -731,6 +730,18 @@ impl Engine {
             tracing::info!(jobs = gone.len(), "jobs forgotten");
             let gone_set: rustc_hash::FxHashSet<JobId> = gone.iter().copied().collect();
             self.keys.retain(|_, job| !gone_set.contains(job));
+            // Their output logs go in the same transaction as the FORGET entry.
+            let journaling = self.journaling();
+            for &job in &gone {
+                self.outputs.forget(
+                    job,
+                    if journaling {
+                        Some(&mut self.pending)
+                    } else {
+                        None
+                    },
+                );
+            }
             if self.journaling() {
                 self.pending.forget(gone, now);
             }

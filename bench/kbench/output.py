@@ -19,6 +19,11 @@ from kbench.stats import measured
 SINKS = {"stream": "stream", "files": "job-{job}/{task}.out"}
 
 
+def _flags(tasks: int, mode: str) -> list:
+    """The job's flags: `tasks` tasks, stdout as `mode` says, stderr discarded."""
+    return ["--array", f"1-{tasks}", "--stdout", SINKS[mode], "--stderr", "none"]
+
+
 def _expected(tasks: int) -> str:
     return "".join(f"{i}\n" for i in range(1, tasks + 1))
 
@@ -39,12 +44,7 @@ class OutputScenarios(SuiteBase):
                     1,
                     "--slots",
                     SLOTS,
-                    "--array",
-                    f"1-{tasks}",
-                    "--stdout",
-                    SINKS[mode],
-                    "--stderr",
-                    "none",
+                    *_flags(tasks, mode),
                     "--quiet",
                     "--",
                     "echo",
@@ -84,18 +84,7 @@ class OutputScenarios(SuiteBase):
             c.start_workers(1, SLOTS)
             time.sleep(0.5)
             idle = proc_status(c.server.pid)
-            s = c.submit(
-                [
-                    "--array",
-                    f"1-{tasks}",
-                    "--stdout",
-                    SINKS[mode],
-                    "--stderr",
-                    "none",
-                    ["echo", "{task}"],
-                ],
-                tasks,
-            )
+            s = c.submit([*_flags(tasks, mode), ["echo", "{task}"]], tasks)
             after = proc_status(c.server.pid)
             s["journal_bytes"] = c.journal_bytes() if journal else None
             r = run_cmd(c.k("job", "cat", s["jobs"][0]), timeout=600, cwd=c.dir)

@@ -14,6 +14,18 @@ from typing import Self
 from kbench.procs import PROCS, cmd_error, json_docs, proc_cpu, run_cmd
 
 
+def listing(doc, key: str) -> list:
+    """A listing as kestrel prints it: `{"<key>": [...]}`, or a bare array from a kestrel of
+    before the JSON vocabulary (the baseline of an A/B run)."""
+    return doc[key] if isinstance(doc, dict) else doc
+
+
+def counts_of(doc: dict) -> dict:
+    """A job's counts from `job info`/`run` JSON, of this kestrel or of one from before the
+    JSON vocabulary (`summary.counts`, or counts at the top of `run`'s document)."""
+    return doc.get("counts") or doc.get("summary", {}).get("counts") or doc
+
+
 class Cluster:
     """A `kestrel server start` on 127.0.0.1 in a fresh directory, plus workers."""
 
@@ -103,7 +115,7 @@ class Cluster:
         r = run_cmd(self.k("worker", "list", "--output", "json"), timeout=60, cwd=self.dir)
         if r["rc"] != 0:
             raise RuntimeError(cmd_error("kestrel worker list", r))
-        return json.loads(r["out"])["workers"]
+        return listing(json.loads(r["out"]), "workers")
 
     def submit(self, args: list, tasks: int, wait: bool = True, timeout: float = 3600) -> dict:
         """Times `kestrel submit ARGS [--wait]` and checks every task finished."""
@@ -135,8 +147,11 @@ class Cluster:
         argv = self.k("job", "list", "--last", "0", "--output", "json")
         r = run_cmd(argv, timeout=120, cwd=self.dir)
         if r["rc"] != 0:
+            # A kestrel from before `--last` (the baseline of an A/B run) lists every job.
+            r = run_cmd(self.k("job", "list", "--output", "json"), timeout=120, cwd=self.dir)
+        if r["rc"] != 0:
             raise RuntimeError(cmd_error("kestrel job list", r))
-        return json.loads(r["out"])["jobs"]
+        return listing(json.loads(r["out"]), "jobs")
 
     def cpu(self) -> dict:
         """CPU seconds used so far by the server and by the workers (and their tasks)."""

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from kbench.cluster import Cluster
+from kbench.cluster import Cluster, counts_of
 from kbench.common import REPO, log
 from kbench.measure import SuiteBase, show
 from kbench.procs import PROCS, cmd_error, run_cmd
@@ -107,7 +107,7 @@ class JournalScenarios(SuiteBase):
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 info = c.job_info(2)
-                if info.get("counts", {}).get("finished", 0) > 0:
+                if counts_of(info).get("finished", 0) > 0:
                     break
                 time.sleep(0.01)
             else:

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kbench.cluster import counts_of
 from kbench.common import PEERS_PY, SLOTS, log
 from kbench.measure import SuiteBase, show
 from kbench.procs import cmd_error, json_docs, loadavg, run_cmd
@@ -96,7 +97,7 @@ class SpawningScenarios(SuiteBase):
         if r["rc"] != 0:
             raise RuntimeError(cmd_error("kestrel run", r))
         j = json_docs(r["out"])[-1]
-        finished = j.get("counts", {}).get("finished")
+        finished = counts_of(j).get("finished")
         if finished != tasks:
             raise RuntimeError(f"only {finished} of {tasks} finished")
         return {

@@ -30,8 +30,8 @@ enum Ev {
     Revoked(WorkerId, Vec<(JobId, TaskIndex)>),
     /// A task's run ends on a worker (started at, waited for a slot, success).
     RunEnds(WorkerId, JobId, TaskIndex, u64, u64, bool),
-    /// A report reaches the server.
-    Report(WorkerId, FinishedOrd),
+    /// A report reaches the server, with the run's wait for a slot.
+    Report(WorkerId, FinishedOrd, u64),
 }
 
 /// `Finished` with an ordering, so events can sit in a heap.
@@ -286,9 +286,11 @@ impl Harness {
                         started_us,
                         finished_us: self.now_us,
                         end: RunEnd::Canceled,
-                        waited_us: 0,
                     };
-                    self.at(self.now_us + self.latency_us, Ev::Report(w, FinishedOrd(f)));
+                    self.at(
+                        self.now_us + self.latency_us,
+                        Ev::Report(w, FinishedOrd(f), 0),
+                    );
                 }
                 self.start_tasks(w);
             }
@@ -340,15 +342,22 @@ impl Harness {
                     started_us,
                     finished_us: self.now_us,
                     end,
-                    waited_us,
                 };
-                self.at(self.now_us + self.latency_us, Ev::Report(w, FinishedOrd(f)));
+                self.at(
+                    self.now_us + self.latency_us,
+                    Ev::Report(w, FinishedOrd(f), waited_us),
+                );
                 self.start_tasks(w);
             }
-            Ev::Report(w, FinishedOrd(f)) => {
+            Ev::Report(w, FinishedOrd(f), waited_us) => {
                 if self.workers.get(&w).is_some_and(|sw| sw.alive) {
                     self.sched.worker_seen(self.now_us, w);
+                    let (job, ok) = (f.job, f.end == RunEnd::Success);
                     self.sched.task_finished(self.now_us, w, f);
+                    // As a worker does: the sum of its successes' waits, per update.
+                    if ok {
+                        self.sched.add_slot_wait(job, waited_us);
+                    }
                 }
             }
         }

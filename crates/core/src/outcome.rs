@@ -40,10 +40,6 @@ pub struct Finished {
     pub started_us: u64,
     pub finished_us: u64,
     pub end: RunEnd,
-    /// How long the task waited on the worker for a free slot before it started (it was sent
-    /// ahead, into the worker's prefetch window).
-    #[serde(default)]
-    pub waited_us: u64,
 }
 
 /// A run of consecutive task indices of one job.

@@ -41,57 +41,90 @@ impl Outcomes {
     }
 }
 
-/// The window a time falls in. Every count is halved at the same window boundaries, so a
-/// job's total stays the sum of its workers' counts.
-fn epoch(now_us: u64, window_us: u64) -> u64 {
-    now_us / window_us.max(1)
+/// When counts are halved: at every multiple of the window, the same instants for every
+/// worker and job, so a job's total stays the sum of its workers' counts. Kept as the next
+/// such instant, so the per-task path compares instead of dividing.
+#[derive(Clone, Copy, Debug, Default)]
+struct Halving {
+    next_us: u64,
 }
 
-/// A job's outcomes on all workers, fading like each worker's [`Tally`].
+impl Halving {
+    /// How many window boundaries have passed since the last call (0 almost always).
+    fn passed(&mut self, now_us: u64, window_us: u64) -> u64 {
+        if now_us < self.next_us {
+            return 0;
+        }
+        let window = window_us.max(1);
+        // The first call only sets the boundary: there is nothing to halve yet.
+        let passed = if self.next_us == 0 {
+            0
+        } else {
+            1 + (now_us - self.next_us) / window
+        };
+        self.next_us = (now_us / window + 1) * window;
+        passed
+    }
+}
+
+/// A job's outcomes on all workers, fading like each worker's [`Tally`]. Counting starts at
+/// the job's first failure (until then there is nobody to judge): a job whose tasks never
+/// fail costs the per-task path one test.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct JobOutcomes {
-    epoch: u64,
+    halving: Halving,
     counts: Outcomes,
+    failing: bool,
 }
 
 impl JobOutcomes {
+    /// Whether runs of this job are counted (it has failed once): call before [`Self::record`].
+    pub fn counting(&mut self, ok: bool) -> bool {
+        self.failing |= !ok;
+        self.failing
+    }
+
     /// Counts one ended run; returns the counts after it.
     pub fn record(&mut self, now_us: u64, window_us: u64, ok: bool) -> Outcomes {
-        let e = epoch(now_us, window_us);
-        self.counts.halve(e.saturating_sub(self.epoch));
-        self.epoch = e;
+        let passed = self.halving.passed(now_us, window_us);
+        if passed > 0 {
+            self.counts.halve(passed);
+        }
         self.counts.count(ok);
         self.counts
     }
 }
 
 /// A worker's recent task outcomes, per job. A worker runs a few jobs at a time, so a short
-/// vector searched from the most recent entry beats a map on the per-task path.
+/// vector, looked into at the last job's place first, beats a map on the per-task path.
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
     jobs: Vec<(JobId, Outcomes)>,
-    epoch: u64,
+    halving: Halving,
+    /// Where the last job counted is in `jobs`.
+    last: usize,
 }
 
 impl Tally {
     /// Counts one ended run of a task of `job`; returns the job's counts here after it.
     pub fn record(&mut self, now_us: u64, window_us: u64, job: JobId, ok: bool) -> Outcomes {
-        let e = epoch(now_us, window_us);
-        if e != self.epoch {
+        let passed = self.halving.passed(now_us, window_us);
+        if passed > 0 {
             for (_, o) in &mut self.jobs {
-                o.halve(e.saturating_sub(self.epoch));
+                o.halve(passed);
             }
             self.jobs.retain(|(_, o)| o.runs() > 0);
-            self.epoch = e;
         }
-        let pos = match self.jobs.iter().rposition(|(j, _)| *j == job) {
-            Some(p) => p,
-            None => {
-                self.jobs.push((job, Outcomes::default()));
-                self.jobs.len() - 1
-            }
-        };
-        let o = &mut self.jobs[pos].1;
+        if self.jobs.get(self.last).is_none_or(|(j, _)| *j != job) {
+            self.last = match self.jobs.iter().position(|(j, _)| *j == job) {
+                Some(p) => p,
+                None => {
+                    self.jobs.push((job, Outcomes::default()));
+                    self.jobs.len() - 1
+                }
+            };
+        }
+        let o = &mut self.jobs[self.last].1;
         o.count(ok);
         *o
     }
@@ -159,6 +192,9 @@ mod tests {
         assert_eq!(t.record(2 * w, w, 1, false), o(0, 3));
         assert_eq!(job.record(2 * w + 5, w, false), o(0, 3));
         assert_eq!(t.record(2 * w, w, 2, true), o(1, 0));
+        // Within a window nothing fades; one boundary later, counts are halved once.
+        assert_eq!(t.record(2 * w + 999, w, 1, false), o(0, 4));
+        assert_eq!(t.record(3 * w, w, 1, false), o(0, 3));
         assert_eq!(o(3, 5).without(o(4, 1)), o(0, 4));
     }
 }

@@ -88,9 +88,6 @@ impl Scheduler {
         if f.end != RunEnd::Canceled {
             r.runs = r.runs.saturating_add(1);
         }
-        if f.end == RunEnd::Success {
-            j.waited_us += f.waited_us;
-        }
         if let RunEnd::Failed(failure) = f.end {
             r.failures = r.failures.saturating_add(1);
             j.failures.insert(f.index, *failure);
@@ -129,14 +126,6 @@ impl Scheduler {
             let r = j.table.get_mut(index);
             r.lost = r.lost.saturating_add(1);
             r.runs = r.runs.saturating_add(1);
-        }
-    }
-
-    /// Adds to a job's summed wait for a slot (journaled per batch of successful ends, not per
-    /// task).
-    pub fn restore_waited(&mut self, job: JobId, waited_us: u64) {
-        if let Some(j) = self.jobs.get_mut(&job) {
-            j.waited_us += waited_us;
         }
     }
 

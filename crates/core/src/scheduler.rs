@@ -378,7 +378,7 @@ impl Worker {
     #[must_use]
     fn release(&mut self, need: Resources, state: TaskState) -> bool {
         self.held -= 1;
-        self.used = self.used.minus(&need);
+        self.used = self.used.less_held(&need);
         if state == TaskState::Running {
             self.running_cpus = self.running_cpus.saturating_sub(need.cpus);
         }
@@ -1091,16 +1091,14 @@ impl Scheduler {
         let canceled = j.canceled;
         // After a failure: this worker's and the other workers' outcomes of the job.
         let mut judged = None;
+        // A run whose start came with its end (or not at all) is counted now.
+        let unreported_run =
+            u8::from(ours && rec.state == TaskState::Assigned && f.end != RunEnd::Canceled);
         if f.end != RunEnd::Canceled {
             j.note_run_time(f.finished_us.saturating_sub(f.started_us));
-            if ours && rec.state == TaskState::Assigned {
-                // It ran, though its start was reported together with its end (or not at all).
-                let r = j.table.get_mut(f.index);
-                r.runs = r.runs.saturating_add(1);
-            }
-            if self.config.quarantine_failures > 0 {
+            let ok = f.end == RunEnd::Success;
+            if self.config.quarantine_failures > 0 && j.outcomes.counting(ok) {
                 let window = self.config.quarantine_window_us;
-                let ok = f.end == RunEnd::Success;
                 let mine = w.tally.record(now_us, window, f.job, ok);
                 let all = j.outcomes.record(now_us, window, ok);
                 if !ok {
@@ -1111,10 +1109,10 @@ impl Scheduler {
         match f.end {
             RunEnd::Success => {
                 w.tasks_finished += 1;
-                j.waited_us += f.waited_us;
                 let rec = j.set_state(f.index, TaskState::Finished);
                 rec.started_us = f.started_us;
                 rec.finished_us = f.finished_us;
+                rec.runs = rec.runs.saturating_add(unreported_run);
             }
             RunEnd::Canceled => {
                 let rec = j.set_state(f.index, TaskState::Canceled);
@@ -1125,6 +1123,7 @@ impl Scheduler {
                 let rec = j.set_state(f.index, TaskState::Failed);
                 rec.started_us = f.started_us;
                 rec.finished_us = f.finished_us;
+                rec.runs = rec.runs.saturating_add(unreported_run);
                 rec.failures = rec.failures.saturating_add(1);
                 let failures = rec.failures;
                 let again = !canceled && (failures as u32) <= retries;
@@ -1155,6 +1154,15 @@ impl Scheduler {
         }
         self.check_job_done(now_us, f.job);
         Accepted::Recorded
+    }
+
+    /// A worker reports how long the tasks of `job` whose successes it reports waited there
+    /// for a free slot, summed (one number per job and update, not one per task: only the
+    /// job's sum is kept, for [`Job::timing`]). Also what a journal replays.
+    pub fn add_slot_wait(&mut self, job: JobId, waited_us: u64) {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.waited_us = j.waited_us.saturating_add(waited_us);
+        }
     }
 
     /// Drops ended tasks from a worker's ledger (when a release says it lists far more than
@@ -1439,9 +1447,27 @@ impl Scheduler {
                 .chain(self.workers.range(..self.rotate))
                 .map(|(id, _)| *id)
                 .collect();
+            // With more queued than all workers can hold, every window fills whatever the
+            // order: one pass does it.
+            let room: u64 = self
+                .workers
+                .values()
+                .map(|w| {
+                    u64::from(
+                        w.capacity(w.offer.prefetch)
+                            .cpus
+                            .saturating_sub(w.used.cpus),
+                    )
+                })
+                .sum();
+            let depths: &[Depth] = if self.ready.len() >= room {
+                &[Depth::Prefetch]
+            } else {
+                &[Depth::Slots, Depth::Prefetch]
+            };
             // Each worker's runs of both passes go out as one assignment.
             let mut given: Vec<Vec<IndexRun>> = vec![Vec::new(); ids.len()];
-            for depth in [Depth::Slots, Depth::Prefetch] {
+            for &depth in depths {
                 for (&id, runs) in ids.iter().zip(&mut given) {
                     if self.ready.is_empty() {
                         break;

@@ -114,6 +114,19 @@ impl Resources {
         self
     }
 
+    /// `self` less `part`, which it holds (what a worker gives back of what it took): plain
+    /// subtraction, which the per-task path can afford where [`Self::minus`]'s checks cost.
+    pub fn less_held(mut self, part: &Resources) -> Resources {
+        debug_assert!(part.fits_in(&self), "{part:?} is not part of {self:?}");
+        self.cpus = self.cpus.wrapping_sub(part.cpus);
+        self.gpus = self.gpus.wrapping_sub(part.gpus);
+        self.mem = self.mem.wrapping_sub(part.mem);
+        for (a, b) in self.named.iter_mut().zip(&part.named) {
+            *a = a.wrapping_sub(*b);
+        }
+        self
+    }
+
     /// How many times `need` fits in `self` (`u32::MAX` if `need` is nothing).
     pub fn times_fits(&self, need: &Resources) -> u32 {
         fn div(have: u64, need: u64) -> u64 {

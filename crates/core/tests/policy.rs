@@ -46,7 +46,6 @@ fn success(job: JobId, index: TaskIndex) -> Finished {
         started_us: 1,
         finished_us: 2,
         end: RunEnd::Success,
-        waited_us: 0,
     }
 }
 

@@ -64,7 +64,6 @@ fn end(s: &mut Scheduler, log: &mut Vec<Entry>, w: WorkerId, job: JobId, index: 
         started_us: 1000 + index as u64,
         finished_us: 2000 + index as u64,
         end: e,
-        waited_us: 0,
     };
     let assigned_us = s.job(job).unwrap().record(index).assigned_us;
     assert_eq!(s.task_finished(3000, w, f.clone()), Accepted::Recorded);
@@ -169,7 +168,6 @@ fn replay_restores_results_and_requeues_the_rest() {
             started_us: 1,
             finished_us: 2,
             end: RunEnd::Success,
-            waited_us: 0,
         };
         assert_eq!(b.task_finished(1100, w2, f), Accepted::Recorded);
     }
@@ -191,7 +189,6 @@ fn a_report_after_cancel_moves_a_task_out_of_canceled() {
             started_us: 1,
             finished_us: 9,
             end: RunEnd::Success,
-            waited_us: 0,
         },
         1,
     );
@@ -203,7 +200,6 @@ fn a_report_after_cancel_moves_a_task_out_of_canceled() {
             started_us: 1,
             finished_us: 9,
             end: failure(),
-            waited_us: 0,
         },
         1,
     );

@@ -202,7 +202,6 @@ fn a_late_report_from_a_lost_worker_is_not_recorded_twice() {
         started_us: 1,
         finished_us: 2,
         end: RunEnd::Success,
-        waited_us: 0,
     };
     assert_eq!(
         h.sched.task_finished(h.now_us, a, late.clone()),
@@ -495,7 +494,6 @@ fn worker_with_long_held_tasks() -> (Scheduler, JobId, WorkerId, Vec<(JobId, Tas
                 started_us: now,
                 finished_us: now,
                 end: RunEnd::Success,
-                waited_us: 0,
             };
             assert_eq!(s.task_finished(now, w, f), Accepted::Recorded);
         }

@@ -258,7 +258,6 @@ mod tests {
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
-            any::<u64>(),
             prop_oneof![
                 Just(RunEnd::Success),
                 Just(RunEnd::Canceled),
@@ -278,16 +277,13 @@ mod tests {
                     }),
             ],
         )
-            .prop_map(
-                |(job, index, started_us, finished_us, waited_us, end)| Finished {
-                    job,
-                    index,
-                    started_us,
-                    finished_us,
-                    end,
-                    waited_us,
-                },
-            )
+            .prop_map(|(job, index, started_us, finished_us, end)| Finished {
+                job,
+                index,
+                started_us,
+                finished_us,
+                end,
+            })
     }
 
     proptest! {
@@ -300,6 +296,7 @@ mod tests {
                 started: started.into_iter().map(|(job, index, at_us)| Started { job, index, at_us }).collect(),
                 finished,
                 outputs: vec![],
+                waited: vec![],
             };
             let bytes = encode(&msg).unwrap();
             prop_assert_eq!(decode::<FromWorker>(&bytes).unwrap(), msg);
@@ -328,7 +325,7 @@ mod tests {
             updates in proptest::collection::vec(proptest::collection::vec(finished_strategy(), 0..40), 1..12)
         ) {
             let msgs: Vec<FromWorker> = updates.into_iter()
-                .map(|finished| FromWorker::Update { started: vec![], finished, outputs: vec![] })
+                .map(|finished| FromWorker::Update { started: vec![], finished, outputs: vec![], waited: vec![] })
                 .collect();
             prop_assert_eq!(through_a_stream(&msgs, |i| i % 2 == 0), msgs);
         }
@@ -381,12 +378,12 @@ mod tests {
         enum OldFromWorker {
             Update {
                 started: Vec<Started>,
-                finished: Vec<(u32, u32, u64, i64, RunEnd, u64)>,
+                finished: Vec<(u32, u32, u64, i64, RunEnd)>,
             },
         }
         let old = OldFromWorker::Update {
             started: vec![],
-            finished: vec![(1, 2, 100, 5, RunEnd::Success, 0)],
+            finished: vec![(1, 2, 100, 5, RunEnd::Success)],
         };
         let decoded: FromWorker = decode(&rmp_serde::to_vec(&old).unwrap()).unwrap();
         let FromWorker::Update {
@@ -410,6 +407,7 @@ mod tests {
                 }),
                 stderr: None,
             }],
+            waited: vec![],
         };
         let small = encode(&with(vec![0xff; 10])).unwrap().len();
         let big = encode(&with(vec![0xff; 10_010])).unwrap().len();
@@ -431,14 +429,15 @@ mod tests {
                     started_us: 1_790_000_000_000_000,
                     finished_us: 1_790_000_000_000_003,
                     end: RunEnd::Success,
-                    waited_us: 0,
                 })
                 .collect(),
             outputs: vec![],
+            waited: vec![(1, 12_345)],
         };
         let per_task = encode(&update(116)).unwrap().len() - encode(&update(16)).unwrap().len();
-        // array 1 + job 1 + index 5 + start 9 + offset 1 + "S" 2 + slot wait 1 (a short one)
-        assert_eq!(per_task, 100 * 20);
+        // array 1 + job 1 + index 5 + start 9 + offset 1 + "S" 2; the wait for a slot travels
+        // as one sum per job and update, not per task
+        assert_eq!(per_task, 100 * 19);
     }
 
     #[test]
@@ -456,9 +455,9 @@ mod tests {
                     reason: "x".repeat(MAX_FRAME_BYTES),
                     stderr_tail: String::new(),
                 })),
-                waited_us: 0,
             }],
             outputs: vec![],
+            waited: vec![],
         };
         let small = FromWorker::Heartbeat;
         let (err, got) = rt().block_on(async {

@@ -12,8 +12,8 @@ use std::fmt;
 
 // ----- worker <-> server --------------------------------------------------------------------
 
-/// Task ends as a worker reports them: each `[job, index, started_us, run_us, end, waited_us]`,
-/// the end time an offset from the start, so a short task's end time costs 1 byte instead of 9
+/// Task ends as a worker reports them: each `[job, index, started_us, run_us, end]`, the end
+/// time an offset from the start, so a short task's end time costs 1 byte instead of 9
 /// (a report is a few dozen bytes per task, and workers send one per task). Only the wire form:
 /// the journal stores [`Finished`] as it is.
 mod ends_on_wire {
@@ -21,33 +21,30 @@ mod ends_on_wire {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize)]
-    struct Out<'a>(JobId, TaskIndex, u64, i64, &'a RunEnd, u64);
+    struct Out<'a>(JobId, TaskIndex, u64, i64, &'a RunEnd);
 
     #[derive(Deserialize)]
-    struct In(JobId, TaskIndex, u64, i64, RunEnd, u64);
+    struct In(JobId, TaskIndex, u64, i64, RunEnd);
 
     pub fn serialize<S: Serializer>(ends: &[Finished], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(ends.iter().map(|f| {
             // Two's complement: an end before the start (a clock step) comes back exactly.
             let run_us = f.finished_us.wrapping_sub(f.started_us) as i64;
-            Out(f.job, f.index, f.started_us, run_us, &f.end, f.waited_us)
+            Out(f.job, f.index, f.started_us, run_us, &f.end)
         }))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Finished>, D::Error> {
         Ok(Vec::<In>::deserialize(d)?
             .into_iter()
-            .map(
-                |In(job, index, started_us, run_us, end, waited_us)| Finished {
-                    job,
-                    index,
-                    started_us,
-                    // The exact inverse of the encoding, for every pair of times.
-                    finished_us: started_us.wrapping_add_signed(run_us),
-                    end,
-                    waited_us,
-                },
-            )
+            .map(|In(job, index, started_us, run_us, end)| Finished {
+                job,
+                index,
+                started_us,
+                // The exact inverse of the encoding, for every pair of times.
+                finished_us: started_us.wrapping_add_signed(run_us),
+                end,
+            })
             .collect())
     }
 }
@@ -67,6 +64,11 @@ pub enum FromWorker {
         /// well under a frame.
         #[serde(default)]
         outputs: Vec<TaskOutput>,
+        /// Per job, how long the tasks whose successes this update reports waited on the
+        /// worker for a free slot, summed: one pair per job, not a number per task (only the
+        /// job's sum is kept).
+        #[serde(default)]
+        waited: Vec<(JobId, u64)>,
     },
     /// Nothing to report, still alive.
     Heartbeat,

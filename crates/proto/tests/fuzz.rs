@@ -270,6 +270,7 @@ fn message_strategy() -> impl Strategy<Value = Vec<u8>> {
                 started,
                 finished: vec![],
                 outputs: vec![],
+                waited: vec![],
             })
             .expect("encodes")
             .to_vec()

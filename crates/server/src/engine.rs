@@ -356,6 +356,7 @@ impl Engine {
                         started,
                         finished,
                         outputs,
+                        waited,
                     } => {
                         for s in started {
                             self.core.task_started(worker, s.job, s.index, s.at_us);
@@ -364,6 +365,12 @@ impl Engine {
                         for f in finished {
                             let output = outputs.take(&f);
                             self.task_ended(now, worker, f, output);
+                        }
+                        for (job, waited_us) in waited {
+                            self.core.add_slot_wait(job, waited_us);
+                            if self.journaling() {
+                                self.pending.slot_wait(job, waited_us);
+                            }
                         }
                     }
                     FromWorker::Revoked { tasks } => {

@@ -272,17 +272,20 @@ impl Pending {
         self.push(KIND_FORGET, &ForgetBody { jobs, at_us });
     }
 
+    /// A worker's summed wait for a slot of a job's successful tasks (journaled with the
+    /// batch's task ends, one pair per job).
+    pub fn slot_wait(&mut self, job: JobId, waited_us: u64) {
+        match self.waited.iter_mut().rev().find(|(j, _)| *j == job) {
+            Some((_, sum)) => *sum += waited_us,
+            None => self.waited.push((job, waited_us)),
+        }
+    }
+
     /// An accepted task report, with when the task had been assigned (for its timing).
     pub fn task_end(&mut self, f: Finished, assigned_us: u64) {
         if f.end == kestrel_core::RunEnd::Success {
             self.ok
                 .push((f.job, f.index, assigned_us, f.started_us, f.finished_us));
-            if f.waited_us > 0 {
-                match self.waited.iter_mut().rev().find(|(j, _)| *j == f.job) {
-                    Some((_, sum)) => *sum += f.waited_us,
-                    None => self.waited.push((f.job, f.waited_us)),
-                }
-            }
         } else {
             self.other.push((f, assigned_us));
         }
@@ -671,7 +674,6 @@ impl Journal {
                             started_us: at(s),
                             finished_us: at(f),
                             end: kestrel_core::RunEnd::Success,
-                            waited_us: 0,
                         };
                         core.restore_task_end(f, at(a));
                     }
@@ -679,7 +681,7 @@ impl Journal {
                         core.restore_task_end(f, a);
                     }
                     for (job, waited_us) in b.waited {
-                        core.restore_waited(job, waited_us);
+                        core.add_slot_wait(job, waited_us);
                     }
                 }
                 other => {
@@ -736,7 +738,6 @@ mod tests {
                     started_us: 1_000 + i as u64,
                     finished_us: 2_000 + i as u64,
                     end: RunEnd::Success,
-                    waited_us: 0,
                 },
                 900,
             );
@@ -827,7 +828,6 @@ mod tests {
                 reason: "exit code 1".into(),
                 stderr_tail: String::new(),
             })),
-            waited_us: 0,
         }
     }
 
@@ -886,7 +886,6 @@ mod tests {
                 started_us: 20,
                 finished_us: 30,
                 end: RunEnd::Success,
-                waited_us: 0,
             },
             15,
         );

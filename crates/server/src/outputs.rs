@@ -561,7 +561,6 @@ mod tests {
                 started_us: 2,
                 finished_us: 3,
                 end: RunEnd::Success,
-                waited_us: 0,
             };
             p.task_end(f, 1);
             let mut o = out(job, index, &format!("out {index}\n"), 6);

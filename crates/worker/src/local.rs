@@ -139,32 +139,45 @@ impl Local {
             Some(d) => (d.resources, d.named.as_slice()),
             None => (Resources::default(), &[][..]),
         };
-        let named_free = named.iter().all(|(name, n)| {
-            self.free_named
-                .iter()
-                .any(|(have, free)| have == name && free >= n)
-        });
         if need.cpus > self.free_cpus
             || need.gpus as usize > self.free_gpus.len()
             || need.mem > self.free_mem
-            || !named_free
         {
             return None;
         }
-        self.free_cpus -= need.cpus;
-        self.free_mem -= need.mem;
-        for (name, n) in named {
-            if let Some((_, free)) = self.free_named.iter_mut().find(|(have, _)| have == name) {
-                *free -= n;
+        // Most tasks hold no named resource: nothing more to check or take.
+        if !named.is_empty() {
+            let free = |(name, n): &(String, u32)| {
+                self.free_named
+                    .iter()
+                    .any(|(have, free)| have == name && free >= n)
+            };
+            if !named.iter().all(free) {
+                return None;
+            }
+            for (name, n) in named {
+                if let Some((_, f)) = self.free_named.iter_mut().find(|(have, _)| have == name) {
+                    *f -= n;
+                }
             }
         }
+        self.free_cpus -= need.cpus;
+        self.free_mem -= need.mem;
+        let gpus = if need.gpus == 0 {
+            Vec::new()
+        } else {
+            self.free_gpus
+                .split_off(self.free_gpus.len() - need.gpus as usize)
+        };
         let held = Held {
             cpus: need.cpus,
-            gpus: self
-                .free_gpus
-                .split_off(self.free_gpus.len() - need.gpus as usize),
+            gpus,
             mem: need.mem,
-            named: named.to_vec(),
+            named: if named.is_empty() {
+                Vec::new()
+            } else {
+                named.to_vec()
+            },
         };
         self.queue.pop_front().map(|t| (t, held))
     }
@@ -172,8 +185,10 @@ impl Local {
     /// Gives back what a task held.
     pub fn release(&mut self, held: Held) {
         self.free_cpus += held.cpus;
-        self.free_gpus.extend(held.gpus);
         self.free_mem += held.mem;
+        if !held.gpus.is_empty() {
+            self.free_gpus.extend(held.gpus);
+        }
         for (name, n) in held.named {
             if let Some((_, free)) = self.free_named.iter_mut().find(|(have, _)| *have == name) {
                 *free += n;

@@ -64,7 +64,6 @@ mod tests {
             started_us: 0,
             finished_us: 0,
             end: RunEnd::Success,
-            waited_us: 0,
         }
     }
 

@@ -91,6 +91,8 @@ pub(crate) struct Carry {
     finished: Vec<Finished>,
     /// Streamed output of `finished`, in its order.
     outputs: Vec<TaskOutput>,
+    /// Summed waits for a slot of successful tasks, per job, not reported yet.
+    waited: Vec<(JobId, u64)>,
     /// Worker id and server id of the last registration.
     prev: Option<(WorkerId, String, u64)>,
 }
@@ -190,6 +192,7 @@ pub(crate) async fn serve(
         finished: std::mem::take(&mut carry.finished),
         revoked: Vec::new(),
         outputs: std::mem::take(&mut carry.outputs),
+        waited: std::mem::take(&mut carry.waited),
     };
     // Runs that ended while disconnected.
     if let Some(p) = pool.as_mut() {
@@ -220,6 +223,7 @@ pub(crate) async fn serve(
     carry.running = session.running;
     carry.finished = session.finished;
     carry.outputs = session.outputs;
+    carry.waited = session.waited;
     if !keep {
         carry.abandon(pool).await;
     }
@@ -237,6 +241,8 @@ struct Session<'a> {
     revoked: Vec<Vec<Key>>,
     /// Streamed output of `finished`, in its order (see [`outputs`]).
     outputs: Vec<TaskOutput>,
+    /// Summed waits for a slot of successful tasks, per job, for the next update.
+    waited: Vec<(JobId, u64)>,
 }
 
 impl Session<'_> {
@@ -304,15 +310,13 @@ impl Session<'_> {
                     "registered with a different server; dropping the previous server's tasks"
                 );
                 let mut old = Carry {
-                    local: None,
                     running: std::mem::take(&mut self.running),
-                    finished: Vec::new(),
-                    outputs: Vec::new(),
-                    prev: None,
+                    ..Carry::default()
                 };
                 old.abandon(pool).await;
                 self.finished.clear();
                 self.outputs.clear();
+                self.waited.clear();
                 self.local = self.config.local();
             }
             Some(_) => {
@@ -409,7 +413,6 @@ impl Session<'_> {
                         started_us: now,
                         finished_us: now,
                         end: RunEnd::Canceled,
-                        waited_us: 0,
                     });
                 }
                 for key in &tasks {
@@ -439,14 +442,27 @@ impl Session<'_> {
         let started_us = micros(outcome.started);
         let finished_us = micros(outcome.finished);
         let end = run_end(outcome, done.timeout);
+        if end == RunEnd::Success {
+            self.note_wait(done.key.0, r.waited_us);
+        }
         self.finished.push(Finished {
             job: done.key.0,
             index: done.key.1,
             started_us,
             finished_us,
             end,
-            waited_us: r.waited_us,
         });
+    }
+
+    /// Adds a successful task's wait for a slot to its job's sum for the next update.
+    fn note_wait(&mut self, job: JobId, waited_us: u64) {
+        match self.waited.last_mut() {
+            Some((j, sum)) if *j == job => *sum += waited_us,
+            _ => match self.waited.iter_mut().find(|(j, _)| *j == job) {
+                Some((_, sum)) => *sum += waited_us,
+                None => self.waited.push((job, waited_us)),
+            },
+        }
     }
 
     /// Starts queued tasks while slots are free. The no-op executor completes them on the spot.
@@ -458,13 +474,13 @@ impl Session<'_> {
             match (self.config.exec, pool) {
                 (ExecMode::Noop, _) | (_, None) => {
                     self.local.release(held);
+                    self.note_wait(task.job, batch_now.saturating_sub(task.arrived_us));
                     self.finished.push(Finished {
                         job: task.job,
                         index: task.index,
                         started_us: batch_now,
                         finished_us: batch_now,
                         end: RunEnd::Success,
-                        waited_us: batch_now.saturating_sub(task.arrived_us),
                     });
                 }
                 (ExecMode::Process, Some(p)) => self.launch(p, key, task, held),
@@ -511,7 +527,6 @@ impl Session<'_> {
                         reason,
                         stderr_tail: String::new(),
                     })),
-                    waited_us,
                 });
             }
         }
@@ -537,15 +552,20 @@ impl Session<'_> {
                 started: std::mem::take(&mut self.started),
                 finished: self.finished.drain(..ends).collect(),
                 outputs: self.outputs.drain(..outs).collect(),
+                waited: std::mem::take(&mut self.waited),
             };
             if let Err(e) = writer.send(&msg).await {
                 // The results stay for the next registration's resume report.
                 if let FromWorker::Update {
-                    finished, outputs, ..
+                    finished,
+                    outputs,
+                    waited,
+                    ..
                 } = msg
                 {
                     self.finished.splice(..0, finished);
                     self.outputs.splice(..0, outputs);
+                    self.waited = waited;
                 }
                 return Err(e.into());
             }
@@ -561,6 +581,7 @@ impl Session<'_> {
             started: std::mem::take(&mut self.started),
             finished: std::mem::take(&mut self.finished),
             outputs: std::mem::take(&mut self.outputs),
+            waited: std::mem::take(&mut self.waited),
         };
         let sent = writer.send(&msg).await;
         // The vectors go back for the next update, keeping their capacity (allocating them
@@ -570,16 +591,19 @@ impl Session<'_> {
             mut started,
             mut finished,
             mut outputs,
+            mut waited,
         } = msg
         {
             started.clear();
             if sent.is_ok() {
                 finished.clear();
                 outputs.clear();
+                waited.clear();
             }
             self.started = started;
             self.finished = finished;
             self.outputs = outputs;
+            self.waited = waited;
         }
         sent.map_err(WorkerError::from)
     }

@@ -1,0 +1,120 @@
+//! What a worker reports when it registers with a server, so that `kestrel worker start` can
+//! say where it connected and with what (see [`crate::WorkerConfig::on_connect`]).
+
+use kestrel_core::WorkerId;
+use std::fmt;
+
+/// One registration of a worker with a server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connected {
+    /// The id the server gave this worker.
+    pub worker: WorkerId,
+    /// The `host:port` the worker connected to.
+    pub address: String,
+    /// The server directory the worker was started with, if any.
+    pub server_dir: Option<String>,
+    pub slots: u32,
+    pub gpus: u32,
+    pub prefetch: u32,
+    /// `None` on the first registration; after a reconnection, what became of the tasks that
+    /// ran on and the results collected while the connection was down.
+    pub handover: Option<Handover>,
+}
+
+/// What a reconnecting worker did with its carried tasks and results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// The same server: they were handed over to it.
+    Resumed { running: usize, results: usize },
+    /// Another server (a new server id): they belong to jobs it does not know, so the tasks
+    /// were stopped and the results dropped.
+    Dropped { running: usize, results: usize },
+}
+
+impl fmt::Display for Connected {
+    /// One line, e.g. `worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 0 GPUs,
+    /// prefetch 8`; a reconnection also says what became of the carried tasks.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verb = match self.handover {
+            None => "connected",
+            Some(_) => "reconnected",
+        };
+        write!(f, "worker {} {verb} to {}", self.worker, self.address)?;
+        if let Some(dir) = &self.server_dir {
+            write!(f, " (server dir {dir})")?;
+        }
+        write!(
+            f,
+            " with {} slot{}, {} GPU{}, prefetch {}",
+            self.slots,
+            plural(self.slots as usize),
+            self.gpus,
+            plural(self.gpus as usize),
+            self.prefetch
+        )?;
+        match self.handover {
+            None => Ok(()),
+            Some(Handover::Resumed { running, results }) => write!(
+                f,
+                "; handed over {running} running task{} and {results} result{}",
+                plural(running),
+                plural(results)
+            ),
+            Some(Handover::Dropped { running, results }) => write!(
+                f,
+                "; a different server: stopped {running} running task{} and dropped {results} result{} of the previous one",
+                plural(running),
+                plural(results)
+            ),
+        }
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connected(handover: Option<Handover>) -> Connected {
+        Connected {
+            worker: 3,
+            address: "h:7000".into(),
+            server_dir: Some("/srv/k".into()),
+            slots: 8,
+            gpus: 1,
+            prefetch: 8,
+            handover,
+        }
+    }
+
+    #[test]
+    fn first_registration_and_reconnections_read_as_one_line() {
+        assert_eq!(
+            connected(None).to_string(),
+            "worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, prefetch 8"
+        );
+        let resumed = Handover::Resumed {
+            running: 1,
+            results: 0,
+        };
+        assert_eq!(
+            connected(Some(resumed)).to_string(),
+            "worker 3 reconnected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, prefetch 8; \
+             handed over 1 running task and 0 results"
+        );
+        let dropped = Handover::Dropped {
+            running: 2,
+            results: 1,
+        };
+        assert!(connected(Some(dropped)).to_string().ends_with(
+            "a different server: stopped 2 running tasks and dropped 1 result of the previous one"
+        ));
+    }
+}

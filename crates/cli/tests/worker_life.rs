@@ -111,7 +111,8 @@ fn kill_9_of_a_worker_kills_its_tasks_and_their_children() {
     c.kill_worker(0);
     let killed = Instant::now();
     guard.0.as_ref().unwrap().assert_all_die(killed);
-    // The reaper itself is gone too.
+    // The reaper did it, and is gone too.
+    let reaper = reaper.expect("the worker had a reaper process");
     poll("the reaper to exit", DEATH_LIMIT, || {
         (!alive(reaper)).then_some(())
     });
@@ -204,11 +205,9 @@ fn processes() -> impl Iterator<Item = i32> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
 }
 
-/// The reaper process a worker forked.
-fn reaper_of(worker: i32) -> i32 {
-    poll("the worker's reaper", STARTUP, || {
-        processes().find(|&p| {
-            proc_info(p).is_some_and(|(comm, ppid, _)| comm == "kestrel-reaper" && ppid == worker)
-        })
+/// The reaper process a worker forked (before it registered, so before any task ran).
+fn reaper_of(worker: i32) -> Option<i32> {
+    processes().find(|&p| {
+        proc_info(p).is_some_and(|(comm, ppid, _)| comm == "kestrel-reaper" && ppid == worker)
     })
 }

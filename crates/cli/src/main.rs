@@ -21,6 +21,8 @@ use kestrel_proto::default_server_dir;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // A worker's reaper is this executable started afresh; it never gets past this line.
+    kestrel_worker::reaper::serve_if_reaper();
     let cli = Cli::parse();
     init_logging(cli.global.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

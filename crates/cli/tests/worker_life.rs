@@ -107,6 +107,11 @@ fn kill_9_of_a_worker_kills_its_tasks_and_their_children() {
         .ok();
     let guard = KillOnDrop(Some(Tasks::started(&c.work, 2)));
     let reaper = reaper_of(c.worker_pid(0) as i32);
+    if let Some(r) = reaper {
+        // Started afresh from the executable, not forked with a copy of the worker's memory.
+        let cmdline = fs::read(format!("/proc/{r}/cmdline")).unwrap_or_default();
+        assert!(cmdline.starts_with(b"kestrel-reaper\0"), "{cmdline:?}");
+    }
 
     c.kill_worker(0);
     let killed = Instant::now();

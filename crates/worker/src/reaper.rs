@@ -6,8 +6,7 @@
 //! the same tasks again elsewhere. The worker cannot set `PR_SET_PDEATHSIG` on its tasks without
 //! `pre_exec`, which would push std off its posix_spawn fast path (see [`crate::exec`]).
 //!
-//! Instead the worker forks a reaper (without exec) when it starts. The reaper holds the read
-//! end of a pipe whose write end only the worker holds (close-on-exec, so tasks never inherit
+//! Instead the worker starts a reaper when it starts. The reaper holds the read end of a pipe whose write end only the worker holds (close-on-exec, so tasks never inherit
 //! it). The worker writes each task's process group id when it has spawned it, and its negation
 //! once the group leader has exited but *before* reaping it: until then the pid, and so the
 //! group id, cannot be reused, so a recorded id never names a stranger's group. When the pipe
@@ -19,18 +18,61 @@
 //! The reaper leaves the worker's process group (a Ctrl-C at the terminal must not kill it
 //! before it can do its job), ignores the signals a user or a terminal sends to stop a
 //! program, and closes every inherited descriptor but its pipe (it must not keep the worker's
-//! sockets, such as an embedded server's listening socket, or its output pipes open). Being
-//! the child of `fork()` in a multi-threaded process, it may only make async-signal-safe
-//! calls: its table is allocated before forking and it makes nothing but raw system calls.
+//! sockets, such as an embedded server's listening socket, or its output pipes open).
+//!
+//! A program that calls [`serve_if_reaper`] first thing in `main` (the `kestrel` binary does)
+//! gets reapers that are fresh runs of its own executable, started through posix_spawn: about
+//! 1 MiB each. Otherwise the worker forks the reaper without exec; such a child keeps a copy of
+//! every page the worker later changes or frees (a `kestrel run` that had read a million-line
+//! list before starting its workers kept 200 MB alive that way). Being the child of `fork()`
+//! in a multi-threaded process, it may only make async-signal-safe calls: its table is
+//! allocated before forking, and the reaper makes nothing but raw system calls either way.
 //!
 //! Limits: a task spawned in the instant between `posix_spawn` returning and its group being
 //! written to the pipe is not covered; a task that moves itself to another process group or
 //! session escapes, as do background processes left behind by a task whose leader has exited.
 
+use std::ffi::OsStr;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set in a reaper's environment to `WORKER_PID:CAPACITY` by the worker that starts it.
+const REAPER_ENV: &str = "KESTREL_REAPER";
+
+/// Set by [`serve_if_reaper`]: this program's executable can be started as a reaper.
+static EXECUTABLE_SERVES: AtomicBool = AtomicBool::new(false);
+
+/// Runs the reaper and exits if this process was started as one; otherwise returns at once,
+/// and from then on workers in this process start their reapers by running this program's
+/// executable. Call it first thing in `main`: a reaper must do nothing else.
+pub fn serve_if_reaper() {
+    if let Some(capacity) = std::env::var_os(REAPER_ENV).and_then(|v| reaper_request(&v)) {
+        let mut table = Vec::with_capacity(capacity);
+        // SAFETY: a fresh process with the pipe as standard input; reaper_main never returns.
+        unsafe { reaper_main(0, &mut table, open_files_limit()) }
+    }
+    EXECUTABLE_SERVES.store(true, Ordering::Relaxed);
+}
+
+/// The capacity asked for by a worker that started this process as its reaper. A variable
+/// merely left in a user's environment does not qualify: the parent must be the pid it names
+/// and standard input a pipe.
+fn reaper_request(value: &OsStr) -> Option<usize> {
+    let (worker, capacity) = value.to_str()?.split_once(':')?;
+    let worker: libc::pid_t = worker.parse().ok()?;
+    let capacity: usize = capacity.parse().ok()?;
+    // SAFETY: plain syscalls; fstat fills the struct we pass.
+    let piped = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(0, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO
+    };
+    // SAFETY: plain syscall.
+    (piped && unsafe { libc::getppid() } == worker).then_some(capacity.clamp(1, 1 << 20))
+}
 
 /// The worker's end of a running reaper. Dropping it closes the pipe, which makes the reaper
 /// kill the groups still recorded (none after a clean shutdown) and exit, and then reaps it.
@@ -55,8 +97,9 @@ const BATCH_PAUSE: libc::timespec = libc::timespec {
 };
 
 impl Reaper {
-    /// Forks a reaper that can record up to `capacity` process groups at once (the number of
-    /// tasks that can run at once; a group beyond that is not recorded).
+    /// Starts a reaper that can record up to `capacity` process groups at once (the number
+    /// of tasks that can run at once; a group beyond that is not recorded): this program's
+    /// executable if it serves as one (see [`serve_if_reaper`]), else a fork.
     pub fn start(capacity: usize) -> io::Result<Reaper> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
@@ -65,23 +108,17 @@ impl Reaper {
         }
         // SAFETY: pipe2 succeeded, so both are fresh descriptors that nothing else owns.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // Everything the child needs is prepared here: after fork it must not allocate.
-        let mut table: Vec<libc::pid_t> = Vec::with_capacity(capacity.max(1));
-        let fd_limit = open_files_limit();
-        // SAFETY: the child runs only `reaper_main`, which makes raw system calls, touches
-        // memory allocated before the fork, and never returns (it ends with `_exit`).
-        match unsafe { libc::fork() } {
-            -1 => Err(io::Error::last_os_error()),
-            0 => unsafe { reaper_main(read.as_raw_fd(), &mut table, fd_limit) },
-            pid => {
-                drop(read);
-                Ok(Reaper {
-                    pipe: ManuallyDrop::new(write),
-                    pid,
-                    broken: AtomicBool::new(false),
-                })
-            }
-        }
+        let capacity = capacity.max(1);
+        let pid = if EXECUTABLE_SERVES.load(Ordering::Relaxed) {
+            spawn_executable(read, capacity)?
+        } else {
+            fork(read, capacity)?
+        };
+        Ok(Reaper {
+            pipe: ManuallyDrop::new(write),
+            pid,
+            broken: AtomicBool::new(false),
+        })
     }
 
     /// The reaper's process id.
@@ -139,6 +176,34 @@ impl Drop for Reaper {
     }
 }
 
+/// Starts this program's executable as a reaper reading `pipe` (see [`serve_if_reaper`]).
+fn spawn_executable(pipe: OwnedFd, capacity: usize) -> io::Result<libc::pid_t> {
+    let child = Command::new("/proc/self/exe")
+        .arg0("kestrel-reaper")
+        .env(REAPER_ENV, format!("{}:{capacity}", std::process::id()))
+        .stdin(Stdio::from(pipe))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    // Reaped by `Reaper::drop`.
+    Ok(child.id() as libc::pid_t)
+}
+
+/// Forks a reaper reading `pipe`; the child never returns.
+fn fork(pipe: OwnedFd, capacity: usize) -> io::Result<libc::pid_t> {
+    // Everything the child needs is prepared here: after fork it must not allocate.
+    let mut table: Vec<libc::pid_t> = Vec::with_capacity(capacity);
+    let fd_limit = open_files_limit();
+    // SAFETY: the child runs only `reaper_main`, which makes raw system calls, touches
+    // memory allocated before the fork, and never returns (it ends with `_exit`).
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => unsafe { reaper_main(pipe.as_raw_fd(), &mut table, fd_limit) },
+        pid => Ok(pid),
+    }
+}
+
 /// The soft limit on open files: the highest descriptor the child may have to close if the
 /// kernel lacks `close_range` (Linux < 5.9).
 fn open_files_limit() -> libc::c_int {
@@ -153,8 +218,8 @@ fn open_files_limit() -> libc::c_int {
     libc::c_int::try_from(limit.rlim_cur).unwrap_or(libc::c_int::MAX)
 }
 
-/// The reaper's whole life, in the child of `fork()`. Only async-signal-safe system calls;
-/// `table` was allocated before the fork and never grows.
+/// The reaper's whole life, in the child of `fork()` or in a fresh process. Only
+/// async-signal-safe system calls; `table` was allocated before and never grows.
 unsafe fn reaper_main(pipe: RawFd, table: &mut Vec<libc::pid_t>, fd_limit: libc::c_int) -> ! {
     // The pipe becomes descriptor 0 and every other inherited descriptor is closed.
     if pipe != 0 && libc::dup2(pipe, 0) != 0 {
@@ -329,6 +394,15 @@ mod tests {
         let (its_group, ours) = unsafe { (libc::getpgid(pid), libc::getpgid(0)) };
         assert_eq!(its_group, pid);
         assert_ne!(its_group, ours);
+    }
+
+    #[test]
+    fn a_stray_reaper_variable_does_not_make_a_reaper() {
+        // SAFETY: plain syscall.
+        let not_parent = unsafe { libc::getppid() } + 1;
+        for value in ["", "x", "12", "12:x", &format!("{not_parent}:4")] {
+            assert_eq!(reaper_request(OsStr::new(value)), None, "{value:?}");
+        }
     }
 
     #[test]

@@ -190,7 +190,10 @@ struct Offer {
 async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> {
     // Absolute, so tasks in other directories get a usable KESTREL_SERVER_DIR.
     let path = session::access_path(g);
-    let path = std::path::absolute(&path).unwrap_or(path);
+    let path = path
+        .canonicalize()
+        .or_else(|_| std::path::absolute(&path))
+        .unwrap_or(path);
     let access = session::read_access(g)?;
     let slots = offer.slots.unwrap_or_else(cpus).max(1);
     let mut config = kestrel_worker::WorkerConfig::new(slots);

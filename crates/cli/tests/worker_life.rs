@@ -133,7 +133,7 @@ fn kill_9_of_a_reconnecting_worker_kills_the_tasks_it_carried_over() {
     let first = format!(
         "worker 1 connected to 127.0.0.1:{} (server dir {}) with 2 slots, 0 GPUs, prefetch 2",
         c.port(),
-        c.server_dir.display()
+        c.server_dir.canonicalize().unwrap().display()
     );
     assert!(log.contains(&first), "{log}");
 

@@ -15,6 +15,10 @@ pub struct Connected {
     pub server_dir: Option<String>,
     pub slots: u32,
     pub gpus: u32,
+    /// Memory tasks may hold, in bytes.
+    pub mem: u64,
+    /// Named countable resources (`licenses=4`).
+    pub named: Vec<(String, u32)>,
     pub prefetch: u32,
     /// `None` on the first registration; after a reconnection, what became of the tasks that
     /// ran on and the results collected while the connection was down.
@@ -33,7 +37,7 @@ pub enum Handover {
 
 impl fmt::Display for Connected {
     /// One line, e.g. `worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 0 GPUs,
-    /// prefetch 8`; a reconnection also says what became of the carried tasks.
+    /// 15.5 GiB memory, prefetch 8`; a reconnection also says what became of the carried tasks.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let verb = match self.handover {
             None => "connected",
@@ -45,13 +49,17 @@ impl fmt::Display for Connected {
         }
         write!(
             f,
-            " with {} slot{}, {} GPU{}, prefetch {}",
+            " with {} slot{}, {} GPU{}, {} memory",
             self.slots,
             plural(self.slots as usize),
             self.gpus,
             plural(self.gpus as usize),
-            self.prefetch
+            memory(self.mem)
         )?;
+        for (name, count) in &self.named {
+            write!(f, ", {name}={count}")?;
+        }
+        write!(f, ", prefetch {}", self.prefetch)?;
         match self.handover {
             None => Ok(()),
             Some(Handover::Resumed { running, results }) => write!(
@@ -67,6 +75,16 @@ impl fmt::Display for Connected {
                 plural(results)
             ),
         }
+    }
+}
+
+/// Bytes in GiB with one decimal, or in MiB below 1 GiB.
+fn memory(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    if bytes >= GIB {
+        format!("{:.1} GiB", bytes as f64 / GIB as f64)
+    } else {
+        format!("{} MiB", bytes >> 20)
     }
 }
 
@@ -89,6 +107,8 @@ mod tests {
             server_dir: Some("/srv/k".into()),
             slots: 8,
             gpus: 1,
+            mem: 31 << 29,
+            named: Vec::new(),
             prefetch: 8,
             handover,
         }
@@ -98,15 +118,21 @@ mod tests {
     fn first_registration_and_reconnections_read_as_one_line() {
         assert_eq!(
             connected(None).to_string(),
-            "worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, prefetch 8"
+            "worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, 15.5 GiB memory, prefetch 8"
         );
+        let mut small = connected(None);
+        small.mem = 512 << 20;
+        small.named = vec![("licenses".into(), 4)];
+        assert!(small
+            .to_string()
+            .ends_with("1 GPU, 512 MiB memory, licenses=4, prefetch 8"));
         let resumed = Handover::Resumed {
             running: 1,
             results: 0,
         };
         assert_eq!(
             connected(Some(resumed)).to_string(),
-            "worker 3 reconnected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, prefetch 8; \
+            "worker 3 reconnected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, 15.5 GiB memory, prefetch 8; \
              handed over 1 running task and 0 results"
         );
         let dropped = Handover::Dropped {

@@ -389,6 +389,8 @@ impl Session<'_> {
                 server_dir: self.config.server_dir.clone(),
                 slots: self.config.slots,
                 gpus: self.config.gpus,
+                mem: self.config.mem,
+                named: self.config.named.clone(),
                 prefetch: self.config.prefetch,
                 handover,
             });

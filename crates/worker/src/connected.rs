@@ -1,25 +1,19 @@
 //! What a worker reports when it registers with a server, so that `kestrel worker start` can
 //! say where it connected and with what (see [`crate::WorkerConfig::on_connect`]).
 
+use crate::WorkerConfig;
 use kestrel_core::WorkerId;
 use std::fmt;
 
 /// One registration of a worker with a server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Connected {
+#[derive(Debug, Clone)]
+pub struct Connected<'a> {
     /// The id the server gave this worker.
     pub worker: WorkerId,
     /// The `host:port` the worker connected to.
     pub address: String,
-    /// The server directory the worker was started with, if any.
-    pub server_dir: Option<String>,
-    pub slots: u32,
-    pub gpus: u32,
-    /// Memory tasks may hold, in bytes.
-    pub mem: u64,
-    /// Named countable resources (`licenses=4`).
-    pub named: Vec<(String, u32)>,
-    pub prefetch: u32,
+    /// What the worker offers (slots, GPUs, memory...) and its server directory.
+    pub config: &'a WorkerConfig,
     /// `None` on the first registration; after a reconnection, what became of the tasks that
     /// ran on and the results collected while the connection was down.
     pub handover: Option<Handover>,
@@ -35,7 +29,7 @@ pub enum Handover {
     Dropped { running: usize, results: usize },
 }
 
-impl fmt::Display for Connected {
+impl fmt::Display for Connected<'_> {
     /// One line, e.g. `worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 0 GPUs,
     /// 15.5 GiB memory, prefetch 8`; a reconnection also says what became of the carried tasks.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -44,22 +38,23 @@ impl fmt::Display for Connected {
             Some(_) => "reconnected",
         };
         write!(f, "worker {} {verb} to {}", self.worker, self.address)?;
-        if let Some(dir) = &self.server_dir {
+        let c = self.config;
+        if let Some(dir) = &c.server_dir {
             write!(f, " (server dir {dir})")?;
         }
         write!(
             f,
             " with {} slot{}, {} GPU{}, {} memory",
-            self.slots,
-            plural(self.slots as usize),
-            self.gpus,
-            plural(self.gpus as usize),
-            memory(self.mem)
+            c.slots,
+            plural(c.slots as usize),
+            c.gpus,
+            plural(c.gpus as usize),
+            memory(c.mem)
         )?;
-        for (name, count) in &self.named {
+        for (name, count) in &c.named {
             write!(f, ", {name}={count}")?;
         }
-        write!(f, ", prefetch {}", self.prefetch)?;
+        write!(f, ", prefetch {}", c.prefetch)?;
         match self.handover {
             None => Ok(()),
             Some(Handover::Resumed { running, results }) => write!(
@@ -100,30 +95,34 @@ fn plural(n: usize) -> &'static str {
 mod tests {
     use super::*;
 
-    fn connected(handover: Option<Handover>) -> Connected {
+    fn config() -> WorkerConfig {
+        let mut c = WorkerConfig::new(8);
+        c.server_dir = Some("/srv/k".into());
+        c.gpus = 1;
+        c.mem = 31 << 29;
+        c
+    }
+
+    fn connected(config: &WorkerConfig, handover: Option<Handover>) -> Connected<'_> {
         Connected {
             worker: 3,
             address: "h:7000".into(),
-            server_dir: Some("/srv/k".into()),
-            slots: 8,
-            gpus: 1,
-            mem: 31 << 29,
-            named: Vec::new(),
-            prefetch: 8,
+            config,
             handover,
         }
     }
 
     #[test]
     fn first_registration_and_reconnections_read_as_one_line() {
+        let c = config();
         assert_eq!(
-            connected(None).to_string(),
+            connected(&c, None).to_string(),
             "worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, 15.5 GiB memory, prefetch 8"
         );
-        let mut small = connected(None);
+        let mut small = config();
         small.mem = 512 << 20;
         small.named = vec![("licenses".into(), 4)];
-        assert!(small
+        assert!(connected(&small, None)
             .to_string()
             .ends_with("1 GPU, 512 MiB memory, licenses=4, prefetch 8"));
         let resumed = Handover::Resumed {
@@ -131,7 +130,7 @@ mod tests {
             results: 0,
         };
         assert_eq!(
-            connected(Some(resumed)).to_string(),
+            connected(&c, Some(resumed)).to_string(),
             "worker 3 reconnected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, 15.5 GiB memory, prefetch 8; \
              handed over 1 running task and 0 results"
         );
@@ -139,7 +138,7 @@ mod tests {
             running: 2,
             results: 1,
         };
-        assert!(connected(Some(dropped)).to_string().ends_with(
+        assert!(connected(&c, Some(dropped)).to_string().ends_with(
             "a different server: stopped 2 running tasks and dropped 1 result of the previous one"
         ));
     }

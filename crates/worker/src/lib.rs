@@ -51,7 +51,7 @@ pub struct WorkerConfig {
     pub reconnect_for: Duration,
     /// Called each time the worker registers (first and after reconnecting); `None` for
     /// workers that should not announce themselves (those inside `kestrel run`).
-    pub on_connect: Option<fn(&Connected)>,
+    pub on_connect: Option<fn(&Connected<'_>)>,
 }
 
 impl WorkerConfig {

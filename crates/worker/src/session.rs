@@ -386,12 +386,7 @@ impl Session<'_> {
             announce(&Connected {
                 worker,
                 address: access.address(),
-                server_dir: self.config.server_dir.clone(),
-                slots: self.config.slots,
-                gpus: self.config.gpus,
-                mem: self.config.mem,
-                named: self.config.named.clone(),
-                prefetch: self.config.prefetch,
+                config: self.config,
                 handover,
             });
         }

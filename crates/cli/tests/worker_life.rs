@@ -45,7 +45,9 @@ impl Tasks {
         t
     }
 
-    /// Live processes in the task groups (the foreground `sleep` has no pid file).
+    /// Live processes in the task groups (the foreground `sleep` has no pid file). One with a
+    /// SIGKILL pending is dead already: it never runs another instruction, it only waits (on
+    /// a loaded machine) to be scheduled for its exit.
     fn survivors(&self) -> Vec<i32> {
         let Ok(dir) = fs::read_dir("/proc") else {
             return Vec::new();
@@ -54,7 +56,7 @@ impl Tasks {
             .filter(|&pid| {
                 proc_info(pid).is_some_and(|(_, _, pgrp)| {
                     self.background.contains(&pid) || self.leaders.contains(&pgrp)
-                })
+                }) && !sigkill_pending(pid)
             })
             .collect()
     }
@@ -70,7 +72,8 @@ impl Tasks {
             }
             assert!(
                 Instant::now() < deadline,
-                "task processes {left:?} still run {DEATH_LIMIT:?} after their worker died"
+                "task processes still run {DEATH_LIMIT:?} after their worker died: {}",
+                describe(&left)
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -87,6 +90,35 @@ impl Tasks {
             unsafe { libc::kill(p, libc::SIGKILL) };
         }
     }
+}
+
+/// Whether `pid` has a SIGKILL pending (it is being killed).
+fn sigkill_pending(pid: i32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let pending = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    (pending("SigPnd:") | pending("ShdPnd:")) & (1 << (libc::SIGKILL - 1)) != 0
+}
+
+/// Each process's /proc stat line, and the reapers that still run, for a failure message.
+fn describe(pids: &[i32]) -> String {
+    let mut out: Vec<String> = pids
+        .iter()
+        .map(|p| fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default())
+        .collect();
+    out.extend(
+        processes()
+            .filter_map(|p| proc_info(p).filter(|(comm, ..)| comm == "kestrel-reaper"))
+            .map(|(_, ppid, _)| format!("a reaper runs (parent {ppid})")),
+    );
+    out.join("; ")
 }
 
 /// Kills what is left of the tasks when a test fails halfway.

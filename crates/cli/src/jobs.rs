@@ -46,7 +46,9 @@ pub struct TaskOptions {
     /// file per task; read it with `kestrel job cat`), the first 1M of each task's output, or
     /// up to SIZE with `stream:SIZE` (at most 4M); or a path with placeholders (see below),
     /// relative to the task's directory (`./stream` for a file named so)
-    /// [default: job-{job}/{task}.out]
+    /// [default: job-{job}/{task}.out]. A file the task leaves empty is removed if its path
+    /// names both {job} and {task} (the default does), as no other task can be writing it; a
+    /// file shared by several tasks is kept
     #[arg(long, value_name = "none|stream[:SIZE]|PATH")]
     pub stdout: Option<String>,
     /// Where each task's stderr goes, like --stdout [default: job-{job}/{task}.err]

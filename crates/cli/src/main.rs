@@ -21,6 +21,8 @@ use kestrel_proto::default_server_dir;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // A worker's reaper is this executable started afresh; it never gets past this line.
+    kestrel_worker::reaper::serve_if_reaper();
     let cli = Cli::parse();
     init_logging(cli.global.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -186,7 +188,12 @@ struct Offer {
 }
 
 async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> {
+    // Absolute, so tasks in other directories get a usable KESTREL_SERVER_DIR.
     let path = session::access_path(g);
+    let path = path
+        .canonicalize()
+        .or_else(|_| std::path::absolute(&path))
+        .unwrap_or(path);
     let access = session::read_access(g)?;
     let slots = offer.slots.unwrap_or_else(cpus).max(1);
     let mut config = kestrel_worker::WorkerConfig::new(slots);
@@ -203,6 +210,8 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     config.reconnect_for = session::reconnect_for(g, session::WORKER)?;
     config.server_dir = path.parent().map(|p| p.display().to_string());
     config.access_file = Some(path);
+    // Where it connected and with what, on every (re)registration; `run`'s workers stay quiet.
+    config.on_connect = Some(|connected| eprintln!("{connected}"));
     if exec == Exec::Noop {
         eprintln!("warning: --exec noop completes tasks WITHOUT running them (benchmark mode)");
     }

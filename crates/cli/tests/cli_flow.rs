@@ -281,17 +281,25 @@ fn run_here(args: &[&str]) -> (tempfile::TempDir, Out) {
 
 #[test]
 fn run_array_of_fifty() {
-    let (dir, out) = run_here(&["run", "--array", "1-50", "--stdout", "none", "--", "true"]);
+    let (dir, out) = run_here(&[
+        "run",
+        "--array",
+        "1-50",
+        "--stdout",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo e{task} >&2",
+    ]);
     out.ok();
     assert!(out.stdout.contains("50 tasks"), "{out:#?}");
     assert!(out.stdout.contains("50 finished"), "{out:#?}");
     assert!(!out.stdout.contains("failed"), "{out:#?}");
     // stderr still goes to the default files, relative to the current directory.
     for t in 1..=50 {
-        assert!(
-            dir.path().join(format!("job-1/{t}.err")).is_file(),
-            "{t}.err"
-        );
+        let err = std::fs::read_to_string(dir.path().join(format!("job-1/{t}.err")));
+        assert_eq!(err.ok(), Some(format!("e{t}\n")), "{t}.err");
         assert!(!dir.path().join(format!("job-1/{t}.out")).exists());
     }
 }

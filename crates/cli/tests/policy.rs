@@ -8,14 +8,6 @@ use common::*;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-fn task_rows(c: &Cluster, job: &str) -> Vec<Value> {
-    let page = c
-        .run(&["task", "list", job, "--output", "json"])
-        .ok()
-        .json();
-    page["tasks"].as_array().expect("tasks").clone()
-}
-
 fn counts(c: &Cluster, job: &str) -> Value {
     c.run(&["job", "info", job, "--output", "json"]).ok().json()["counts"].clone()
 }

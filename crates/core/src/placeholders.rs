@@ -164,6 +164,11 @@ pub fn check_template(t: &TaskTemplate, lines: bool) -> Result<(), PlaceholderEr
     Ok(())
 }
 
+/// Whether placeholder `name` appears in `text` where it would be replaced.
+pub fn uses(text: &str, name: &str) -> bool {
+    tokens(text).any(|(_, _, n)| n == name)
+}
+
 /// Whether `{line}` appears anywhere it would be replaced (a job of lines without it runs the
 /// same command for every line, which is rarely meant).
 pub fn uses_line(t: &TaskTemplate) -> bool {
@@ -177,7 +182,7 @@ pub fn uses_line(t: &TaskTemplate) -> bool {
         .chain(sinks)
         .chain(t.cwd.as_deref())
         .chain(t.env.iter().map(|(_, v)| v.as_str()))
-        .any(|text| tokens(text).any(|(_, _, name)| name == LINE))
+        .any(|text| uses(text, LINE))
 }
 
 /// `p` relative to the task's working directory, when it has one and `p` is relative.

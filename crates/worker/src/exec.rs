@@ -16,11 +16,16 @@
 //!   unreaped child: a pid cannot be reused before it is reaped, so `killpg(pid, SIGKILL)`
 //!   can never hit a stranger. [`CancelHandle`] itself never sends signals.
 //!
+//! * **Death of the worker**: [`run_with`] tells the worker's [`Reaper`] each task's process
+//!   group after spawning it and again before reaping its leader, so a killed worker's tasks
+//!   die with it. That is one 4-byte pipe write each, not a `pre_exec` hook.
+//!
 //! On kernels without `pidfd_open` the child is waited for with a plain blocking wait and
 //! timeouts/cancellation are not enforced (a warning is logged once); captured output is then
 //! read until every process holding its pipe has closed it.
 
 use crate::capture::{Capture, Captured, Captures};
+use crate::reaper::Reaper;
 use std::cell::OnceCell;
 use std::ffi::{CString, OsStr};
 use std::fmt;
@@ -59,6 +64,16 @@ pub struct Launch {
     /// Kill the whole process group after this long; `None` waits forever.
     /// Needs Linux >= 5.3 (pidfd); see the module docs.
     pub timeout: Option<Duration>,
+    /// Output files that belong to this task alone and are removed when it ends with them
+    /// still empty. Leave a file that other tasks may be writing unmarked.
+    pub remove_if_empty: RemoveIfEmpty,
+}
+
+/// Which of a task's output files the worker removes if the task leaves them empty.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoveIfEmpty {
+    pub stdout: bool,
+    pub stderr: bool,
 }
 
 /// Destination of a child's output stream; files let users inspect output after the run.
@@ -271,9 +286,15 @@ fn eventfd_drain(fd: RawFd) {
 /// reaped. Background processes left behind by a task that exits by itself are not
 /// touched. Never panics on OS errors: launch problems become [`ExitKind::SpawnFailed`].
 pub fn run(launch: &Launch, cancel: &CancelHandle) -> Outcome {
+    run_with(launch, cancel, None)
+}
+
+/// [`run`], recording the task's process group with `reaper` while it runs, so the group is
+/// killed if this process dies before the task ends.
+pub fn run_with(launch: &Launch, cancel: &CancelHandle, reaper: Option<&Reaper>) -> Outcome {
     let started = SystemTime::now();
     let mut captures = Captures::default();
-    let status = run_inner(launch, cancel, &mut captures);
+    let status = run_inner(launch, cancel, &mut captures, reaper);
     let finished = SystemTime::now();
     let (stdout, stderr) = captures.finish();
     let stderr_tail = match (&status, &launch.stderr) {
@@ -295,7 +316,12 @@ pub fn run(launch: &Launch, cancel: &CancelHandle) -> Outcome {
 }
 
 /// Runs the task; the pipes of captured streams are left in `captures`.
-fn run_inner(launch: &Launch, cancel: &CancelHandle, captures: &mut Captures) -> ExitKind {
+fn run_inner(
+    launch: &Launch,
+    cancel: &CancelHandle,
+    captures: &mut Captures,
+    reaper: Option<&Reaper>,
+) -> ExitKind {
     if cancel.is_canceled() {
         return ExitKind::Canceled;
     }
@@ -314,8 +340,10 @@ fn run_inner(launch: &Launch, cancel: &CancelHandle, captures: &mut Captures) ->
         return ExitKind::Canceled;
     };
 
-    let mut cmd = match build_command(launch, program, captures) {
-        Ok(cmd) => cmd,
+    // Dropped when this function returns, after the child is reaped: removes the task's own
+    // output files that are still empty, whichever way the task ended.
+    let (mut cmd, _own_outputs) = match build_command(launch, program, captures) {
+        Ok(built) => built,
         Err(msg) => return ExitKind::SpawnFailed(msg),
     };
     // A cancel may have arrived while the sinks were opened; don't start a doomed task.
@@ -330,19 +358,23 @@ fn run_inner(launch: &Launch, cancel: &CancelHandle, captures: &mut Captures) ->
         Err(e) => return ExitKind::SpawnFailed(describe_spawn_error(launch, program, &e)),
     };
 
-    let status = wait_child(&mut child, launch.timeout, cancel, waker, captures);
+    if let Some(r) = reaper {
+        // Process group id = leader's pid (`process_group(0)`).
+        r.record(child.id() as libc::pid_t);
+    }
+    let status = wait_child(&mut child, launch.timeout, cancel, waker, captures, reaper);
     drop(registration);
     status
 }
 
 /// Builds the `Command` without doing anything that would make std leave its posix_spawn
-/// fast path; the pipes of captured streams go into `captures`. Errors are ready-made
-/// `SpawnFailed` messages.
-fn build_command(
-    launch: &Launch,
+/// fast path; the pipes of captured streams go into `captures`, and the task's own output
+/// files are kept open. Errors are ready-made `SpawnFailed` messages.
+fn build_command<'a>(
+    launch: &'a Launch,
     program: &str,
     captures: &mut Captures,
-) -> Result<Command, String> {
+) -> Result<(Command, OwnOutputs<'a>), String> {
     let path_override = launch
         .env
         .iter()
@@ -382,28 +414,77 @@ fn build_command(
     cmd.stdin(Stdio::null());
     cmd.process_group(0);
 
+    let cwd = launch.cwd.as_deref();
+    let mut own = OwnOutputs::default();
     let out_file = match &launch.stdout {
         Sink::Null => None,
-        Sink::File(path) => Some(open_sink(path, "stdout")?),
+        Sink::File(path) => {
+            let file = open_sink(path, "stdout", cwd)?;
+            if launch.remove_if_empty.stdout {
+                own.keep(0, &file, path);
+            }
+            Some(file)
+        }
         Sink::Capture(limit) => Some(capture(*limit, "stdout", &mut captures.stdout)?),
     };
-    let err_stdio = match &launch.stderr {
-        Sink::Null => Stdio::null(),
-        Sink::Capture(limit) => Stdio::from(capture(*limit, "stderr", &mut captures.stderr)?),
-        Sink::File(path) => match (&launch.stdout, &out_file) {
-            (Sink::File(out_path), Some(out)) if out_path == path => Stdio::from(
-                out.try_clone()
-                    .map_err(|e| format!("cannot open stderr file '{}': {e}", path.display()))?,
-            ),
-            _ => Stdio::from(open_sink(path, "stderr")?),
-        },
-    };
+    let err_stdio =
+        match &launch.stderr {
+            Sink::Null => Stdio::null(),
+            Sink::Capture(limit) => Stdio::from(capture(*limit, "stderr", &mut captures.stderr)?),
+            Sink::File(path) => match (&launch.stdout, &out_file) {
+                // One file for both streams: it is the task's own only if both say so.
+                (Sink::File(out_path), Some(out)) if out_path == path => {
+                    if !launch.remove_if_empty.stderr {
+                        own.files[0] = None;
+                    }
+                    Stdio::from(out.try_clone().map_err(|e| {
+                        format!("cannot open stderr file '{}': {e}", path.display())
+                    })?)
+                }
+                _ => {
+                    let file = open_sink(path, "stderr", cwd)?;
+                    if launch.remove_if_empty.stderr {
+                        own.keep(1, &file, path);
+                    }
+                    Stdio::from(file)
+                }
+            },
+        };
     cmd.stdout(match out_file {
         Some(f) => Stdio::from(f),
         None => Stdio::null(),
     });
     cmd.stderr(err_stdio);
-    Ok(cmd)
+    Ok((cmd, own))
+}
+
+/// A task's own output files (see [`Launch::remove_if_empty`]), kept open while it runs so
+/// that when it ends one `fstat` each tells whether it left them empty; those are removed.
+#[derive(Default)]
+struct OwnOutputs<'a> {
+    /// Stdout's and stderr's file (one entry when they share a file).
+    files: [Option<(File, &'a Path)>; 2],
+}
+
+impl<'a> OwnOutputs<'a> {
+    /// Keeps a second descriptor of `file`; without one (out of descriptors) the file stays.
+    fn keep(&mut self, slot: usize, file: &File, path: &'a Path) {
+        self.files[slot] = file.try_clone().ok().map(|f| (f, path));
+    }
+}
+
+impl Drop for OwnOutputs<'_> {
+    fn drop(&mut self) {
+        for (file, path) in self.files.iter_mut().filter_map(Option::take) {
+            let empty = file.metadata().is_ok_and(|m| m.len() == 0);
+            // Closed first: unlinking a file still open costs a filesystem more (ext4 keeps
+            // it on its orphan list until the last close).
+            drop(file);
+            if empty {
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
 }
 
 /// Opens the pipe of a captured stream; returns the write end for the child as a `File`.
@@ -416,12 +497,16 @@ fn capture(limit: u32, which: &str, slot: &mut Option<Capture>) -> Result<File, 
 }
 
 /// Creates/truncates a sink file; parent directories are created only if the first open
-/// says they are missing, so the common case is a single `open`.
-fn open_sink(path: &Path, which: &str) -> Result<File, String> {
+/// says they are missing, so the common case is a single `open`. A missing working
+/// directory is reported as such instead of being created as a parent of the file.
+fn open_sink(path: &Path, which: &str, cwd: Option<&Path>) -> Result<File, String> {
     let open_err = |e: io::Error| format!("cannot open {which} file '{}': {e}", path.display());
     match File::create(path) {
         Ok(f) => Ok(f),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(problem) = cwd.and_then(cwd_problem) {
+                return Err(problem);
+            }
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 fs::create_dir_all(parent).map_err(|e| {
                     format!(
@@ -437,14 +522,15 @@ fn open_sink(path: &Path, which: &str) -> Result<File, String> {
     }
 }
 
-/// Waits for the child's exit, the timeout or a cancel, whichever comes first, and reaps it;
-/// reads captured streams meanwhile.
+/// Waits for the child's exit, the timeout or a cancel, whichever comes first, and reaps it
+/// (after the reaper has forgotten its group); reads captured streams meanwhile.
 fn wait_child(
     child: &mut Child,
     timeout: Option<Duration>,
     cancel: &CancelHandle,
     waker: RawFd,
     captures: &mut Captures,
+    reaper: Option<&Reaper>,
 ) -> ExitKind {
     // Pids fit in pid_t; the kernel never hands out larger ones.
     let pid = child.id() as libc::pid_t;
@@ -454,7 +540,7 @@ fn wait_child(
         let err = io::Error::last_os_error();
         warn_no_pidfd(&err);
         captures.read_until_closed();
-        return reap(child);
+        return reap_when_exited(child, reaper);
     }
     // SAFETY: pidfd_open returned a new descriptor (close-on-exec) that we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
@@ -484,7 +570,7 @@ fn wait_child(
             }
             tracing::warn!(pid, error = %err, "poll on pidfd failed; waiting without timeout");
             captures.read_until_closed();
-            return reap(child);
+            return reap_when_exited(child, reaper);
         }
         for which in 0..2 {
             if fds[2 + which].revents != 0 {
@@ -493,10 +579,14 @@ fn wait_child(
             }
         }
         if fds[0].revents != 0 {
-            // The leader exited (or the pidfd is in an error state): what it wrote is in the
-            // pipes; read it and reap.
+            // The leader exited (or the pidfd is in an error state, which should not happen):
+            // what it wrote is in the pipes; read it and reap.
             captures.drain();
-            return reap(child);
+            return if fds[0].revents & libc::POLLIN != 0 {
+                reap(child, reaper)
+            } else {
+                reap_when_exited(child, reaper)
+            };
         }
         if fds[1].revents != 0 {
             if fds[1].revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
@@ -520,9 +610,9 @@ fn wait_child(
         libc::kill(pid, libc::SIGKILL);
     }
     captures.drain();
-    match child.wait() {
-        Ok(_) => kill_reason,
-        Err(e) => lost_child(pid, &e),
+    match reap(child, reaper) {
+        ExitKind::SpawnFailed(lost) => ExitKind::SpawnFailed(lost),
+        _ => kill_reason,
     }
 }
 
@@ -531,11 +621,36 @@ fn poll_timeout_ms(left: Duration) -> libc::c_int {
     libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX)
 }
 
-fn reap(child: &mut Child) -> ExitKind {
+/// Reaps a child whose leader has exited or was killed; the reaper forgets its group first,
+/// while the pid cannot have been reused.
+fn reap(child: &mut Child, reaper: Option<&Reaper>) -> ExitKind {
+    if let Some(r) = reaper {
+        r.forget(child.id() as libc::pid_t);
+    }
     match child.wait() {
         Ok(status) => exit_kind(status),
         Err(e) => lost_child(child.id() as libc::pid_t, &e),
     }
+}
+
+/// Reaps a child that may still run: with a reaper, waits for its exit without reaping it
+/// first, so the group is forgotten before its id can be reused.
+fn reap_when_exited(child: &mut Child, reaper: Option<&Reaper>) -> ExitKind {
+    if reaper.is_some() {
+        // SAFETY: waitid fills `info`; WNOWAIT leaves the child unreaped.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        while unsafe {
+            libc::waitid(
+                libc::P_PID,
+                child.id() as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
+    }
+    reap(child, reaper)
 }
 
 fn exit_kind(status: ExitStatus) -> ExitKind {
@@ -608,26 +723,8 @@ fn is_executable(path: &Path) -> bool {
 /// `stat`s it does cost nothing on the success path. posix_spawn reports a failed
 /// `chdir` with the same errno as a failed exec, so the working directory is checked first.
 fn describe_spawn_error(launch: &Launch, program: &str, err: &io::Error) -> String {
-    if let Some(cwd) = &launch.cwd {
-        match fs::metadata(cwd) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return format!(
-                    "working directory '{}' does not exist; create it or fix the task's cwd",
-                    cwd.display()
-                )
-            }
-            Err(e) => return format!("cannot use working directory '{}': {e}", cwd.display()),
-            Ok(m) if !m.is_dir() => {
-                return format!("working directory '{}' is not a directory", cwd.display())
-            }
-            Ok(_) if !is_executable(cwd) => {
-                return format!(
-                    "cannot enter working directory '{}' (permission denied)",
-                    cwd.display()
-                )
-            }
-            Ok(_) => {}
-        }
+    if let Some(problem) = launch.cwd.as_deref().and_then(cwd_problem) {
+        return problem;
     }
 
     let bare = !program.contains('/');
@@ -697,6 +794,29 @@ fn describe_spawn_error(launch: &Launch, program: &str, err: &io::Error) -> Stri
 fn tail_of(data: &[u8], max: usize) -> Option<String> {
     let start = data.len().saturating_sub(max);
     lossy_tail(&data[start..], start > 0)
+}
+
+/// Why a task cannot run in `cwd`, if it cannot (a one-line message); `None` if it can.
+fn cwd_problem(cwd: &Path) -> Option<String> {
+    match fs::metadata(cwd) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Some(format!(
+            "working directory '{}' does not exist; create it or fix the task's cwd",
+            cwd.display()
+        )),
+        Err(e) => Some(format!(
+            "cannot use working directory '{}': {e}",
+            cwd.display()
+        )),
+        Ok(m) if !m.is_dir() => Some(format!(
+            "working directory '{}' is not a directory",
+            cwd.display()
+        )),
+        Ok(_) if !is_executable(cwd) => Some(format!(
+            "cannot enter working directory '{}' (permission denied)",
+            cwd.display()
+        )),
+        Ok(_) => None,
+    }
 }
 
 /// Last `max` bytes of `path` as lossy UTF-8, skipping a character cut in half at the
@@ -949,6 +1069,126 @@ mod tests {
             )),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn missing_cwd_is_not_created_by_output_files_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = dir.path().join("nope");
+        let out = run_it(&Launch {
+            argv: vec!["true".into()],
+            cwd: Some(cwd.clone()),
+            stdout: Sink::File(cwd.join("job-1/1.out")),
+            stderr: Sink::File(cwd.join("job-1/1.err")),
+            ..Launch::default()
+        });
+        assert_eq!(
+            spawn_failed(&out),
+            format!(
+                "working directory '{}' does not exist; create it or fix the task's cwd",
+                cwd.display()
+            )
+        );
+        assert!(!cwd.exists(), "the working directory was created");
+    }
+
+    #[test]
+    fn own_output_files_left_empty_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let own = RemoveIfEmpty {
+            stdout: true,
+            stderr: true,
+        };
+        // Output on stdout only: the empty stderr file goes, stdout stays.
+        let out = run_it(&Launch {
+            stdout: Sink::File(path("a.out")),
+            stderr: Sink::File(path("a.err")),
+            remove_if_empty: own,
+            ..sh("echo hi")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert_eq!(fs::read_to_string(path("a.out")).unwrap(), "hi\n");
+        assert!(!path("a.err").exists());
+        // A failed task's stderr stays, with its tail reported.
+        let out = run_it(&Launch {
+            stdout: Sink::File(path("b.out")),
+            stderr: Sink::File(path("b.err")),
+            remove_if_empty: own,
+            ..sh("echo bad >&2; exit 2")
+        });
+        assert_eq!(out.stderr_tail.as_deref(), Some("bad\n"));
+        assert!(!path("b.out").exists());
+        assert!(path("b.err").exists());
+        // One file for both streams, left empty.
+        let out = run_it(&Launch {
+            stdout: Sink::File(path("c.log")),
+            stderr: Sink::File(path("c.log")),
+            remove_if_empty: own,
+            ..sh("true")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert!(!path("c.log").exists());
+        // A task that cannot start leaves nothing either.
+        let out = run_it(&Launch {
+            argv: vec!["kestrel-no-such-program-xyz".into()],
+            stdout: Sink::File(path("d/d.out")),
+            stderr: Sink::File(path("d/d.err")),
+            remove_if_empty: own,
+            ..Launch::default()
+        });
+        spawn_failed(&out);
+        assert!(!path("d/d.out").exists() && !path("d/d.err").exists());
+        // Files not marked as the task's own stay, even empty.
+        let out = run_it(&Launch {
+            stdout: Sink::File(path("shared.out")),
+            stderr: Sink::File(path("e.err")),
+            remove_if_empty: RemoveIfEmpty {
+                stdout: false,
+                stderr: true,
+            },
+            ..sh("true")
+        });
+        assert_eq!(out.status, ExitKind::Exited(0));
+        assert!(path("shared.out").exists());
+        assert!(!path("e.err").exists());
+    }
+
+    /// True if `pid` is gone, a zombie, or has a SIGKILL pending (it is being killed).
+    fn killed_or_gone(pid: libc::pid_t) -> bool {
+        let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return true;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .unwrap_or(0)
+        };
+        let sigkill = 1u64 << (libc::SIGKILL - 1);
+        process_dead(pid) || (field("SigPnd:") | field("ShdPnd:")) & sigkill != 0
+    }
+
+    #[test]
+    fn a_task_is_forgotten_by_the_reaper_once_its_leader_has_exited() {
+        let reaper = Reaper::start(2).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let bg_file = dir.path().join("bg.pid");
+        // The leader exits at once, leaving a background process in its group.
+        let launch = sh(&format!("sleep 30 & echo $! > '{}'", bg_file.display()));
+        let out = run_with(&launch, &CancelHandle::new(), Some(&reaper));
+        assert_eq!(out.status, ExitKind::Exited(0));
+        let bg = read_pid(&bg_file);
+        // Closing the pipe makes the reaper kill what it still records, before it exits
+        // (and drop waits for that): the exited task is not among them.
+        drop(reaper);
+        assert!(
+            !killed_or_gone(bg),
+            "the reaper killed a task it should have forgotten"
+        );
+        // SAFETY: the group of a task this test started.
+        unsafe { libc::kill(bg, libc::SIGKILL) };
     }
 
     #[test]

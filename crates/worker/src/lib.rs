@@ -3,15 +3,20 @@
 //! - [`exec`] runs one task as a process in its own process group (spawn, wait, timeout, kill).
 //! - [`capture`] reads a task's streamed stdout/stderr from a pipe while `exec` waits.
 //! - [`local`] keeps templates, the local queue and free resources, and builds launches.
+//! - [`reaper`] is a process that kills the worker's tasks if the worker dies.
 //! - `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
 //!   running tasks survive the drop: the next registration hands them and their results over.
+//! - [`connected`] describes each registration, for a caller that wants to tell its user.
 
 pub mod capture;
+pub mod connected;
 pub mod exec;
 pub mod local;
 mod outputs;
+pub mod reaper;
 mod session;
 
+pub use connected::{Connected, Handover};
 use kestrel_proto::{Access, ClientError, ProtoError};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -44,6 +49,9 @@ pub struct WorkerConfig {
     pub server_dir: Option<String>,
     /// How long to keep trying to reconnect after the connection drops.
     pub reconnect_for: Duration,
+    /// Called each time the worker registers (first and after reconnecting); `None` for
+    /// workers that should not announce themselves (those inside `kestrel run`).
+    pub on_connect: Option<fn(&Connected<'_>)>,
 }
 
 impl WorkerConfig {
@@ -60,6 +68,7 @@ impl WorkerConfig {
             hostname: hostname(),
             server_dir: None,
             reconnect_for: Duration::from_secs(120),
+            on_connect: None,
         }
     }
 }
@@ -140,10 +149,24 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
     } else {
         None
     };
+    let result = serve_until_done(&config, access, &mut pool).await;
+    // Every task has ended by now: the executor threads are idle, and the reaper exits.
+    if let Some(p) = pool {
+        p.close();
+    }
+    result
+}
+
+/// Serves connection after connection until the server says stop or cannot be reached.
+async fn serve_until_done(
+    config: &WorkerConfig,
+    access: Access,
+    pool: &mut Option<session::Pool>,
+) -> Result<(), WorkerError> {
     let mut access = access;
     let mut carry = session::Carry::default();
     loop {
-        let outcome = session::serve(&config, &access, &mut pool, &mut carry).await;
+        let outcome = session::serve(config, &access, pool, &mut carry).await;
         let reason = match outcome {
             Ok(session::SessionEnd::Shutdown(reason)) => {
                 tracing::info!("server asked the worker to stop: {reason}");
@@ -156,17 +179,17 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
             Err(e) => {
                 // Tasks carried over from an earlier connection run in their own process
                 // groups: stop them rather than leave them behind.
-                carry.abandon(&mut pool).await;
+                carry.abandon(pool).await;
                 return Err(e);
             }
         };
         tracing::warn!(
             "connection to the server lost ({reason}); reconnecting; tasks keep running"
         );
-        access = match reconnect(&config, access, &reason).await {
+        access = match reconnect(config, access, &reason).await {
             Ok(a) => a,
             Err(e) => {
-                carry.abandon(&mut pool).await;
+                carry.abandon(pool).await;
                 return Err(e);
             }
         };

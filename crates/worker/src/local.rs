@@ -3,13 +3,13 @@
 //!
 //! Pure data; the session loop in `session.rs` drives it.
 
-use crate::exec::{Launch, Sink as ExecSink};
-use kestrel_core::placeholders::{resolve, substitute, Values};
+use crate::exec::{Launch, RemoveIfEmpty, Sink as ExecSink};
+use kestrel_core::placeholders::{resolve, substitute, uses, Values, JOB, TASK};
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
 use kestrel_proto::messages::{Assigned, JobIds};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A task waiting on this worker for a free slot.
@@ -257,8 +257,23 @@ impl Local {
             stderr: sink(&t.stderr),
             cwd,
             timeout: t.timeout_ms.map(Duration::from_millis),
+            remove_if_empty: RemoveIfEmpty {
+                stdout: names_one_task(t.cwd.as_deref(), &t.stdout),
+                stderr: names_one_task(t.cwd.as_deref(), &t.stderr),
+            },
         })
     }
+}
+
+/// Whether a sink's path template names one task of one job (`{job}` and `{task}`, the
+/// job possibly in the working directory of a relative path), so that no other task writes
+/// the file and the worker may remove it when the task leaves it empty.
+fn names_one_task(cwd: Option<&str>, sink: &Sink) -> bool {
+    let Sink::File(path) = sink else {
+        return false;
+    };
+    let job_in_cwd = Path::new(path).is_relative() && cwd.is_some_and(|c| uses(c, JOB));
+    uses(path, TASK) && (uses(path, JOB) || job_in_cwd)
 }
 
 #[cfg(test)]
@@ -316,11 +331,32 @@ mod tests {
             ExecSink::File("/data/run-3/logs/20.out".into())
         );
         assert_eq!(launch.timeout, Some(Duration::from_millis(1500)));
+        // `{task}` in the path and `{job}` in the directory it is relative to.
+        assert_eq!(
+            launch.remove_if_empty,
+            RemoveIfEmpty {
+                stdout: true,
+                stderr: false
+            }
+        );
         let env: FxHashMap<_, _> = launch.env.into_iter().collect();
         assert_eq!(env["KESTREL_TASK_ID"], "20");
         assert_eq!(env["KESTREL_JOB_ID"], "3");
         assert_eq!(env["KESTREL_WORKER_ID"], "7");
         assert_eq!(env["OUT"], "out-20");
+    }
+
+    #[test]
+    fn only_files_naming_one_task_are_removed_when_empty() {
+        let file = |p: &str| Sink::File(p.into());
+        assert!(names_one_task(None, &file("job-{job}/{task}.err")));
+        assert!(names_one_task(Some("/r/{job}"), &file("{task}.err")));
+        // Shared by the job's tasks, or by the same task of other jobs.
+        assert!(!names_one_task(None, &file("job-{job}.log")));
+        assert!(!names_one_task(Some("/r"), &file("out/{task}.txt")));
+        assert!(!names_one_task(Some("/r/{job}"), &file("/abs/{task}.txt")));
+        assert!(!names_one_task(None, &file("job-{job}/${task}.err")));
+        assert!(!names_one_task(None, &Sink::Null));
     }
 
     #[test]

@@ -4,12 +4,15 @@
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::local::{Held, Identity, Local, LocalTask};
 use crate::outputs::{self, OUTPUT_BYTES_PER_MESSAGE};
-use crate::{ExecMode, WorkerConfig, WorkerError};
+use crate::reaper::Reaper;
+use crate::{Connected, ExecMode, Handover, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex, WorkerId};
 use kestrel_proto::client::open;
 use kestrel_proto::messages::{FromWorker, Registration, Resume, Started, TaskOutput, ToWorker};
 use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
 use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
@@ -33,20 +36,35 @@ pub(crate) struct Done {
 pub(crate) struct Pool {
     tx: crossbeam_channel::Sender<Work>,
     pub(crate) done: mpsc::UnboundedReceiver<Done>,
+    threads: Vec<JoinHandle<()>>,
+    /// Kills the tasks' process groups if this process dies; each thread records its task's.
+    reaper: Option<Arc<Reaper>>,
 }
 
 impl Pool {
     pub(crate) fn new(threads: u32) -> Result<Pool, WorkerError> {
         let (tx, rx) = crossbeam_channel::unbounded::<Work>();
         let (done_tx, done) = mpsc::unbounded_channel();
+        // One thread runs one task at a time: `threads` groups at most are recorded at once.
+        let reaper = match Reaper::start(threads as usize) {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot start the reaper process ({e}): if this worker is killed, its running tasks will keep running"
+                );
+                None
+            }
+        };
+        let mut handles = Vec::with_capacity(threads as usize);
         for i in 0..threads {
             let rx = rx.clone();
             let done_tx = done_tx.clone();
-            std::thread::Builder::new()
+            let reaper = reaper.clone();
+            let handle = std::thread::Builder::new()
                 .name(format!("kestrel-exec-{i}"))
                 .spawn(move || {
                     while let Ok(w) = rx.recv() {
-                        let outcome = exec::run(&w.launch, &w.cancel);
+                        let outcome = exec::run_with(&w.launch, &w.cancel, reaper.as_deref());
                         let timeout = w.launch.timeout;
                         if done_tx
                             .send(Done {
@@ -61,8 +79,32 @@ impl Pool {
                     }
                 })
                 .map_err(|e| WorkerError::Setup(format!("cannot start executor thread: {e}")))?;
+            handles.push(handle);
         }
-        Ok(Pool { tx, done })
+        Ok(Pool {
+            tx,
+            done,
+            threads: handles,
+            reaper,
+        })
+    }
+
+    /// Ends the executor threads once their tasks have ended (call it when none runs, or it
+    /// waits for them), then closes the reaper's pipe and reaps it, leaving no process behind.
+    pub(crate) fn close(self) {
+        let Pool {
+            tx,
+            done,
+            threads,
+            reaper,
+        } = self;
+        drop(tx);
+        drop(done);
+        for t in threads {
+            let _ = t.join();
+        }
+        // The threads' references are gone: this drop closes the pipe.
+        drop(reaper);
     }
 }
 
@@ -201,7 +243,7 @@ pub(crate) async fn serve(
         }
     }
     let end = session
-        .register(&mut reader, &mut writer, pool, carry, exec)
+        .register(&mut reader, &mut writer, pool, carry, (exec, access))
         .await;
     let end = match end {
         Ok(Ok((_, heartbeat_ms))) => {
@@ -247,14 +289,14 @@ struct Session<'a> {
 
 impl Session<'_> {
     /// Sends the registration (with what survived the last connection) and waits for the
-    /// answer. Returns the worker id and heartbeat interval.
+    /// answer; tells [`WorkerConfig::on_connect`]. Returns the worker id and heartbeat interval.
     async fn register(
         &mut self,
         reader: &mut FrameReader<kestrel_proto::ConnRead>,
         writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
         pool: &mut Option<Pool>,
         carry: &mut Carry,
-        exec: &str,
+        (exec, access): (&str, &Access),
     ) -> Result<Result<(WorkerId, u64), SessionEnd>, WorkerError> {
         // Results whose output would make the registration too big are reported as still
         // running; their ends follow in the first updates.
@@ -301,7 +343,8 @@ impl Session<'_> {
                     ))))
                 }
             };
-        match carry.prev.take() {
+        let carried = (self.running.len(), self.finished.len());
+        let handover = match carry.prev.take() {
             Some((_, old, _)) if old != server_id => {
                 // Another server: its tasks are not this one's; stop them and drop their results.
                 tracing::warn!(
@@ -318,6 +361,10 @@ impl Session<'_> {
                 self.outputs.clear();
                 self.waited.clear();
                 self.local = self.config.local();
+                Some(Handover::Dropped {
+                    running: carried.0,
+                    results: carried.1,
+                })
             }
             Some(_) => {
                 if !self.running.is_empty() || !self.finished.is_empty() {
@@ -329,11 +376,24 @@ impl Session<'_> {
                 }
                 self.finished.drain(..sent);
                 self.outputs.drain(..sent_outputs);
+                // Results that did not fit went as running tasks.
+                Some(Handover::Resumed {
+                    running: carried.0 + carried.1 - sent,
+                    results: sent,
+                })
             }
-            None => {}
-        }
+            None => None,
+        };
         carry.prev = Some((worker, server_id, epoch));
         tracing::info!(worker, server = %server, slots = self.config.slots, exec, "registered");
+        if let Some(announce) = self.config.on_connect {
+            announce(&Connected {
+                worker,
+                address: access.address(),
+                config: self.config,
+                handover,
+            });
+        }
         self.me.worker = worker;
         self.me.server = server;
         Ok(Ok((worker, heartbeat_ms)))

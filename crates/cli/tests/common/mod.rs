@@ -222,6 +222,15 @@ pub fn read_pid(path: &Path) -> Option<i32> {
     s.trim().parse().ok()
 }
 
+/// The rows of `kestrel task list JOB --output json`.
+pub fn task_rows(c: &Cluster, job: &str) -> Vec<Value> {
+    let page = c
+        .run(&["task", "list", job, "--output", "json"])
+        .ok()
+        .json();
+    page["tasks"].as_array().expect("tasks").clone()
+}
+
 /// A server, its workers and the directories they use; everything dies with it.
 pub struct Cluster {
     root: TempDir,
@@ -413,7 +422,7 @@ impl Cluster {
         }
     }
 
-    /// SIGKILLs worker `i` (its tasks keep running; see [`Self::adopt_group`]).
+    /// SIGKILLs worker `i` (its reaper then kills its tasks).
     pub fn kill_worker(&mut self, i: usize) {
         let mut w = self.workers[i].take().expect("worker running");
         let _ = w.kill();
@@ -452,6 +461,11 @@ impl Cluster {
     /// The server's log output so far (all servers started by this cluster).
     pub fn server_log(&self) -> String {
         self.logs_matching("server")
+    }
+
+    /// The workers' log output so far (all workers started by this cluster).
+    pub fn worker_log(&self) -> String {
+        self.logs_matching("worker")
     }
 
     fn logs_matching(&self, kind: &str) -> String {

@@ -1,0 +1,254 @@
+//! A worker's life as its user sees it: it says where it connected, and when it dies, even by
+//! `kill -9`, every task process it started dies with it (issue 10, defect 2), also after a
+//! reconnection and inside `kestrel run`.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// How soon after the worker's death its tasks must be gone.
+const DEATH_LIMIT: Duration = Duration::from_secs(1);
+
+/// A task that starts a background child and waits on a second one, the commonest way a task
+/// leaves processes behind; it writes its shell's pid and the background child's pid.
+const TASK: &str = "sleep 300 & echo $! > bg-{task}; echo $$ > leader-{task}; sleep 300";
+
+/// Every process of the task groups, found through the pid files the tasks wrote in `dir`.
+struct Tasks {
+    leaders: Vec<i32>,
+    background: Vec<i32>,
+}
+
+impl Tasks {
+    /// Waits until tasks `1..=n` have written their pid files in `dir`.
+    fn started(dir: &Path, n: u32) -> Tasks {
+        let mut t = Tasks {
+            leaders: Vec::new(),
+            background: Vec::new(),
+        };
+        for i in 1..=n {
+            let pid = |name: String| {
+                poll(&format!("task {i} to start"), STARTUP, || {
+                    read_pid(&dir.join(&name))
+                })
+            };
+            t.background.push(pid(format!("bg-{i}")));
+            t.leaders.push(pid(format!("leader-{i}")));
+        }
+        for &p in t.leaders.iter().chain(&t.background) {
+            assert!(alive(p), "task process {p} should run");
+        }
+        t
+    }
+
+    /// Live processes in the task groups (the foreground `sleep` has no pid file). One with a
+    /// SIGKILL pending is dead already: it never runs another instruction, it only waits (on
+    /// a loaded machine) to be scheduled for its exit.
+    fn survivors(&self) -> Vec<i32> {
+        let Ok(dir) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| {
+                proc_info(pid).is_some_and(|(_, _, pgrp)| {
+                    self.background.contains(&pid) || self.leaders.contains(&pgrp)
+                }) && !sigkill_pending(pid)
+            })
+            .collect()
+    }
+
+    /// Asserts that no task process is alive `DEATH_LIMIT` after `since`.
+    #[track_caller]
+    fn assert_all_die(&self, since: Instant) {
+        let deadline = since + DEATH_LIMIT;
+        loop {
+            let left = self.survivors();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task processes still run {DEATH_LIMIT:?} after their worker died: {}",
+                describe(&left)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Kills the groups (cleanup for a failed test).
+    fn kill(&self) {
+        for &g in &self.leaders {
+            kill_group(g);
+        }
+        for &p in &self.background {
+            kill_group(p);
+            // SAFETY: plain kill(2) of a process a task of this test started.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Whether `pid` has a SIGKILL pending (it is being killed).
+fn sigkill_pending(pid: i32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let pending = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    (pending("SigPnd:") | pending("ShdPnd:")) & (1 << (libc::SIGKILL - 1)) != 0
+}
+
+/// Each process's /proc stat line, and the reapers that still run, for a failure message.
+fn describe(pids: &[i32]) -> String {
+    let mut out: Vec<String> = pids
+        .iter()
+        .map(|p| fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default())
+        .collect();
+    out.extend(
+        processes()
+            .filter_map(|p| proc_info(p).filter(|(comm, ..)| comm == "kestrel-reaper"))
+            .map(|(_, ppid, _)| format!("a reaper runs (parent {ppid})")),
+    );
+    out.join("; ")
+}
+
+/// Kills what is left of the tasks when a test fails halfway.
+struct KillOnDrop(Option<Tasks>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.kill();
+        }
+    }
+}
+
+#[test]
+fn kill_9_of_a_worker_kills_its_tasks_and_their_children() {
+    let mut c = Cluster::with_workers(&[2]);
+    c.run(&["submit", "--array", "1-2", "--", "sh", "-c", TASK])
+        .ok();
+    let guard = KillOnDrop(Some(Tasks::started(&c.work, 2)));
+    let reaper = reaper_of(c.worker_pid(0) as i32);
+    if let Some(r) = reaper {
+        // Started afresh from the executable, not forked with a copy of the worker's memory.
+        let cmdline = fs::read(format!("/proc/{r}/cmdline")).unwrap_or_default();
+        assert!(cmdline.starts_with(b"kestrel-reaper\0"), "{cmdline:?}");
+    }
+
+    c.kill_worker(0);
+    let killed = Instant::now();
+    guard.0.as_ref().unwrap().assert_all_die(killed);
+    // The reaper did it, and is gone too.
+    let reaper = reaper.expect("the worker had a reaper process");
+    poll("the reaper to exit", DEATH_LIMIT, || {
+        (!alive(reaper)).then_some(())
+    });
+}
+
+#[test]
+fn kill_9_of_a_reconnecting_worker_kills_the_tasks_it_carried_over() {
+    let mut c = Cluster::with_workers(&[2]);
+    let log = poll("the worker's connect line", STARTUP, || {
+        let log = c.worker_log();
+        log.contains(" connected to ").then_some(log)
+    });
+    let first = format!(
+        "worker 1 connected to 127.0.0.1:{} (server dir {}) with 2 slots, 0 GPUs, ",
+        c.port(),
+        c.server_dir.canonicalize().unwrap().display()
+    );
+    let line = log.lines().find(|l| l.starts_with(&first));
+    assert!(
+        line.is_some_and(|l| l.ends_with(" memory, prefetch 2")),
+        "{log}"
+    );
+
+    c.run(&["submit", "--array", "1-2", "--", "sh", "-c", TASK])
+        .ok();
+    let guard = KillOnDrop(Some(Tasks::started(&c.work, 2)));
+    // The worker loses its server, keeps its tasks, and hands them to the restarted server.
+    c.kill_server();
+    c.start_server();
+    let log = poll("the worker's reconnect line", STARTUP, || {
+        let log = c.worker_log();
+        log.contains(" reconnected to ").then_some(log)
+    });
+    assert!(
+        log.contains("; handed over 2 running tasks and 0 results"),
+        "{log}"
+    );
+    assert_eq!(log.matches("connected to").count(), 2, "{log}");
+
+    c.kill_worker(0);
+    let killed = Instant::now();
+    guard.0.as_ref().unwrap().assert_all_die(killed);
+}
+
+#[test]
+fn kill_9_of_kestrel_run_kills_its_tasks() {
+    let dir = tempfile::Builder::new()
+        .prefix("kestrel-it-")
+        .tempdir()
+        .expect("temp dir");
+    let mut cmd = kestrel();
+    // No prefetch: each worker takes one task, so both start (and two reapers are at work).
+    cmd.args(["run", "--workers", "2", "--slots", "1", "--prefetch", "0"])
+        .args(["--array", "1-2", "--", "sh", "-c", TASK])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut run = KillChildOnDrop(cmd.spawn().expect("start kestrel run"));
+    let guard = KillOnDrop(Some(Tasks::started(dir.path(), 2)));
+
+    let _ = run.0.kill();
+    let _ = run.0.wait();
+    let killed = Instant::now();
+    guard.0.as_ref().unwrap().assert_all_die(killed);
+}
+
+#[test]
+fn kestrel_run_workers_do_not_announce_themselves() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = kestrel();
+    cmd.args(["run", "--workers", "2", "--slots", "1", "--array", "1-4"])
+        .args(["--stdout", "none", "--stderr", "none", "--", "true"])
+        .current_dir(dir.path());
+    let out = run_bounded(cmd, COMMAND_LIMIT);
+    out.ok();
+    assert!(!out.stderr.contains("connected to"), "{out:#?}");
+}
+
+/// Kills a child process when a test fails before it does.
+struct KillChildOnDrop(Child);
+
+impl Drop for KillChildOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Pids of all processes.
+fn processes() -> impl Iterator<Item = i32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+}
+
+/// The reaper process a worker forked (before it registered, so before any task ran).
+fn reaper_of(worker: i32) -> Option<i32> {
+    processes().find(|&p| {
+        proc_info(p).is_some_and(|(comm, ppid, _)| comm == "kestrel-reaper" && ppid == worker)
+    })
+}

@@ -19,6 +19,15 @@ pub struct Span {
 }
 
 impl Span {
+    /// The one task `index` of `job` (a task put back in the queue).
+    pub fn one(job: JobId, index: TaskIndex) -> Span {
+        Span {
+            job,
+            next: index,
+            end: index + 1,
+        }
+    }
+
     pub fn len(&self) -> u32 {
         self.end - self.next
     }

@@ -847,14 +847,8 @@ impl Scheduler {
             if crashed {
                 counted.push((job, index));
             }
-            self.ready.push_requeued(
-                j.spec.priority,
-                Span {
-                    job,
-                    next: index,
-                    end: index + 1,
-                },
-            );
+            self.ready
+                .push_requeued(j.spec.priority, Span::one(job, index));
         }
         if !counted.is_empty() {
             self.records.push(Record::Lost { tasks: counted });
@@ -1132,11 +1126,7 @@ impl Scheduler {
                     j.set_state(f.index, TaskState::Ready);
                     let delay = self.backoff_us(failures);
                     if delay == 0 {
-                        let span = Span {
-                            job: f.job,
-                            next: f.index,
-                            end: f.index + 1,
-                        };
+                        let span = Span::one(f.job, f.index);
                         self.ready.push_requeued(priority, span);
                     } else {
                         let due = now_us + delay;
@@ -1316,11 +1306,7 @@ impl Scheduler {
             }
             match spans.last_mut() {
                 Some(s) if s.end == index => s.end += 1,
-                _ => spans.push(Span {
-                    job,
-                    next: index,
-                    end: index + 1,
-                }),
+                _ => spans.push(Span::one(job, index)),
             }
         }
         if failed + canceled == 0 {
@@ -1350,14 +1336,8 @@ impl Scheduler {
             if j.canceled || j.table.get(index).state != TaskState::Ready {
                 continue;
             }
-            self.ready.push_requeued(
-                j.spec.priority,
-                Span {
-                    job,
-                    next: index,
-                    end: index + 1,
-                },
-            );
+            self.ready
+                .push_requeued(j.spec.priority, Span::one(job, index));
         }
     }
 
@@ -1681,14 +1661,8 @@ impl Scheduler {
                 continue;
             }
             j.set_state(index, TaskState::Ready);
-            self.ready.push_requeued(
-                j.spec.priority,
-                Span {
-                    job,
-                    next: index,
-                    end: index + 1,
-                },
-            );
+            self.ready
+                .push_requeued(j.spec.priority, Span::one(job, index));
         }
         if prune {
             self.prune_ledger(worker);

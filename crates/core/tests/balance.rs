@@ -2,30 +2,11 @@
 //! the tasks' run time, work stealing of prefetch windows, and the timing figures that come
 //! out of it (issue 10, defects 3 and 8).
 
+mod common;
+
+use common::{array, spec};
 use kestrel_core::harness::Harness;
 use kestrel_core::*;
-
-fn spec(name: &str) -> JobSpec {
-    JobSpec {
-        name: name.into(),
-        template: TaskTemplate {
-            argv: vec!["sleep".into(), "40".into()],
-            env: vec![],
-            cwd: None,
-            stdout: Sink::Null,
-            stderr: Sink::Null,
-            timeout_ms: None,
-        },
-        resources: Resources::default(),
-        priority: 0,
-        retries: 0,
-        named: vec![],
-    }
-}
-
-fn array(n: u32) -> TaskSet {
-    TaskSet::Array(IdRanges::span(1, n))
-}
 
 const LONG: u64 = 40_000_000;
 

@@ -1,25 +1,10 @@
 //! Memory and named countable resources (issue 10, "Resources"): tasks go only where what they
 //! hold fits, and a job no worker can ever take says what is missing.
 
-use kestrel_core::*;
+mod common;
 
-fn spec(name: &str) -> JobSpec {
-    JobSpec {
-        name: name.into(),
-        template: TaskTemplate {
-            argv: vec!["true".into()],
-            env: vec![],
-            cwd: None,
-            stdout: Sink::Null,
-            stderr: Sink::Null,
-            timeout_ms: None,
-        },
-        resources: Resources::default(),
-        priority: 0,
-        retries: 0,
-        named: vec![],
-    }
-}
+use common::spec;
+use kestrel_core::*;
 
 fn worker(cpus: u32, mem: u64, named: &[(&str, u32)]) -> WorkerOffer {
     WorkerOffer {

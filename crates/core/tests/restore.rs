@@ -1,28 +1,16 @@
 //! Replaying a scheduler's accepted inputs into a fresh one gives back the same jobs: finished
 //! tasks keep their results, unfinished ones are ready again, canceled jobs stay canceled.
 
+mod common;
+
+use common::array;
 use kestrel_core::*;
 
 fn spec(name: &str, retries: u32) -> JobSpec {
     JobSpec {
-        name: name.into(),
-        template: TaskTemplate {
-            argv: vec!["/bin/true".into()],
-            env: vec![],
-            cwd: None,
-            stdout: Sink::Null,
-            stderr: Sink::Null,
-            timeout_ms: None,
-        },
-        resources: Resources::default(),
-        priority: 0,
         retries,
-        named: vec![],
+        ..common::spec(name)
     }
-}
-
-fn array(n: u32) -> TaskSet {
-    TaskSet::Array(IdRanges::span(1, n))
 }
 
 fn failure() -> RunEnd {

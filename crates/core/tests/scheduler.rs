@@ -1,30 +1,11 @@
 //! The scheduler driven through the virtual-time harness: assignment, credits, retries,
 //! worker loss, cancel, priorities and stale reports.
 
+mod common;
+
+use common::{array, spec};
 use kestrel_core::harness::{Harness, SimRun};
 use kestrel_core::*;
-
-fn spec(name: &str) -> JobSpec {
-    JobSpec {
-        name: name.into(),
-        template: TaskTemplate {
-            argv: vec!["/bin/true".into()],
-            env: vec![],
-            cwd: None,
-            stdout: Sink::Null,
-            stderr: Sink::Null,
-            timeout_ms: None,
-        },
-        resources: Resources::default(),
-        priority: 0,
-        retries: 0,
-        named: vec![],
-    }
-}
-
-fn array(n: u32) -> TaskSet {
-    TaskSet::Array(IdRanges::span(1, n))
-}
 
 fn finished(h: &Harness, job: JobId) -> Counts {
     h.sched.job(job).unwrap().counts

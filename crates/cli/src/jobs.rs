@@ -11,6 +11,11 @@ use kestrel_core::{IdRanges, JobSpec, LineList, Resources, Sink, TaskSet, TaskTe
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+/// Where a task's output goes unless the job says otherwise: a directory per job in the
+/// task's working directory.
+pub const DEFAULT_STDOUT: &str = "job-{job}/{task}.out";
+pub const DEFAULT_STDERR: &str = "job-{job}/{task}.err";
+
 /// Options of a job's tasks, from flags or from a job file.
 #[derive(clap::Args, Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,8 +141,8 @@ impl TaskOptions {
                 argv,
                 env,
                 cwd: Some(cwd),
-                stdout: sink(&self.stdout, "stdout", "job-{job}/{task}.out")?,
-                stderr: sink(&self.stderr, "stderr", "job-{job}/{task}.err")?,
+                stdout: sink(&self.stdout, "stdout", DEFAULT_STDOUT)?,
+                stderr: sink(&self.stderr, "stderr", DEFAULT_STDERR)?,
                 timeout_ms,
             },
             resources: Resources {

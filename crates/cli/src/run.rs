@@ -3,7 +3,7 @@
 
 use crate::args::{Exec, Global, RunArgs, Switch};
 use crate::client_cmds::{submissions, submit_all, wait_exit};
-use crate::jobs::Submission;
+use crate::jobs::{Submission, DEFAULT_STDOUT};
 use crate::json::{CountsView, RunView};
 use crate::output::{self, Format, Progress};
 use anyhow::{anyhow, bail, Context, Result};
@@ -15,9 +15,6 @@ use kestrel_worker::{ExecMode, WorkerConfig};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-
-/// The default place of task output (see `jobs.rs`); its first directory is named per job.
-const DEFAULT_OUTPUT: &str = "job-{job}/{task}.out";
 
 pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     if a.workers == 0 {
@@ -85,7 +82,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     let quiet = a.quiet || g.output == Format::Json;
     let default_outputs = subs
         .iter()
-        .any(|s| s.spec.template.stdout == Sink::File(DEFAULT_OUTPUT.into()));
+        .any(|s| s.spec.template.stdout == Sink::File(DEFAULT_STDOUT.into()));
     let outcome = async {
         let ids = submit_all(&mut client, subs).await?;
         let hint = format!(
@@ -202,7 +199,7 @@ fn refuse_impossible(subs: &[Submission], slots: u32) -> Result<()> {
 fn first_free_job(subs: &[Submission]) -> u32 {
     let dirs: Vec<&str> = subs
         .iter()
-        .filter(|s| s.spec.template.stdout == Sink::File(DEFAULT_OUTPUT.into()))
+        .filter(|s| s.spec.template.stdout == Sink::File(DEFAULT_STDOUT.into()))
         .filter_map(|s| s.spec.template.cwd.as_deref())
         .filter(|d| !d.contains('{'))
         .collect();

@@ -1091,7 +1091,11 @@ impl Scheduler {
         if f.end != RunEnd::Canceled {
             j.note_run_time(f.finished_us.saturating_sub(f.started_us));
             let ok = f.end == RunEnd::Success;
-            if self.config.quarantine_failures > 0 && j.outcomes.counting(ok) {
+            // Only a task's first run says anything about the worker: tasks run again (a retry,
+            // `job retry`) are those that failed before, and judging the worker that gets them
+            // against the others' first runs would blame it for the tasks.
+            let first_run = rec.runs.saturating_add(unreported_run) <= 1;
+            if self.config.quarantine_failures > 0 && first_run && j.outcomes.counting(ok) {
                 let window = self.config.quarantine_window_us;
                 let mine = w.tally.record(now_us, window, f.job, ok);
                 let all = j.outcomes.record(now_us, window, ok);

@@ -569,3 +569,36 @@ fn quarantine_off_quarantines_no_one() {
     h.run_until_idle();
     assert!(h.sched.workers().all(|w| w.quarantined.is_none()));
 }
+
+/// A worker that joins late and gets only tasks run again (`job retry` of tasks that fail
+/// everywhere) is not blamed for them: found by a user's trial, where it was quarantined.
+#[test]
+fn a_worker_given_only_retried_failing_tasks_is_not_quarantined() {
+    let mut h = Harness::with_model(Scheduler::new(Config::default()), 10, |_, i, _| SimRun {
+        duration_us: 1_000,
+        succeed: i % 7 != 0,
+    });
+    h.add_worker(2, 2);
+    h.add_worker(2, 2);
+    let mut s = spec("sweep");
+    s.retries = 1;
+    let job = h.submit(s, array(200));
+    h.run_until_idle();
+    assert_eq!(h.sched.job(job).unwrap().counts.failed, 29);
+    let late = h.add_worker(2, 2);
+    // The two others are busy with another job, so the late one gets the retried tasks.
+    let busy = h.submit(
+        JobSpec {
+            name: "busy".into(),
+            ..spec("busy")
+        },
+        array(4),
+    );
+    assert_eq!(h.sched.retry_job(job, true), Ok((29, 0)));
+    h.pump();
+    h.run_until_idle();
+    assert!(h.sched.job(busy).unwrap().is_done());
+    assert!(h.worker_runs(late) > 10, "the late worker ran the retried tasks");
+    assert!(h.sched.worker(late).unwrap().quarantined.is_none());
+    assert!(h.sched.workers().all(|w| w.quarantined.is_none()));
+}

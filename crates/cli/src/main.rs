@@ -11,6 +11,7 @@ mod json;
 mod output;
 mod queries;
 mod run;
+mod run_dirs;
 mod session;
 mod sizes;
 

@@ -3,16 +3,16 @@
 
 use crate::args::{Exec, Global, RunArgs, Switch};
 use crate::client_cmds::{submissions, submit_all, wait_exit};
-use crate::jobs::{Submission, DEFAULT_STDOUT};
+use crate::jobs::Submission;
 use crate::json::{CountsView, RunView};
 use crate::output::{self, Format, Progress};
+use crate::run_dirs::RunDirs;
 use anyhow::{anyhow, bail, Context, Result};
-use kestrel_core::{Sink, TaskState};
+use kestrel_core::TaskState;
 use kestrel_proto::messages::{Answer, Ask, Counts, WaitProgress};
 use kestrel_proto::Client;
 use kestrel_server::ServerConfig;
 use kestrel_worker::{ExecMode, WorkerConfig};
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -52,9 +52,10 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             temp.path().to_path_buf()
         }
     };
-    // Job numbers continue after the `job-N` output directories an earlier run left here, so
-    // a second run never writes into the first one's outputs.
-    let first_job = first_free_job(&subs);
+    // Job numbers continue after the `job-N` output directories of earlier (or concurrent)
+    // runs here, so runs never write into each other's outputs.
+    let out_dirs = RunDirs::take(&subs);
+    let first_job = out_dirs.first_job;
     let started = Instant::now();
     let server = kestrel_server::start(ServerConfig {
         quarantine: a.quarantine == Switch::On,
@@ -80,9 +81,6 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         .await
         .map_err(|e| anyhow!("{e}"))?;
     let quiet = a.quiet || g.output == Format::Json;
-    let default_outputs = subs
-        .iter()
-        .any(|s| s.spec.template.stdout == Sink::File(DEFAULT_STDOUT.into()));
     let outcome = async {
         let ids = submit_all(&mut client, subs).await?;
         let hint = format!(
@@ -142,8 +140,9 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
                 output::counts(&counts),
                 output::duration(wall),
             );
-            if default_outputs {
-                let dirs: Vec<String> = jobs.iter().map(|j| format!("job-{j}/")).collect();
+            let here = std::env::current_dir().unwrap_or_default();
+            let dirs = out_dirs.finish(&here);
+            if !dirs.is_empty() {
                 println!("outputs in {}", dirs.join(", "));
             }
         }
@@ -192,28 +191,6 @@ fn refuse_impossible(subs: &[Submission], slots: u32) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The first job number after every `job-N` directory in the directories the jobs' default
-/// outputs go to.
-fn first_free_job(subs: &[Submission]) -> u32 {
-    let dirs: Vec<&str> = subs
-        .iter()
-        .filter(|s| s.spec.template.stdout == Sink::File(DEFAULT_STDOUT.into()))
-        .filter_map(|s| s.spec.template.cwd.as_deref())
-        .filter(|d| !d.contains('{'))
-        .collect();
-    dirs.iter()
-        .filter_map(|d| std::fs::read_dir(Path::new(d)).ok())
-        .flatten()
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let name = e.file_name();
-            let n: u32 = name.to_str()?.strip_prefix("job-")?.parse().ok()?;
-            e.file_type().ok()?.is_dir().then_some(n)
-        })
-        .max()
-        .map_or(1, |n| n.saturating_add(1))
 }
 
 /// Waits for `ids`, then for every job tasks submitted meanwhile, with one progress display;
@@ -286,6 +263,7 @@ async fn show_failures(client: &mut Client, ids: &[kestrel_core::JobId]) {
 mod tests {
     use super::*;
     use crate::jobs::{from_flags, TaskOptions, TaskShape};
+    use std::path::Path;
 
     fn sub(dir: &Path) -> Submission {
         from_flags(
@@ -298,17 +276,6 @@ mod tests {
             dir,
         )
         .unwrap()
-    }
-
-    #[test]
-    fn job_numbers_continue_after_earlier_outputs() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(first_free_job(&[sub(dir.path())]), 1);
-        for d in ["job-1", "job-7", "job-x", "jobs-9"] {
-            std::fs::create_dir(dir.path().join(d)).unwrap();
-        }
-        std::fs::write(dir.path().join("job-12"), "a file, not outputs").unwrap();
-        assert_eq!(first_free_job(&[sub(dir.path())]), 8);
     }
 
     #[test]

@@ -283,3 +283,99 @@ fn tasks_go_where_their_memory_and_named_resources_are() {
         "{bad:#?}"
     );
 }
+
+/// Two runs started together in one directory take different job numbers (found in a user's
+/// trial: both wrote into job-1/).
+#[test]
+fn runs_started_together_here_keep_their_outputs_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |tag: &str| {
+        let mut c = kestrel();
+        c.args(["run", "--array", "1-4", "--", "sh", "-c"])
+            .arg(format!("sleep 0.3; echo {tag}{{task}}"))
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        c.spawn().expect("start a run")
+    };
+    let (mut a, mut b) = (start("A"), start("B"));
+    let deadline = std::time::Instant::now() + COMMAND_LIMIT;
+    for p in [&mut a, &mut b] {
+        loop {
+            if let Some(s) = p.try_wait().unwrap() {
+                assert!(s.success());
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "a run did not end");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    let mut seen = Vec::new();
+    for job in 1..=2 {
+        let read = |t: u32| std::fs::read_to_string(dir.path().join(format!("job-{job}/{t}.out")));
+        let first = read(1).unwrap();
+        let tag = &first[..1];
+        for t in 1..=4 {
+            assert_eq!(
+                read(t).unwrap(),
+                format!("{tag}{t}\n"),
+                "job-{job} mixes runs"
+            );
+        }
+        seen.push(tag.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, ["A", "B"]);
+}
+
+/// Streamed stdout still leaves stderr files under job-N: a second run must not reuse job-1.
+#[test]
+fn a_streamed_run_does_not_write_into_an_earlier_run_s_stderr_files() {
+    let dir = tempfile::tempdir().unwrap();
+    run_in(
+        dir.path(),
+        &["run", "--array", "1-2", "--", "sh", "-c", "echo first >&2"],
+    )
+    .ok();
+    let second = run_in(
+        dir.path(),
+        &[
+            "run",
+            "--array",
+            "1-2",
+            "--stdout",
+            "stream",
+            "--",
+            "sh",
+            "-c",
+            "echo second >&2",
+        ],
+    );
+    second.ok();
+    assert!(second.stdout.contains("outputs in job-2/"), "{second:#?}");
+    for t in 1..=2 {
+        let read = |j: u32| std::fs::read_to_string(dir.path().join(format!("job-{j}/{t}.err")));
+        assert_eq!(read(1).unwrap(), "first\n");
+        assert_eq!(read(2).unwrap(), "second\n");
+    }
+}
+
+/// The outputs line names where the files are, and nothing when there are none.
+#[test]
+fn the_outputs_line_names_the_real_directory_or_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let out = run_in(
+        dir.path(),
+        &["run", "--array", "1-2", "--cwd", "sub", "--", "pwd"],
+    );
+    out.ok();
+    assert!(out.stdout.contains("outputs in sub/job-1/"), "{out:#?}");
+    let quiet = run_in(dir.path(), &["run", "--array", "1-2", "--", "true"]);
+    quiet.ok();
+    assert!(!quiet.stdout.contains("outputs in"), "{quiet:#?}");
+    assert!(
+        !dir.path().join("job-1").exists(),
+        "an empty job directory is not left behind"
+    );
+}

@@ -598,7 +598,10 @@ fn a_worker_given_only_retried_failing_tasks_is_not_quarantined() {
     h.pump();
     h.run_until_idle();
     assert!(h.sched.job(busy).unwrap().is_done());
-    assert!(h.worker_runs(late) > 10, "the late worker ran the retried tasks");
+    assert!(
+        h.worker_runs(late) > 10,
+        "the late worker ran the retried tasks"
+    );
     assert!(h.sched.worker(late).unwrap().quarantined.is_none());
     assert!(h.sched.workers().all(|w| w.quarantined.is_none()));
 }

@@ -26,6 +26,15 @@ fn main() -> ExitCode {
     kestrel_worker::reaper::serve_if_reaper();
     let cli = Cli::parse();
     init_logging(cli.global.verbose);
+    if !hosts_a_worker_or_server(&cli.command) {
+        // A command that only prints dies quietly when its reader goes away (`| head`), as
+        // other tools do, instead of panicking in println!. Rust ignores SIGPIPE by default;
+        // servers and workers keep it so (they write to pipes and sockets that may close).
+        // SAFETY: setting a signal's disposition to the default before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -43,6 +52,17 @@ fn main() -> ExitCode {
             exit::code(exit::code_of(&e))
         }
     }
+}
+
+/// Whether a command runs a server or workers in this process (`server start`, `worker
+/// start`, `run`).
+fn hosts_a_worker_or_server(c: &Command) -> bool {
+    matches!(
+        c,
+        Command::Run(_)
+            | Command::Server(ServerCommand::Start(_))
+            | Command::Worker(WorkerCommand::Start { .. })
+    )
 }
 
 fn init_logging(verbose: u8) {

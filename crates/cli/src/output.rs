@@ -20,9 +20,17 @@ pub enum Format {
 /// Prints a value as JSON.
 pub fn json<T: Serialize>(v: &T) {
     match serde_json::to_string_pretty(v) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => say(s),
         Err(e) => eprintln!("error: cannot render JSON: {e}"),
     }
+}
+
+/// Prints a line on stdout; a reader that went away (`| head`) is no error. For the commands
+/// that keep SIGPIPE ignored because they host a worker (`run`): the others die of it quietly,
+/// as `ls | head` does (see `main`).
+pub fn say(line: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// `1 job`, `2 jobs`: a count with its noun, plural unless one.

@@ -121,6 +121,8 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     let (counts, jobs) = outcome?;
     let total = counts.total().max(tasks);
     let rate = total as f64 / wall.as_secs_f64().max(1e-9);
+    let here = std::env::current_dir().unwrap_or_default();
+    let dirs = out_dirs.finish(&here);
     match g.output {
         Format::Json => output::json(&RunView {
             jobs: jobs.clone(),
@@ -132,18 +134,16 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             tasks_per_s: rate,
         }),
         Format::Table => {
-            println!(
+            output::say(format_args!(
                 "{} on {} x {}: {} in {} ({rate:.1} tasks/s)",
                 output::plural(total, "task"),
                 output::plural(a.workers, "worker"),
                 output::plural(slots, "slot"),
                 output::counts(&counts),
                 output::duration(wall),
-            );
-            let here = std::env::current_dir().unwrap_or_default();
-            let dirs = out_dirs.finish(&here);
+            ));
             if !dirs.is_empty() {
-                println!("outputs in {}", dirs.join(", "));
+                output::say(format_args!("outputs in {}", dirs.join(", ")));
             }
         }
     }

@@ -258,3 +258,25 @@ fn completion_scripts_for_bash_zsh_and_fish() {
         "an unknown shell is a usage error"
     );
 }
+
+/// A reader that goes away (`| head`, `| true`) is no crash: found in a user's trial, where
+/// `kestrel job list | true` panicked with exit status 101.
+#[test]
+fn output_into_a_closed_pipe_is_no_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    for cmd in [
+        format!("'{BIN}' completions bash | true"),
+        format!("'{BIN}' run --array 1-3 -- true | true"),
+        format!("'{BIN}' --help | true"),
+    ] {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", &cmd])
+            .current_dir(dir.path())
+            .env_remove("KESTREL_SERVER_DIR");
+        let out = run_bounded(c, COMMAND_LIMIT);
+        assert!(
+            !out.stderr.contains("panicked") && out.code() == Some(0),
+            "{cmd}: {out:#?}"
+        );
+    }
+}

@@ -314,3 +314,40 @@ fn bad_input_gets_one_line_saying_what_to_do() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// A key names one submission: another command under the same key is refused, not answered
+/// with the first job (found in a user's trial, where it printed the new task count).
+#[test]
+fn a_key_reused_for_another_submission_is_refused() {
+    let c = Cluster::new();
+    let first = c.run(&[
+        "submit",
+        "--key",
+        "k1",
+        "--parsable",
+        "--array",
+        "1-3",
+        "--",
+        "true",
+    ]);
+    assert_eq!(first.ok().stdout, "1\n");
+    let again = c.run(&[
+        "submit",
+        "--key",
+        "k1",
+        "--parsable",
+        "--array",
+        "1-3",
+        "--",
+        "true",
+    ]);
+    assert_eq!(again.ok().stdout, "1\n");
+    let other = c.run(&["submit", "--key", "k1", "--array", "1-5", "--", "false"]);
+    let err = other.one_line_error();
+    assert!(
+        err.contains("key \"k1\" was used for job 1, a different submission"),
+        "{err}"
+    );
+    assert_eq!(other.code(), Some(2));
+    assert_eq!(jobs(&c).as_array().map(Vec::len), Some(1));
+}

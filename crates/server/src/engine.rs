@@ -462,13 +462,25 @@ impl Engine {
                 open,
                 key,
             } => {
-                if let Some(job) = key.as_ref().and_then(|k| self.keys.get(k)) {
-                    tracing::info!(job, "repeated submission answered with its job");
-                    Ok(Answer::Submitted {
-                        job: *job,
-                        warning: None,
-                        repeated: true,
-                    })
+                if let Some((k, &job)) = key.as_ref().and_then(|k| Some((k, self.keys.get(k)?))) {
+                    // The key names a submission: the same one again gets its job; another one
+                    // under the same key is a mistake to say, not a job to answer with.
+                    let same = self
+                        .core
+                        .job(job)
+                        .is_none_or(|j| j.spec == spec && (open || j.open || j.tasks == tasks));
+                    if same {
+                        tracing::info!(job, "repeated submission answered with its job");
+                        Ok(Answer::Submitted {
+                            job,
+                            warning: None,
+                            repeated: true,
+                        })
+                    } else {
+                        Err(Refusal::from(format!(
+                            "key {k:?} was used for job {job}, a different submission (another command, options or tasks); give this one a key of its own"
+                        )))
+                    }
                 } else if let Err(e) = self.accepting_work() {
                     Err(e.into())
                 } else {

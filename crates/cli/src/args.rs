@@ -110,8 +110,9 @@ other text in braces (awk '{print $1}', find -exec ... {} +). A placeholder that
 apply ({line} without --each) or that looks mistyped ({tsk}, {TASK}, {lines}: a letter off,
 or another case) is refused at submission, naming the valid ones.
 
-Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID and KESTREL_SERVER in their
-environment, on top of the worker's own (or of this shell's with --env-all).
+Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID, KESTREL_SERVER and
+KESTREL_SERVER_DIR in their environment (so a task can `kestrel submit` more), on top of the
+worker's own (or of this shell's with --env-all).
 
 Examples:
   kestrel submit -- ./one-task
@@ -351,6 +352,7 @@ pub enum JobCommand {
         after_help = "A job that still has queued or running tasks is refused: wait for it or cancel it first.\n\nExamples:\n  kestrel job forget 3 4\n  kestrel job forget --all-finished"
     )]
     Forget {
+        /// The jobs to forget (each must have ended)
         #[arg(required_unless_present = "all_finished")]
         jobs: Vec<u32>,
         /// Every job that has ended: finished, failed or canceled

@@ -477,16 +477,25 @@ pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
 }
 
 /// `1 cpu per task`, `2 cpus, 1 gpu per task`.
-fn resources(r: kestrel_core::Resources) -> String {
-    if r.gpus == 0 {
-        format!("{} per task", plural(r.cpus, "cpu"))
-    } else {
-        format!(
-            "{}, {} per task",
-            plural(r.cpus, "cpu"),
-            plural(r.gpus, "gpu")
-        )
+/// What each task of a job holds: `2 cpus, 1 GPU, 4.0 GiB of memory, 1 licenses per task`.
+fn resources(spec: &kestrel_core::JobSpec) -> String {
+    let r = spec.resources;
+    let mut parts = vec![plural(r.cpus, "cpu")];
+    if r.gpus > 0 {
+        parts.push(plural(r.gpus, "GPU"));
     }
+    if r.mem > 0 {
+        parts.push(format!("{} of memory", output::bytes(r.mem)));
+    }
+    parts.extend(spec.named.iter().map(|(name, n)| format!("{n} {name}")));
+    format!("{} per task", parts.join(", "))
+}
+
+/// What a worker offers beyond slots and GPUs: `23.5 GiB, licenses=4`.
+fn offers(w: &kestrel_proto::messages::WorkerRow) -> String {
+    let mut parts = vec![output::bytes(w.mem)];
+    parts.extend(w.named.iter().map(|(name, n)| format!("{name}={n}")));
+    parts.join(", ")
 }
 
 fn print_job(d: &JobDetail) {
@@ -514,7 +523,7 @@ fn print_job(d: &JobDetail) {
             "stdout / stderr",
             format!("{} / {}", json::sink(&t.stdout), json::sink(&t.stderr)),
         ),
-        ("resources", resources(d.spec.resources)),
+        ("resources", resources(&d.spec)),
         (
             "priority / retries",
             format!("{} / {}", d.spec.priority, d.spec.retries),
@@ -532,18 +541,22 @@ fn print_job(d: &JobDetail) {
                 output::micros(f.saturating_sub(s.submitted_us) as f64)
             }),
         ),
-        ("mean queue time", output::micros(d.timing.mean_queue_us)),
-        (
-            "mean wait for a slot",
-            output::micros(d.timing.mean_waited_us),
-        ),
-        (
-            "mean dispatch overhead",
-            output::micros(d.timing.mean_dispatch_us),
-        ),
-        ("mean run time", output::micros(d.timing.mean_run_us)),
     ];
     let mut rows = rows;
+    // Means over the tasks that finished: none before the first one.
+    let mean = |us: f64| {
+        if d.timing.tasks == 0 {
+            "- (no task finished yet)".to_string()
+        } else {
+            output::micros(us)
+        }
+    };
+    rows.extend([
+        ("mean queue time", mean(d.timing.mean_queue_us)),
+        ("mean wait for a slot", mean(d.timing.mean_waited_us)),
+        ("mean dispatch overhead", mean(d.timing.mean_dispatch_us)),
+        ("mean run time", mean(d.timing.mean_run_us)),
+    ]);
     if let Some(w) = &d.waiting {
         rows.insert(4, ("waiting", w.clone()));
     }
@@ -577,6 +590,7 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
             "address",
             "slots",
             "gpus",
+            "memory / resources",
             "exec",
             "tasks",
             "finished",
@@ -591,6 +605,7 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
                 Cell::new(&w.address),
                 Cell::new(w.slots),
                 Cell::new(w.gpus),
+                Cell::new(offers(w)),
                 Cell::new(&w.exec),
                 Cell::new(w.tasks),
                 Cell::new(w.finished),

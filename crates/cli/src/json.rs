@@ -93,20 +93,21 @@ impl From<&JobSummary> for JobView {
 
 /// Means over a job's successful tasks.
 #[derive(Serialize)]
+/// Every figure is `null` until a task has finished successfully.
 pub struct TimingView {
     /// How many tasks the means are over.
     pub tasks_timed: u64,
     /// Submission to assignment to a worker.
-    pub mean_queue_us: u64,
+    pub mean_queue_us: Option<u64>,
     /// Waiting on the worker, sent ahead (prefetched), for a free slot.
-    pub mean_slot_wait_us: u64,
+    pub mean_slot_wait_us: Option<u64>,
     /// Assignment to process start less the wait for a slot: network, the worker's handling
     /// and the launch's preparation.
-    pub mean_dispatch_us: u64,
+    pub mean_dispatch_us: Option<u64>,
     /// Process start to exit.
-    pub mean_run_us: u64,
+    pub mean_run_us: Option<u64>,
     /// First start to last end.
-    pub span_us: u64,
+    pub span_us: Option<u64>,
 }
 
 /// `job info`: the job, how its tasks run, and their timing.
@@ -125,6 +126,10 @@ pub struct JobInfoView {
     pub stderr: String,
     pub cpus: u32,
     pub gpus: u32,
+    /// Memory each task holds, in bytes (0: none asked for).
+    pub mem: u64,
+    /// Named countable resources each task holds.
+    pub resources: BTreeMap<String, u32>,
     pub priority: i32,
     pub retries: u32,
     pub timeout_us: Option<u64>,
@@ -137,6 +142,7 @@ pub struct JobInfoView {
 impl From<&JobDetail> for JobInfoView {
     fn from(d: &JobDetail) -> JobInfoView {
         let t = &d.spec.template;
+        let timed = |mean: f64| (d.timing.tasks > 0).then_some(mean.round() as u64);
         JobInfoView {
             job: (&d.summary).into(),
             ids: d.ids.clone(),
@@ -147,16 +153,18 @@ impl From<&JobDetail> for JobInfoView {
             stderr: sink(&t.stderr),
             cpus: d.spec.resources.cpus,
             gpus: d.spec.resources.gpus,
+            mem: d.spec.resources.mem,
+            resources: d.spec.named.iter().cloned().collect(),
             priority: d.spec.priority,
             retries: d.spec.retries,
             timeout_us: t.timeout_ms.map(|ms| ms.saturating_mul(1000)),
             timing: TimingView {
                 tasks_timed: d.timing.tasks,
-                mean_queue_us: d.timing.mean_queue_us.round() as u64,
-                mean_slot_wait_us: d.timing.mean_waited_us.round() as u64,
-                mean_dispatch_us: d.timing.mean_dispatch_us.round() as u64,
-                mean_run_us: d.timing.mean_run_us.round() as u64,
-                span_us: d.timing.span_us,
+                mean_queue_us: timed(d.timing.mean_queue_us),
+                mean_slot_wait_us: timed(d.timing.mean_waited_us),
+                mean_dispatch_us: timed(d.timing.mean_dispatch_us),
+                mean_run_us: timed(d.timing.mean_run_us),
+                span_us: (d.timing.tasks > 0).then_some(d.timing.span_us),
             },
             waiting: d.waiting.clone(),
         }
@@ -309,6 +317,10 @@ pub struct WorkerView {
     pub address: String,
     pub slots: u32,
     pub gpus: u32,
+    /// Memory tasks may hold there, in bytes.
+    pub mem: u64,
+    /// Named countable resources it offers.
+    pub resources: BTreeMap<String, u32>,
     pub prefetch: u32,
     /// process, or noop (benchmarks).
     pub exec: String,
@@ -331,6 +343,8 @@ impl From<&WorkerRow> for WorkerView {
             address: w.address.clone(),
             slots: w.slots,
             gpus: w.gpus,
+            mem: w.mem,
+            resources: w.named.iter().cloned().collect(),
             prefetch: w.prefetch,
             exec: w.exec.clone(),
             tasks: w.tasks,

@@ -163,6 +163,10 @@ pub struct Progress {
     quiet: bool,
     /// The last "why the work does not move" shown, to say it once per change.
     waiting: Option<String>,
+    /// When the first report came and how many tasks were done then: the rate counts only
+    /// what ended while this command watched (a wait on a half-done job must not count the
+    /// tasks done before it began).
+    first: Option<(Instant, u64)>,
 }
 
 impl Progress {
@@ -184,24 +188,31 @@ impl Progress {
             last_line: Instant::now(),
             quiet,
             waiting: None,
+            first: None,
         }
     }
 
     pub fn update(&mut self, p: &WaitProgress) {
         let c = &p.counts;
         let done = c.done();
-        let elapsed = self.started.elapsed().as_secs_f64().max(1e-3);
-        let rate = done as f64 / elapsed;
+        let (since, done_then) = *self.first.get_or_insert((Instant::now(), done));
+        let elapsed = since.elapsed().as_secs_f64();
+        let rate = done.saturating_sub(done_then) as f64 / elapsed.max(1e-3);
         let left = c.total().saturating_sub(done);
-        let eta = if rate > 0.0 && left > 0 {
-            format!(
-                ", ETA {}",
-                duration(Duration::from_secs_f64(left as f64 / rate))
-            )
-        } else {
-            String::new()
-        };
-        let mut msg = format!("{} failed  {:.0} tasks/s{eta}", c.failed, rate);
+        // No rate (nor ETA) before a task ended while watching, or within the first second.
+        let mut msg = format!("{} failed", c.failed);
+        if rate > 0.0 && elapsed >= 1.0 {
+            let shown = if rate < 10.0 {
+                format!("{rate:.1}")
+            } else {
+                format!("{rate:.0}")
+            };
+            msg.push_str(&format!("  {shown} tasks/s"));
+            if left > 0 {
+                let eta = Duration::from_secs_f64(left as f64 / rate);
+                msg.push_str(&format!(", ETA {}", duration(eta)));
+            }
+        }
         if p.waiting != self.waiting {
             self.waiting = p.waiting.clone();
             // Said once, even without a terminal: a stalled run must not look merely slow.

@@ -300,7 +300,7 @@ fn print_task(d: &TaskDetail) {
         (
             "attempts",
             format!(
-                "{} ({} failed, {} lost with their worker)",
+                "{} runs started; {} failed since the last `job retry` (each spends a retry), {} lost with their worker",
                 json::attempts(r),
                 r.failures,
                 r.lost

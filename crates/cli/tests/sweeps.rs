@@ -145,6 +145,8 @@ fn a_job_too_big_for_every_worker_is_kept_with_a_warning_and_a_reason() {
     let info = job_info(&c, "1");
     let waiting = info["waiting"].as_str().unwrap_or_default();
     assert!(waiting.starts_with("each task needs 3 cpus"), "{info}");
+    // No task has run: no figure, rather than zeros.
+    assert!(info["timing"]["mean_run_us"].is_null(), "{info}");
     let table = c.run(&["job", "info", "1"]).ok().stdout.clone();
     assert!(table.contains("waiting"), "{table}");
 }
@@ -272,10 +274,20 @@ fn tasks_go_where_their_memory_and_named_resources_are() {
     out.ok();
     assert!(
         out.stderr.contains(
-            "each task needs 16384 MiB of memory, the largest worker has 8192 MiB of memory"
+            "each task needs 16.0 GiB of memory, the largest worker has 8.0 GiB of memory"
         ),
         "{out:#?}"
     );
+    // What a job holds and what workers offer can be seen.
+    let info = c.run(&["job", "info", "2", "--output", "json"]).ok().json();
+    assert_eq!(info["mem"], 16u64 << 30, "{info}");
+    let table = c.run(&["job", "info", "1"]).ok().stdout.clone();
+    assert!(table.contains("1 cpu, 1 licenses per task"), "{table}");
+    let w = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    assert_eq!(w["workers"][0]["resources"]["licenses"], 1, "{w}");
+    assert_eq!(w["workers"][0]["mem"], 1u64 << 30, "{w}");
+    let table = c.run(&["worker", "list"]).ok().stdout.clone();
+    assert!(table.contains("1.0 GiB, licenses=1"), "{table}");
     // A bad resource is refused before anything is sent.
     let bad = c.run(&["submit", "--resource", "licenses", "--", "true"]);
     assert!(

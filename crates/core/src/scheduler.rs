@@ -463,8 +463,8 @@ pub enum SchedError {
 pub enum Stall {
     /// No worker is connected.
     NoWorkers,
-    /// Every worker is too small for one task: `what` says what it lacks, e.g. "3 cpus, the
-    /// largest worker has 2 cpus".
+    /// Every worker is too small for one task: `what` says what it lacks and what to do, e.g.
+    /// "3 cpus, the largest worker has 2 cpus; start a bigger worker or cancel the job".
     TooBig { what: String },
     /// Every worker that could run the tasks is quarantined.
     Quarantined { workers: Vec<WorkerId> },
@@ -478,10 +478,7 @@ impl fmt::Display for Stall {
             Stall::NoWorkers => {
                 f.write_str("no worker is connected; start one with `kestrel worker start`")
             }
-            Stall::TooBig { what } => write!(
-                f,
-                "each task needs {what}; start a bigger worker or cancel the job"
-            ),
+            Stall::TooBig { what } => write!(f, "each task needs {what}"),
             Stall::Quarantined { workers } => {
                 let ids: Vec<String> = workers.iter().map(u32::to_string).collect();
                 let n = workers.len() as u32;
@@ -1768,8 +1765,16 @@ impl Scheduler {
                 format!("{n} {one}s")
             }
         };
-        let mib = |b: u64| format!("{} MiB of memory", b.div_ceil(1 << 20));
-        let short = |need: String, most: String| format!("{need}, the largest worker has {most}");
+        let mem = |b: u64| {
+            if b >= 1 << 30 {
+                format!("{:.1} GiB of memory", b as f64 / f64::from(1u32 << 30))
+            } else {
+                format!("{} MiB of memory", b.div_ceil(1 << 20))
+            }
+        };
+        let bigger = "; start a bigger worker or cancel the job";
+        let short =
+            |need: String, most: String| format!("{need}, the largest worker has {most}{bigger}");
         let mut needs = vec![count(need.cpus.into(), "cpu")];
         if need.cpus > most.cpus {
             return short(needs.remove(0), count(most.cpus.into(), "cpu"));
@@ -1784,9 +1789,9 @@ impl Scheduler {
             }
         }
         if need.mem > 0 {
-            needs.push(mib(need.mem));
+            needs.push(mem(need.mem));
             if need.mem > most.mem {
-                return short(mib(need.mem), mib(most.mem));
+                return short(mem(need.mem), mem(most.mem));
             }
         }
         for (i, (&n, &m)) in need.named.iter().zip(&most.named).enumerate() {
@@ -1796,13 +1801,19 @@ impl Scheduler {
             let name = self.resource_name(i).unwrap_or("?");
             needs.push(format!("{n} {name}"));
             if n > m {
+                let offer = format!(
+                    "start a worker with `kestrel worker start --resource {name}=N` or cancel the job"
+                );
                 return match m {
-                    0 => format!("{n} {name}, and no worker has any"),
-                    m => format!("{n} {name}, the most a worker has is {m}"),
+                    0 => format!("{n} {name}, which no worker offers; {offer}"),
+                    m => format!("{n} {name}, the most a worker offers is {m}; {offer}"),
                 };
             }
         }
-        format!("{}, and no worker has all of it", needs.join(" and "))
+        format!(
+            "{}, and no worker has all of it{bigger}",
+            needs.join(" and ")
+        )
     }
 
     /// Why a job's queued tasks cannot go to any worker, if so (`None` also when they simply

@@ -70,7 +70,7 @@ fn a_job_needing_what_no_worker_has_says_what() {
         .unwrap();
     assert_eq!(
         s.stall(j).unwrap().to_string(),
-        "each task needs 1 scratch, and no worker has any; start a bigger worker or cancel the job"
+        "each task needs 1 scratch, which no worker offers; start a worker with `kestrel worker start --resource scratch=N` or cancel the job"
     );
     let mut mem = spec("mem");
     mem.resources.mem = 3 * GIB;
@@ -79,7 +79,7 @@ fn a_job_needing_what_no_worker_has_says_what() {
         .unwrap();
     assert_eq!(
         s.stall(j).unwrap().to_string(),
-        "each task needs 3072 MiB of memory, the largest worker has 2048 MiB of memory; start a bigger worker or cancel the job"
+        "each task needs 3.0 GiB of memory, the largest worker has 2.0 GiB of memory; start a bigger worker or cancel the job"
     );
     // Each on some worker, but never all on one.
     s.worker_joined(0, worker(4, 4 * GIB, &[]));
@@ -91,7 +91,7 @@ fn a_job_needing_what_no_worker_has_says_what() {
         .unwrap();
     assert_eq!(
         s.stall(j).unwrap().to_string(),
-        "each task needs 1 cpu and 3072 MiB of memory and 1 licenses, and no worker has all of it; start a bigger worker or cancel the job"
+        "each task needs 1 cpu and 3.0 GiB of memory and 1 licenses, and no worker has all of it; start a bigger worker or cancel the job"
     );
 }
 

@@ -769,6 +769,12 @@ pub struct WorkerRow {
     /// Why it gets no new tasks, if quarantined.
     #[serde(default)]
     pub quarantined: Option<String>,
+    /// Memory tasks may hold there, in bytes.
+    #[serde(default)]
+    pub mem: u64,
+    /// Named countable resources it offers (`licenses=4`).
+    #[serde(default)]
+    pub named: Vec<(String, u32)>,
 }
 
 /// The result of canceling one job.

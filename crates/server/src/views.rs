@@ -239,5 +239,7 @@ pub fn worker_row(w: &Worker, address: String, exec: String) -> WorkerRow {
         joined_us: w.joined_us,
         last_seen_us: w.last_seen_us,
         quarantined: w.quarantined.clone(),
+        mem: w.offer.resources.mem,
+        named: w.offer.named.clone(),
     }
 }

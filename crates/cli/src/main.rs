@@ -25,7 +25,8 @@ fn main() -> ExitCode {
     // A worker's reaper is this executable started afresh; it never gets past this line.
     kestrel_worker::reaper::serve_if_reaper();
     let cli = Cli::parse();
-    init_logging(cli.global.verbose);
+    let server = matches!(cli.command, Command::Server(ServerCommand::Start(_)));
+    init_logging(cli.global.verbose, server);
     if !hosts_a_worker_or_server(&cli.command) {
         // A command that only prints dies quietly when its reader goes away (`| head`), as
         // other tools do, instead of panicking in println!. Rust ignores SIGPIPE by default;
@@ -65,8 +66,11 @@ fn hosts_a_worker_or_server(c: &Command) -> bool {
     )
 }
 
-fn init_logging(verbose: u8) {
+/// Logs go to stderr: warnings by default; a server also says what happens to its workers and
+/// jobs (joined, lost, submitted, done), which is what its log is read for.
+fn init_logging(verbose: u8, server: bool) {
     let default = match verbose {
+        0 if server => "warn,kestrel_server=info",
         0 => "warn",
         1 => "info",
         _ => "debug",

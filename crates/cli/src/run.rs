@@ -107,9 +107,17 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             show_failures(&mut client, &all).await;
         }
         Ok::<_, anyhow::Error>((counts, all))
-    }
-    .await;
+    };
+    // Ctrl-C or a TERM stops the run: its tasks are stopped with the workers (and its
+    // temporary server directory removed) instead of the process dying where it stands.
+    let outcome = tokio::select! {
+        o = outcome => Some(o),
+        _ = interrupted() => None,
+    };
     let wall = started.elapsed();
+    if outcome.is_none() && !a.quiet {
+        eprintln!("interrupted: stopping the run and its tasks");
+    }
     server.stop().await;
     for w in workers {
         match w.await {
@@ -118,6 +126,10 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             Err(e) => eprintln!("warning: a local worker crashed: {e}"),
         }
     }
+    let Some(outcome) = outcome else {
+        out_dirs.finish(&std::env::current_dir().unwrap_or_default());
+        return Ok(ExitCode::from(130));
+    };
     let (counts, jobs) = outcome?;
     let total = counts.total().max(tasks);
     let rate = total as f64 / wall.as_secs_f64().max(1e-9);
@@ -151,6 +163,24 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         counts,
         ..Default::default()
     }))
+}
+
+/// Ends on SIGINT (Ctrl-C) or SIGTERM.
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let terminated = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminated => {}
+    }
 }
 
 /// Refuses at once what the local workers can never run (a server would wait for a bigger

@@ -391,3 +391,55 @@ fn the_outputs_line_names_the_real_directory_or_nothing() {
         "an empty job directory is not left behind"
     );
 }
+
+/// Ctrl-C stops a run cleanly: its tasks with it, status 130, no temporary server directory
+/// left behind (found in a user's trial).
+#[test]
+fn an_interrupted_run_stops_its_tasks_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let mut c = kestrel();
+    c.args([
+        "run",
+        "--array",
+        "1-2",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ > pid-{task}; sleep 60",
+    ])
+    .current_dir(dir.path())
+    .env("TMPDIR", &tmp)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut run = c.spawn().unwrap();
+    let pids: Vec<i32> = (1..=2)
+        .map(|t| {
+            let f = dir.path().join(format!("pid-{t}"));
+            poll("the task to start", COMMAND_LIMIT, || read_pid(&f))
+        })
+        .collect();
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let status = poll("the run to stop", COMMAND_LIMIT, || run.try_wait().unwrap());
+    assert_eq!(status.code(), Some(130));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("interrupted: stopping the run and its tasks"),
+        "{err}"
+    );
+    for pid in pids {
+        poll(
+            "the task to be gone",
+            std::time::Duration::from_secs(5),
+            || (!alive(pid)).then_some(()),
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "temporary files left"
+    );
+}

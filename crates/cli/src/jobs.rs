@@ -342,7 +342,7 @@ pub fn from_flags(
             let mut spec = opts.spec(argv, &name, base_dir)?;
             placeholders::check_template(&spec.template, true)?;
             if !placeholders::uses_line(&spec.template) {
-                eprintln!("warning: --each: {{line}} appears nowhere in the command, paths or --env values, so every task runs the same command; put {{line}} where each task's line goes");
+                eprintln!("warning: --each: {{line}} appears nowhere in the command, paths or --env values, so every task runs the same command; put {{line}} where each task's line goes (GNU parallel's {{}} is {{line}} here)");
             }
             opts.add_env_all(&mut spec);
             let lines = each_lines(file, sizes::task_room(&spec)?)?;

@@ -53,10 +53,21 @@ impl Ledger {
     }
 
     /// The listed tasks for which `holds` is true, each once, sorted.
-    pub fn held(&self, mut holds: impl FnMut(JobId, TaskIndex) -> bool) -> Vec<(JobId, TaskIndex)> {
+    pub fn held(&self, holds: impl FnMut(JobId, TaskIndex) -> bool) -> Vec<(JobId, TaskIndex)> {
+        self.held_of(|_| true, holds)
+    }
+
+    /// [`Self::held`] for the tasks of jobs for which `of_job` is true; `of_job` is asked once
+    /// per listed run, so a ledger of jobs none of which qualify costs no walk of its tasks.
+    pub fn held_of(
+        &self,
+        mut of_job: impl FnMut(JobId) -> bool,
+        mut holds: impl FnMut(JobId, TaskIndex) -> bool,
+    ) -> Vec<(JobId, TaskIndex)> {
         let mut out: Vec<_> = self
             .runs
             .iter()
+            .filter(|r| of_job(r.job))
             .flat_map(|r| (r.first..r.first + r.count).map(move |i| (r.job, i)))
             .filter(|&(job, index)| holds(job, index))
             .collect();
@@ -91,6 +102,28 @@ mod tests {
         assert_eq!(l.runs.len(), 3);
         let held = l.held(|job, i| job == 2 || i % 50 == 5);
         assert_eq!(held, vec![(1, 5), (1, 55), (2, 7)]);
+    }
+
+    #[test]
+    fn held_of_walks_only_the_runs_of_the_jobs_asked_for() {
+        let mut l = Ledger::default();
+        l.push_run(IndexRun {
+            job: 1,
+            first: 0,
+            count: 1_000,
+        });
+        l.push(2, 3);
+        l.push(2, 4);
+        let mut walked = 0;
+        let held = l.held_of(
+            |job| job == 2,
+            |_, _| {
+                walked += 1;
+                true
+            },
+        );
+        assert_eq!(held, vec![(2, 3), (2, 4)]);
+        assert_eq!(walked, 2, "job 1's thousand tasks are not walked");
     }
 
     #[test]

@@ -414,6 +414,22 @@ impl Worker {
 /// The test of whether `worker` holds a task (see [`Job::held_by`]; the records are the
 /// truth, a worker's [`Ledger`] says where to look). A ledger lists runs of one job at a
 /// time, so the job is looked up once per run, not once per task.
+/// Answers of a per-job question, asked once per job however many ledger runs name it (a
+/// handful of live jobs: a short list beats a map).
+#[derive(Default)]
+struct JobMemo(Vec<(JobId, bool)>);
+
+impl JobMemo {
+    fn memo(&mut self, job: JobId, ask: impl FnOnce() -> bool) -> bool {
+        if let Some(&(_, answer)) = self.0.iter().find(|(j, _)| *j == job) {
+            return answer;
+        }
+        let answer = ask();
+        self.0.push((job, answer));
+        answer
+    }
+}
+
 fn holder(
     jobs: &BTreeMap<JobId, Job>,
     worker: WorkerId,
@@ -1372,8 +1388,8 @@ impl Scheduler {
         let mut running = 0;
         let jobs = &self.jobs;
         for w in self.workers.values() {
-            let mut holds = holder(jobs, w.id);
-            let tasks = w.ledger.held(|jb, index| jb == job && holds(jb, index));
+            let holds = holder(jobs, w.id);
+            let tasks = w.ledger.held_of(|jb| jb == job, holds);
             if !tasks.is_empty() {
                 running += tasks.len() as u32;
                 self.commands.push(Command::Cancel {
@@ -1580,6 +1596,7 @@ impl Scheduler {
             return;
         }
         victims.sort_unstable_by(|a, b| b.cmp(a));
+        let mut worth = JobMemo::default();
         let thieves: Vec<Resources> = self
             .workers
             .values()
@@ -1593,15 +1610,24 @@ impl Scheduler {
             let jobs = &self.jobs;
             let w = &self.workers[&victim];
             let mut holds = holder(jobs, victim);
-            // Tasks it holds that have not started, and that an idle worker can run.
-            let candidates = w.ledger.held(|job, index| {
-                holds(job, index)
-                    && jobs.get(&job).is_some_and(|j| {
-                        j.table.get(index).state == TaskState::Assigned
-                            && j.worth_stealing(min_run)
-                            && thieves.iter().any(|t| j.need.fits_in(t))
+            // Tasks it holds that have not started, of jobs long enough to be worth moving and
+            // small enough for an idle worker. The job test comes first and once per listed
+            // run: short jobs (the common case) cost no walk of the ledger's tasks.
+            let candidates = w.ledger.held_of(
+                |job| {
+                    worth.memo(job, || {
+                        jobs.get(&job).is_some_and(|j| {
+                            j.worth_stealing(min_run) && thieves.iter().any(|t| j.need.fits_in(t))
+                        })
                     })
-            });
+                },
+                |job, index| {
+                    holds(job, index)
+                        && jobs
+                            .get(&job)
+                            .is_some_and(|j| j.table.get(index).state == TaskState::Assigned)
+                },
+            );
             // The last handed out wait the longest there.
             let mut budget = waiting.min(wanted);
             let mut tasks = Vec::new();

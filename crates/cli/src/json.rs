@@ -219,14 +219,16 @@ impl TaskView {
     }
 }
 
-/// The exit code of a task's last ended run: 0 once it finished, the code of its last failure
-/// otherwise (`None` if it has not ended, or ended without one: a signal, a timeout, a
+/// How a task ended: 0 once it finished, its exit code once it failed (`None` while it has not
+/// ended, even if an earlier run failed, and for a failure without one: a signal, a timeout, a
 /// program that could not start).
 pub fn exit_code(r: &TaskRow) -> Option<i32> {
-    if r.state == TaskState::Finished {
-        Some(0)
-    } else {
-        r.exit_code
+    match r.state {
+        TaskState::Finished => Some(0),
+        TaskState::Failed => r.exit_code,
+        // A task running again (retried, or re-queued from a lost worker) has no exit code yet;
+        // its earlier run's code would read as this run's.
+        _ => None,
     }
 }
 
@@ -299,7 +301,8 @@ impl From<&TaskDetail> for TaskInfoView {
         let r = resolve(d);
         TaskInfoView {
             task: TaskView::new(d.job, &d.task),
-            signal: d.signal,
+            // As with the exit code, a signal that ended an earlier run is not this run's end.
+            signal: d.signal.filter(|_| d.task.state == TaskState::Failed),
             command: r.command,
             directory: r.directory,
             stdout: r.stdout,

@@ -288,8 +288,8 @@ fn print_task(d: &TaskDetail) {
     };
     let ended = match (json::exit_code(r), d.signal) {
         (Some(c), _) => format!("exit code {c}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        (None, None) => "-".into(),
+        (None, Some(sig)) if r.state == TaskState::Failed => format!("killed by signal {sig}"),
+        _ => "-".into(),
     };
     let command = shlex::try_join(paths.command.iter().map(String::as_str))
         .unwrap_or_else(|_| paths.command.join(" "));
@@ -311,7 +311,12 @@ fn print_task(d: &TaskDetail) {
         ("finished", time(r.finished_us)),
         ("run time", run_time(r)),
         ("ended with", ended),
-        ("reason", r.reason.clone().unwrap_or_else(|| "-".into())),
+        match (&r.reason, r.state) {
+            (Some(why), TaskState::Failed) => ("reason", why.clone()),
+            // Not this run's end: the failure of a run before (the task runs or waits again).
+            (Some(why), _) => ("earlier run", format!("failed: {why}")),
+            (None, _) => ("reason", "-".into()),
+        },
         ("command", command),
         (
             "directory",

@@ -103,6 +103,43 @@ fn retries_run_a_failing_task_again() {
 }
 
 #[test]
+fn a_task_running_again_after_a_failure_shows_no_exit_code_yet() {
+    let c = Cluster::with_workers(&[1]);
+    // The first run fails with 7; the retry runs on until the job is canceled.
+    let script = "if [ -e failed-once ]; then exec sleep 60; fi; touch failed-once; exit 7";
+    c.run(&["submit", "--retries", "1", "--", "sh", "-c", script])
+        .ok();
+    let row = poll_every(
+        "the retry to start",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || {
+            let rows = task_rows(&c, "1", None);
+            (rows[0]["state"] == "running" && rows[0]["attempts"] == 2).then(|| rows[0].clone())
+        },
+    );
+    assert_eq!(row["failures"], 1, "{row:#?}");
+    assert_eq!(
+        row["exit_code"],
+        Value::Null,
+        "the 7 was the first run's: {row:#?}"
+    );
+    let info = c
+        .run(&["task", "info", "1", "0", "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(info["exit_code"], Value::Null, "{info:#?}");
+    assert_eq!(info["signal"], Value::Null, "{info:#?}");
+    let human = c.run(&["task", "info", "1", "0"]).ok().stdout.clone();
+    assert!(!human.contains("ended with  exit code 7"), "{human}");
+    assert!(
+        human.contains("earlier run  failed: exit code 7"),
+        "{human}"
+    );
+    c.run(&["job", "cancel", "1"]).ok();
+}
+
+#[test]
 fn timeout_kills_a_long_task_quickly() {
     let c = Cluster::with_workers(&[1]);
     let started = Instant::now();

@@ -46,13 +46,17 @@ impl RunDirs {
     /// directories do not exist yet, and creates them.
     pub fn take(subs: &[Submission]) -> RunDirs {
         let wanted: Vec<Option<&Path>> = subs.iter().map(default_dir).collect();
-        let mut first = wanted
-            .iter()
-            .flatten()
-            .map(|d| highest(d))
-            .max()
-            .unwrap_or(0)
-            + 1;
+        // One past the highest `job-N` in any of the directories.
+        let past_highest = || {
+            wanted
+                .iter()
+                .flatten()
+                .map(|d| highest(d))
+                .max()
+                .unwrap_or(0)
+                + 1
+        };
+        let mut first = past_highest();
         // Another run may take the same numbers between the look and the create: the first to
         // create a directory has it, the other moves past it.
         for _ in 0..1000 {
@@ -83,13 +87,7 @@ impl RunDirs {
             for p in made.into_iter().flatten() {
                 let _ = std::fs::remove_dir(p);
             }
-            first = wanted
-                .iter()
-                .flatten()
-                .map(|d| highest(d))
-                .max()
-                .unwrap_or(0)
-                + 1;
+            first = past_highest();
         }
         RunDirs {
             first_job: first,

@@ -307,10 +307,12 @@ mod tests {
     use std::process::{Child, Command};
     use std::time::{Duration, Instant};
 
-    /// A process group of a shell and a background `sleep`, like a task that started children.
+    /// A process group of two `sleep`s, like a task that started a child. The shell execs
+    /// the second, so the group has exactly two members once the first is forked, and
+    /// never more: a count taken then cannot grow later.
     fn group() -> (Child, libc::pid_t) {
         let child = Command::new("sh")
-            .args(["-c", "sleep 300 & sleep 300"])
+            .args(["-c", "sleep 300 & exec sleep 300"])
             .process_group(0)
             .spawn()
             .unwrap();
@@ -352,18 +354,16 @@ mod tests {
         reaper.record(recorded_pgid);
         reaper.record(forgotten_pgid);
         reaper.forget(forgotten_pgid);
-        // The shell and its background `sleep` at least (a shell may exec the last command).
         wait_until("both groups to start their children", || {
-            members(recorded_pgid) >= 2 && members(forgotten_pgid) >= 2
+            members(recorded_pgid) == 2 && members(forgotten_pgid) == 2
         });
-        let forgotten_members = members(forgotten_pgid);
         // Dropping is what the worker's death does to the pipe; drop also reaps the reaper.
         drop(reaper);
         wait_until("the recorded group to die", || members(recorded_pgid) == 0);
         let _ = recorded.wait();
         assert_eq!(
             members(forgotten_pgid),
-            forgotten_members,
+            2,
             "a forgotten group must be left alone"
         );
         // SAFETY: our own child's group.

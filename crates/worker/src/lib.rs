@@ -13,6 +13,7 @@ pub mod connected;
 pub mod exec;
 pub mod local;
 mod outputs;
+mod pool;
 pub mod reaper;
 mod session;
 
@@ -145,7 +146,7 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
         ExecMode::Noop => 0,
     };
     let mut pool = if threads > 0 {
-        Some(session::Pool::new(threads)?)
+        Some(pool::Pool::new(threads)?)
     } else {
         None
     };
@@ -161,7 +162,7 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
 async fn serve_until_done(
     config: &WorkerConfig,
     access: Access,
-    pool: &mut Option<session::Pool>,
+    pool: &mut Option<pool::Pool>,
 ) -> Result<(), WorkerError> {
     let mut access = access;
     let mut carry = session::Carry::default();

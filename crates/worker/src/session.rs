@@ -1,112 +1,17 @@
 //! One connection's life: register, receive assignments, start tasks on free slots, report
 //! batched starts and ends, answer cancels, send heartbeats.
 
-use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
+use crate::exec::{CancelHandle, ExitKind, Outcome};
 use crate::local::{Held, Identity, Local, LocalTask};
 use crate::outputs::{self, OUTPUT_BYTES_PER_MESSAGE};
-use crate::reaper::Reaper;
+use crate::pool::{Done, Key, Pool};
 use crate::{Connected, ExecMode, Handover, WorkerConfig, WorkerError};
-use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex, WorkerId};
+use kestrel_core::{Failure, Finished, JobId, RunEnd, WorkerId};
 use kestrel_proto::client::open;
 use kestrel_proto::messages::{FromWorker, Registration, Resume, Started, TaskOutput, ToWorker};
 use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc;
-
-type Key = (JobId, TaskIndex);
-
-/// A task handed to an executor thread.
-struct Work {
-    key: Key,
-    launch: Launch,
-    cancel: CancelHandle,
-}
-
-/// A task's run ended on an executor thread.
-pub(crate) struct Done {
-    key: Key,
-    outcome: Outcome,
-    timeout: Option<Duration>,
-}
-
-/// Threads that run task processes; one per slot, so a blocking wait never delays another task.
-pub(crate) struct Pool {
-    tx: crossbeam_channel::Sender<Work>,
-    pub(crate) done: mpsc::UnboundedReceiver<Done>,
-    threads: Vec<JoinHandle<()>>,
-    /// Kills the tasks' process groups if this process dies; each thread records its task's.
-    reaper: Option<Arc<Reaper>>,
-}
-
-impl Pool {
-    pub(crate) fn new(threads: u32) -> Result<Pool, WorkerError> {
-        let (tx, rx) = crossbeam_channel::unbounded::<Work>();
-        let (done_tx, done) = mpsc::unbounded_channel();
-        // One thread runs one task at a time: `threads` groups at most are recorded at once.
-        let reaper = match Reaper::start(threads as usize) {
-            Ok(r) => Some(Arc::new(r)),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot start the reaper process ({e}): if this worker is killed, its running tasks will keep running"
-                );
-                None
-            }
-        };
-        let mut handles = Vec::with_capacity(threads as usize);
-        for i in 0..threads {
-            let rx = rx.clone();
-            let done_tx = done_tx.clone();
-            let reaper = reaper.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("kestrel-exec-{i}"))
-                .spawn(move || {
-                    while let Ok(w) = rx.recv() {
-                        let outcome = exec::run_with(&w.launch, &w.cancel, reaper.as_deref());
-                        let timeout = w.launch.timeout;
-                        if done_tx
-                            .send(Done {
-                                key: w.key,
-                                outcome,
-                                timeout,
-                            })
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                })
-                .map_err(|e| WorkerError::Setup(format!("cannot start executor thread: {e}")))?;
-            handles.push(handle);
-        }
-        Ok(Pool {
-            tx,
-            done,
-            threads: handles,
-            reaper,
-        })
-    }
-
-    /// Ends the executor threads once their tasks have ended (call it when none runs, or it
-    /// waits for them), then closes the reaper's pipe and reaps it, leaving no process behind.
-    pub(crate) fn close(self) {
-        let Pool {
-            tx,
-            done,
-            threads,
-            reaper,
-        } = self;
-        drop(tx);
-        drop(done);
-        for t in threads {
-            let _ = t.join();
-        }
-        // The threads' references are gone: this drop closes the pipe.
-        drop(reaper);
-    }
-}
 
 /// How a session ended.
 pub(crate) enum SessionEnd {
@@ -147,6 +52,11 @@ impl Carry {
 
     /// The connection is gone for good: stop the tasks and wait until they are reaped.
     pub(crate) async fn abandon(&mut self, pool: &mut Option<Pool>) {
+        if let Some(p) = pool.as_mut() {
+            // Those no thread has taken were only queued here; the others end at once.
+            p.take_back_all();
+            p.cancel_all_decked();
+        }
         for r in self.running.values() {
             r.cancel.cancel();
         }
@@ -154,7 +64,15 @@ impl Carry {
             let Some(done) = recv_done(pool).await else {
                 break;
             };
-            self.running.remove(&done.key);
+            let held = self.running.remove(&done.key).map(|r| r.held);
+            if let Some((key, d)) = follower(&done, pool) {
+                let running = Running {
+                    cancel: d.cancel,
+                    held: held.unwrap_or_default(),
+                    waited_us: 0,
+                };
+                self.running.insert(key, running);
+            }
         }
         self.finished.clear();
         self.outputs.clear();
@@ -237,10 +155,8 @@ pub(crate) async fn serve(
         waited: std::mem::take(&mut carry.waited),
     };
     // Runs that ended while disconnected.
-    if let Some(p) = pool.as_mut() {
-        while let Ok(done) = p.done.try_recv() {
-            session.on_done(done);
-        }
+    while let Some(done) = pool.as_mut().and_then(Pool::try_done) {
+        session.on_done(done, pool);
     }
     let end = session
         .register(&mut reader, &mut writer, pool, carry, (exec, access))
@@ -260,6 +176,9 @@ pub(crate) async fn serve(
         Err(e) => e.is_transient(),
     };
     // Tasks only queued here go back to the server's queue when it drops this registration.
+    if let Some(p) = pool.as_mut() {
+        p.take_back_all();
+    }
     session.local.queue.clear();
     carry.local = Some(session.local);
     carry.running = session.running;
@@ -422,11 +341,9 @@ impl Session<'_> {
                     Err(e) => return Err(e.into()),
                 },
                 Some(done) = recv_done(pool) => {
-                    self.on_done(done);
-                    if let Some(p) = pool.as_mut() {
-                        while let Ok(more) = p.done.try_recv() {
-                            self.on_done(more);
-                        }
+                    self.on_done(done, pool);
+                    while let Some(more) = pool.as_mut().and_then(Pool::try_done) {
+                        self.on_done(more, pool);
                     }
                 }
                 _ = heartbeat.tick() => {
@@ -448,7 +365,7 @@ impl Session<'_> {
         }
     }
 
-    fn on_message(&mut self, m: ToWorker, pool: &Option<Pool>) -> Option<SessionEnd> {
+    fn on_message(&mut self, m: ToWorker, pool: &mut Option<Pool>) -> Option<SessionEnd> {
         match m {
             ToWorker::Registered { .. } => {}
             ToWorker::DefineJob {
@@ -461,12 +378,21 @@ impl Session<'_> {
             ToWorker::Assign { tasks } => self.local.enqueue(tasks, now_us()),
             ToWorker::Revoke { tasks } => {
                 // Those still waiting for a slot go back; those started run on.
-                let given = self.local.unqueue(&tasks);
+                let mut given = self.local.unqueue(&tasks);
+                if let Some(p) = pool.as_mut() {
+                    given.extend(p.take_back(&tasks).iter().map(|t| (t.job, t.index)));
+                }
                 self.revoked.push(given);
             }
             ToWorker::Cancel { tasks } => {
                 let now = now_us();
-                for (job, index) in self.local.unqueue(&tasks) {
+                let mut canceled = self.local.unqueue(&tasks);
+                if let Some(p) = pool.as_mut() {
+                    canceled.extend(p.take_back(&tasks).iter().map(|t| (t.job, t.index)));
+                    // Those a thread has taken end as canceled.
+                    p.cancel_decked(&tasks);
+                }
+                for (job, index) in canceled {
                     self.finished.push(Finished {
                         job,
                         index,
@@ -480,7 +406,6 @@ impl Session<'_> {
                         r.cancel.cancel();
                     }
                 }
-                let _ = pool;
             }
             ToWorker::ForgetJob { job } => {
                 self.local.jobs.remove(&job);
@@ -490,17 +415,37 @@ impl Session<'_> {
         None
     }
 
-    fn on_done(&mut self, done: Done) {
+    fn on_done(&mut self, done: Done, pool: &mut Option<Pool>) {
         let Some(r) = self.running.remove(&done.key) else {
             return;
         };
-        self.local.release(r.held);
+        let started_us = micros(done.outcome.started);
+        let finished_us = micros(done.outcome.finished);
+        match follower(&done, pool) {
+            // The thread went straight on to a decked task of the same job, which holds what
+            // this one held.
+            Some((key, d)) => {
+                let waited_us = finished_us.saturating_sub(d.task.arrived_us);
+                self.running.insert(
+                    key,
+                    Running {
+                        cancel: d.cancel,
+                        held: r.held,
+                        waited_us,
+                    },
+                );
+                self.started.push(Started {
+                    job: key.0,
+                    index: key.1,
+                    at_us: finished_us,
+                });
+            }
+            None => self.local.release(r.held),
+        }
         let mut outcome = done.outcome;
         if let Some(output) = outputs::of_run(done.key, &mut outcome) {
             self.outputs.push(output);
         }
-        let started_us = micros(outcome.started);
-        let finished_us = micros(outcome.finished);
         let end = run_end(outcome, done.timeout);
         if end == RunEnd::Success {
             self.note_wait(done.key.0, r.waited_us);
@@ -525,13 +470,14 @@ impl Session<'_> {
         }
     }
 
-    /// Starts queued tasks while slots are free. The no-op executor completes them on the spot.
-    fn start_tasks(&mut self, pool: &Option<Pool>) {
+    /// Starts queued tasks while slots are free, then decks the next ones to follow running
+    /// tasks of their job. The no-op executor completes them on the spot.
+    fn start_tasks(&mut self, pool: &mut Option<Pool>) {
         // The no-op executor ends a whole batch at one instant: one clock read serves it.
         let batch_now = now_us();
         while let Some((task, held)) = self.local.next_startable() {
             let key = (task.job, task.index);
-            match (self.config.exec, pool) {
+            match (self.config.exec, pool.as_ref()) {
                 (ExecMode::Noop, _) | (_, None) => {
                     self.local.release(held);
                     self.note_wait(task.job, batch_now.saturating_sub(task.arrived_us));
@@ -544,6 +490,33 @@ impl Session<'_> {
                     });
                 }
                 (ExecMode::Process, Some(p)) => self.launch(p, key, task, held),
+            }
+        }
+        if let Some(p) = pool.as_mut() {
+            self.fill_deck(p);
+        }
+    }
+
+    /// Decks tasks from the head of the queue while its job has fewer decked than running
+    /// tasks, so that each running task of the job can be followed by one. GPU tasks are
+    /// never decked: their device list is the slot's they start on.
+    fn fill_deck(&mut self, p: &mut Pool) {
+        while let Some(head) = self.local.queue.front() {
+            let job = head.job;
+            let Some(def) = self.local.jobs.get(&job) else {
+                return;
+            };
+            if def.resources.gpus > 0
+                || p.decked_of(job) >= self.running.keys().filter(|(j, _)| *j == job).count()
+            {
+                return;
+            }
+            let Some(task) = self.local.queue.pop_front() else {
+                return;
+            };
+            match self.local.launch(&task, &[], &self.me) {
+                Ok(launch) => p.put_on_deck(task, launch, CancelHandle::new()),
+                Err(reason) => self.cannot_launch(&task, now_us(), reason),
             }
         }
     }
@@ -568,28 +541,29 @@ impl Session<'_> {
                     index: task.index,
                     at_us: now,
                 });
-                let _ = p.tx.send(Work {
-                    key,
-                    launch,
-                    cancel,
-                });
+                p.start(key, launch, cancel);
             }
             Err(reason) => {
                 self.local.release(held);
-                self.finished.push(Finished {
-                    job: task.job,
-                    index: task.index,
-                    started_us: now,
-                    finished_us: now,
-                    end: RunEnd::Failed(Box::new(Failure {
-                        exit_code: None,
-                        signal: None,
-                        reason,
-                        stderr_tail: String::new(),
-                    })),
-                });
+                self.cannot_launch(&task, now, reason);
             }
         }
+    }
+
+    /// Reports a task failed whose launch could not be built.
+    fn cannot_launch(&mut self, task: &LocalTask, now: u64, reason: String) {
+        self.finished.push(Finished {
+            job: task.job,
+            index: task.index,
+            started_us: now,
+            finished_us: now,
+            end: RunEnd::Failed(Box::new(Failure {
+                exit_code: None,
+                signal: None,
+                reason,
+                stderr_tail: String::new(),
+            })),
+        });
     }
 
     async fn send_update(
@@ -669,9 +643,15 @@ impl Session<'_> {
     }
 }
 
+/// The decked task a thread started after `done`'s, with the session's record of it.
+fn follower(done: &Done, pool: &mut Option<Pool>) -> Option<(Key, crate::pool::Decked)> {
+    let key = done.next?;
+    Some((key, pool.as_mut()?.followed(key)?))
+}
+
 async fn recv_done(pool: &mut Option<Pool>) -> Option<Done> {
     match pool {
-        Some(p) => p.done.recv().await,
+        Some(p) => p.recv_done().await,
         None => std::future::pending().await,
     }
 }

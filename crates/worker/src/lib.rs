@@ -4,6 +4,8 @@
 //! - [`capture`] reads a task's streamed stdout/stderr from a pipe while `exec` waits.
 //! - [`local`] keeps templates, the local queue and free resources, and builds launches.
 //! - [`reaper`] is a process that kills the worker's tasks if the worker dies.
+//! - `pool` is the executor threads, one per slot, and the deck of tasks ready to follow
+//!   a running task of the same job on the thread that ends it.
 //! - `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
 //!   running tasks survive the drop: the next registration hands them and their results over.
 //! - [`connected`] describes each registration, for a caller that wants to tell its user.

@@ -411,9 +411,6 @@ impl Worker {
     }
 }
 
-/// The test of whether `worker` holds a task (see [`Job::held_by`]; the records are the
-/// truth, a worker's [`Ledger`] says where to look). A ledger lists runs of one job at a
-/// time, so the job is looked up once per run, not once per task.
 /// Answers of a per-job question, asked once per job however many ledger runs name it (a
 /// handful of live jobs: a short list beats a map).
 #[derive(Default)]
@@ -430,6 +427,9 @@ impl JobMemo {
     }
 }
 
+/// The test of whether `worker` holds a task (see [`Job::held_by`]; the records are the
+/// truth, a worker's [`Ledger`] says where to look). A ledger lists runs of one job at a
+/// time, so the job is looked up once per run, not once per task.
 fn holder(
     jobs: &BTreeMap<JobId, Job>,
     worker: WorkerId,

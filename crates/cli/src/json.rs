@@ -232,6 +232,12 @@ pub fn exit_code(r: &TaskRow) -> Option<i32> {
     }
 }
 
+/// The signal that ended a task: only a failed task has one (a signal that ended an earlier
+/// run of a task that runs or waits again is not its end, as with [`exit_code`]).
+pub fn end_signal(d: &TaskDetail) -> Option<i32> {
+    d.signal.filter(|_| d.task.state == TaskState::Failed)
+}
+
 /// How many times a task was started (runs that only waited on a worker do not count).
 pub fn attempts(r: &TaskRow) -> u32 {
     r.attempts
@@ -301,8 +307,7 @@ impl From<&TaskDetail> for TaskInfoView {
         let r = resolve(d);
         TaskInfoView {
             task: TaskView::new(d.job, &d.task),
-            // As with the exit code, a signal that ended an earlier run is not this run's end.
-            signal: d.signal.filter(|_| d.task.state == TaskState::Failed),
+            signal: end_signal(d),
             command: r.command,
             directory: r.directory,
             stdout: r.stdout,

@@ -286,10 +286,10 @@ fn print_task(d: &TaskDetail) {
         (Some(w), Some(host)) => format!("{w} ({host})"),
         (Some(w), None) => format!("{w} (no longer connected)"),
     };
-    let ended = match (json::exit_code(r), d.signal) {
+    let ended = match (json::exit_code(r), json::end_signal(d)) {
         (Some(c), _) => format!("exit code {c}"),
-        (None, Some(sig)) if r.state == TaskState::Failed => format!("killed by signal {sig}"),
-        _ => "-".into(),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        (None, None) => "-".into(),
     };
     let command = shlex::try_join(paths.command.iter().map(String::as_str))
         .unwrap_or_else(|_| paths.command.join(" "));

@@ -65,14 +65,8 @@ impl Carry {
                 break;
             };
             let held = self.running.remove(&done.key).map(|r| r.held);
-            if let Some((key, d)) = follower(&done, pool) {
-                let running = Running {
-                    cancel: d.cancel,
-                    held: held.unwrap_or_default(),
-                    waited_us: 0,
-                };
-                self.running.insert(key, running);
-            }
+            // A follower was canceled above: it ends at once, and is waited for like the rest.
+            let _ = hand_on(&mut self.running, &done, pool, held.unwrap_or_default());
         }
         self.finished.clear();
         self.outputs.clear();
@@ -416,39 +410,33 @@ impl Session<'_> {
     }
 
     fn on_done(&mut self, done: Done, pool: &mut Option<Pool>) {
-        let Some(r) = self.running.remove(&done.key) else {
-            return;
-        };
+        let ran = self.running.remove(&done.key);
         let started_us = micros(done.outcome.started);
         let finished_us = micros(done.outcome.finished);
-        match follower(&done, pool) {
-            // The thread went straight on to a decked task of the same job, which holds what
-            // this one held.
-            Some((key, d)) => {
-                let waited_us = finished_us.saturating_sub(d.task.arrived_us);
-                self.running.insert(
-                    key,
-                    Running {
-                        cancel: d.cancel,
-                        held: r.held,
-                        waited_us,
-                    },
-                );
-                self.started.push(Started {
-                    job: key.0,
-                    index: key.1,
-                    at_us: finished_us,
-                });
-            }
-            None => self.local.release(r.held),
+        let (held, waited_us) = match ran {
+            Some(r) => (r.held, Some(r.waited_us)),
+            None => (Held::default(), None),
+        };
+        // Its follower runs whether or not this run is known here: it must be tracked.
+        match hand_on(&mut self.running, &done, pool, held) {
+            Ok(key) => self.started.push(Started {
+                job: key.0,
+                index: key.1,
+                at_us: finished_us,
+            }),
+            Err(held) => self.local.release(held),
         }
+        // A run this session did not start or carry has nothing to report.
+        let Some(waited_us) = waited_us else {
+            return;
+        };
         let mut outcome = done.outcome;
         if let Some(output) = outputs::of_run(done.key, &mut outcome) {
             self.outputs.push(output);
         }
         let end = run_end(outcome, done.timeout);
         if end == RunEnd::Success {
-            self.note_wait(done.key.0, r.waited_us);
+            self.note_wait(done.key.0, waited_us);
         }
         self.finished.push(Finished {
             job: done.key.0,
@@ -643,10 +631,31 @@ impl Session<'_> {
     }
 }
 
-/// The decked task a thread started after `done`'s, with the session's record of it.
-fn follower(done: &Done, pool: &mut Option<Pool>) -> Option<(Key, crate::pool::Decked)> {
-    let key = done.next?;
-    Some((key, pool.as_mut()?.followed(key)?))
+/// Records the decked task a thread went straight on to after `done`'s run as running, with
+/// `held`, what the ended run held (same job, same needs). Returns its key, or `held` back
+/// when the thread went on to nothing.
+fn hand_on(
+    running: &mut FxHashMap<Key, Running>,
+    done: &Done,
+    pool: &mut Option<Pool>,
+    held: Held,
+) -> Result<Key, Held> {
+    let Some((key, d)) = done
+        .next
+        .and_then(|key| Some((key, pool.as_mut()?.followed(key)?)))
+    else {
+        return Err(held);
+    };
+    let waited_us = micros(done.outcome.finished).saturating_sub(d.task.arrived_us);
+    running.insert(
+        key,
+        Running {
+            cancel: d.cancel,
+            held,
+            waited_us,
+        },
+    );
+    Ok(key)
 }
 
 async fn recv_done(pool: &mut Option<Pool>) -> Option<Done> {

@@ -361,11 +361,7 @@ impl Engine {
                         for s in started {
                             self.core.task_started(worker, s.job, s.index, s.at_us);
                         }
-                        let mut outputs = OutputsOf::new(outputs);
-                        for f in finished {
-                            let output = outputs.take(&f);
-                            self.task_ended(now, worker, f, output);
-                        }
+                        self.tasks_ended(now, worker, finished, outputs);
                         for (job, waited_us) in waited {
                             self.core.add_slot_wait(job, waited_us);
                             if self.journaling() {
@@ -421,17 +417,14 @@ impl Engine {
             .core
             .worker_resumed(now, worker, previous, resume.running, resume.finished);
         self.ignored_reports += r.ignored as u64;
-        for f in r.recorded_ends.iter() {
-            if self.journaling() {
-                let assigned_us = self
-                    .core
-                    .job(f.job)
-                    .map_or(0, |j| j.record(f.index).assigned_us);
-                self.pending.task_end(f.clone(), assigned_us);
-            }
-            if self.outputs.streaming() {
-                self.record_output(f.job, f.index, outputs.take(f));
-            }
+        let journaling = self.journaling();
+        for f in r.recorded_ends {
+            let Some(j) = self.core.job(f.job) else {
+                continue;
+            };
+            let output = outputs.take(&f);
+            let pending = journaling.then_some(&mut self.pending);
+            keep_end(pending, &mut self.outputs, f, j, output);
         }
         tracing::info!(
             worker,
@@ -855,47 +848,22 @@ impl Engine {
         }
     }
 
-    /// Applies a report that a task's run ended, and journals it (with its streamed output) if
-    /// the scheduler took it.
-    fn task_ended(
+    /// Applies the task ends of a worker's update, and journals each the scheduler took (with
+    /// its streamed output).
+    fn tasks_ended(
         &mut self,
         now: u64,
         worker: WorkerId,
-        f: kestrel_core::Finished,
-        output: Option<TaskOutput>,
+        ends: Vec<kestrel_core::Finished>,
+        outputs: Vec<TaskOutput>,
     ) {
-        let (job, index) = (f.job, f.index);
-        let kept = self.journaling().then(|| f.clone());
-        if self.core.task_finished(now, worker, f) == kestrel_core::Accepted::Ignored {
-            self.ignored_reports += 1;
-            return;
-        }
-        if let Some(f) = kept {
-            let assigned_us = self
-                .core
-                .job(job)
-                .map_or(0, |j| j.record(index).assigned_us);
-            self.pending.task_end(f, assigned_us);
-        }
-        if self.outputs.streaming() {
-            self.record_output(job, index, output);
-        }
-    }
-
-    /// Keeps the streamed output of an accepted run, journaled with its end when journaling.
-    fn record_output(&mut self, job: JobId, index: u32, output: Option<TaskOutput>) {
-        let Some(j) = self.core.job(job) else {
-            return;
-        };
-        // An earlier run (this one is counted already) may have left an output to replace.
-        let rerun = j.record(index).runs > 1;
-        let pending = if self.journal.is_some() && self.journal_error.is_none() {
-            Some(&mut self.pending)
-        } else {
-            None
-        };
-        self.outputs
-            .record(&j.spec, job, index, rerun, output, pending);
+        let mut outputs = OutputsOf::new(outputs);
+        let journaling = self.journaling();
+        let (pending, kept) = (&mut self.pending, &mut self.outputs);
+        self.ignored_reports += self.core.tasks_finished(now, worker, ends, |f, j| {
+            let output = outputs.take(&f);
+            keep_end(journaling.then_some(&mut *pending), kept, f, j, output);
+        }) as u64;
     }
 
     /// Fails tasks whose command line alone is too long for a message to a worker: they can
@@ -1039,6 +1007,26 @@ fn no_such_job(job: JobId) -> Refusal {
 }
 
 /// The streamed outputs of one report, taken by the end they belong to.
+/// Journals (into `pending`, when journaling) a task end the scheduler took, and keeps its
+/// streamed output if its job streams any.
+fn keep_end(
+    mut pending: Option<&mut Pending>,
+    outputs: &mut OutputLog,
+    f: kestrel_core::Finished,
+    j: &kestrel_core::Job,
+    output: Option<TaskOutput>,
+) {
+    let (job, index) = (f.job, f.index);
+    if let Some(p) = pending.as_deref_mut() {
+        p.task_end(f, j.record(index).assigned_us);
+    }
+    if outputs.streaming() {
+        // An earlier run (this one is counted already) may have left an output to replace.
+        let rerun = j.record(index).runs > 1;
+        outputs.record(&j.spec, job, index, rerun, output, pending);
+    }
+}
+
 struct OutputsOf(FxHashMap<(JobId, u32), TaskOutput>);
 
 impl OutputsOf {

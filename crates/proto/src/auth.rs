@@ -18,7 +18,7 @@ use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// Bumped whenever a message's encoding changes.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 const MAGIC: &str = "kestrel";
 const NONCE_BYTES: usize = 32;
 

@@ -435,9 +435,9 @@ mod tests {
             waited: vec![(1, 12_345)],
         };
         let per_task = encode(&update(116)).unwrap().len() - encode(&update(16)).unwrap().len();
-        // array 1 + job 1 + index 5 + start 9 + offset 1 + "S" 2; the wait for a slot travels
-        // as one sum per job and update, not per task
-        assert_eq!(per_task, 100 * 19);
+        // array 1 + job 1 + index 5 + start 9 + offset 1 + a success as nil 1; the wait for a
+        // slot travels as one sum per job and update, not per task
+        assert_eq!(per_task, 100 * 18);
     }
 
     #[test]

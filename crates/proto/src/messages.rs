@@ -14,23 +14,25 @@ use std::fmt;
 
 /// Task ends as a worker reports them: each `[job, index, started_us, run_us, end]`, the end
 /// time an offset from the start, so a short task's end time costs 1 byte instead of 9
-/// (a report is a few dozen bytes per task, and workers send one per task). Only the wire form:
-/// the journal stores [`Finished`] as it is.
+/// (a report is a few dozen bytes per task, and workers send one per task), and a success,
+/// nearly every end, is nil (1 byte, no string to write and compare on the per-task path).
+/// Only the wire form: the journal stores [`Finished`] as it is.
 mod ends_on_wire {
     use kestrel_core::{Finished, JobId, RunEnd, TaskIndex};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize)]
-    struct Out<'a>(JobId, TaskIndex, u64, i64, &'a RunEnd);
+    struct Out<'a>(JobId, TaskIndex, u64, i64, Option<&'a RunEnd>);
 
     #[derive(Deserialize)]
-    struct In(JobId, TaskIndex, u64, i64, RunEnd);
+    struct In(JobId, TaskIndex, u64, i64, Option<RunEnd>);
 
     pub fn serialize<S: Serializer>(ends: &[Finished], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(ends.iter().map(|f| {
             // Two's complement: an end before the start (a clock step) comes back exactly.
             let run_us = f.finished_us.wrapping_sub(f.started_us) as i64;
-            Out(f.job, f.index, f.started_us, run_us, &f.end)
+            let end = (f.end != RunEnd::Success).then_some(&f.end);
+            Out(f.job, f.index, f.started_us, run_us, end)
         }))
     }
 
@@ -43,7 +45,7 @@ mod ends_on_wire {
                 started_us,
                 // The exact inverse of the encoding, for every pair of times.
                 finished_us: started_us.wrapping_add_signed(run_us),
-                end,
+                end: end.unwrap_or(RunEnd::Success),
             })
             .collect())
     }

@@ -1,9 +1,10 @@
 //! Kestrel's scheduler core: a pure state machine.
 //!
-//! Events go in ([`Scheduler::submit`], [`Scheduler::worker_joined`], [`Scheduler::task_finished`],
-//! [`Scheduler::tick`], ...), commands come out ([`Scheduler::take_commands`]). There are no
-//! sockets, threads or clocks here: the server and the simulator are two drivers of the same
-//! code, and [`harness::Harness`] drives it in virtual time for tests.
+//! Events go in ([`Scheduler::submit`], [`Scheduler::worker_joined`], [`Scheduler::task_finished`]
+//! or a worker's update at once with [`Scheduler::tasks_finished`], [`Scheduler::tick`], ...),
+//! commands come out ([`Scheduler::take_commands`]). There are no sockets, threads or clocks
+//! here: the server and the simulator are two drivers of the same code, and
+//! [`harness::Harness`] drives it in virtual time for tests.
 
 pub mod harness;
 mod id_merge;

@@ -197,7 +197,8 @@ def write_doc(raw: dict, args, cfg: dict) -> None:
         "",
         (
             f"`python3 bench/ab.py --baseline {raw['baseline']} --runs {args.runs}"
-            f"{' --quick' if args.quick else ''}` on {m['date']}: the current build "
+            f"{' --quick' if args.quick else ''}{f' --only {args.only}' if args.only else ''}`"
+            f" on {m['date']}: the current build "
             f"({cur['commit']}{', with uncommitted changes' if cur['dirty'] else ''}) and "
             f"{raw['baseline']} on the same workloads of the benchmark suite, in one run, "
             "samples interleaved (A B, then B A). Medians of the samples of each side; a change "

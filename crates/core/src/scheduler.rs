@@ -1078,7 +1078,8 @@ impl Scheduler {
             let job = first.job;
             let (Some(j), Some(w)) = (self.jobs.get_mut(&job), self.workers.get_mut(&worker))
             else {
-                ignored += u32::from(self.finish_one(now_us, worker, &first) == Accepted::Ignored);
+                // An unknown job or worker: a late report, ignored as `finish_one` would.
+                ignored += 1;
                 continue;
             };
             let mut prune = false;
@@ -1131,10 +1132,8 @@ impl Scheduler {
         if f.end != RunEnd::Success || f.index >= j.len() {
             return None;
         }
-        let state = j.table.get(f.index).state;
-        let ours = j.table.get(f.index).worker == w.id
-            && matches!(state, TaskState::Assigned | TaskState::Running);
-        if !ours {
+        let TaskRecord { worker, state, .. } = j.table.get(f.index);
+        if worker != w.id || !matches!(state, TaskState::Assigned | TaskState::Running) {
             return None;
         }
         let prune = w.release(j.need, state);

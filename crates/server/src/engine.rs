@@ -1006,7 +1006,6 @@ fn no_such_job(job: JobId) -> Refusal {
     kestrel_core::SchedError::NoSuchJob(job).into()
 }
 
-/// The streamed outputs of one report, taken by the end they belong to.
 /// Journals (into `pending`, when journaling) a task end the scheduler took, and keeps its
 /// streamed output if its job streams any.
 fn keep_end(
@@ -1027,6 +1026,7 @@ fn keep_end(
     }
 }
 
+/// The streamed outputs of one report, taken by the end they belong to.
 struct OutputsOf(FxHashMap<(JobId, u32), TaskOutput>);
 
 impl OutputsOf {

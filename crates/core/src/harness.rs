@@ -5,7 +5,7 @@
 //! the order of a virtual clock, so a run is the same every time.
 
 use crate::outcome::{Command, Failure, Finished, RunEnd};
-use crate::scheduler::{Scheduler, WorkerOffer};
+use crate::sched::{Event, Reply, Scheduler, WorkerOffer};
 use crate::spec::{JobId, JobSpec, Resources, TaskIndex, TaskSet, WorkerId};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -117,6 +117,14 @@ impl Harness {
         }
     }
 
+    /// Hands the scheduler an event now; the harness only makes valid ones.
+    fn event(&mut self, ev: Event) -> Reply {
+        match self.sched.handle(self.now_us, ev) {
+            Ok(reply) => reply,
+            Err(e) => panic!("the harness made an event the scheduler refused: {e}"),
+        }
+    }
+
     fn at(&mut self, t: u64, ev: Ev) {
         self.seq += 1;
         self.events.push(Reverse((t, self.seq, ev)));
@@ -137,7 +145,9 @@ impl Harness {
             prefetch,
             named: Vec::new(),
         };
-        let id = self.sched.worker_joined(self.now_us, offer);
+        let Reply::Joined(id) = self.event(Event::WorkerJoined { offer }) else {
+            unreachable!("a joining worker is answered with its id")
+        };
         self.workers.insert(
             id,
             SimWorker {
@@ -152,18 +162,25 @@ impl Harness {
     }
 
     pub fn submit(&mut self, spec: JobSpec, tasks: TaskSet) -> JobId {
-        let id = self
-            .sched
-            .submit(self.now_us, spec, tasks, false)
-            .expect("valid job");
+        let submit = Event::Submit {
+            spec: Box::new(spec),
+            tasks,
+            open: false,
+            key: None,
+        };
+        let Reply::Submitted(id) = self.event(submit) else {
+            unreachable!("a submission is answered with its job")
+        };
         self.pump();
         id
     }
 
     pub fn cancel(&mut self, job: JobId) -> (u32, u32) {
-        let r = self.sched.cancel_job(self.now_us, job).expect("job exists");
+        let Reply::Canceled { queued, running } = self.event(Event::Cancel { job }) else {
+            unreachable!("a cancel is answered with its counts")
+        };
         self.pump();
-        r
+        (queued, running)
     }
 
     /// The worker dies: it stops running and reporting; the server learns at once.
@@ -171,7 +188,7 @@ impl Harness {
         if let Some(w) = self.workers.get_mut(&id) {
             w.alive = false;
         }
-        self.sched.worker_lost(self.now_us, id);
+        self.event(Event::WorkerLost { worker: id });
         self.pump();
     }
 
@@ -192,10 +209,10 @@ impl Harness {
             .filter(|(_, w)| w.alive)
             .map(|(id, _)| *id)
             .collect();
-        for id in alive {
-            self.sched.worker_seen(self.now_us, id);
+        for worker in alive {
+            self.event(Event::WorkerSeen { worker });
         }
-        self.sched.tick(self.now_us);
+        self.event(Event::Tick);
         self.pump();
     }
 
@@ -314,8 +331,8 @@ impl Harness {
             }
             Ev::Revoked(w, tasks) => {
                 if self.workers.get(&w).is_some_and(|sw| sw.alive) {
-                    self.sched.worker_seen(self.now_us, w);
-                    self.sched.tasks_revoked(self.now_us, w, tasks);
+                    self.event(Event::WorkerSeen { worker: w });
+                    self.event(Event::TasksRevoked { worker: w, tasks });
                 }
             }
             Ev::RunEnds(w, job, index, started_us, waited_us, succeed) => {
@@ -351,12 +368,13 @@ impl Harness {
             }
             Ev::Report(w, FinishedOrd(f), waited_us) => {
                 if self.workers.get(&w).is_some_and(|sw| sw.alive) {
-                    self.sched.worker_seen(self.now_us, w);
+                    self.event(Event::WorkerSeen { worker: w });
                     let (job, ok) = (f.job, f.end == RunEnd::Success);
-                    self.sched.task_finished(self.now_us, w, f);
+                    let ends = vec![f];
+                    self.event(Event::TasksEnded { worker: w, ends });
                     // As a worker does: the sum of its successes' waits, per update.
                     if ok {
-                        self.sched.add_slot_wait(job, waited_us);
+                        self.event(Event::SlotWait { job, waited_us });
                     }
                 }
             }
@@ -389,7 +407,10 @@ impl Harness {
                 *a += 1;
                 *a
             };
-            self.sched.task_started(w, job, index, now);
+            self.event(Event::TasksStarted {
+                worker: w,
+                started: vec![(job, index, now)],
+            });
             let run = (self.model)(w, job, index, attempt);
             self.at(
                 now + run.duration_us,
@@ -399,9 +420,10 @@ impl Harness {
     }
 
     /// Runs a scheduling pass and turns its commands into future events (call after driving
-    /// `sched` directly).
+    /// `sched` directly). Records are dropped: the harness keeps no journal.
     pub fn pump(&mut self) {
-        self.sched.schedule(self.now_us);
+        self.event(Event::Schedule);
+        self.sched.take_records();
         for cmd in self.sched.take_commands() {
             match &cmd {
                 Command::Assign { worker, runs } => {
@@ -429,6 +451,7 @@ impl Harness {
                     }
                 }
                 Command::DefineJob { .. }
+                | Command::ForgetJob { .. }
                 | Command::JobDone { .. }
                 | Command::Quarantined { .. } => {}
             }

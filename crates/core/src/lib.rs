@@ -1,10 +1,11 @@
 //! Kestrel's scheduler core: a pure state machine.
 //!
-//! Events go in ([`Scheduler::submit`], [`Scheduler::worker_joined`], [`Scheduler::task_finished`]
-//! or a worker's update at once with [`Scheduler::tasks_finished`], [`Scheduler::tick`], ...),
-//! commands come out ([`Scheduler::take_commands`]). There are no sockets, threads or clocks
-//! here: the server and the simulator are two drivers of the same code, and
-//! [`harness::Harness`] drives it in virtual time for tests.
+//! One input type goes in: an [`Event`] (a submission, a worker joining, a worker's update,
+//! time passing, ...), taken by [`Scheduler::handle`]. Two kinds of output come out: commands
+//! for workers and clients ([`Scheduler::take_commands`]) and records for the journal
+//! ([`Scheduler::take_records`]). There are no sockets, threads or clocks here: the server and
+//! the simulator are two drivers of the same code, and [`harness::Harness`] drives it in
+//! virtual time for tests.
 
 pub mod harness;
 mod id_merge;
@@ -14,15 +15,15 @@ pub mod outcome;
 pub mod placeholders;
 pub mod quarantine;
 pub mod queue;
-pub mod scheduler;
+mod sched;
 pub mod spec;
 pub mod table;
 
 pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
-pub use scheduler::restore::RestoreError;
-pub use scheduler::{
-    Accepted, Config, Counts, Job, Resumed, SchedError, Scheduler, Stall, Timing, Worker,
-    WorkerOffer,
+pub use sched::restore::RestoreError;
+pub use sched::{
+    Accepted, Config, Counts, Event, Job, Reply, Resumed, SchedError, Scheduler, Stall, Timing,
+    Worker, WorkerOffer,
 };
 pub use spec::{
     IdRanges, IdRun, JobId, JobSpec, LineList, RangeError, Resources, Sink, SpecError, TaskId,

@@ -61,7 +61,7 @@ pub enum Command {
         runs: Vec<IndexRun>,
     },
     /// Ask the worker to give back these tasks if they still wait there for a slot (work
-    /// stealing); its answer goes to [`crate::Scheduler::tasks_revoked`].
+    /// stealing); its answer comes back as [`crate::Event::TasksRevoked`].
     Revoke {
         worker: WorkerId,
         tasks: Vec<(JobId, TaskIndex)>,
@@ -73,20 +73,39 @@ pub enum Command {
     },
     /// Every task of the job has reached a terminal state.
     JobDone { job: JobId },
+    /// The worker may drop the job's template: it was sent one and the job has ended.
+    ForgetJob { worker: WorkerId, job: JobId },
     /// The worker is considered lost (missed heartbeats); close its connection.
     Disconnect { worker: WorkerId, reason: String },
     /// The worker's tasks fail too often: it gets no new tasks until resumed.
     Quarantined { worker: WorkerId, reason: String },
 }
 
-/// A change of task state the scheduler made on its own (not the direct result of an input),
-/// which a durable driver must journal to rebuild the same state after a restart. Taken with
-/// [`crate::Scheduler::take_records`] right after the event that caused it, so the journal keeps
-/// the order of events (a `job retry` that follows must replay after it).
+/// What a durable driver must journal to rebuild the same state after a restart: every input
+/// the scheduler took (a refused one leaves nothing) and every change it made on its own. Taken
+/// with [`crate::Scheduler::take_records`] right after the event that caused them, so the journal
+/// keeps the order of events (a `job retry` that follows must replay after it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    /// A task was given up without a report from a worker (it was on too many lost workers);
-    /// its failure is recorded in the job.
+    /// A job was submitted: its spec and tasks are the job's. `key` is the client's
+    /// idempotency key, as it came with the submission.
+    Submitted { job: JobId, key: Option<String> },
+    /// An open job took the tasks from index `from` to its end as of this event; `close` says
+    /// it was closed by it.
+    Extended { job: JobId, from: u32, close: bool },
+    /// A job was canceled.
+    Canceled { job: JobId },
+    /// A job's failed tasks (and its canceled ones unless `failed_only`) were queued again.
+    Retried { job: JobId, failed_only: bool },
+    /// An ended job was dropped.
+    Forgotten { job: JobId },
+    /// Reported runs ended and were taken, in this order (the ends of one worker's update
+    /// that were not ignored).
+    Ended { ends: Vec<Finished> },
+    /// Tasks of `job` whose successes a worker reported waited there `waited_us` for a slot.
+    SlotWait { job: JobId, waited_us: u64 },
+    /// A task was given up without a report from a worker (it was on too many lost workers,
+    /// or could not be sent); its failure is recorded in the job.
     GaveUp { job: JobId, index: TaskIndex },
     /// These tasks went back to the queue because their worker was lost, each counting one
     /// more crash, so a task that kills its workers is still stopped after `max_crashes`

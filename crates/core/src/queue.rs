@@ -1,8 +1,7 @@
 //! The ready queue: spans of task indices ordered by priority, re-queued work first.
 //!
-//! An array of ten million tasks is one entry until workers take its tasks from the front.
-//! Entries of canceled jobs are dropped lazily when they reach the front (see
-//! [`ReadyQueue::retain_front`]), so a cancel never walks the queue.
+//! An array of ten million tasks is one entry until workers take its tasks from the front,
+//! so a cancel that drops a job's entries ([`ReadyQueue::retain`]) walks entries, not tasks.
 
 use crate::spec::{JobId, TaskIndex};
 use std::cmp::Reverse;

@@ -246,7 +246,7 @@ pub enum RangeError {
 
 impl IdRanges {
     /// Parses `1-100`, `0-98:2`, `7`, and comma-separated lists of those; the ids come out
-    /// sorted and unique (see [`crate::id_merge`]).
+    /// sorted and unique (overlapping ranges merged as Slurm does).
     pub fn parse(text: &str) -> Result<IdRanges, RangeError> {
         let mut runs = Vec::new();
         for part in text.split(',').map(str::trim) {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{array, spec};
+use common::{array, spec, Events};
 use kestrel_core::harness::Harness;
 use kestrel_core::*;
 

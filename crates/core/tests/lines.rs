@@ -1,6 +1,9 @@
 //! Jobs of lines (`--each`): submitted open, extended in pieces of lines, each task's line
 //! kept for the worker.
 
+mod common;
+
+use common::Events;
 use kestrel_core::{
     Config, JobSpec, LineList, Resources, SchedError, Scheduler, TaskSet, TaskTemplate,
 };

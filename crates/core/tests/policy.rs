@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{array, spec};
+use common::{array, spec, Events};
 use kestrel_core::harness::{Harness, SimRun};
 use kestrel_core::*;
 
@@ -311,8 +311,20 @@ fn a_resumed_worker_takes_back_its_running_tasks_and_reports_results_once() {
             duplicates: 0,
             recorded: 1,
             ignored: 0,
-            recorded_ends: vec![success(job, 1)],
         }
+    );
+    // The recorded result is journaled.
+    let ended: Vec<Record> = h
+        .sched
+        .take_records()
+        .into_iter()
+        .filter(|r| matches!(r, Record::Ended { .. }))
+        .collect();
+    assert_eq!(
+        ended,
+        vec![Record::Ended {
+            ends: vec![success(job, 1)]
+        }]
     );
     let c = h.sched.job(job).unwrap().counts;
     assert_eq!((c.running, c.finished, c.ready), (1, 1, 0));

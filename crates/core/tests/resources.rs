@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::spec;
+use common::{spec, Events};
 use kestrel_core::*;
 
 fn worker(cpus: u32, mem: u64, named: &[(&str, u32)]) -> WorkerOffer {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::array;
+use common::{array, Events};
 use kestrel_core::*;
 
 fn spec(name: &str, retries: u32) -> JobSpec {
@@ -217,7 +217,7 @@ fn lost(s: &mut Scheduler) -> Vec<(JobId, TaskIndex)> {
         .into_iter()
         .flat_map(|c| match c {
             Record::Lost { tasks } => tasks,
-            Record::GaveUp { .. } => Vec::new(),
+            _ => Vec::new(),
         })
         .collect()
 }

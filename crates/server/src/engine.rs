@@ -10,7 +10,9 @@ use crate::outputs::{OutputLog, Stream};
 use crate::views;
 use crate::{now_us, ServerConfig};
 use kestrel_core::Resources;
-use kestrel_core::{Command, Config, JobId, Record, Scheduler, TaskSet, WorkerId, WorkerOffer};
+use kestrel_core::{
+    Command, Config, Event, JobId, Record, Reply, Scheduler, TaskSet, WorkerId, WorkerOffer,
+};
 use kestrel_proto::messages::*;
 use kestrel_proto::Access;
 use rustc_hash::FxHashMap;
@@ -194,7 +196,7 @@ impl Engine {
     /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
     /// submitters told why, and no new work is accepted from then on.
     fn commit(&mut self, force: bool) {
-        self.journal_records();
+        self.journal_records(now_us());
         // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
         // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
         let due = force
@@ -229,7 +231,7 @@ impl Engine {
         let now = now_us();
         for d in &mut self.deferred {
             if let Some((job, key)) = d.created.take() {
-                let _ = self.core.cancel_job(now, job);
+                let _ = self.core.handle(now, Event::Cancel { job });
                 if let Some(k) = key {
                     self.keys.remove(&k);
                 }
@@ -240,7 +242,7 @@ impl Engine {
         }
         let open: Vec<JobId> = self.core.jobs().filter(|j| j.open).map(|j| j.id).collect();
         for job in open {
-            let _ = self.core.cancel_job(now, job);
+            let _ = self.core.handle(now, Event::Cancel { job });
         }
     }
 
@@ -272,13 +274,13 @@ impl Engine {
                     let now = now_us();
                     for ev in batch.drain(..) {
                         self.handle(now, ev);
-                        self.journal_records();
+                        self.journal_records(now);
                     }
                 }
                 _ = tick.tick() => {
                     let now = now_us();
-                    self.core.tick(now);
-                    self.journal_records();
+                    self.event(now, Event::Tick);
+                    self.journal_records(now);
                     self.send_progress(now);
                 }
             }
@@ -288,7 +290,7 @@ impl Engine {
                 self.commit(true);
             }
             let now = now_us();
-            self.core.schedule(now);
+            self.event(now, Event::Schedule);
             self.route();
             self.commit(self.stopping);
             if self.stopping {
@@ -327,7 +329,10 @@ impl Engine {
                     prefetch: r.prefetch,
                     named: r.named.clone(),
                 };
-                let id = self.core.worker_joined(now, offer);
+                let Reply::Joined(id) = self.event(now, Event::WorkerJoined { offer }) else {
+                    tracing::error!(%peer, "the scheduler gave a joining worker no id");
+                    return;
+                };
                 outbox.send(&ToWorker::Registered {
                     worker: id,
                     heartbeat_ms: self.heartbeat_ms,
@@ -350,7 +355,7 @@ impl Engine {
                 let _ = reply.send(id);
             }
             Inbound::FromWorker { worker, msg } => {
-                self.core.worker_seen(now, worker);
+                self.event(now, Event::WorkerSeen { worker });
                 match msg {
                     FromWorker::Update {
                         started,
@@ -358,19 +363,18 @@ impl Engine {
                         outputs,
                         waited,
                     } => {
-                        for s in started {
-                            self.core.task_started(worker, s.job, s.index, s.at_us);
+                        if !started.is_empty() {
+                            let started = started.iter().map(|s| (s.job, s.index, s.at_us));
+                            let started = started.collect();
+                            self.event(now, Event::TasksStarted { worker, started });
                         }
                         self.tasks_ended(now, worker, finished, outputs);
                         for (job, waited_us) in waited {
-                            self.core.add_slot_wait(job, waited_us);
-                            if self.journaling() {
-                                self.pending.slot_wait(job, waited_us);
-                            }
+                            self.event(now, Event::SlotWait { job, waited_us });
                         }
                     }
                     FromWorker::Revoked { tasks } => {
-                        self.core.tasks_revoked(now, worker, tasks);
+                        self.event(now, Event::TasksRevoked { worker, tasks });
                     }
                     FromWorker::Heartbeat => {}
                     FromWorker::Register(_) => {
@@ -382,7 +386,7 @@ impl Engine {
                 if self.workers.remove(&worker).is_some() {
                     tracing::info!(worker, "worker left: {reason}");
                 }
-                self.core.worker_lost(now, worker);
+                self.event(now, Event::WorkerLost { worker });
             }
             Inbound::ClientJoin { outbox } => {
                 self.clients.insert(outbox.conn, outbox);
@@ -412,20 +416,22 @@ impl Engine {
         // After a restart worker ids start again at 1: an id of the previous start may now
         // name another, live worker, which must not be dropped.
         let previous = (resume.epoch == self.epoch).then_some(resume.previous_worker);
-        let mut outputs = OutputsOf::new(resume.outputs);
-        let r = self
-            .core
-            .worker_resumed(now, worker, previous, resume.running, resume.finished);
+        let resumed = Event::WorkerResumed {
+            worker,
+            previous,
+            running: resume.running,
+            finished: resume.finished,
+        };
+        let Reply::Resumed(r) = self.event(now, resumed) else {
+            tracing::error!(
+                worker,
+                "the scheduler did not answer a resume with its outcome"
+            );
+            return;
+        };
+        // Its results' streamed outputs go with their ends.
+        self.journal_ends_with(now, OutputsOf::new(resume.outputs));
         self.ignored_reports += r.ignored as u64;
-        let journaling = self.journaling();
-        for f in r.recorded_ends {
-            let Some(j) = self.core.job(f.job) else {
-                continue;
-            };
-            let output = outputs.take(&f);
-            let pending = journaling.then_some(&mut self.pending);
-            keep_end(pending, &mut self.outputs, f, j, output);
-        }
         tracing::info!(
             worker,
             previous = resume.previous_worker,
@@ -479,15 +485,15 @@ impl Engine {
                 } else {
                     let name = spec.name.clone();
                     let n = tasks.len();
-                    let journaling = self.journaling();
                     self.outputs.note_job(&spec);
-                    match self.core.submit(now, spec, tasks, open) {
-                        Ok(job) => {
-                            // Encoded from the core's copy: a big task list is never cloned.
-                            if let (true, Some(j)) = (journaling, self.core.job(job)) {
-                                self.pending
-                                    .submit(job, now, key.clone(), &j.spec, &j.tasks, open);
-                            }
+                    let submit = Event::Submit {
+                        spec: Box::new(spec),
+                        tasks,
+                        open,
+                        key: key.clone(),
+                    };
+                    match self.core.handle(now, submit) {
+                        Ok(Reply::Submitted(job)) => {
                             if let Some(k) = &key {
                                 self.keys.insert(k.clone(), job);
                             }
@@ -510,6 +516,7 @@ impl Engine {
                             });
                             return;
                         }
+                        Ok(other) => Err(unexpected(&other)),
                         Err(e) => {
                             tracing::info!("submission refused: {e}");
                             Err(e.into())
@@ -559,10 +566,11 @@ impl Engine {
             Ask::Cancel { jobs } => {
                 let mut results = Vec::with_capacity(jobs.len());
                 for job in jobs {
-                    let result = self.core.cancel_job(now, job).map_err(Refusal::from);
-                    if result.is_ok() && self.journaling() {
-                        self.pending.cancel(job, now);
-                    }
+                    let result = match self.core.handle(now, Event::Cancel { job }) {
+                        Ok(Reply::Canceled { queued, running }) => Ok((queued, running)),
+                        Ok(other) => Err(unexpected(&other)),
+                        Err(e) => Err(Refusal::from(e)),
+                    };
                     results.push(CancelResult { job, result });
                 }
                 Ok(Answer::Canceled(results))
@@ -612,15 +620,16 @@ impl Engine {
             Ask::Retry { job, failed_only } => {
                 // Re-running tasks is new work: refused, like a submission, while it cannot be
                 // journaled.
-                let retried = self
-                    .accepting_work()
-                    .map_err(Refusal::from)
-                    .and_then(|()| self.core.retry_job(job, failed_only).map_err(Refusal::from));
+                let retried =
+                    self.accepting_work().map_err(Refusal::from).and_then(|()| {
+                        match self.core.handle(now, Event::Retry { job, failed_only }) {
+                            Ok(Reply::Retried { failed, canceled }) => Ok((failed, canceled)),
+                            Ok(other) => Err(unexpected(&other)),
+                            Err(e) => Err(Refusal::from(e)),
+                        }
+                    });
                 retried.map(|(failed, canceled)| {
                     tracing::info!(job, failed, canceled, "job retried");
-                    if self.journaling() {
-                        self.pending.retry(job, now, failed_only);
-                    }
                     Answer::Retried {
                         job,
                         failed,
@@ -628,18 +637,21 @@ impl Engine {
                     }
                 })
             }
-            Ask::ResumeWorker { worker } => match self.core.resume_worker(worker) {
-                Ok(was_quarantined) => {
-                    if was_quarantined {
-                        tracing::info!(worker, "quarantine lifted");
+            Ask::ResumeWorker { worker } => {
+                match self.core.handle(now, Event::LiftQuarantine { worker }) {
+                    Ok(Reply::Lifted { was_quarantined }) => {
+                        if was_quarantined {
+                            tracing::info!(worker, "quarantine lifted");
+                        }
+                        Ok(Answer::WorkerResumed {
+                            worker,
+                            was_quarantined,
+                        })
                     }
-                    Ok(Answer::WorkerResumed {
-                        worker,
-                        was_quarantined,
-                    })
+                    Ok(other) => Err(unexpected(&other)),
+                    Err(e) => Err(e.into()),
                 }
-                Err(e) => Err(e.into()),
-            },
+            }
             Ask::Output {
                 job,
                 stderr,
@@ -714,8 +726,9 @@ impl Engine {
         self.reply(conn, req.id, result);
     }
 
-    /// Forgets ended jobs (`jobs`, and with `all_ended` every ended job) and journals it, so
-    /// a restarted server does not bring them back. Submission keys of forgotten jobs go too.
+    /// Forgets ended jobs (`jobs`, and with `all_ended` every ended job); the scheduler records
+    /// it for the journal, so a restarted server does not bring them back. Submission keys of
+    /// forgotten jobs go too.
     fn forget(&mut self, now: u64, mut jobs: Vec<JobId>, all_ended: bool) -> Vec<ForgetResult> {
         if all_ended {
             let listed: rustc_hash::FxHashSet<JobId> = jobs.iter().copied().collect();
@@ -730,7 +743,10 @@ impl Engine {
             .into_iter()
             .map(|job| ForgetResult {
                 job,
-                result: self.core.forget_job(job).map_err(Refusal::from),
+                result: match self.core.handle(now, Event::Forget { job }) {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(Refusal::from(e)),
+                },
             })
             .collect();
         let gone: Vec<JobId> = results
@@ -740,29 +756,14 @@ impl Engine {
             .collect();
         if !gone.is_empty() {
             tracing::info!(jobs = gone.len(), "jobs forgotten");
-            let gone_set: rustc_hash::FxHashSet<JobId> = gone.iter().copied().collect();
-            self.keys.retain(|_, job| !gone_set.contains(job));
-            // Their output logs go in the same transaction as the FORGET entry.
-            let journaling = self.journaling();
-            for &job in &gone {
-                self.outputs.forget(
-                    job,
-                    if journaling {
-                        Some(&mut self.pending)
-                    } else {
-                        None
-                    },
-                );
-            }
-            if self.journaling() {
-                self.pending.forget(gone, now);
-            }
+            let gone: rustc_hash::FxHashSet<JobId> = gone.into_iter().collect();
+            self.keys.retain(|_, job| !gone.contains(job));
         }
         results
     }
 
-    /// Adds the tasks of `more` to an open job (see [`Scheduler::extend_with`]) and journals
-    /// those it did not hold yet.
+    /// Adds the tasks of `more` to an open job (see [`Event::Extend`]); the scheduler records
+    /// those it did not hold yet for the journal.
     fn extend(
         &mut self,
         now: u64,
@@ -772,18 +773,16 @@ impl Engine {
         close: bool,
     ) -> Result<Answer, Refusal> {
         self.accepting_work()?;
-        let before = self.core.job(job).map(|j| (j.len() as usize, j.open));
-        let r = self.core.extend_with(now, job, at, more, close);
-        let after = self.core.job(job).map(|j| (j.len() as usize, j.open));
-        // A resent piece the job already held changes nothing and is not logged.
-        if let (Ok(()), true, Some((held, _))) = (&r, self.journaling(), before) {
-            if before != after {
-                if let Some(j) = self.core.job(job) {
-                    self.pending.extend(job, now, &j.tasks, held, close);
-                }
-            }
+        let extend = Event::Extend {
+            job,
+            at,
+            more,
+            close,
+        };
+        match self.core.handle(now, extend) {
+            Ok(_) => Ok(Answer::Extended),
+            Err(e) => Err(Refusal::from(e)),
         }
-        r.map(|()| Answer::Extended).map_err(Refusal::from)
     }
 
     fn progress_of(&self, jobs: &[JobId]) -> WaitProgress {
@@ -825,15 +824,80 @@ impl Engine {
         }
     }
 
-    /// Journals the state changes the scheduler made on its own during the last event, before
-    /// the next event's entries (the order matters to replay: see [`kestrel_core::Record`]).
-    fn journal_records(&mut self) {
+    /// Hands the scheduler an event it never refuses (a worker's or time's); a refusal would be
+    /// a defect of the scheduler, logged instead of stopping the server.
+    fn event(&mut self, now: u64, ev: Event) -> Reply {
+        match self.core.handle(now, ev) {
+            Ok(reply) => reply,
+            Err(e) => {
+                tracing::error!("the scheduler refused an event it should take: {e}");
+                Reply::Done
+            }
+        }
+    }
+
+    /// Journals what the scheduler recorded during the last event (at `now`), before the next
+    /// event's records: the order matters to replay (see [`kestrel_core::Record`]).
+    fn journal_records(&mut self, now: u64) {
+        self.journal_ends_with(now, OutputsOf::default());
+    }
+
+    /// [`Self::journal_records`], keeping with each recorded task end its streamed output from
+    /// `outputs`. Task ends are taken even without a journal, for the output log.
+    fn journal_ends_with(&mut self, now: u64, mut outputs: OutputsOf) {
         let records = self.core.take_records();
-        if !self.journaling() {
+        if records.is_empty() {
             return;
         }
+        let journaling = self.journaling();
+        let streaming = self.outputs.streaming();
+        let mut forgotten = Vec::new();
         for r in records {
+            if !matches!(r, Record::Forgotten { .. }) && !forgotten.is_empty() && journaling {
+                self.pending.forget(std::mem::take(&mut forgotten), now);
+            }
             match r {
+                Record::Ended { ends } => {
+                    if !(journaling || streaming) {
+                        continue;
+                    }
+                    // Ends come in runs of one job: it is looked up once per run.
+                    let mut job: Option<&kestrel_core::Job> = None;
+                    for f in ends {
+                        if job.is_none_or(|j| j.id != f.job) {
+                            job = self.core.job(f.job);
+                        }
+                        let Some(j) = job else {
+                            continue;
+                        };
+                        let output = outputs.take(&f);
+                        let pending = journaling.then_some(&mut self.pending);
+                        keep_end(pending, &mut self.outputs, f, j, output);
+                    }
+                }
+                Record::Forgotten { job } => {
+                    // Its output log goes in the same transaction as the FORGET entry.
+                    let pending = journaling.then_some(&mut self.pending);
+                    self.outputs.forget(job, pending);
+                    forgotten.push(job);
+                }
+                _ if !journaling => {}
+                Record::Submitted { job, key } => {
+                    // Encoded from the core's copy: a big task list is never cloned.
+                    if let Some(j) = self.core.job(job) {
+                        let (at, open) = (j.submitted_us, j.open);
+                        self.pending.submit(job, at, key, &j.spec, &j.tasks, open);
+                    }
+                }
+                Record::Extended { job, from, close } => {
+                    if let Some(j) = self.core.job(job) {
+                        self.pending
+                            .extend(job, now, &j.tasks, from as usize, close);
+                    }
+                }
+                Record::Canceled { job } => self.pending.cancel(job, now),
+                Record::Retried { job, failed_only } => self.pending.retry(job, now, failed_only),
+                Record::SlotWait { job, waited_us } => self.pending.slot_wait(job, waited_us),
                 Record::GaveUp { job, index } => {
                     let Some(j) = self.core.job(job) else {
                         continue;
@@ -846,6 +910,9 @@ impl Engine {
                 Record::Lost { tasks } => self.pending.lost(tasks),
             }
         }
+        if !forgotten.is_empty() && journaling {
+            self.pending.forget(forgotten, now);
+        }
     }
 
     /// Applies the task ends of a worker's update, and journals each the scheduler took (with
@@ -857,13 +924,11 @@ impl Engine {
         ends: Vec<kestrel_core::Finished>,
         outputs: Vec<TaskOutput>,
     ) {
-        let mut outputs = OutputsOf::new(outputs);
-        let journaling = self.journaling();
-        let (pending, kept) = (&mut self.pending, &mut self.outputs);
-        self.ignored_reports += self.core.tasks_finished(now, worker, ends, |f, j| {
-            let output = outputs.take(&f);
-            keep_end(journaling.then_some(&mut *pending), kept, f, j, output);
-        }) as u64;
+        if let Reply::Reports { ignored, .. } = self.event(now, Event::TasksEnded { worker, ends })
+        {
+            self.ignored_reports += u64::from(ignored);
+        }
+        self.journal_ends_with(now, OutputsOf::new(outputs));
     }
 
     /// Fails tasks whose command line alone is too long for a message to a worker: they can
@@ -882,8 +947,13 @@ impl Engine {
                 reason,
                 stderr_tail: String::new(),
             };
-            self.core
-                .task_undeliverable(now, worker, run.job, run.first, failure);
+            let undeliverable = Event::Undeliverable {
+                worker,
+                job: run.job,
+                index: run.first,
+                failure,
+            };
+            self.event(now, undeliverable);
         }
         // Job ends and whatever else the failures set off.
         self.route();
@@ -959,8 +1029,10 @@ impl Engine {
                             "job done"
                         );
                     }
-                    for w in self.workers.values() {
-                        w.outbox.send(&ToWorker::ForgetJob { job });
+                }
+                Command::ForgetJob { worker, job } => {
+                    if let Some(c) = self.workers.get(&worker) {
+                        c.outbox.send(&ToWorker::ForgetJob { job });
                     }
                 }
                 Command::Quarantined { worker, reason } => {
@@ -1027,6 +1099,7 @@ fn keep_end(
 }
 
 /// The streamed outputs of one report, taken by the end they belong to.
+#[derive(Default)]
 struct OutputsOf(FxHashMap<(JobId, u32), TaskOutput>);
 
 impl OutputsOf {
@@ -1040,4 +1113,12 @@ impl OutputsOf {
         }
         self.0.remove(&(f.job, f.index))
     }
+}
+
+/// The refusal for a reply of the wrong kind from the scheduler: a defect, said as such.
+fn unexpected(reply: &Reply) -> Refusal {
+    tracing::error!("the scheduler answered with {reply:?}");
+    Refusal::from(format!(
+        "internal error: the scheduler answered with {reply:?}; please report it"
+    ))
 }

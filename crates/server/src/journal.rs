@@ -9,7 +9,7 @@
 //! million. WAL mode with `synchronous=FULL`: a committed transaction survives power loss.
 
 use crate::outputs::OutputOp;
-use kestrel_core::{Finished, JobId, JobSpec, LineList, Scheduler, TaskIndex, TaskSet};
+use kestrel_core::{Event, Finished, JobId, JobSpec, LineList, Scheduler, TaskIndex, TaskSet};
 use rusqlite::{params, Connection, OptionalExtension};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -612,7 +612,13 @@ impl Journal {
                         Some(TaskSet::Lines(_)) => TaskSet::Lines(b.lines),
                         _ => TaskSet::List(b.argvs),
                     };
-                    if let Err(e) = core.extend_with(b.at_us, b.job, at, more, b.close) {
+                    let extend = Event::Extend {
+                        job: b.job,
+                        at,
+                        more,
+                        close: b.close,
+                    };
+                    if let Err(e) = core.handle(b.at_us, extend) {
                         tracing::warn!(
                             "journal entry {seq}: extension of job {} not replayed: {e}",
                             b.job
@@ -623,7 +629,7 @@ impl Journal {
                     let b: CancelBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
                     // Accepted once, so it applies again; if the log's order makes it
                     // refused now, the job's state differs a little, not the journal's health.
-                    if let Err(e) = core.cancel_job(b.at_us, b.job) {
+                    if let Err(e) = core.handle(b.at_us, Event::Cancel { job: b.job }) {
                         tracing::warn!(
                             "journal entry {seq}: cancel of job {} not replayed: {e}",
                             b.job
@@ -634,7 +640,11 @@ impl Journal {
                     let b: RetryBody = rmp_serde::from_slice(body).map_err(|e| bad(&e))?;
                     // Accepted once, so it applies again; if the log's order makes it
                     // refused now, the job's state differs a little, not the journal's health.
-                    if let Err(e) = core.retry_job(b.job, b.failed_only) {
+                    let retry = Event::Retry {
+                        job: b.job,
+                        failed_only: b.failed_only,
+                    };
+                    if let Err(e) = core.handle(b.at_us, retry) {
                         tracing::warn!(
                             "journal entry {seq}: retry of job {} not replayed: {e}",
                             b.job
@@ -655,8 +665,8 @@ impl Journal {
                     // Accepted once, so it applies again; if the log's order makes it
                     // refused now, the job's state differs a little, not the journal's health.
                     for job in b.jobs {
-                        match core.forget_job(job) {
-                            Ok(()) => restored.jobs = restored.jobs.saturating_sub(1),
+                        match core.handle(b.at_us, Event::Forget { job }) {
+                            Ok(_) => restored.jobs = restored.jobs.saturating_sub(1),
                             Err(e) => {
                                 tracing::warn!("journal entry {seq}: job {job} not forgotten: {e}")
                             }
@@ -681,7 +691,8 @@ impl Journal {
                         core.restore_task_end(f, a);
                     }
                     for (job, waited_us) in b.waited {
-                        core.add_slot_wait(job, waited_us);
+                        // Never refused (a forgotten job's wait is dropped).
+                        let _ = core.handle(b.base_us, Event::SlotWait { job, waited_us });
                     }
                 }
                 other => {
@@ -905,8 +916,18 @@ mod tests {
         assert_eq!(keys.get("k1"), None, "a forgotten job's key names nothing");
         assert_eq!(keys.get("k2"), Some(&2));
         let spec_tasks = TaskSet::Array(IdRanges::span(0, 0));
-        let next = core.submit(50, spec(), spec_tasks, false).unwrap();
-        assert_eq!(next, 3, "ids are not given out again");
+        let submit = Event::Submit {
+            spec: Box::new(spec()),
+            tasks: spec_tasks,
+            open: false,
+            key: None,
+        };
+        let next = core.handle(50, submit).unwrap();
+        assert_eq!(
+            next,
+            kestrel_core::Reply::Submitted(3),
+            "ids are not given out again"
+        );
     }
 
     #[test]

@@ -448,7 +448,15 @@ mod tests {
     fn job_with(ids: &str, stdout: Sink, stderr: Sink) -> (Scheduler, JobId) {
         let mut core = Scheduler::new(Config::default());
         let tasks = TaskSet::Array(IdRanges::parse(ids).unwrap());
-        let job = core.submit(1, spec(stdout, stderr), tasks, false).unwrap();
+        let submit = kestrel_core::Event::Submit {
+            spec: Box::new(spec(stdout, stderr)),
+            tasks,
+            open: false,
+            key: None,
+        };
+        let Ok(kestrel_core::Reply::Submitted(job)) = core.handle(1, submit) else {
+            panic!("the job is valid")
+        };
         (core, job)
     }
 

@@ -174,6 +174,13 @@ pub(crate) async fn serve(
         p.take_back_all();
     }
     session.local.queue.clear();
+    // The next registration is sent a job's template again before its first task; it tells
+    // this worker to forget only the templates of jobs whose tasks it still runs then.
+    let running = &session.running;
+    session
+        .local
+        .jobs
+        .retain(|job, _| running.keys().any(|(j, _)| j == job));
     carry.local = Some(session.local);
     carry.running = session.running;
     carry.finished = session.finished;

@@ -6,9 +6,6 @@
 //! (at-least-once). Replay happens before any worker joins, so no assignment exists: reports are
 //! applied without a worker, and the ready queue is rebuilt once at the end
 //! ([`Scheduler::restore_done`]) instead of being edited per task.
-//!
-//! This is a child module of `scheduler` (declared there) so it can use the scheduler's private
-//! state without widening its visibility.
 
 use super::{Job, Scheduler};
 use crate::outcome::{Failure, Finished, RunEnd};

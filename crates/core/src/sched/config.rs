@@ -1,0 +1,53 @@
+//! The scheduler's tunables.
+
+use crate::spec::JobId;
+
+/// Tunables of the scheduler.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// A worker silent for longer than this is lost.
+    pub heartbeat_timeout_us: u64,
+    /// How many queue entries that fit no worker one assignment pass may look past.
+    pub max_queue_skips: usize,
+    /// Wait before a failed task runs again; doubles with each failure of that task.
+    pub retry_backoff_us: u64,
+    /// The longest wait before a retry.
+    pub retry_backoff_max_us: u64,
+    /// A task that was on this many lost workers is failed: it probably kills its worker.
+    pub max_crashes: u8,
+    /// A worker gets no new tasks when at least this many of its recent tasks of a job failed,
+    /// most of its runs of that job failed, and the other workers ran as many of the job's
+    /// tasks failing at most a third as often (see [`crate::quarantine`]); 0 turns quarantine
+    /// off.
+    pub quarantine_failures: u32,
+    /// How fast the counts behind quarantine fade: they are halved every window.
+    pub quarantine_window_us: u64,
+    /// Tasks queued on a worker beyond its free slots should cover about this much run time
+    /// per slot: a job whose tasks take longer gets a shallower prefetch, down to none (a
+    /// long task waiting behind another on a busy worker while another worker idles doubles
+    /// the makespan).
+    pub prefetch_horizon_us: u64,
+    /// A worker with free slots and nothing to take from the queue takes back tasks waiting
+    /// in another worker's prefetch window, for jobs whose tasks run at least this long (or
+    /// whose run time is not known yet); shorter ones will start sooner than a round trip.
+    pub steal_min_run_us: u64,
+    /// The id of the first job submitted (later ones count up from it).
+    pub first_job: JobId,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            heartbeat_timeout_us: 30_000_000,
+            max_queue_skips: 64,
+            retry_backoff_us: 500_000,
+            retry_backoff_max_us: 60_000_000,
+            max_crashes: 5,
+            quarantine_failures: 10,
+            quarantine_window_us: 60_000_000,
+            prefetch_horizon_us: 100_000,
+            steal_min_run_us: 50_000,
+            first_job: 1,
+        }
+    }
+}

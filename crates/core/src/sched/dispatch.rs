@@ -1,0 +1,293 @@
+//! Dispatch: handing ready tasks to workers, and taking waiting ones back (work stealing).
+
+use super::worker::{holder, JobMemo};
+use super::Scheduler;
+use crate::outcome::{Command, IndexRun};
+use crate::queue::Span;
+use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
+
+/// How deep one pass of [`Scheduler::schedule`] fills workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Depth {
+    /// Only free slots: tasks that start at once.
+    Slots,
+    /// Slots and the prefetch window.
+    Prefetch,
+}
+
+impl Scheduler {
+    /// Hands ready tasks to workers with free credit. Call after a batch of events.
+    ///
+    /// Free slots everywhere are filled before any prefetch window, so a few long tasks spread
+    /// over the workers instead of queueing on the first one; then windows are filled as deep
+    /// as each job's run time makes useful; then idle workers take back tasks waiting on busy
+    /// ones ([`Self::steal`]).
+    pub(crate) fn schedule(&mut self, now_us: u64) {
+        self.release_due(now_us);
+        if self.workers.is_empty() {
+            return;
+        }
+        if !self.ready.is_empty() {
+            let ids: Vec<WorkerId> = self
+                .workers
+                .range(self.rotate..)
+                .chain(self.workers.range(..self.rotate))
+                .map(|(id, _)| *id)
+                .collect();
+            // With more queued than all workers can hold, every window fills whatever the
+            // order: one pass does it.
+            let room: u64 = self
+                .workers
+                .values()
+                .map(|w| {
+                    u64::from(
+                        w.capacity(w.offer.prefetch)
+                            .cpus
+                            .saturating_sub(w.used.cpus),
+                    )
+                })
+                .sum();
+            let depths: &[Depth] = if self.ready.len() >= room {
+                &[Depth::Prefetch]
+            } else {
+                &[Depth::Slots, Depth::Prefetch]
+            };
+            // Each worker's runs of both passes go out as one assignment.
+            let mut given: Vec<Vec<IndexRun>> = vec![Vec::new(); ids.len()];
+            for &depth in depths {
+                for (&id, runs) in ids.iter().zip(&mut given) {
+                    if self.ready.is_empty() {
+                        break;
+                    }
+                    self.fill_worker(now_us, id, depth, runs);
+                }
+            }
+            for (id, runs) in ids.into_iter().zip(given) {
+                if !runs.is_empty() {
+                    self.commands.push(Command::Assign { worker: id, runs });
+                }
+            }
+            self.rotate = self.rotate.wrapping_add(1);
+        }
+        self.steal();
+    }
+
+    /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends
+    /// them); the worker's first task of a job is preceded by a [`Command::DefineJob`].
+    fn fill_worker(&mut self, now_us: u64, id: WorkerId, depth: Depth, runs: &mut Vec<IndexRun>) {
+        let Some(w) = self.workers.get_mut(&id) else {
+            return;
+        };
+        if w.quarantined.is_some() {
+            return;
+        }
+        let horizon = self.config.prefetch_horizon_us;
+        let most_prefetch = match depth {
+            Depth::Slots => 0,
+            Depth::Prefetch => w.offer.prefetch,
+        };
+        let jobs = &mut self.jobs;
+        let mut mine: Vec<IndexRun> = Vec::new();
+        let mut defines: Vec<JobId> = Vec::new();
+        self.ready.take_front(self.config.max_queue_skips, |span| {
+            let Some(j) = jobs.get_mut(&span.job) else {
+                return Some(0);
+            };
+            let need = j.need;
+            if !w.can_ever_run(need) {
+                return Some(0);
+            }
+            let prefetch = match depth {
+                Depth::Slots => 0,
+                Depth::Prefetch => j.prefetch_for(w, horizon),
+            };
+            let room = w.room_for(need, prefetch);
+            if room == 0 {
+                // Out of credit for this shape; smaller tasks further down may still fit.
+                let one_cpu = Resources {
+                    cpus: 1,
+                    ..Resources::NONE
+                };
+                return if w.room_for(one_cpu, most_prefetch) == 0 {
+                    None
+                } else {
+                    Some(0)
+                };
+            }
+            let n = room.min(span.len());
+            let mut given = 0;
+            for index in span.next..span.next + n {
+                // A resumed worker may have taken the task back while its entry was queued.
+                if j.table.get(index).state != TaskState::Ready {
+                    continue;
+                }
+                let rec = j.set_state(index, TaskState::Assigned);
+                rec.assigned_us = now_us;
+                rec.started_us = 0;
+                rec.finished_us = 0;
+                rec.worker = id;
+                given += 1;
+                match mine.last_mut() {
+                    Some(r) if r.job == span.job && r.first + r.count == index => r.count += 1,
+                    _ => mine.push(IndexRun {
+                        job: span.job,
+                        first: index,
+                        count: 1,
+                    }),
+                }
+            }
+            w.held += given;
+            w.used = w.used.plus(&need, given);
+            if given > 0 && w.known_jobs.insert(span.job) {
+                defines.push(span.job);
+            }
+            Some(n)
+        });
+        for r in mine {
+            w.ledger.push_run(r);
+            // A run that continues one of the first pass joins it.
+            match runs.last_mut() {
+                Some(l) if l.job == r.job && l.first + l.count == r.first => l.count += r.count,
+                _ => runs.push(r),
+            }
+        }
+        for job in defines {
+            self.commands.push(Command::DefineJob { worker: id, job });
+        }
+    }
+
+    /// Work stealing of prefetch windows: while workers have free slots that nothing in the
+    /// queue fills, asks busy workers to give back tasks waiting there for a slot
+    /// ([`Command::Revoke`]); what they give back ([`Self::tasks_revoked`]) goes to the front
+    /// of the queue and from there to the idle slots. Only one request per worker is out at a
+    /// time, and no more is asked back than the idle slots can take.
+    fn steal(&mut self) {
+        let min_run = self.config.steal_min_run_us;
+        let mut idle: u32 = 0;
+        let mut on_the_way: u32 = 0;
+        for w in self.workers.values() {
+            on_the_way += w.revoking_cpus;
+            if w.quarantined.is_none() {
+                idle += w.idle_cpus();
+            }
+        }
+        let mut wanted = idle.saturating_sub(on_the_way);
+        if wanted == 0 {
+            return;
+        }
+        // The busiest first: the most tasks waiting for a slot.
+        let mut victims: Vec<(u32, WorkerId)> = self
+            .workers
+            .values()
+            .filter(|w| w.revoking.is_empty() && w.waiting_cpus() > 0)
+            .map(|w| (w.waiting_cpus(), w.id))
+            .collect();
+        if victims.is_empty() {
+            return;
+        }
+        victims.sort_unstable_by(|a, b| b.cmp(a));
+        let mut worth = JobMemo::default();
+        let thieves: Vec<Resources> = self
+            .workers
+            .values()
+            .filter(|w| w.quarantined.is_none() && w.idle_cpus() > 0)
+            .map(|w| w.offer.resources)
+            .collect();
+        for (waiting, victim) in victims {
+            if wanted == 0 {
+                break;
+            }
+            let jobs = &self.jobs;
+            let w = &self.workers[&victim];
+            let mut holds = holder(jobs, victim);
+            // Tasks it holds that have not started, of jobs long enough to be worth moving and
+            // small enough for an idle worker. The job test comes first and once per listed
+            // run: short jobs (the common case) cost no walk of the ledger's tasks.
+            let candidates = w.ledger.held_of(
+                |job| {
+                    worth.memo(job, || {
+                        jobs.get(&job).is_some_and(|j| {
+                            j.worth_stealing(min_run) && thieves.iter().any(|t| j.need.fits_in(t))
+                        })
+                    })
+                },
+                |job, index| {
+                    holds(job, index)
+                        && jobs
+                            .get(&job)
+                            .is_some_and(|j| j.table.get(index).state == TaskState::Assigned)
+                },
+            );
+            // The last handed out wait the longest there.
+            let mut budget = waiting.min(wanted);
+            let mut tasks = Vec::new();
+            let mut cpus = 0;
+            for (job, index) in candidates.into_iter().rev() {
+                let need = jobs[&job].need.cpus;
+                if need > budget {
+                    continue;
+                }
+                budget -= need;
+                cpus += need;
+                tasks.push((job, index));
+                if budget == 0 {
+                    break;
+                }
+            }
+            if tasks.is_empty() {
+                continue;
+            }
+            wanted = wanted.saturating_sub(cpus);
+            let w = self.workers.get_mut(&victim).expect("victim is a worker");
+            w.revoking = tasks.clone();
+            w.revoking_cpus = cpus;
+            self.commands.push(Command::Revoke {
+                worker: victim,
+                tasks,
+            });
+        }
+    }
+
+    /// A worker answers a [`Command::Revoke`]: `tasks` are those it still had waiting and has
+    /// dropped; they go back to the front of the queue, counting no attempt. Tasks it was asked
+    /// for and does not list had started (their reports follow).
+    pub(crate) fn tasks_revoked(
+        &mut self,
+        now_us: u64,
+        worker: WorkerId,
+        tasks: Vec<(JobId, TaskIndex)>,
+    ) {
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let asked = std::mem::take(&mut w.revoking);
+        w.revoking_cpus = 0;
+        let mut prune = false;
+        for (job, index) in tasks {
+            if !asked.contains(&(job, index)) {
+                continue;
+            }
+            let Some(j) = self.jobs.get_mut(&job) else {
+                continue;
+            };
+            if !j.held_by(index, worker) || j.table.get(index).state != TaskState::Assigned {
+                continue;
+            }
+            let need = j.need;
+            if let Some(w) = self.workers.get_mut(&worker) {
+                prune |= w.release(need, TaskState::Assigned);
+            }
+            if j.canceled {
+                j.set_state(index, TaskState::Canceled).finished_us = now_us;
+                self.check_job_done(now_us, job);
+                continue;
+            }
+            j.set_state(index, TaskState::Ready);
+            self.ready
+                .push_requeued(j.spec.priority, Span::one(job, index));
+        }
+        if prune {
+            self.prune_ledger(worker);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! A job as the scheduler holds it: its tasks' records, counts and timing.
+
+use super::Worker;
+use crate::outcome::Failure;
+use crate::quarantine::JobOutcomes;
+use crate::spec::{JobId, JobSpec, Resources, TaskIndex, TaskSet, TaskState, WorkerId};
+use crate::table::{TaskRecord, TaskTable};
+use rustc_hash::FxHashMap;
+
+/// Per-state task counts of a job.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub ready: u32,
+    pub assigned: u32,
+    pub running: u32,
+    pub finished: u32,
+    pub failed: u32,
+    pub canceled: u32,
+}
+
+impl Counts {
+    pub(super) fn slot(&mut self, state: TaskState) -> &mut u32 {
+        match state {
+            TaskState::Ready => &mut self.ready,
+            TaskState::Assigned => &mut self.assigned,
+            TaskState::Running => &mut self.running,
+            TaskState::Finished => &mut self.finished,
+            TaskState::Failed => &mut self.failed,
+            TaskState::Canceled => &mut self.canceled,
+        }
+    }
+
+    pub(super) fn moved(&mut self, from: TaskState, to: TaskState) {
+        *self.slot(from) -= 1;
+        *self.slot(to) += 1;
+    }
+
+    /// Tasks that reached a terminal state.
+    pub fn done(&self) -> u32 {
+        self.finished + self.failed + self.canceled
+    }
+
+    pub fn total(&self) -> u32 {
+        self.done() + self.ready + self.assigned + self.running
+    }
+}
+
+/// A job as the scheduler holds it.
+#[derive(Debug)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    /// What each task holds: the spec's resources with its named ones numbered.
+    pub need: Resources,
+    pub tasks: TaskSet,
+    pub submitted_us: u64,
+    /// Set when the last task reached a terminal state (and the job is closed).
+    pub finished_us: Option<u64>,
+    /// More tasks may still be appended.
+    pub open: bool,
+    pub canceled: bool,
+    pub counts: Counts,
+    /// Run time of its tasks, a moving average over ended runs (`None` before the first):
+    /// prefetch depth and work stealing follow it.
+    pub mean_run_us: Option<u64>,
+    /// Time its successful tasks waited on their workers for a free slot, summed.
+    pub waited_us: u64,
+    /// How its recent runs ended, on all workers (what quarantine compares a worker with).
+    pub(super) outcomes: JobOutcomes,
+    pub(super) table: TaskTable,
+    pub(super) failures: FxHashMap<TaskIndex, Failure>,
+}
+
+impl Job {
+    /// A job as submitted: every task ready.
+    pub(super) fn new(
+        id: JobId,
+        spec: JobSpec,
+        need: Resources,
+        tasks: TaskSet,
+        submitted_us: u64,
+        open: bool,
+    ) -> Job {
+        let n = tasks.len();
+        Job {
+            id,
+            need,
+            table: TaskTable::new(n),
+            counts: Counts {
+                ready: n,
+                ..Default::default()
+            },
+            spec,
+            tasks,
+            submitted_us,
+            finished_us: None,
+            open,
+            canceled: false,
+            mean_run_us: None,
+            waited_us: 0,
+            outcomes: JobOutcomes::default(),
+            failures: FxHashMap::default(),
+        }
+    }
+
+    pub fn len(&self) -> u32 {
+        self.table.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Whether every task is terminal and no more can come.
+    pub fn is_done(&self) -> bool {
+        !self.open && self.counts.done() == self.len()
+    }
+
+    /// The record of a task (untouched tasks of a canceled job read as canceled).
+    pub fn record(&self, index: TaskIndex) -> TaskRecord {
+        let mut r = self.table.get(index);
+        if self.canceled && r.state == TaskState::Ready {
+            r.state = TaskState::Canceled;
+        }
+        r
+    }
+
+    /// The last failure of a task that ran and failed.
+    pub fn failure(&self, index: TaskIndex) -> Option<&Failure> {
+        self.failures.get(&index)
+    }
+
+    /// The user-visible id of a task.
+    pub fn task_id(&self, index: TaskIndex) -> u32 {
+        match &self.tasks {
+            TaskSet::Array(r) => r.id_at(index).unwrap_or(index),
+            TaskSet::List(_) | TaskSet::Lines(_) => index,
+        }
+    }
+
+    /// The index of the task with a user-visible id.
+    pub fn index_of(&self, id: u32) -> Option<TaskIndex> {
+        match &self.tasks {
+            TaskSet::Array(r) => r.index_of(id),
+            TaskSet::List(_) | TaskSet::Lines(_) => (id < self.tasks.len()).then_some(id),
+        }
+    }
+
+    /// The argv of one task of a list job (`None` for arrays: the template's argv applies).
+    pub fn task_argv(&self, index: TaskIndex) -> Option<&[String]> {
+        self.tasks.argv(index)
+    }
+
+    /// Timing statistics over the tasks that finished successfully.
+    pub fn timing(&self) -> Timing {
+        let mut t = Timing {
+            waited_us: self.waited_us,
+            ..Timing::default()
+        };
+        let mut assigned_to_start = 0u64;
+        for (_, r) in self.table.touched() {
+            if r.state != TaskState::Finished || r.assigned_us == 0 {
+                continue;
+            }
+            t.tasks += 1;
+            t.queue_us += r.assigned_us.saturating_sub(self.submitted_us);
+            assigned_to_start += r.started_us.saturating_sub(r.assigned_us);
+            t.run_us += r.finished_us.saturating_sub(r.started_us);
+            t.first_start_us = Some(
+                t.first_start_us
+                    .map_or(r.started_us, |s| s.min(r.started_us)),
+            );
+            t.last_finish_us = t.last_finish_us.max(r.finished_us);
+        }
+        // What is left of assignment-to-start once the wait for a slot is taken out.
+        t.dispatch_us = assigned_to_start.saturating_sub(t.waited_us);
+        t
+    }
+
+    /// Counts an ended run's length into the job's moving average.
+    pub(super) fn note_run_time(&mut self, run_us: u64) {
+        self.mean_run_us = Some(match self.mean_run_us {
+            None => run_us,
+            // An eighth of the way to each new sample: steady, yet a change shows in a few runs.
+            Some(m) => (m as i64 + (run_us as i64 - m as i64) / 8) as u64,
+        });
+    }
+
+    /// How many cpus' worth of this job's tasks `w` may hold beyond its slots: its prefetch,
+    /// made shallower as the job's tasks get longer (see [`Config::prefetch_horizon_us`]).
+    pub(super) fn prefetch_for(&self, w: &Worker, horizon_us: u64) -> u32 {
+        match self.mean_run_us {
+            None => w.offer.prefetch,
+            Some(m) => {
+                let covered = u64::from(w.offer.resources.cpus) * horizon_us / m.max(1);
+                w.offer
+                    .prefetch
+                    .min(covered.min(u64::from(u32::MAX)) as u32)
+            }
+        }
+    }
+
+    /// Whether a waiting task of this job is worth taking back from a busy worker.
+    pub(super) fn worth_stealing(&self, min_run_us: u64) -> bool {
+        !self.canceled && self.mean_run_us.is_none_or(|m| m >= min_run_us)
+    }
+
+    /// Records of touched tasks, in index order (untouched tasks are ready or canceled).
+    pub fn touched(&self) -> impl Iterator<Item = (TaskIndex, TaskRecord)> + '_ {
+        self.table.touched().map(|(i, r)| (i, *r))
+    }
+
+    /// Whether the task is assigned or running on `worker`.
+    pub(super) fn held_by(&self, index: TaskIndex, worker: WorkerId) -> bool {
+        index < self.len() && {
+            let r = self.table.get(index);
+            r.worker == worker && matches!(r.state, TaskState::Assigned | TaskState::Running)
+        }
+    }
+
+    pub(super) fn set_state(&mut self, index: TaskIndex, to: TaskState) -> &mut TaskRecord {
+        let rec = self.table.get_mut(index);
+        self.counts.moved(rec.state, to);
+        rec.state = to;
+        rec
+    }
+}
+
+/// Sums of the per-task intervals of a job's successful tasks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub tasks: u64,
+    /// Submission to assignment.
+    pub queue_us: u64,
+    /// Assignment to process start, less the wait for a free slot on the worker: network,
+    /// the worker's handling and the preparation of the launch.
+    pub dispatch_us: u64,
+    /// Waiting on the worker, assigned ahead (prefetched), for a free slot.
+    pub waited_us: u64,
+    /// Process start to exit.
+    pub run_us: u64,
+    pub first_start_us: Option<u64>,
+    pub last_finish_us: u64,
+}

@@ -1,0 +1,252 @@
+//! Events on jobs: submission, extension, cancel, retry, the end of a job, forgetting it.
+
+use super::worker::holder;
+use super::{Job, SchedError, Scheduler};
+use crate::outcome::{Command, Record};
+use crate::queue::Span;
+use crate::spec::{JobId, JobSpec, SpecError, TaskSet, TaskState};
+
+impl Scheduler {
+    /// A client submits a job (see [`super::Event::Submit`]).
+    pub(crate) fn submit(
+        &mut self,
+        now_us: u64,
+        spec: JobSpec,
+        tasks: TaskSet,
+        open: bool,
+        key: Option<String>,
+    ) -> Result<JobId, SchedError> {
+        if open && matches!(&tasks, TaskSet::List(_) | TaskSet::Lines(_)) && tasks.is_empty() {
+            spec.validate_spec()?;
+        } else {
+            spec.validate(&tasks)?;
+        }
+        let need = self.need_of(&spec)?;
+        let id = self.next_job;
+        self.next_job += 1;
+        let job = Job::new(id, spec, need, tasks, now_us, open);
+        let n = job.len();
+        self.ready.push_new(
+            job.spec.priority,
+            Span {
+                job: id,
+                next: 0,
+                end: n,
+            },
+        );
+        self.jobs.insert(id, job);
+        self.live_jobs.insert(id);
+        self.records.push(Record::Submitted { job: id, key });
+        Ok(id)
+    }
+
+    /// Appends tasks to an open job (see [`super::Event::Extend`]).
+    pub(crate) fn extend_with(
+        &mut self,
+        now_us: u64,
+        job: JobId,
+        at: u32,
+        more: TaskSet,
+        close: bool,
+    ) -> Result<(), SchedError> {
+        let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
+        if let TaskSet::Array(_) = j.tasks {
+            return Err(SchedError::NotAList(job));
+        }
+        if std::mem::discriminant(&j.tasks) != std::mem::discriminant(&more) {
+            return Err(SchedError::ExtendKind {
+                job,
+                holds: j.tasks.kind(),
+                given: more.kind(),
+            });
+        }
+        let len = j.tasks.len();
+        if at > len {
+            return Err(SchedError::ExtendGap { job, len, at });
+        }
+        let already = ((len - at) as usize).min(more.len() as usize);
+        if !j.open {
+            // A repeat of pieces the job took before it closed changes nothing.
+            return if already == more.len() as usize {
+                Ok(())
+            } else {
+                Err(SchedError::JobClosed(job))
+            };
+        }
+        let start = len;
+        if let Some(i) = more.first_empty(already) {
+            return Err(SpecError::EmptyTask(start + (i - already) as u32).into());
+        }
+        j.tasks.append(more, already);
+        let end = j.tasks.len();
+        j.table.extend_to(end);
+        if j.canceled {
+            j.counts.canceled += end - start;
+        } else {
+            j.counts.ready += end - start;
+            self.ready.push_new(
+                j.spec.priority,
+                Span {
+                    job,
+                    next: start,
+                    end,
+                },
+            );
+        }
+        if close {
+            j.open = false;
+            if j.is_empty() && !j.canceled {
+                // A list job closed without tasks is a client mistake, but it must still end.
+                j.canceled = true;
+            }
+        }
+        if end > start || close {
+            self.records.push(Record::Extended {
+                job,
+                from: start,
+                close,
+            });
+        }
+        self.check_job_done(now_us, job);
+        Ok(())
+    }
+
+    /// Cancels every task of a job that has not ended: queued tasks at once, running ones by
+    /// asking their workers. Returns how many tasks were still queued and how many running.
+    pub(crate) fn cancel_job(&mut self, now_us: u64, job: JobId) -> Result<(u32, u32), SchedError> {
+        let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
+        if j.canceled || j.is_done() {
+            return Ok((0, 0));
+        }
+        self.records.push(Record::Canceled { job });
+        j.canceled = true;
+        j.open = false;
+        let queued = j.counts.ready;
+        j.counts.canceled += queued;
+        j.counts.ready = 0;
+        self.ready.retain(|s| s.job != job);
+        let delayed_at = &mut self.delayed_at;
+        self.delayed.retain(|(_, jb, index)| {
+            let keep = *jb != job;
+            if !keep {
+                delayed_at.remove(&(job, *index));
+            }
+            keep
+        });
+        let mut running = 0;
+        let jobs = &self.jobs;
+        for w in self.workers.values() {
+            let holds = holder(jobs, w.id);
+            let tasks = w.ledger.held_of(|jb| jb == job, holds);
+            if !tasks.is_empty() {
+                running += tasks.len() as u32;
+                self.commands.push(Command::Cancel {
+                    worker: w.id,
+                    tasks,
+                });
+            }
+        }
+        // Tasks requeued for retry were counted as ready: their records say Ready.
+        self.check_job_done(now_us, job);
+        Ok((queued, running))
+    }
+
+    /// Puts a job's failed tasks (and with `failed_only` false, its canceled ones) back in the
+    /// queue with fresh retry and crash counts; the job is live again. Returns how many failed
+    /// and how many canceled tasks were resubmitted.
+    pub(crate) fn retry_job(
+        &mut self,
+        job: JobId,
+        failed_only: bool,
+    ) -> Result<(u32, u32), SchedError> {
+        let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
+        if j.canceled && failed_only {
+            return Err(SchedError::RetryCanceled(job));
+        }
+        let mut spans: Vec<Span> = Vec::new();
+        let (mut failed, mut canceled) = (0u32, 0u32);
+        for index in 0..j.len() {
+            let raw = j.table.get(index).state;
+            let shown = j.record(index).state;
+            let take = match shown {
+                TaskState::Failed => true,
+                TaskState::Canceled => !failed_only,
+                _ => false,
+            };
+            if !take {
+                continue;
+            }
+            if shown == TaskState::Failed {
+                failed += 1;
+            } else {
+                canceled += 1;
+            }
+            if raw == shown {
+                let rec = j.set_state(index, TaskState::Ready);
+                rec.failures = 0;
+                rec.lost = 0;
+                j.failures.remove(&index);
+            } else {
+                // Untouched or re-queued task of a canceled job: counted canceled, stored ready.
+                j.counts.moved(TaskState::Canceled, TaskState::Ready);
+                if let Some(due) = self.delayed_at.remove(&(job, index)) {
+                    self.delayed.remove(&(due, job, index));
+                }
+            }
+            match spans.last_mut() {
+                Some(s) if s.end == index => s.end += 1,
+                _ => spans.push(Span::one(job, index)),
+            }
+        }
+        if failed + canceled == 0 {
+            return Ok((0, 0));
+        }
+        j.canceled = false;
+        j.finished_us = None;
+        let priority = j.spec.priority;
+        for span in spans {
+            self.ready.push_requeued(priority, span);
+        }
+        self.live_jobs.insert(job);
+        self.records.push(Record::Retried { job, failed_only });
+        Ok((failed, canceled))
+    }
+
+    /// Ends a job whose tasks are all terminal and that takes no more: its waiters are told
+    /// ([`Command::JobDone`]) and the workers that were sent its template may drop it.
+    pub(super) fn check_job_done(&mut self, now_us: u64, job: JobId) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        if j.finished_us.is_none() && j.is_done() {
+            j.finished_us = Some(now_us);
+            self.live_jobs.remove(&job);
+            self.commands.push(Command::JobDone { job });
+            for w in self.workers.values_mut() {
+                if w.known_jobs.remove(&job) {
+                    self.commands.push(Command::ForgetJob { worker: w.id, job });
+                }
+            }
+        }
+    }
+
+    /// Removes a job that has ended, with its task records, so a long-lived server does not
+    /// keep every job it ever ran. Its id is not given out again. A job with tasks still queued
+    /// or running is refused.
+    pub(crate) fn forget_job(&mut self, job: JobId) -> Result<(), SchedError> {
+        let j = self.jobs.get(&job).ok_or(SchedError::NoSuchJob(job))?;
+        if !j.is_done() {
+            let left = j.len() - j.counts.done();
+            return Err(SchedError::NotEnded { job, left });
+        }
+        self.jobs.remove(&job);
+        self.live_jobs.remove(&job);
+        // An ended job rarely has queue entries left (a task a resumed worker took back keeps
+        // its entry until it is reached); without its job they would never be reached.
+        if !self.ready.is_empty() {
+            self.ready.retain(|s| s.job != job);
+        }
+        self.records.push(Record::Forgotten { job });
+        Ok(())
+    }
+}

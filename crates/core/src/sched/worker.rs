@@ -1,0 +1,150 @@
+//! A worker as the scheduler holds it: what it offers, holds and has been sent.
+
+use super::Job;
+use crate::ledger::Ledger;
+use crate::quarantine::Tally;
+use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
+use rustc_hash::FxHashSet;
+use std::collections::BTreeMap;
+
+/// What a worker offers when it joins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerOffer {
+    pub hostname: String,
+    /// Slots (cpus) and gpus it runs tasks on.
+    pub resources: Resources,
+    /// Extra cpus' worth of tasks it accepts ahead of free slots, so no slot waits a round trip.
+    pub prefetch: u32,
+    /// Named countable resources it has (`kestrel worker start --resource licenses=4`).
+    pub named: Vec<(String, u32)>,
+}
+
+/// A worker as the scheduler holds it.
+#[derive(Debug)]
+pub struct Worker {
+    pub id: WorkerId,
+    pub offer: WorkerOffer,
+    pub joined_us: u64,
+    pub last_seen_us: u64,
+    /// Resources held by tasks assigned to it and not yet finished (prefetched ones included).
+    pub used: Resources,
+    /// Cpus held by those of its tasks known to be running (the rest wait for a slot there,
+    /// or are on their way).
+    pub(super) running_cpus: u32,
+    /// How many tasks it holds: assigned to it and not yet finished.
+    pub(super) held: u32,
+    /// Where to find the tasks it holds (see [`holds`]).
+    pub(super) ledger: Ledger,
+    /// Jobs whose template it has been sent.
+    pub(super) known_jobs: FxHashSet<JobId>,
+    pub tasks_finished: u64,
+    pub tasks_failed: u64,
+    /// Why it gets no new tasks, if quarantined (see [`super::Event::LiftQuarantine`]).
+    pub quarantined: Option<String>,
+    /// How its recent tasks ended, per job (what quarantine judges).
+    pub(super) tally: Tally,
+    /// Waiting tasks it was asked to give back (at most one request at a time), and their cpus.
+    pub(super) revoking: Vec<(JobId, TaskIndex)>,
+    pub(super) revoking_cpus: u32,
+    /// Tasks it reported running when it resumed that were already assigned to another worker:
+    /// the first successful result of either run is kept.
+    pub(super) duplicates: FxHashSet<(JobId, TaskIndex)>,
+}
+
+impl Worker {
+    /// How much it takes at most, with `prefetch` cpus' worth held beyond its slots. Beyond
+    /// cpus, a prefetch window holds one more of everything it has (GPUs, memory, named
+    /// resources): tasks wait there for what frees up.
+    pub(super) fn capacity(&self, prefetch: u32) -> Resources {
+        let r = self.offer.resources;
+        if prefetch == 0 {
+            return r;
+        }
+        let mut cap = Resources::NONE.plus(&r, 2);
+        cap.cpus = r.cpus + prefetch;
+        cap
+    }
+
+    /// Takes a task (resumed or moved over from a previous registration) with what it holds;
+    /// the caller makes the task's record name this worker and says whether it is running.
+    pub(super) fn hold(&mut self, job: JobId, index: TaskIndex, need: Resources, running: bool) {
+        self.ledger.push(job, index);
+        self.held += 1;
+        self.used = self.used.plus(&need, 1);
+        if running {
+            self.running_cpus += need.cpus;
+        }
+        self.known_jobs.insert(job);
+    }
+
+    /// Gives back what a task it holds held; the caller has checked with [`Job::held_by`]
+    /// that it holds the task, passes the task's state, and then moves the task's record on.
+    /// Returns whether its ledger is now due for [`Scheduler::prune_ledger`].
+    #[must_use]
+    pub(super) fn release(&mut self, need: Resources, state: TaskState) -> bool {
+        self.held -= 1;
+        self.used = self.used.less_held(&need);
+        if state == TaskState::Running {
+            self.running_cpus = self.running_cpus.saturating_sub(need.cpus);
+        }
+        self.ledger.needs_pruning(self.held)
+    }
+
+    /// Cpus free for tasks that would start at once (no task of its own waits for them).
+    pub(super) fn idle_cpus(&self) -> u32 {
+        self.offer.resources.cpus.saturating_sub(self.used.cpus)
+    }
+
+    /// Cpus' worth of tasks it holds beyond its slots: tasks waiting there for a slot.
+    pub(super) fn waiting_cpus(&self) -> u32 {
+        self.used.cpus.saturating_sub(self.offer.resources.cpus)
+    }
+
+    /// How many tasks needing `need` still fit, holding `prefetch` cpus' worth beyond its slots.
+    pub(super) fn room_for(&self, need: Resources, prefetch: u32) -> u32 {
+        self.capacity(prefetch).minus(&self.used).times_fits(&need)
+    }
+
+    /// Whether a task needing `need` could ever run here.
+    pub(super) fn can_ever_run(&self, need: Resources) -> bool {
+        need.fits_in(&self.offer.resources)
+    }
+
+    /// Tasks assigned to it and not finished.
+    pub fn outstanding(&self) -> usize {
+        self.held as usize
+    }
+}
+
+/// Answers of a per-job question, asked once per job however many ledger runs name it (a
+/// handful of live jobs: a short list beats a map).
+#[derive(Default)]
+pub(super) struct JobMemo(Vec<(JobId, bool)>);
+
+impl JobMemo {
+    pub(super) fn memo(&mut self, job: JobId, ask: impl FnOnce() -> bool) -> bool {
+        if let Some(&(_, answer)) = self.0.iter().find(|(j, _)| *j == job) {
+            return answer;
+        }
+        let answer = ask();
+        self.0.push((job, answer));
+        answer
+    }
+}
+
+/// The test of whether `worker` holds a task (see [`Job::held_by`]; the records are the
+/// truth, a worker's [`Ledger`] says where to look). A ledger lists runs of one job at a
+/// time, so the job is looked up once per run, not once per task.
+pub(super) fn holder(
+    jobs: &BTreeMap<JobId, Job>,
+    worker: WorkerId,
+) -> impl FnMut(JobId, TaskIndex) -> bool + '_ {
+    let mut last: Option<(JobId, Option<&Job>)> = None;
+    move |job, index| {
+        let j = match last {
+            Some((id, j)) if id == job => j,
+            _ => last.insert((job, jobs.get(&job))).1,
+        };
+        j.is_some_and(|j| j.held_by(index, worker))
+    }
+}

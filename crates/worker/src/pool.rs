@@ -163,7 +163,7 @@ impl Pool {
         self.take_back_where(|_| true)
     }
 
-    fn take_back_where(&mut self, pick: impl Fn(&Key) -> bool) -> Vec<LocalTask> {
+    fn take_back_where(&mut self, mut pick: impl FnMut(&Key) -> bool) -> Vec<LocalTask> {
         let mut deck = lock(&self.deck);
         let mut back = Vec::new();
         deck.retain(|w| {
@@ -176,6 +176,23 @@ impl Pool {
             false
         });
         back
+    }
+
+    /// Takes back the decked tasks of `job` that no running task of it can follow: beyond
+    /// the first `running` of them (in deck order), those no thread has taken.
+    ///
+    /// A thread whose task ended looks at the deck once, and the session counts that task as
+    /// running until it hears of the end: a task it decked in between would wait for a
+    /// follower that never comes (the last task of a sweep waited forever this way).
+    pub(crate) fn take_back_unfollowed(&mut self, job: JobId, running: usize) -> Vec<LocalTask> {
+        let mut seen = 0;
+        self.take_back_where(|k| {
+            if k.0 != job {
+                return false;
+            }
+            seen += 1;
+            seen > running
+        })
     }
 
     /// Cancels the decked tasks among `keys` (those taken by a thread end as canceled).
@@ -281,6 +298,24 @@ mod tests {
         // The other job's task was never taken: it goes back as it was queued.
         assert_eq!(pool.take_back_all(), vec![task(2, 1)]);
         assert_eq!(pool.decked_of(2), 0);
+        pool.close();
+    }
+
+    #[test]
+    fn a_task_decked_after_its_job_last_ran_is_taken_back() {
+        let mut pool = Pool::new(1).unwrap();
+        pool.start((1, 1), launch(&["true"]), CancelHandle::new());
+        let first = recv(&mut pool);
+        assert_eq!(first.next, None, "nothing was decked when it ended");
+        // The session decks two tasks of the job before it hears of that end (it still counts
+        // one task running), and one of another job.
+        pool.put_on_deck(task(1, 2), launch(&["true"]), CancelHandle::new());
+        pool.put_on_deck(task(2, 9), launch(&["true"]), CancelHandle::new());
+        pool.put_on_deck(task(1, 3), launch(&["true"]), CancelHandle::new());
+        // No task of job 1 runs now: both would wait for ever; with one running, the second.
+        assert_eq!(pool.take_back_unfollowed(1, 1), vec![task(1, 3)]);
+        assert_eq!(pool.take_back_unfollowed(1, 0), vec![task(1, 2)]);
+        assert_eq!((pool.decked_of(1), pool.decked_of(2)), (0, 1));
         pool.close();
     }
 

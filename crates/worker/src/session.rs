@@ -431,7 +431,18 @@ impl Session<'_> {
                 index: key.1,
                 at_us: finished_us,
             }),
-            Err(held) => self.local.release(held),
+            Err(held) => {
+                self.local.release(held);
+                // Tasks decked for the job while its thread was finding none go back to the
+                // head of the queue, to start in the slot just freed.
+                let job = done.key.0;
+                if let Some(p) = pool.as_mut() {
+                    let running = self.running.keys().filter(|(j, _)| *j == job).count();
+                    for task in p.take_back_unfollowed(job, running).into_iter().rev() {
+                        self.local.queue.push_front(task);
+                    }
+                }
+            }
         }
         // A run this session did not start or carry has nothing to report.
         let Some(waited_us) = waited_us else {

@@ -1,0 +1,540 @@
+//! The bytes of every message, pinned: one value of each kind is encoded as a frame body and
+//! compared with the hex in `tests/golden/NAME.hex`, and those bytes must decode back to the
+//! value. A change that alters what goes on the wire fails here. If the change is meant, bump
+//! `PROTOCOL_VERSION`, update docs/protocol.md, and write the files again with
+//! `KESTREL_BLESS=1 cargo test -p kestrel-proto --test golden`.
+
+use kestrel_core::{
+    Failure, Finished, IdRanges, IndexRun, JobSpec, LineList, Resources, RunEnd, Sink, TaskSet,
+    TaskState, TaskTemplate,
+};
+use kestrel_proto::messages::*;
+use kestrel_proto::{decode, encode};
+use serde::{de::DeserializeOwned, Serialize};
+use std::fmt::Debug;
+use std::path::PathBuf;
+
+/// The encoding of `value` as 16 bytes of hex per line.
+fn hex(value: &impl Serialize) -> String {
+    let body = encode(value).expect("encodes");
+    body.chunks(16)
+        .map(|line| {
+            let bytes: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
+            bytes.join(" ") + "\n"
+        })
+        .collect()
+}
+
+/// Checks `value`'s bytes against the file `name` and that they decode back to it.
+fn golden<T: Serialize + DeserializeOwned + PartialEq + Debug>(name: &str, value: T) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.hex"));
+    let got = hex(&value);
+    if std::env::var_os("KESTREL_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; write it with KESTREL_BLESS=1 (see this file's doc)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        got, want,
+        "the bytes of {name} changed: bump PROTOCOL_VERSION and update docs/protocol.md if that is meant"
+    );
+    let body = encode(&value).unwrap();
+    let back: T = decode(&body).expect("the golden bytes decode");
+    assert_eq!(back, value, "{name} does not come back from its bytes");
+}
+
+fn failure() -> Failure {
+    Failure {
+        exit_code: Some(3),
+        signal: None,
+        reason: "exit code 3".into(),
+        stderr_tail: "boom".into(),
+    }
+}
+
+fn ends() -> Vec<Finished> {
+    let end = |index, end| Finished {
+        job: 7,
+        index,
+        started_us: 1_700_000_000_000_000,
+        finished_us: 1_700_000_000_000_250,
+        end,
+    };
+    vec![
+        end(0, RunEnd::Success),
+        end(1, RunEnd::Failed(Box::new(failure()))),
+        end(2, RunEnd::Canceled),
+    ]
+}
+
+fn output() -> TaskOutput {
+    TaskOutput {
+        job: 7,
+        index: 0,
+        stdout: Some(Kept {
+            data: b"hi\n".to_vec(),
+            total: 3,
+        }),
+        stderr: None,
+    }
+}
+
+fn template() -> TaskTemplate {
+    TaskTemplate {
+        argv: vec!["sim".into(), "{task}".into()],
+        env: vec![("MODE".into(), "fast".into())],
+        cwd: Some("/data".into()),
+        stdout: Sink::File("out/{task}.txt".into()),
+        stderr: Sink::Stream { limit: 1024 },
+        timeout_ms: Some(60_000),
+    }
+}
+
+fn resources() -> Resources {
+    Resources {
+        cpus: 2,
+        gpus: 1,
+        mem: 1 << 30,
+        ..Resources::NONE
+    }
+}
+
+fn spec() -> JobSpec {
+    JobSpec {
+        name: "sweep".into(),
+        template: template(),
+        resources: resources(),
+        priority: -1,
+        retries: 2,
+        named: vec![("licenses".into(), 1)],
+    }
+}
+
+fn lines() -> LineList {
+    ["a.dat", "b.dat"].into_iter().collect()
+}
+
+fn ids() -> IdRanges {
+    IdRanges::parse("1-100,200-300:10").unwrap()
+}
+
+#[test]
+fn worker_to_server() {
+    golden(
+        "register",
+        FromWorker::Register(Registration {
+            hostname: "node1".into(),
+            slots: 4,
+            gpus: 1,
+            prefetch: 4,
+            exec: "process".into(),
+            resume: Some(Resume {
+                server_id: "s-1".into(),
+                previous_worker: 3,
+                epoch: 42,
+                running: vec![(7, 5)],
+                finished: ends(),
+                outputs: vec![output()],
+            }),
+            mem: 8 << 30,
+            named: vec![("licenses".into(), 4)],
+        }),
+    );
+    golden(
+        "update",
+        FromWorker::Update {
+            started: vec![Started {
+                job: 7,
+                index: 3,
+                at_us: 1_700_000_000_000_000,
+            }],
+            finished: ends(),
+            outputs: vec![output()],
+            waited: vec![(7, 1500)],
+        },
+    );
+    golden("heartbeat", FromWorker::Heartbeat);
+    golden(
+        "revoked",
+        FromWorker::Revoked {
+            tasks: vec![(7, 4), (7, 5)],
+        },
+    );
+}
+
+#[test]
+fn server_to_worker() {
+    golden(
+        "registered",
+        ToWorker::Registered {
+            worker: 3,
+            heartbeat_ms: 5000,
+            server: "head:7777".into(),
+            server_id: "s-1".into(),
+            epoch: 42,
+        },
+    );
+    golden(
+        "define_job",
+        ToWorker::DefineJob {
+            job: 7,
+            template: template(),
+            ids: JobIds::Array(ids()),
+            resources: resources(),
+            named: vec![("licenses".into(), 1)],
+        },
+    );
+    let run = |first, count| IndexRun {
+        job: 7,
+        first,
+        count,
+    };
+    let mut lines_run = Assigned::run(run(10, 2));
+    lines_run.lines = lines();
+    golden(
+        "assign",
+        ToWorker::Assign {
+            tasks: vec![
+                Assigned::run(run(0, 64)),
+                Assigned {
+                    run: run(64, 1),
+                    argvs: vec![vec!["echo".into(), "x".into()]],
+                    lines: LineList::new(),
+                },
+                lines_run,
+            ],
+        },
+    );
+    golden(
+        "cancel",
+        ToWorker::Cancel {
+            tasks: vec![(7, 1)],
+        },
+    );
+    golden(
+        "revoke",
+        ToWorker::Revoke {
+            tasks: vec![(7, 4)],
+        },
+    );
+    golden("forget_job", ToWorker::ForgetJob { job: 7 });
+    golden(
+        "shutdown",
+        ToWorker::Shutdown {
+            reason: "the server is stopping".into(),
+        },
+    );
+    golden("job_ids_list", JobIds::List);
+}
+
+#[test]
+fn client_requests() {
+    let asks = vec![
+        Ask::Submit {
+            spec: spec(),
+            tasks: TaskSet::Array(ids()),
+            open: false,
+            key: Some("nightly".into()),
+        },
+        Ask::Submit {
+            spec: spec(),
+            tasks: TaskSet::List(vec![vec!["a".into()], vec!["b".into(), "c".into()]]),
+            open: true,
+            key: None,
+        },
+        Ask::Submit {
+            spec: spec(),
+            tasks: TaskSet::Lines(lines()),
+            open: true,
+            key: None,
+        },
+        Ask::Extend {
+            job: 7,
+            at: 2,
+            argvs: vec![vec!["d".into()]],
+            close: true,
+        },
+        Ask::ExtendLines {
+            job: 7,
+            at: 2,
+            lines: lines(),
+            close: false,
+        },
+        Ask::JobList,
+        Ask::JobInfo { job: 7 },
+        Ask::TaskList {
+            job: 7,
+            state: Some(TaskState::Failed),
+            limit: 100,
+        },
+        Ask::WorkerList,
+        Ask::Cancel { jobs: vec![7, 8] },
+        Ask::Wait {
+            jobs: vec![7],
+            progress_ms: 500,
+        },
+        Ask::ServerInfo,
+        Ask::Stop,
+        Ask::Retry {
+            job: 7,
+            failed_only: true,
+        },
+        Ask::ResumeWorker { worker: 3 },
+        Ask::JobStates { jobs: vec![7, 9] },
+        Ask::Jobs {
+            filter: JobFilter {
+                states: vec![JobState::Running, JobState::Failed],
+                name: Some("sweep*".into()),
+                last: 10,
+            },
+        },
+        Ask::Forget {
+            jobs: vec![7],
+            all_ended: true,
+        },
+        Ask::TaskPage {
+            job: 7,
+            state: None,
+            offset: 100,
+            limit: 50,
+        },
+        Ask::TaskInfo { job: 7, task: 42 },
+        Ask::Output {
+            job: 7,
+            stderr: true,
+            tasks: Some(ids()),
+            from: 3,
+            max_bytes: 65536,
+        },
+    ];
+    for (i, body) in asks.into_iter().enumerate() {
+        golden(&format!("request-{i:02}"), Request { id: 9, body });
+    }
+}
+
+fn counts() -> Counts {
+    Counts {
+        ready: 1,
+        assigned: 2,
+        running: 3,
+        finished: 90,
+        failed: 4,
+        canceled: 0,
+    }
+}
+
+fn summary() -> JobSummary {
+    JobSummary {
+        id: 7,
+        name: "sweep".into(),
+        state: "running".into(),
+        counts: counts(),
+        submitted_us: 1_700_000_000_000_000,
+        finished_us: None,
+    }
+}
+
+fn row() -> TaskRow {
+    TaskRow {
+        id: 42,
+        state: TaskState::Failed,
+        worker: Some(3),
+        assigned_us: 1_700_000_000_000_000,
+        started_us: 1_700_000_000_000_100,
+        finished_us: 1_700_000_000_000_900,
+        failures: 1,
+        lost: 0,
+        exit_code: Some(3),
+        reason: Some("exit code 3".into()),
+        stderr_tail: Some("boom".into()),
+        attempts: 2,
+    }
+}
+
+fn progress() -> WaitProgress {
+    WaitProgress {
+        jobs: 2,
+        jobs_done: 1,
+        counts: counts(),
+        waiting: Some("job 8: no worker is connected".into()),
+    }
+}
+
+#[test]
+fn server_answers() {
+    let refusal = Refusal::not_found("job 99 does not exist; `kestrel job list` shows the jobs");
+    let answers = vec![
+        Answer::Submitted {
+            job: 7,
+            warning: Some("each task needs 3 cpus".into()),
+            repeated: false,
+        },
+        Answer::Extended,
+        Answer::Jobs(vec![summary()]),
+        Answer::Job(Box::new(JobDetail {
+            summary: summary(),
+            spec: spec(),
+            tasks: "array of 111 tasks, ids 1-100,200-300:10".into(),
+            timing: Timing {
+                tasks: 90,
+                mean_queue_us: 1500.5,
+                mean_dispatch_us: 300.25,
+                mean_run_us: 12000.0,
+                span_us: 2_000_000,
+                mean_waited_us: 40.0,
+            },
+            ids: Some("1-100,200-300:10".into()),
+            waiting: None,
+        })),
+        Answer::Tasks(TaskPage {
+            rows: vec![row()],
+            more: 5,
+        }),
+        Answer::Workers(vec![WorkerRow {
+            id: 3,
+            hostname: "node1".into(),
+            address: "10.0.0.5:41000".into(),
+            slots: 4,
+            gpus: 1,
+            prefetch: 4,
+            exec: "process".into(),
+            tasks: 2,
+            finished: 90,
+            failed: 4,
+            joined_us: 1_700_000_000_000_000,
+            last_seen_us: 1_700_000_001_000_000,
+            quarantined: Some("10 of its last 10 tasks of job 7 failed".into()),
+            mem: 8 << 30,
+            named: vec![("licenses".into(), 4)],
+        }]),
+        Answer::Canceled(vec![
+            CancelResult {
+                job: 7,
+                result: Ok((10, 2)),
+            },
+            CancelResult {
+                job: 99,
+                result: Err(refusal.clone()),
+            },
+        ]),
+        Answer::WaitDone(progress()),
+        Answer::Info(ServerInfo {
+            version: "0.1.0".into(),
+            protocol: 6,
+            address: "head:7777".into(),
+            dir: "/srv/kestrel".into(),
+            pid: 4242,
+            started_us: 1_700_000_000_000_000,
+            workers: 2,
+            jobs: 3,
+            live_jobs: 1,
+            queued: 50,
+            journal: Some(JournalInfo {
+                path: "/srv/kestrel/journal.sqlite".into(),
+                bytes: 1 << 20,
+                rows: 1000,
+                error: None,
+            }),
+        }),
+        Answer::Stopping,
+        Answer::Retried {
+            job: 7,
+            failed: 4,
+            canceled: 0,
+        },
+        Answer::WorkerResumed {
+            worker: 3,
+            was_quarantined: true,
+        },
+        Answer::Output(OutputPage {
+            sink: Sink::Stream { limit: 1024 },
+            rows: vec![
+                OutputRow {
+                    id: 1,
+                    state: Some(TaskState::Finished),
+                    output: RowOutput::Kept(Kept {
+                        data: b"hi\n".to_vec(),
+                        total: 3,
+                    }),
+                },
+                OutputRow {
+                    id: 2,
+                    state: Some(TaskState::Running),
+                    output: RowOutput::Nothing,
+                },
+                OutputRow {
+                    id: 3,
+                    state: None,
+                    output: RowOutput::Dropped("over the server's output budget".into()),
+                },
+                OutputRow {
+                    id: 4,
+                    state: Some(TaskState::Finished),
+                    output: RowOutput::File("out/4.txt".into()),
+                },
+            ],
+            next: Some(5),
+        }),
+        Answer::JobStates(vec![(7, Some(JobState::Running)), (99, None)]),
+        Answer::JobsPage(JobsPage {
+            jobs: vec![summary()],
+            more: 12,
+        }),
+        Answer::Forgotten(vec![
+            ForgetResult {
+                job: 6,
+                result: Ok(()),
+            },
+            ForgetResult {
+                job: 7,
+                result: Err(Refusal::from("job 7 has not ended".to_string())),
+            },
+        ]),
+        Answer::TaskRange(TaskRange {
+            rows: vec![row()],
+            offset: 100,
+            matched: 160,
+        }),
+        Answer::Task(Box::new(TaskDetail {
+            job: 7,
+            task: row(),
+            signal: None,
+            argv: vec!["sim".into(), "{task}".into()],
+            cwd: Some("/data".into()),
+            stdout: Sink::File("out/{task}.txt".into()),
+            stderr: Sink::Null,
+            worker_host: Some("node1".into()),
+            line: Some("a.dat".into()),
+        })),
+    ];
+    for (i, answer) in answers.into_iter().enumerate() {
+        golden(
+            &format!("reply-{i:02}"),
+            ToClient::Reply {
+                id: 9,
+                result: Ok(answer),
+            },
+        );
+    }
+    golden(
+        "reply-refused",
+        ToClient::Reply {
+            id: 9,
+            result: Err(refusal),
+        },
+    );
+    golden(
+        "progress",
+        ToClient::Progress {
+            id: 9,
+            progress: progress(),
+        },
+    );
+}

@@ -219,6 +219,15 @@ pub enum Exec {
     Noop,
 }
 
+impl From<Exec> for kestrel_worker::ExecMode {
+    fn from(e: Exec) -> Self {
+        match e {
+            Exec::Process => kestrel_worker::ExecMode::Process,
+            Exec::Noop => kestrel_worker::ExecMode::Noop,
+        }
+    }
+}
+
 /// TLS options of `server start`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct TlsArgs {

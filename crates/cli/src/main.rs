@@ -228,10 +228,7 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     }
     config.named = jobs::parse_named(&offer.resource)?;
     config.prefetch = offer.prefetch.unwrap_or(slots);
-    config.exec = match exec {
-        Exec::Process => kestrel_worker::ExecMode::Process,
-        Exec::Noop => kestrel_worker::ExecMode::Noop,
-    };
+    config.exec = exec.into();
     config.reconnect_for = session::reconnect_for(g, session::WORKER)?;
     config.server_dir = path.parent().map(|p| p.display().to_string());
     config.access_file = Some(path);

@@ -1,7 +1,7 @@
 //! `kestrel run`: an embedded server and local workers in this process, over loopback, for one
 //! batch of work. The same code paths as a standalone server, so what works here works there.
 
-use crate::args::{Exec, Global, RunArgs, Switch};
+use crate::args::{Global, RunArgs, Switch};
 use crate::client_cmds::{submissions, submit_all, wait_exit};
 use crate::jobs::Submission;
 use crate::json::{CountsView, RunView};
@@ -12,7 +12,7 @@ use kestrel_core::TaskState;
 use kestrel_proto::messages::{Answer, Ask, Counts, WaitProgress};
 use kestrel_proto::Client;
 use kestrel_server::ServerConfig;
-use kestrel_worker::{ExecMode, WorkerConfig};
+use kestrel_worker::WorkerConfig;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -67,10 +67,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     for _ in 0..a.workers {
         let mut config = WorkerConfig::new(slots);
         config.prefetch = a.prefetch.unwrap_or(slots);
-        config.exec = match a.exec {
-            Exec::Process => ExecMode::Process,
-            Exec::Noop => ExecMode::Noop,
-        };
+        config.exec = a.exec.into();
         config.server_dir = Some(dir.display().to_string());
         workers.push(tokio::spawn(kestrel_worker::run(
             config,

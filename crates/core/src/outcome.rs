@@ -31,6 +31,19 @@ pub struct Failure {
     pub stderr_tail: String,
 }
 
+impl Failure {
+    /// A failure seen by the worker or the scheduler itself rather than reported by the task
+    /// (no exit code, signal or stderr): only its `reason`.
+    pub fn because(reason: impl Into<String>) -> Failure {
+        Failure {
+            exit_code: None,
+            signal: None,
+            reason: reason.into(),
+            stderr_tail: String::new(),
+        }
+    }
+}
+
 /// A worker's report that a task's run ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finished {

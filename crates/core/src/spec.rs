@@ -475,6 +475,24 @@ pub struct JobSpec {
     pub named: Vec<(String, u32)>,
 }
 
+impl JobSpec {
+    /// A job named `name` whose tasks run `argv`, with everything else at its default: one cpu
+    /// per task, output discarded, the worker's directory, no timeout, priority 0, no retries.
+    pub fn command(name: impl Into<String>, argv: Vec<String>) -> JobSpec {
+        JobSpec {
+            name: name.into(),
+            template: TaskTemplate {
+                argv,
+                ..TaskTemplate::default()
+            },
+            resources: Resources::default(),
+            priority: 0,
+            retries: 0,
+            named: Vec::new(),
+        }
+    }
+}
+
 /// Why a job specification was refused at submission.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
@@ -645,17 +663,7 @@ mod tests {
     }
 
     fn array_spec() -> JobSpec {
-        JobSpec {
-            name: "a".into(),
-            template: TaskTemplate {
-                argv: vec!["true".into()],
-                ..Default::default()
-            },
-            resources: Resources::default(),
-            priority: 0,
-            retries: 0,
-            named: vec![],
-        }
+        JobSpec::command("a", vec!["true".into()])
     }
 
     #[test]

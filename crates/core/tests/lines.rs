@@ -4,22 +4,10 @@
 mod common;
 
 use common::Events;
-use kestrel_core::{
-    Config, JobSpec, LineList, Resources, SchedError, Scheduler, TaskSet, TaskTemplate,
-};
+use kestrel_core::{Config, JobSpec, LineList, SchedError, Scheduler, TaskSet};
 
 fn spec() -> JobSpec {
-    JobSpec {
-        name: "each".into(),
-        template: TaskTemplate {
-            argv: vec!["echo".into(), "{line}".into()],
-            ..Default::default()
-        },
-        resources: Resources::default(),
-        priority: 0,
-        retries: 0,
-        named: vec![],
-    }
+    JobSpec::command("each", vec!["echo".into(), "{line}".into()])
 }
 
 fn lines(l: &[&str]) -> LineList {

@@ -941,12 +941,7 @@ impl Engine {
         for (worker, (run, size)) in unsendable {
             let reason = crate::outbox::unsendable_reason("its command line", size);
             tracing::warn!(job = run.job, index = run.first, "task not sent: {reason}");
-            let failure = kestrel_core::Failure {
-                exit_code: None,
-                signal: None,
-                reason,
-                stderr_tail: String::new(),
-            };
+            let failure = kestrel_core::Failure::because(reason);
             let undeliverable = Event::Undeliverable {
                 worker,
                 job: run.job,

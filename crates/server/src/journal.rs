@@ -713,24 +713,10 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kestrel_core::{Config, IdRanges, Resources, RunEnd, Sink, TaskTemplate};
+    use kestrel_core::{Config, IdRanges, RunEnd};
 
     fn spec() -> JobSpec {
-        JobSpec {
-            name: "t".into(),
-            template: TaskTemplate {
-                argv: vec!["true".into()],
-                env: vec![],
-                cwd: None,
-                stdout: Sink::Null,
-                stderr: Sink::Null,
-                timeout_ms: None,
-            },
-            resources: Resources::default(),
-            priority: 0,
-            retries: 0,
-            named: vec![],
-        }
+        JobSpec::command("t", vec!["true".into()])
     }
 
     #[test]
@@ -852,12 +838,7 @@ mod tests {
         // Task 0 fails for good, task 1 is given up after lost workers, then `job retry`
         // arrives in the same batch: the retry must replay after both.
         p.task_end(failed(1, 0), 50);
-        let gone = kestrel_core::Failure {
-            exit_code: None,
-            signal: None,
-            reason: "lost with 5 workers (it may kill its worker)".into(),
-            stderr_tail: String::new(),
-        };
+        let gone = kestrel_core::Failure::because("lost with 5 workers (it may kill its worker)");
         p.give_up(1, 1, 300, gone);
         p.retry(1, 400, true);
         j.commit(&mut p).unwrap();

@@ -420,24 +420,14 @@ impl OutputLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kestrel_core::{Config, Finished, Resources, RunEnd, Scheduler, TaskSet, TaskTemplate};
+    use kestrel_core::{Config, Finished, RunEnd, Scheduler, TaskSet};
 
     fn spec(stdout: Sink, stderr: Sink) -> JobSpec {
-        JobSpec {
-            name: "t".into(),
-            template: TaskTemplate {
-                argv: vec!["echo".into()],
-                env: vec![],
-                cwd: Some("/w".into()),
-                stdout,
-                stderr,
-                timeout_ms: None,
-            },
-            resources: Resources::default(),
-            priority: 0,
-            retries: 0,
-            named: Vec::new(),
-        }
+        let mut spec = JobSpec::command("t", vec!["echo".into()]);
+        spec.template.cwd = Some("/w".into());
+        spec.template.stdout = stdout;
+        spec.template.stderr = stderr;
+        spec
     }
 
     fn stream() -> Sink {

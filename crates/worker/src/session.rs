@@ -563,12 +563,7 @@ impl Session<'_> {
             index: task.index,
             started_us: now,
             finished_us: now,
-            end: RunEnd::Failed(Box::new(Failure {
-                exit_code: None,
-                signal: None,
-                reason,
-                stderr_tail: String::new(),
-            })),
+            end: RunEnd::Failed(Box::new(Failure::because(reason))),
         });
     }
 

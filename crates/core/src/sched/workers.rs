@@ -115,13 +115,8 @@ impl Scheduler {
                 }
             }
             if rec.lost >= max_crashes {
-                let failure = Failure {
-                    exit_code: None,
-                    signal: None,
-                    reason: format!("lost with {} workers (it may kill its worker)", rec.lost),
-                    stderr_tail: String::new(),
-                };
-                self.give_up(now_us, job, index, failure);
+                let reason = format!("lost with {} workers (it may kill its worker)", rec.lost);
+                self.give_up(now_us, job, index, Failure::because(reason));
                 continue;
             }
             if crashed {

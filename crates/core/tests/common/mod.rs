@@ -6,21 +6,7 @@ use kestrel_core::*;
 
 /// A job named `name` of `/bin/true` tasks, one cpu each, no retries, output discarded.
 pub fn spec(name: &str) -> JobSpec {
-    JobSpec {
-        name: name.into(),
-        template: TaskTemplate {
-            argv: vec!["/bin/true".into()],
-            env: vec![],
-            cwd: None,
-            stdout: Sink::Null,
-            stderr: Sink::Null,
-            timeout_ms: None,
-        },
-        resources: Resources::default(),
-        priority: 0,
-        retries: 0,
-        named: vec![],
-    }
+    JobSpec::command(name, vec!["/bin/true".into()])
 }
 
 /// The tasks of an array with ids `1..=n`.

@@ -4,7 +4,7 @@
 //! a duration chosen by the test, and report back after the same latency. Everything happens in
 //! the order of a virtual clock, so a run is the same every time.
 
-use crate::outcome::{Command, Failure, Finished, RunEnd};
+use crate::outcome::{Command, Failure, Finished, RunEnd, Started};
 use crate::sched::{Event, Reply, Scheduler, WorkerOffer};
 use crate::spec::{JobId, JobSpec, Resources, TaskIndex, TaskSet, WorkerId};
 use std::cmp::Reverse;
@@ -409,7 +409,11 @@ impl Harness {
             };
             self.event(Event::TasksStarted {
                 worker: w,
-                started: vec![(job, index, now)],
+                started: vec![Started {
+                    job,
+                    index,
+                    at_us: now,
+                }],
             });
             let run = (self.model)(w, job, index, attempt);
             self.at(

@@ -19,7 +19,7 @@ mod sched;
 pub mod spec;
 pub mod table;
 
-pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd};
+pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd, Started};
 pub use sched::restore::RestoreError;
 pub use sched::{
     Accepted, Config, Counts, Event, Job, Reply, Resumed, SchedError, Scheduler, Stall, Timing,

@@ -55,6 +55,14 @@ pub struct Finished {
     pub end: RunEnd,
 }
 
+/// A worker's report that a task's process started, at `at_us` on the worker's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Started {
+    pub job: JobId,
+    pub index: TaskIndex,
+    pub at_us: u64,
+}
+
 /// A run of consecutive task indices of one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexRun {

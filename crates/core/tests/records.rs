@@ -209,3 +209,25 @@ fn a_resumed_worker_forgets_the_templates_of_jobs_that_ended_while_it_was_away()
         job: live
     }));
 }
+
+#[test]
+fn records_swapped_into_a_driver_buffer_keep_their_order() {
+    let mut s = Scheduler::new(Config::default());
+    let a = s.submit(0, spec("a"), array(1), false).unwrap();
+    let mut buf = Vec::new();
+    s.swap_records(&mut buf);
+    assert_eq!(buf, vec![Record::Submitted { job: a, key: None }]);
+    // A buffer still holding records gets the new ones after them.
+    let b = s.submit(0, spec("b"), array(1), false).unwrap();
+    s.swap_records(&mut buf);
+    assert_eq!(
+        buf,
+        vec![
+            Record::Submitted { job: a, key: None },
+            Record::Submitted { job: b, key: None }
+        ]
+    );
+    buf.clear();
+    s.swap_records(&mut buf);
+    assert!(buf.is_empty() && s.take_records().is_empty());
+}

@@ -3,6 +3,9 @@
 //! Encoded as MessagePack with positional fields (compact; both ends agree on the schema through
 //! the protocol version checked in the handshake). Every hot message carries a batch.
 
+/// A task's process started (core's own type: an update's starts go to the scheduler as they
+/// came, without a copy).
+pub use kestrel_core::Started;
 use kestrel_core::{
     Finished, IdRanges, IndexRun, JobId, JobSpec, LineList, Resources, SchedError, Sink, TaskId,
     TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId,
@@ -158,14 +161,6 @@ impl TaskOutput {
     pub fn size(&self) -> usize {
         self.stdout.as_ref().map_or(0, Kept::size) + self.stderr.as_ref().map_or(0, Kept::size)
     }
-}
-
-/// A task's process started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Started {
-    pub job: JobId,
-    pub index: TaskIndex,
-    pub at_us: u64,
 }
 
 /// Server to worker.

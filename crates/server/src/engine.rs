@@ -98,6 +98,8 @@ pub struct Engine {
     last_commit: std::time::Instant,
     /// Streamed output of tasks (`--stdout stream`); a forgotten job's goes with it.
     outputs: OutputLog,
+    /// The scheduler's records being journaled, a buffer kept from one event to the next.
+    records: Vec<Record>,
 }
 
 /// A reply held back until the journal commit that makes it true.
@@ -173,6 +175,7 @@ impl Engine {
             keys: FxHashMap::default(),
             last_commit: std::time::Instant::now(),
             outputs: OutputLog::default(),
+            records: Vec::new(),
         }
     }
 
@@ -364,8 +367,6 @@ impl Engine {
                         waited,
                     } => {
                         if !started.is_empty() {
-                            let started = started.iter().map(|s| (s.job, s.index, s.at_us));
-                            let started = started.collect();
                             self.event(now, Event::TasksStarted { worker, started });
                         }
                         self.tasks_ended(now, worker, finished, outputs);
@@ -845,15 +846,14 @@ impl Engine {
     /// [`Self::journal_records`], keeping with each recorded task end its streamed output from
     /// `outputs`. Task ends are taken even without a journal, for the output log.
     fn journal_ends_with(&mut self, now: u64, mut outputs: OutputsOf) {
-        let records = self.core.take_records();
-        if records.is_empty() {
-            return;
-        }
+        let mut records = std::mem::take(&mut self.records);
+        self.core.swap_records(&mut records);
         let journaling = self.journaling();
         let streaming = self.outputs.streaming();
+        // Jobs forgotten one after another go in one FORGET entry.
         let mut forgotten = Vec::new();
-        for r in records {
-            if !matches!(r, Record::Forgotten { .. }) && !forgotten.is_empty() && journaling {
+        for r in records.drain(..) {
+            if !forgotten.is_empty() && !matches!(r, Record::Forgotten { .. }) {
                 self.pending.forget(std::mem::take(&mut forgotten), now);
             }
             match r {
@@ -879,7 +879,9 @@ impl Engine {
                     // Its output log goes in the same transaction as the FORGET entry.
                     let pending = journaling.then_some(&mut self.pending);
                     self.outputs.forget(job, pending);
-                    forgotten.push(job);
+                    if journaling {
+                        forgotten.push(job);
+                    }
                 }
                 _ if !journaling => {}
                 Record::Submitted { job, key } => {
@@ -910,9 +912,10 @@ impl Engine {
                 Record::Lost { tasks } => self.pending.lost(tasks),
             }
         }
-        if !forgotten.is_empty() && journaling {
+        if !forgotten.is_empty() {
             self.pending.forget(forgotten, now);
         }
+        self.records = records;
     }
 
     /// Applies the task ends of a worker's update, and journals each the scheduler took (with

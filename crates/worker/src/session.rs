@@ -437,7 +437,7 @@ impl Session<'_> {
                 // head of the queue, to start in the slot just freed.
                 let job = done.key.0;
                 if let Some(p) = pool.as_mut() {
-                    let running = self.running.keys().filter(|(j, _)| *j == job).count();
+                    let running = running_of(&self.running, job);
                     for task in p.take_back_unfollowed(job, running).into_iter().rev() {
                         self.local.queue.push_front(task);
                     }
@@ -512,9 +512,7 @@ impl Session<'_> {
             let Some(def) = self.local.jobs.get(&job) else {
                 return;
             };
-            if def.resources.gpus > 0
-                || p.decked_of(job) >= self.running.keys().filter(|(j, _)| *j == job).count()
-            {
+            if def.resources.gpus > 0 || p.decked_of(job) >= running_of(&self.running, job) {
                 return;
             }
             let Some(task) = self.local.queue.pop_front() else {
@@ -669,6 +667,11 @@ fn hand_on(
         },
     );
     Ok(key)
+}
+
+/// How many of `running`'s tasks are of `job`: each can be followed by one decked task.
+fn running_of(running: &FxHashMap<Key, Running>, job: JobId) -> usize {
+    running.keys().filter(|(j, _)| *j == job).count()
 }
 
 async fn recv_done(pool: &mut Option<Pool>) -> Option<Done> {

@@ -7,7 +7,7 @@
 //! on its sockets, and both see the same outputs.
 
 use super::{Resumed, SchedError, Scheduler, WorkerOffer};
-use crate::outcome::{Failure, Finished};
+use crate::outcome::{Failure, Finished, Started};
 use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, WorkerId};
 
 /// Something that happened which the scheduler takes into account.
@@ -58,10 +58,10 @@ pub enum Event {
     },
     /// Lift a worker's quarantine: it gets tasks again.
     LiftQuarantine { worker: WorkerId },
-    /// Tasks' processes started on `worker`: job, task, and when on the worker's clock.
+    /// Tasks' processes started on `worker`.
     TasksStarted {
         worker: WorkerId,
-        started: Vec<(JobId, TaskIndex, u64)>,
+        started: Vec<Started>,
     },
     /// Runs ended on `worker`, in the order it reported them (one update).
     TasksEnded {
@@ -167,8 +167,10 @@ impl Scheduler {
             },
             Event::TasksStarted { worker, started } => {
                 let mut recorded = 0;
-                for &(job, index, at_us) in &started {
-                    if self.task_started(worker, job, index, at_us) == super::Accepted::Recorded {
+                for s in &started {
+                    if self.task_started(worker, s.job, s.index, s.at_us)
+                        == super::Accepted::Recorded
+                    {
                         recorded += 1;
                     }
                 }

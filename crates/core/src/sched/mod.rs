@@ -160,6 +160,17 @@ impl Scheduler {
         std::mem::take(&mut self.records)
     }
 
+    /// [`Self::take_records`] into the driver's buffer `into`, appended after what it holds;
+    /// when it is empty the two buffers swap, so a driver that takes records after every
+    /// event (a worker's update records its ends) allocates nothing per event.
+    pub fn swap_records(&mut self, into: &mut Vec<Record>) {
+        if into.is_empty() {
+            std::mem::swap(&mut self.records, into);
+        } else {
+            into.append(&mut self.records);
+        }
+    }
+
     /// Whether commands are waiting (lets a driver skip an empty drain).
     pub fn has_commands(&self) -> bool {
         !self.commands.is_empty()

@@ -136,7 +136,7 @@ pub trait Events {
         index: TaskIndex,
         at_us: u64,
     ) -> Accepted {
-        let started = vec![(job, index, at_us)];
+        let started = vec![Started { job, index, at_us }];
         reports(self.call(at_us, Event::TasksStarted { worker, started }))
     }
 

@@ -152,6 +152,9 @@ pub fn counts(c: &Counts) -> String {
     }
 }
 
+/// How many tasks must end while a wait watches before it shows an ETA.
+const ETA_AFTER_ENDS: u64 = 10;
+
 /// Shows the progress of a wait: a bar on a terminal, a plain line every few seconds otherwise.
 pub struct Progress {
     bar: Option<ProgressBar>,
@@ -197,22 +200,12 @@ impl Progress {
         let done = c.done();
         let (since, done_then) = *self.first.get_or_insert((Instant::now(), done));
         let elapsed = since.elapsed().as_secs_f64();
-        let rate = done.saturating_sub(done_then) as f64 / elapsed.max(1e-3);
         let left = c.total().saturating_sub(done);
-        // No rate (nor ETA) before a task ended while watching, or within the first second.
-        let mut msg = format!("{} failed", c.failed);
-        if rate > 0.0 && elapsed >= 1.0 {
-            let shown = if rate < 10.0 {
-                format!("{rate:.1}")
-            } else {
-                format!("{rate:.0}")
-            };
-            msg.push_str(&format!("  {shown} tasks/s"));
-            if left > 0 {
-                let eta = Duration::from_secs_f64(left as f64 / rate);
-                msg.push_str(&format!(", ETA {}", duration(eta)));
-            }
-        }
+        let msg = format!(
+            "{} failed{}",
+            c.failed,
+            rate_text(done.saturating_sub(done_then), elapsed, left)
+        );
         if p.waiting != self.waiting {
             self.waiting = p.waiting.clone();
             // Said once, even without a terminal: a stalled run must not look merely slow.
@@ -223,9 +216,10 @@ impl Progress {
                 }
             }
         }
-        if let Some(w) = &p.waiting {
-            msg = format!("{} failed  waiting: {w}", c.failed);
-        }
+        let msg = match &p.waiting {
+            Some(w) => format!("{} failed  waiting: {w}", c.failed),
+            None => msg,
+        };
         if let Some(b) = &self.bar {
             b.set_length(c.total());
             b.set_position(done);
@@ -257,9 +251,40 @@ impl Progress {
     }
 }
 
+/// The rate of the `ended` tasks that ended in `elapsed` seconds of watching, and once there
+/// are enough of them to go by, the time the `left` ones will take at that rate. Nothing
+/// before a task ended or within the first second.
+fn rate_text(ended: u64, elapsed: f64, left: u64) -> String {
+    let rate = ended as f64 / elapsed.max(1e-3);
+    if rate == 0.0 || elapsed < 1.0 {
+        return String::new();
+    }
+    let mut text = if rate < 10.0 {
+        format!("  {rate:.1} tasks/s")
+    } else {
+        format!("  {rate:.0} tasks/s")
+    };
+    // An estimate from a handful of ends is a guess that grows while long tasks run
+    // (4 six-second tasks: "ETA 4.8 s", then "ETA 9.9 s" as they were about to end).
+    if left > 0 && ended >= ETA_AFTER_ENDS {
+        let eta = Duration::from_secs_f64(left as f64 / rate);
+        text.push_str(&format!(", ETA {}", duration(eta)));
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
-    use super::jobs;
+    use super::{jobs, rate_text};
+
+    #[test]
+    fn an_eta_waits_for_enough_ended_tasks() {
+        assert_eq!(rate_text(0, 5.0, 4), "");
+        assert_eq!(rate_text(3, 0.5, 4), "", "not within the first second");
+        assert_eq!(rate_text(2, 5.0, 2), "  0.4 tasks/s");
+        assert_eq!(rate_text(10, 5.0, 20), "  2.0 tasks/s, ETA 10.00 s");
+        assert_eq!(rate_text(500, 5.0, 0), "  100 tasks/s");
+    }
 
     #[test]
     fn job_ids_are_shortened_to_runs() {

@@ -4,6 +4,7 @@ use comfy_table::{presets, Cell, ContentArrangement, Table};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_proto::messages::{Counts, WaitProgress};
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -154,6 +155,15 @@ pub fn counts(c: &Counts) -> String {
 
 /// How many tasks must end while a wait watches before it shows an ETA.
 const ETA_AFTER_ENDS: u64 = 10;
+/// The rate shown is that of the ends of about this last while.
+const RATE_WINDOW: Duration = Duration::from_secs(5);
+
+/// Tasks that ended over some seconds.
+#[derive(Clone, Copy)]
+struct Ends {
+    ended: u64,
+    secs: f64,
+}
 
 /// Shows the progress of a wait: a bar on a terminal, a plain line every few seconds otherwise.
 pub struct Progress {
@@ -170,6 +180,9 @@ pub struct Progress {
     /// what ended while this command watched (a wait on a half-done job must not count the
     /// tasks done before it began).
     first: Option<(Instant, u64)>,
+    /// Reports of the last [`RATE_WINDOW`] (and the one just before it): the rate is that of
+    /// recent ends, so a job that waited behind long tasks is not judged by the wait.
+    recent: VecDeque<(Instant, u64)>,
 }
 
 impl Progress {
@@ -192,20 +205,30 @@ impl Progress {
             quiet,
             waiting: None,
             first: None,
+            recent: VecDeque::new(),
         }
     }
 
     pub fn update(&mut self, p: &WaitProgress) {
         let c = &p.counts;
         let done = c.done();
-        let (since, done_then) = *self.first.get_or_insert((Instant::now(), done));
-        let elapsed = since.elapsed().as_secs_f64();
+        let now = Instant::now();
+        let (since, done_then) = *self.first.get_or_insert((now, done));
+        self.recent.push_back((now, done));
+        while self.recent.len() > 2 && now - self.recent[1].0 >= RATE_WINDOW {
+            self.recent.pop_front();
+        }
+        let (then, done_before) = self.recent[0];
+        let recent = Ends {
+            ended: done.saturating_sub(done_before),
+            secs: (now - then).as_secs_f64(),
+        };
+        let watched = Ends {
+            ended: done.saturating_sub(done_then),
+            secs: (now - since).as_secs_f64(),
+        };
         let left = c.total().saturating_sub(done);
-        let msg = format!(
-            "{} failed{}",
-            c.failed,
-            rate_text(done.saturating_sub(done_then), elapsed, left)
-        );
+        let msg = format!("{} failed{}", c.failed, rate_text(recent, watched, left));
         if p.waiting != self.waiting {
             self.waiting = p.waiting.clone();
             // Said once, even without a terminal: a stalled run must not look merely slow.
@@ -251,12 +274,11 @@ impl Progress {
     }
 }
 
-/// The rate of the `ended` tasks that ended in `elapsed` seconds of watching, and once there
-/// are enough of them to go by, the time the `left` ones will take at that rate. Nothing
-/// before a task ended or within the first second.
-fn rate_text(ended: u64, elapsed: f64, left: u64) -> String {
-    let rate = ended as f64 / elapsed.max(1e-3);
-    if rate == 0.0 || elapsed < 1.0 {
+/// The rate of the `recent` ends and, once enough tasks ended while `watched`, the time the
+/// `left` ones will take at that rate. Nothing before a task ended or within the first second.
+fn rate_text(recent: Ends, watched: Ends, left: u64) -> String {
+    let rate = recent.ended as f64 / recent.secs.max(1e-3);
+    if watched.ended == 0 || watched.secs < 1.0 {
         return String::new();
     }
     let mut text = if rate < 10.0 {
@@ -266,7 +288,7 @@ fn rate_text(ended: u64, elapsed: f64, left: u64) -> String {
     };
     // An estimate from a handful of ends is a guess that grows while long tasks run
     // (4 six-second tasks: "ETA 4.8 s", then "ETA 9.9 s" as they were about to end).
-    if left > 0 && ended >= ETA_AFTER_ENDS {
+    if left > 0 && rate > 0.0 && watched.ended >= ETA_AFTER_ENDS {
         let eta = Duration::from_secs_f64(left as f64 / rate);
         text.push_str(&format!(", ETA {}", duration(eta)));
     }
@@ -275,15 +297,33 @@ fn rate_text(ended: u64, elapsed: f64, left: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{jobs, rate_text};
+    use super::{jobs, rate_text, Ends};
+
+    fn ends(ended: u64, secs: f64) -> Ends {
+        Ends { ended, secs }
+    }
 
     #[test]
     fn an_eta_waits_for_enough_ended_tasks() {
-        assert_eq!(rate_text(0, 5.0, 4), "");
-        assert_eq!(rate_text(3, 0.5, 4), "", "not within the first second");
-        assert_eq!(rate_text(2, 5.0, 2), "  0.4 tasks/s");
-        assert_eq!(rate_text(10, 5.0, 20), "  2.0 tasks/s, ETA 10.00 s");
-        assert_eq!(rate_text(500, 5.0, 0), "  100 tasks/s");
+        assert_eq!(rate_text(ends(0, 5.0), ends(0, 5.0), 4), "");
+        let early = rate_text(ends(3, 0.5), ends(3, 0.5), 4);
+        assert_eq!(early, "", "not within the first second");
+        assert_eq!(rate_text(ends(2, 5.0), ends(2, 5.0), 2), "  0.4 tasks/s");
+        let eta = rate_text(ends(10, 5.0), ends(10, 5.0), 20);
+        assert_eq!(eta, "  2.0 tasks/s, ETA 10.00 s");
+        assert_eq!(
+            rate_text(ends(500, 5.0), ends(500, 5.0), 0),
+            "  100 tasks/s"
+        );
+    }
+
+    #[test]
+    fn the_rate_is_that_of_recent_ends() {
+        // 19 ends in 15 s of watching, all in the last 5 s (the job waited behind long tasks).
+        let text = rate_text(ends(19, 5.0), ends(19, 15.0), 40);
+        assert_eq!(text, "  3.8 tasks/s, ETA 10.53 s");
+        // Nothing ended lately: a rate of 0 and no ETA.
+        assert_eq!(rate_text(ends(0, 5.0), ends(19, 15.0), 40), "  0.0 tasks/s");
     }
 
     #[test]

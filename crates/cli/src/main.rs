@@ -233,7 +233,12 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     config.server_dir = path.parent().map(|p| p.display().to_string());
     config.access_file = Some(path);
     // Where it connected and with what, on every (re)registration; `run`'s workers stay quiet.
-    config.on_connect = Some(|connected| eprintln!("{connected}"));
+    // One write per line: `eprintln!` writes a formatted line in pieces, and a reader of the
+    // log (a person's `tail -f`, a test) could see half of it.
+    config.on_connect = Some(|connected| {
+        let line = format!("{connected}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    });
     if exec == Exec::Noop {
         eprintln!("warning: --exec noop completes tasks WITHOUT running them (benchmark mode)");
     }

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 /// How soon after the worker's death its tasks must be gone.
 const DEATH_LIMIT: Duration = Duration::from_secs(1);
 
+/// Makes a worker log each task group its reaper records.
+const RECORDS_LOGGED: &str = "warn,kestrel_worker::exec=debug";
+
 /// A task that starts a background child and waits on a second one, the commonest way a task
 /// leaves processes behind; it writes its shell's pid and the background child's pid.
 const TASK: &str = "sleep 300 & echo $! > bg-{task}; echo $$ > leader-{task}; sleep 300";
@@ -43,6 +46,19 @@ impl Tasks {
             assert!(alive(p), "task process {p} should run");
         }
         t
+    }
+
+    /// Waits until the worker logging to `log` has recorded every task group with its reaper.
+    /// A task is covered from then on: a worker killed in the instant between starting a task
+    /// and recording it leaves it running (a documented limit, see `kestrel_worker::reaper`),
+    /// and on a loaded machine that instant lasted as long as the task took to start.
+    fn recorded(&self, log: impl Fn() -> String) {
+        for &g in &self.leaders {
+            let line = format!("the reaper records the task's process group pgid={g}");
+            poll(&format!("group {g} to be recorded"), STARTUP, || {
+                log().contains(&line).then_some(())
+            });
+        }
     }
 
     /// Live processes in the task groups (the foreground `sleep` has no pid file). One with a
@@ -134,10 +150,13 @@ impl Drop for KillOnDrop {
 
 #[test]
 fn kill_9_of_a_worker_kills_its_tasks_and_their_children() {
-    let mut c = Cluster::with_workers(&[2]);
+    let mut c = Cluster::new();
+    c.add_worker_logging(2, &[], Some(RECORDS_LOGGED));
+    c.wait_workers(1);
     c.run(&["submit", "--array", "1-2", "--", "sh", "-c", TASK])
         .ok();
     let guard = KillOnDrop(Some(Tasks::started(&c.work, 2)));
+    guard.0.as_ref().unwrap().recorded(|| c.worker_log());
     let reaper = reaper_of(c.worker_pid(0) as i32);
     if let Some(r) = reaper {
         // Started afresh from the executable, not forked with a copy of the worker's memory.
@@ -157,7 +176,9 @@ fn kill_9_of_a_worker_kills_its_tasks_and_their_children() {
 
 #[test]
 fn kill_9_of_a_reconnecting_worker_kills_the_tasks_it_carried_over() {
-    let mut c = Cluster::with_workers(&[2]);
+    let mut c = Cluster::new();
+    c.add_worker_logging(2, &[], Some(RECORDS_LOGGED));
+    c.wait_workers(1);
     let log = poll("the worker's connect line", STARTUP, || {
         let log = c.worker_log();
         log.contains(" connected to ").then_some(log)
@@ -172,10 +193,18 @@ fn kill_9_of_a_reconnecting_worker_kills_the_tasks_it_carried_over() {
         line.is_some_and(|l| l.ends_with(" memory, prefetch 2")),
         "{log}"
     );
+    // A worker connects (and so takes tasks) only once its reaper serves: a `kill -9` right
+    // after its first task started once left a reaper still loading, which then refused to
+    // serve a worker that was no longer its parent.
+    assert!(
+        reaper_of(c.worker_pid(0) as i32).is_some(),
+        "the worker connected before its reaper was ready"
+    );
 
     c.run(&["submit", "--array", "1-2", "--", "sh", "-c", TASK])
         .ok();
     let guard = KillOnDrop(Some(Tasks::started(&c.work, 2)));
+    guard.0.as_ref().unwrap().recorded(|| c.worker_log());
     // The worker loses its server, keeps its tasks, and hands them to the restarted server.
     c.kill_server();
     c.start_server();
@@ -200,15 +229,23 @@ fn kill_9_of_kestrel_run_kills_its_tasks() {
         .prefix("kestrel-it-")
         .tempdir()
         .expect("temp dir");
+    let log_path = dir.path().join("run.log");
+    let log = fs::File::create(&log_path).expect("log file");
     let mut cmd = kestrel();
     // No prefetch: each worker takes one task, so both start (and two reapers are at work).
     cmd.args(["run", "--workers", "2", "--slots", "1", "--prefetch", "0"])
         .args(["--array", "1-2", "--", "sh", "-c", TASK])
+        .env("RUST_LOG", RECORDS_LOGGED)
         .current_dir(dir.path())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(log);
     let mut run = KillChildOnDrop(cmd.spawn().expect("start kestrel run"));
     let guard = KillOnDrop(Some(Tasks::started(dir.path(), 2)));
+    guard
+        .0
+        .as_ref()
+        .unwrap()
+        .recorded(|| fs::read_to_string(&log_path).unwrap_or_default());
 
     let _ = run.0.kill();
     let _ = run.0.wait();

@@ -360,7 +360,10 @@ fn run_inner(
 
     if let Some(r) = reaper {
         // Process group id = leader's pid (`process_group(0)`).
-        r.record(child.id() as libc::pid_t);
+        let pgid = child.id() as libc::pid_t;
+        r.record(pgid);
+        // From here on the task dies with the worker (what tests wait for before a kill).
+        tracing::debug!(pgid, "the reaper records the task's process group");
     }
     let status = wait_child(&mut child, launch.timeout, cancel, waker, captures, reaper);
     drop(registration);

@@ -28,8 +28,17 @@
 //! in a multi-threaded process, it may only make async-signal-safe calls: its table is
 //! allocated before forking, and the reaper makes nothing but raw system calls either way.
 //!
+//! A reaper started from the executable says it is ready (after it has checked that it was
+//! started by its worker, and named itself) on a second pipe, and [`Reaper::start`] waits for
+//! that: the worker starts no task before its reaper can kill it. Without the wait, a worker
+//! killed while its reaper was still being loaded (tens of milliseconds on a busy machine)
+//! left a reaper whose parent was no longer the worker it named; it refused to serve, and the
+//! worker's tasks ran on.
+//!
 //! Limits: a task spawned in the instant between `posix_spawn` returning and its group being
-//! written to the pipe is not covered; a task that moves itself to another process group or
+//! written to the pipe is not covered (an instant that, on a machine with more runnable threads
+//! than cores, can last as long as a task takes to start: the executor thread waits for a core
+//! while the task runs; closing it needs `PR_SET_PDEATHSIG` in the child, see above); a task that moves itself to another process group or
 //! session escapes, as do background processes left behind by a task whose leader has exited.
 
 use std::ffi::OsStr;
@@ -39,6 +48,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Set in a reaper's environment to `WORKER_PID:CAPACITY` by the worker that starts it.
 const REAPER_ENV: &str = "KESTREL_REAPER";
@@ -52,8 +62,9 @@ static EXECUTABLE_SERVES: AtomicBool = AtomicBool::new(false);
 pub fn serve_if_reaper() {
     if let Some(capacity) = std::env::var_os(REAPER_ENV).and_then(|v| reaper_request(&v)) {
         let mut table = Vec::with_capacity(capacity);
-        // SAFETY: a fresh process with the pipe as standard input; reaper_main never returns.
-        unsafe { reaper_main(0, &mut table, open_files_limit()) }
+        // SAFETY: a fresh process with the pipe as standard input and the worker's end of
+        // the readiness pipe as standard output; reaper_main never returns.
+        unsafe { reaper_main(0, &mut table, open_files_limit(), Some(1)) }
     }
     EXECUTABLE_SERVES.store(true, Ordering::Relaxed);
 }
@@ -85,6 +96,12 @@ pub struct Reaper {
     broken: AtomicBool,
 }
 
+/// What a reaper started from the executable writes on its standard output once it serves.
+const READY: &[u8] = b"kestrel-reaper ready\n";
+
+/// How long [`Reaper::start`] waits for a reaper started from the executable to be ready.
+const READY_LIMIT: Duration = Duration::from_secs(30);
+
 /// Bytes per message: a process group id, negated to forget it.
 const MESSAGE: usize = std::mem::size_of::<libc::pid_t>();
 
@@ -99,7 +116,8 @@ const BATCH_PAUSE: libc::timespec = libc::timespec {
 impl Reaper {
     /// Starts a reaper that can record up to `capacity` process groups at once (the number
     /// of tasks that can run at once; a group beyond that is not recorded): this program's
-    /// executable if it serves as one (see [`serve_if_reaper`]), else a fork.
+    /// executable if it serves as one (see [`serve_if_reaper`]), else a fork. Returns once the
+    /// reaper serves: if this process dies from then on, the reaper kills what it recorded.
     pub fn start(capacity: usize) -> io::Result<Reaper> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
@@ -177,17 +195,82 @@ impl Drop for Reaper {
 }
 
 /// Starts this program's executable as a reaper reading `pipe` (see [`serve_if_reaper`]).
+/// Returns once the reaper says it is ready.
 fn spawn_executable(pipe: OwnedFd, capacity: usize) -> io::Result<libc::pid_t> {
-    let child = Command::new("/proc/self/exe")
+    let mut child = Command::new("/proc/self/exe")
         .arg0("kestrel-reaper")
         .env(REAPER_ENV, format!("{}:{capacity}", std::process::id()))
         .stdin(Stdio::from(pipe))
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()?;
-    // Reaped by `Reaper::drop`.
-    Ok(child.id() as libc::pid_t)
+    let ready = match child.stdout.take() {
+        Some(out) => wait_ready(out.into(), READY_LIMIT),
+        None => Err(io::Error::other("no pipe to the reaper's standard output")),
+    };
+    match ready {
+        // Reaped by `Reaper::drop`.
+        Ok(()) => Ok(child.id() as libc::pid_t),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e)
+        }
+    }
+}
+
+/// Reads [`READY`] from a starting reaper's standard output, for at most `limit`.
+fn wait_ready(out: OwnedFd, limit: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::with_capacity(READY.len());
+    let mut buf = [0u8; 64];
+    while got.len() < READY.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the reaper process was not ready within {limit:?}"),
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: out.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: polls one descriptor we own, described by a local struct.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if pfd.revents == 0 {
+            continue;
+        }
+        // SAFETY: reads into a local buffer from a descriptor we own.
+        let n = unsafe { libc::read(out.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            0 => break,
+            n if n < 0 => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+            n => got.extend_from_slice(&buf[..n as usize]),
+        }
+    }
+    if got == READY {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "the reaper process exited or said something else than that it was ready: {:?}",
+            String::from_utf8_lossy(&got)
+        )))
+    }
 }
 
 /// Forks a reaper reading `pipe`; the child never returns.
@@ -199,7 +282,8 @@ fn fork(pipe: OwnedFd, capacity: usize) -> io::Result<libc::pid_t> {
     // memory allocated before the fork, and never returns (it ends with `_exit`).
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
-        0 => unsafe { reaper_main(pipe.as_raw_fd(), &mut table, fd_limit) },
+        // A forked reaper needs no readiness: it holds the pipe, both ends, from the start.
+        0 => unsafe { reaper_main(pipe.as_raw_fd(), &mut table, fd_limit, None) },
         pid => Ok(pid),
     }
 }
@@ -219,14 +303,22 @@ fn open_files_limit() -> libc::c_int {
 }
 
 /// The reaper's whole life, in the child of `fork()` or in a fresh process. Only
-/// async-signal-safe system calls; `table` was allocated before and never grows.
-unsafe fn reaper_main(pipe: RawFd, table: &mut Vec<libc::pid_t>, fd_limit: libc::c_int) -> ! {
-    // The pipe becomes descriptor 0 and every other inherited descriptor is closed.
+/// async-signal-safe system calls; `table` was allocated before and never grows. With
+/// `ready` (descriptor 1, then), it says on it that it serves, and closes it.
+unsafe fn reaper_main(
+    pipe: RawFd,
+    table: &mut Vec<libc::pid_t>,
+    fd_limit: libc::c_int,
+    ready: Option<RawFd>,
+) -> ! {
+    // The pipe becomes descriptor 0 and every other inherited descriptor is closed (but the
+    // readiness pipe, descriptor 1, until it has been written).
     if pipe != 0 && libc::dup2(pipe, 0) != 0 {
         libc::_exit(1);
     }
-    if libc::syscall(libc::SYS_close_range, 1u32, u32::MAX, 0u32) != 0 {
-        for fd in 1..fd_limit {
+    let first_closed: libc::c_int = if ready == Some(1) { 2 } else { 1 };
+    if libc::syscall(libc::SYS_close_range, first_closed as u32, u32::MAX, 0u32) != 0 {
+        for fd in first_closed..fd_limit {
             libc::close(fd);
         }
     }
@@ -249,6 +341,12 @@ unsafe fn reaper_main(pipe: RawFd, table: &mut Vec<libc::pid_t>, fd_limit: libc:
         0,
         0,
     );
+    if ready == Some(1) {
+        // One write below PIPE_BUF: whole or not at all. If the worker is already gone, the
+        // write fails (SIGPIPE is ignored) and the pipe's end-of-file below ends the reaper.
+        libc::write(1, READY.as_ptr().cast(), READY.len());
+        libc::close(1);
+    }
 
     let mut buf = [0u8; 4096];
     // Bytes of an incomplete message kept at the start of `buf` (never expected: every
@@ -419,5 +517,35 @@ mod tests {
         assert_eq!(table.len(), cap - 1);
         assert!(!table.contains(&1));
         assert_eq!(table.capacity(), cap);
+    }
+
+    /// A pipe whose write end gets `written` and is then closed, or kept open if `keep`.
+    fn ready_pipe(written: &[u8], keep: bool) -> (OwnedFd, Option<OwnedFd>) {
+        let mut fds = [0 as RawFd; 2];
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let n = unsafe { libc::write(write.as_raw_fd(), written.as_ptr().cast(), written.len()) };
+        assert_eq!(n, written.len() as isize);
+        (read, keep.then_some(write))
+    }
+
+    #[test]
+    fn only_the_ready_line_means_ready() {
+        let (out, _) = ready_pipe(READY, false);
+        wait_ready(out, Duration::from_secs(5)).expect("ready");
+
+        // A kestrel that did not become a reaper prints its usage instead, and exits.
+        let (out, _) = ready_pipe(b"Usage: kestrel <COMMAND>\n", false);
+        let err = wait_ready(out, Duration::from_secs(5)).unwrap_err();
+        assert!(err.to_string().contains("Usage: kestrel"), "{err}");
+
+        let (out, _) = ready_pipe(b"", false);
+        let err = wait_ready(out, Duration::from_secs(5)).unwrap_err();
+        assert!(err.to_string().contains("exited"), "{err}");
+
+        // Still loading: the wait gives up at its limit.
+        let (out, _writer) = ready_pipe(&READY[..3], true);
+        let err = wait_ready(out, Duration::from_millis(50)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
     }
 }

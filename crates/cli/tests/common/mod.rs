@@ -341,8 +341,21 @@ impl Cluster {
 
     /// [`Self::add_worker`] with extra `worker start` arguments.
     pub fn add_worker_with(&mut self, slots: u32, extra: &[&str]) -> usize {
+        self.add_worker_logging(slots, extra, None)
+    }
+
+    /// [`Self::add_worker_with`] logging what `RUST_LOG=filter` selects.
+    pub fn add_worker_logging(
+        &mut self,
+        slots: u32,
+        extra: &[&str],
+        filter: Option<&str>,
+    ) -> usize {
         let log = self.log_file("worker");
         let mut c = kestrel();
+        if let Some(f) = filter {
+            c.env("RUST_LOG", f);
+        }
         c.args(["worker", "start", "--slots", &slots.to_string()])
             .args(extra)
             .arg("--server-dir")

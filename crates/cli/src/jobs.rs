@@ -6,8 +6,10 @@
 use crate::sizes;
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::placeholders;
-use kestrel_core::spec::{DEFAULT_STREAM_LIMIT, MAX_STREAM_LIMIT};
-use kestrel_core::{IdRanges, JobSpec, LineList, Resources, Sink, TaskSet, TaskTemplate};
+use kestrel_core::{
+    IdRanges, JobSpec, LineList, Resources, Sink, TaskSet, TaskTemplate, DEFAULT_STREAM_LIMIT,
+    MAX_STREAM_LIMIT,
+};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 

@@ -35,7 +35,8 @@ impl Rng {
     }
 }
 
-/// Finished count of job 1, or `None` while the server is down or restarting.
+/// Finished count of job 1 and whether the job has ended, or `None` while the server is down
+/// or restarting.
 fn finished(c: &Cluster) -> Option<(u64, bool)> {
     let out = c.run(&["job", "info", "1", "--output", "json"]);
     if out.code() != Some(0) {
@@ -44,7 +45,23 @@ fn finished(c: &Cluster) -> Option<(u64, bool)> {
     let v: serde_json::Value = serde_json::from_str(&out.stdout).ok()?;
     let s = &v;
     let fin = s["counts"]["finished"].as_u64()?;
-    Some((fin, s["state"] == "finished"))
+    let ended = ["finished", "failed", "canceled"].contains(&s["state"].as_str()?);
+    Some((fin, ended))
+}
+
+/// How many failed tasks gave each reason, for a run that ended with failures.
+fn failure_reasons(c: &Cluster) -> String {
+    let out = c.run(&[
+        "task", "list", "1", "--status", "failed", "--output", "json",
+    ]);
+    let Ok(page) = serde_json::from_str::<serde_json::Value>(&out.stdout) else {
+        return format!("(task list failed: {})", out.stderr.trim());
+    };
+    let mut reasons: std::collections::BTreeMap<String, u32> = Default::default();
+    for row in page["tasks"].as_array().into_iter().flatten() {
+        *reasons.entry(row["reason"].to_string()).or_default() += 1;
+    }
+    format!("{reasons:?}")
 }
 
 #[test]
@@ -92,7 +109,12 @@ fn chaos_kill_workers_and_server_lose_nothing() {
             seen = fin;
             timeline.push((t.as_secs_f64(), fin, ""));
             if done {
-                assert_eq!(fin, TASKS as u64, "the job ended with tasks not finished");
+                assert_eq!(
+                    fin,
+                    TASKS as u64,
+                    "the job ended with tasks not finished: {}",
+                    failure_reasons(&c)
+                );
                 break;
             }
         }

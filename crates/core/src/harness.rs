@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 /// How a simulated run of a task behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SimRun {
+    /// How long the run takes on the worker.
     pub duration_us: u64,
+    /// Whether the task succeeds.
     pub succeed: bool,
 }
 
@@ -64,7 +66,9 @@ struct SimWorker {
 
 /// The scheduler plus simulated workers and network.
 pub struct Harness {
+    /// The scheduler under test.
     pub sched: Scheduler,
+    /// The virtual clock, in microseconds.
     pub now_us: u64,
     latency_us: u64,
     seq: u64,
@@ -135,6 +139,7 @@ impl Harness {
         self.workers[&id].running.len()
     }
 
+    /// Adds a worker with `slots` cpus and a prefetch window of `prefetch`; returns its id.
     pub fn add_worker(&mut self, slots: u32, prefetch: u32) -> WorkerId {
         let offer = WorkerOffer {
             hostname: "sim".into(),
@@ -161,6 +166,7 @@ impl Harness {
         id
     }
 
+    /// Submits a closed job of `tasks` with `spec`; returns its id.
     pub fn submit(&mut self, spec: JobSpec, tasks: TaskSet) -> JobId {
         let submit = Event::Submit {
             spec: Box::new(spec),
@@ -175,6 +181,7 @@ impl Harness {
         id
     }
 
+    /// Cancels a job; returns how many of its tasks were queued and how many running.
     pub fn cancel(&mut self, job: JobId) -> (u32, u32) {
         let Reply::Canceled { queued, running } = self.event(Event::Cancel { job }) else {
             unreachable!("a cancel is answered with its counts")

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Kestrel's scheduler core: a pure state machine.
 //!
 //! One input type goes in: an [`Event`] (a submission, a worker joining, a worker's update,
@@ -9,17 +10,19 @@
 
 pub mod harness;
 mod id_merge;
-pub mod ledger;
+mod ledger;
 mod lines;
-pub mod outcome;
+mod outcome;
 pub mod placeholders;
-pub mod quarantine;
-pub mod queue;
+pub mod policy;
+mod quarantine;
+mod queue;
 mod sched;
-pub mod spec;
-pub mod table;
+mod spec;
+mod table;
 
 pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd, Started};
+pub use policy::{DispatchPolicy, FirstAvailable, Offer};
 pub use sched::restore::RestoreError;
 pub use sched::{
     Accepted, Config, Counts, Event, Job, Reply, Resumed, SchedError, Scheduler, Stall, Timing,
@@ -27,5 +30,6 @@ pub use sched::{
 };
 pub use spec::{
     IdRanges, IdRun, JobId, JobSpec, LineList, RangeError, Resources, Sink, SpecError, TaskId,
-    TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId, MAX_NAMED,
+    TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId, DEFAULT_STREAM_LIMIT, MAX_NAMED,
+    MAX_STREAM_LIMIT,
 };

@@ -19,14 +19,17 @@ pub struct LineList {
 }
 
 impl LineList {
+    /// An empty list.
     pub fn new() -> LineList {
         LineList::default()
     }
 
+    /// How many lines it holds.
     pub fn len(&self) -> usize {
         self.ends.len()
     }
 
+    /// Whether it holds no line.
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
@@ -38,11 +41,13 @@ impl LineList {
         Some(&self.text[start..end])
     }
 
+    /// Appends `line` (which holds no line break).
     pub fn push(&mut self, line: &str) {
         self.text.push_str(line);
         self.ends.push(self.text.len());
     }
 
+    /// The lines in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         (0..self.len()).map(|i| self.get(i).expect("index below len"))
     }

@@ -23,7 +23,9 @@ pub enum RunEnd {
 /// Why a run failed, kept by the server for `kestrel task list --status failed`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
+    /// The exit code, if the process exited.
     pub exit_code: Option<i32>,
+    /// The signal that killed the process, if one did.
     pub signal: Option<i32>,
     /// One line: "exit code 3", "killed by signal 9", "timed out after 5s", "program 'x' not found".
     pub reason: String,
@@ -47,27 +49,37 @@ impl Failure {
 /// A worker's report that a task's run ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finished {
+    /// The job of the task.
     pub job: JobId,
+    /// The task's index in its job.
     pub index: TaskIndex,
     /// Microseconds since the Unix epoch, on the worker's clock.
     pub started_us: u64,
+    /// When the run ended, on the same clock.
     pub finished_us: u64,
+    /// How the run ended.
     pub end: RunEnd,
 }
 
 /// A worker's report that a task's process started, at `at_us` on the worker's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Started {
+    /// The job of the task.
     pub job: JobId,
+    /// The task's index in its job.
     pub index: TaskIndex,
+    /// When the process started, in microseconds since the Unix epoch.
     pub at_us: u64,
 }
 
 /// A run of consecutive task indices of one job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexRun {
+    /// The job of the tasks.
     pub job: JobId,
+    /// The first index of the run.
     pub first: TaskIndex,
+    /// How many consecutive indices it holds.
     pub count: u32,
 }
 
@@ -75,31 +87,60 @@ pub struct IndexRun {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Send the job's template to the worker; precedes the worker's first task of that job.
-    DefineJob { worker: WorkerId, job: JobId },
+    DefineJob {
+        /// The worker to send it to.
+        worker: WorkerId,
+        /// The job whose template it is.
+        job: JobId,
+    },
     /// Hand these tasks to the worker.
     Assign {
+        /// The worker to send them to.
         worker: WorkerId,
+        /// The tasks, as runs of consecutive indices.
         runs: Vec<IndexRun>,
     },
     /// Ask the worker to give back these tasks if they still wait there for a slot (work
     /// stealing); its answer comes back as [`crate::Event::TasksRevoked`].
     Revoke {
+        /// The worker holding them.
         worker: WorkerId,
+        /// The tasks asked back.
         tasks: Vec<(JobId, TaskIndex)>,
     },
     /// Kill these tasks on the worker if they are still there.
     Cancel {
+        /// The worker running them.
         worker: WorkerId,
+        /// The tasks to kill.
         tasks: Vec<(JobId, TaskIndex)>,
     },
     /// Every task of the job has reached a terminal state.
-    JobDone { job: JobId },
+    JobDone {
+        /// The job that ended.
+        job: JobId,
+    },
     /// The worker may drop the job's template: it was sent one and the job has ended.
-    ForgetJob { worker: WorkerId, job: JobId },
+    ForgetJob {
+        /// The worker that holds the template.
+        worker: WorkerId,
+        /// The job it may forget.
+        job: JobId,
+    },
     /// The worker is considered lost (missed heartbeats); close its connection.
-    Disconnect { worker: WorkerId, reason: String },
+    Disconnect {
+        /// The worker to disconnect.
+        worker: WorkerId,
+        /// Why, for its log and the server's.
+        reason: String,
+    },
     /// The worker's tasks fail too often: it gets no new tasks until resumed.
-    Quarantined { worker: WorkerId, reason: String },
+    Quarantined {
+        /// The quarantined worker.
+        worker: WorkerId,
+        /// Why, for `kestrel worker list`.
+        reason: String,
+    },
 }
 
 /// What a durable driver must journal to rebuild the same state after a restart: every input
@@ -110,26 +151,65 @@ pub enum Command {
 pub enum Record {
     /// A job was submitted: its spec and tasks are the job's. `key` is the client's
     /// idempotency key, as it came with the submission.
-    Submitted { job: JobId, key: Option<String> },
+    Submitted {
+        /// The job's id.
+        job: JobId,
+        /// The client's idempotency key.
+        key: Option<String>,
+    },
     /// An open job took the tasks from index `from` to its end as of this event; `close` says
     /// it was closed by it.
-    Extended { job: JobId, from: u32, close: bool },
+    Extended {
+        /// The job extended.
+        job: JobId,
+        /// The index of its first new task.
+        from: u32,
+        /// Whether the job was closed by it.
+        close: bool,
+    },
     /// A job was canceled.
-    Canceled { job: JobId },
+    Canceled {
+        /// The job canceled.
+        job: JobId,
+    },
     /// A job's failed tasks (and its canceled ones unless `failed_only`) were queued again.
-    Retried { job: JobId, failed_only: bool },
+    Retried {
+        /// The job retried.
+        job: JobId,
+        /// Whether only its failed tasks were.
+        failed_only: bool,
+    },
     /// An ended job was dropped.
-    Forgotten { job: JobId },
+    Forgotten {
+        /// The job dropped.
+        job: JobId,
+    },
     /// Reported runs ended and were taken, in this order (the ends of one worker's update
     /// that were not ignored).
-    Ended { ends: Vec<Finished> },
+    Ended {
+        /// The ends, in the order they were taken.
+        ends: Vec<Finished>,
+    },
     /// Tasks of `job` whose successes a worker reported waited there `waited_us` for a slot.
-    SlotWait { job: JobId, waited_us: u64 },
+    SlotWait {
+        /// The job whose tasks waited.
+        job: JobId,
+        /// Their summed wait, in microseconds.
+        waited_us: u64,
+    },
     /// A task was given up without a report from a worker (it was on too many lost workers,
     /// or could not be sent); its failure is recorded in the job.
-    GaveUp { job: JobId, index: TaskIndex },
+    GaveUp {
+        /// The job of the task.
+        job: JobId,
+        /// The task's index in its job.
+        index: TaskIndex,
+    },
     /// These tasks went back to the queue because their worker was lost, each counting one
     /// more crash, so a task that kills its workers is still stopped after `max_crashes`
     /// across server restarts.
-    Lost { tasks: Vec<(JobId, TaskIndex)> },
+    Lost {
+        /// The tasks, as (job, index).
+        tasks: Vec<(JobId, TaskIndex)>,
+    },
 }

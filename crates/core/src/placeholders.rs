@@ -23,7 +23,9 @@ const NAMES: [&str; 3] = [JOB, TASK, LINE];
 /// What the placeholders of one task stand for.
 #[derive(Clone, Copy, Debug)]
 pub struct Values<'a> {
+    /// What `{job}` stands for.
     pub job: &'a str,
+    /// What `{task}` stands for.
     pub task: &'a str,
     /// The task's line; `None` leaves `{line}` as it is.
     pub line: Option<&'a str>,

@@ -27,7 +27,10 @@ pub enum Sink {
     File(String),
     /// Sent to the server with the task's end and kept in the job's output log (`kestrel job
     /// cat`): no file per task. Only the first `limit` bytes of each task's output are kept.
-    Stream { limit: u32 },
+    Stream {
+        /// Bytes kept per task.
+        limit: u32,
+    },
 }
 
 /// What a streamed output keeps per task unless the job says otherwise (`stream:SIZE`).
@@ -153,7 +156,9 @@ pub struct TaskTemplate {
     pub env: Vec<(String, String)>,
     /// Working directory (placeholders allowed); the worker's own if `None`.
     pub cwd: Option<String>,
+    /// Where standard output goes.
     pub stdout: Sink,
+    /// Where standard error goes.
     pub stderr: Sink,
     /// Kill the task's process group after this many milliseconds.
     pub timeout_ms: Option<u64>,
@@ -224,22 +229,32 @@ pub struct IdRun {
 /// Why an array expression was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RangeError {
+    /// The expression is empty.
     #[error("empty array expression; write e.g. 1-100, 0-98:2 or 1,5,9-12")]
     Empty,
+    /// A part is neither a number nor a range.
     #[error("'{0}' is not a number, a range a-b, or a range with a step a-b:s; write e.g. 1-100, 0-98:2 or 1,5,9-12")]
     Syntax(String),
+    /// An id does not fit in 32 bits.
     #[error("'{0}': task ids must be at most 4294967295")]
     IdTooLarge(String),
+    /// A range runs backwards.
     #[error("range '{0}' runs backwards; write the smaller number first, e.g. 1-5")]
     Backwards(String),
+    /// A step is 0.
     #[error("step in '{0}' must be at least 1")]
     ZeroStep(String),
+    /// More than 2^32 - 1 tasks.
     #[error("the array has more than 4294967295 tasks")]
     TooLarge,
+    /// Two ranges overlap in a way that needs a range per id.
     #[error("ranges {one} and {other} overlap over {ids} ids in a pattern that would need a range per id; write ranges that do not overlap")]
     CannotMerge {
+        /// One of the ranges.
         one: String,
+        /// The other.
         other: String,
+        /// How many ids they share.
         ids: u64,
     },
 }
@@ -323,6 +338,7 @@ impl IdRanges {
         self.runs.iter().map(|r| r.count).sum()
     }
 
+    /// Whether it holds no id.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -393,6 +409,7 @@ pub enum TaskSet {
 }
 
 impl TaskSet {
+    /// How many tasks it holds.
     pub fn len(&self) -> u32 {
         match self {
             TaskSet::Array(r) => r.len(),
@@ -401,6 +418,7 @@ impl TaskSet {
         }
     }
 
+    /// Whether it holds no task.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -462,8 +480,11 @@ impl TaskSet {
 /// Everything the scheduler needs to know about a job at submission.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
+    /// The job's name, for listings.
     pub name: String,
+    /// What each task runs.
     pub template: TaskTemplate,
+    /// What each task holds while it runs.
     pub resources: Resources,
     /// Higher runs first.
     pub priority: i32,
@@ -496,22 +517,31 @@ impl JobSpec {
 /// Why a job specification was refused at submission.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
+    /// A task must hold at least one cpu.
     #[error("a task needs at least one cpu (got --cpus 0)")]
     NoCpus,
+    /// No tasks were given.
     #[error("the job has no tasks")]
     NoTasks,
+    /// An array has no command.
     #[error("an array job needs a command: give it after `--`, e.g. `kestrel submit --array 1-10 -- ./sim {{task}}`")]
     NoCommand,
+    /// A listed task has an empty command line.
     #[error("task {0} of the list has an empty command line")]
     EmptyTask(u32),
+    /// A job of lines has no command.
     #[error("a job of lines needs a command: give it after `--`, e.g. `kestrel submit --each inputs.txt -- ./process {{line}}`")]
     NoLineCommand,
+    /// An array's ranges are not merged.
     #[error("the array's ids must be sorted and unique (its ranges overlap or are out of order); `kestrel submit --array` merges them")]
     Unmerged,
+    /// The array expression is wrong.
     #[error("array: {0}")]
     Range(#[from] RangeError),
+    /// More retries than a task's failure count holds.
     #[error("--retries {0} is too many: at most {max} (a task's failures are counted in a byte)", max = MAX_RETRIES)]
     TooManyRetries(u32),
+    /// A streamed output limit above the most allowed.
     #[error("a streamed output may keep at most {max} bytes per task (4M), not {0}", max = MAX_STREAM_LIMIT)]
     StreamLimit(u32),
 }
@@ -573,15 +603,22 @@ impl JobSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[repr(u8)]
 pub enum TaskState {
+    /// Queued (or waiting out a retry backoff).
     Ready = 0,
+    /// Sent to a worker, not known to have started.
     Assigned = 1,
+    /// Running on a worker.
     Running = 2,
+    /// Ended in success.
     Finished = 3,
+    /// Failed for good.
     Failed = 4,
+    /// Canceled.
     Canceled = 5,
 }
 
 impl TaskState {
+    /// Whether the task has ended for good (finished, failed or canceled).
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
@@ -589,6 +626,7 @@ impl TaskState {
         )
     }
 
+    /// The state's name in listings and JSON.
     pub fn name(self) -> &'static str {
         match self {
             TaskState::Ready => "ready",

@@ -104,7 +104,8 @@ impl TaskTable {
             .filter(move |(i, _)| *i < len)
     }
 
-    /// Bytes held by allocated chunks (for memory reports).
+    /// Bytes held by allocated chunks.
+    #[cfg(test)]
     pub fn heap_bytes(&self) -> usize {
         self.chunks.iter().flatten().count() * CHUNK * std::mem::size_of::<TaskRecord>()
             + self.chunks.capacity() * std::mem::size_of::<Option<Box<[TaskRecord]>>>()

@@ -17,7 +17,7 @@ pub struct Config {
     pub max_crashes: u8,
     /// A worker gets no new tasks when at least this many of its recent tasks of a job failed,
     /// most of its runs of that job failed, and the other workers ran as many of the job's
-    /// tasks failing at most a third as often (see [`crate::quarantine`]); 0 turns quarantine
+    /// tasks failing at most a third as often (see the scheduler's `quarantine` module); 0 turns quarantine
     /// off.
     pub quarantine_failures: u32,
     /// How fast the counts behind quarantine fade: they are halved every window.

@@ -3,6 +3,7 @@
 use super::worker::{holder, JobMemo};
 use super::Scheduler;
 use crate::outcome::{Command, IndexRun};
+use crate::policy::Offer;
 use crate::queue::Span;
 use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
 
@@ -28,12 +29,8 @@ impl Scheduler {
             return;
         }
         if !self.ready.is_empty() {
-            let ids: Vec<WorkerId> = self
-                .workers
-                .range(self.rotate..)
-                .chain(self.workers.range(..self.rotate))
-                .map(|(id, _)| *id)
-                .collect();
+            let mut ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+            self.policy.order_workers(&mut ids);
             // With more queued than all workers can hold, every window fills whatever the
             // order: one pass does it.
             let room: u64 = self
@@ -67,7 +64,6 @@ impl Scheduler {
                     self.commands.push(Command::Assign { worker: id, runs });
                 }
             }
-            self.rotate = self.rotate.wrapping_add(1);
         }
         self.steal();
     }
@@ -87,9 +83,10 @@ impl Scheduler {
             Depth::Prefetch => w.offer.prefetch,
         };
         let jobs = &mut self.jobs;
+        let policy = &mut self.policy;
         let mut mine: Vec<IndexRun> = Vec::new();
         let mut defines: Vec<JobId> = Vec::new();
-        self.ready.take_front(self.config.max_queue_skips, |span| {
+        self.ready.take_front(policy.window(), |span| {
             let Some(j) = jobs.get_mut(&span.job) else {
                 return Some(0);
             };
@@ -114,7 +111,16 @@ impl Scheduler {
                     Some(0)
                 };
             }
-            let n = room.min(span.len());
+            let n = policy
+                .take(&Offer {
+                    worker: id,
+                    job: span.job,
+                    first: span.next,
+                    len: span.len(),
+                    room: room.min(span.len()),
+                })
+                .min(room)
+                .min(span.len());
             let mut given = 0;
             for index in span.next..span.next + n {
                 // A resumed worker may have taken the task back while its entry was queued.

@@ -17,9 +17,13 @@ pub enum Event {
     /// the client's idempotency key, is only passed on to the journal
     /// ([`crate::Record::Submitted`]). The spec is boxed to keep the other events small.
     Submit {
+        /// What every task of the job runs and holds.
         spec: Box<JobSpec>,
+        /// The tasks.
         tasks: TaskSet,
+        /// Whether more tasks may follow.
         open: bool,
+        /// The client's idempotency key.
         key: Option<String>,
     },
     /// Tasks for an open job. `at` is the index the first of `more` takes in the job, and
@@ -28,61 +32,107 @@ pub enum Event {
     /// again: tasks the job already holds are skipped and a repeated close is accepted, so a
     /// retried submission never adds a task twice.
     Extend {
+        /// The open job.
         job: JobId,
+        /// The index in the job of the first of `more`.
         at: u32,
+        /// The tasks added.
         more: TaskSet,
+        /// Whether no more will come.
         close: bool,
     },
     /// Cancel every task of a job that has not ended: queued ones at once, running ones by
     /// asking their workers.
-    Cancel { job: JobId },
+    Cancel {
+        /// The job to cancel.
+        job: JobId,
+    },
     /// Queue a job's failed tasks again (and its canceled ones unless `failed_only`), with
     /// fresh retry and crash counts.
-    Retry { job: JobId, failed_only: bool },
+    Retry {
+        /// The job to retry.
+        job: JobId,
+        /// Whether to leave its canceled tasks as they are.
+        failed_only: bool,
+    },
     /// Drop a job that has ended, with its task records. Its id is not given out again.
-    Forget { job: JobId },
+    Forget {
+        /// The job to drop.
+        job: JobId,
+    },
     /// A worker connects, offering what it has.
-    WorkerJoined { offer: WorkerOffer },
+    WorkerJoined {
+        /// What the worker offers.
+        offer: WorkerOffer,
+    },
     /// A message came from a worker: it is alive.
-    WorkerSeen { worker: WorkerId },
+    WorkerSeen {
+        /// The worker heard from.
+        worker: WorkerId,
+    },
     /// A worker is gone (disconnected or silent). Its tasks go back to the queue.
-    WorkerLost { worker: WorkerId },
+    WorkerLost {
+        /// The worker gone.
+        worker: WorkerId,
+    },
     /// A worker that lost its connection registered again as `worker` and reports the tasks it
     /// still runs and the runs that ended meanwhile; `previous` is its id before, if it was
     /// registered with this scheduler.
     WorkerResumed {
+        /// The worker's new id.
         worker: WorkerId,
+        /// Its id before, if this scheduler gave it.
         previous: Option<WorkerId>,
+        /// Tasks it still runs or holds.
         running: Vec<(JobId, TaskIndex)>,
+        /// Runs that ended while it was away.
         finished: Vec<Finished>,
     },
     /// Lift a worker's quarantine: it gets tasks again.
-    LiftQuarantine { worker: WorkerId },
+    LiftQuarantine {
+        /// The worker to resume.
+        worker: WorkerId,
+    },
     /// Tasks' processes started on `worker`.
     TasksStarted {
+        /// The worker running them.
         worker: WorkerId,
+        /// The tasks started, with when.
         started: Vec<Started>,
     },
     /// Runs ended on `worker`, in the order it reported them (one update).
     TasksEnded {
+        /// The worker that ran them.
         worker: WorkerId,
+        /// The runs that ended.
         ends: Vec<Finished>,
     },
     /// How long the tasks of `job` whose successes a worker reports waited there for a free
     /// slot, summed (one number per job and update).
-    SlotWait { job: JobId, waited_us: u64 },
+    SlotWait {
+        /// The job whose tasks waited.
+        job: JobId,
+        /// Their summed wait, in microseconds.
+        waited_us: u64,
+    },
     /// A worker answers a [`crate::Command::Revoke`]: these tasks still waited there and were
     /// dropped.
     TasksRevoked {
+        /// The worker answering.
         worker: WorkerId,
+        /// The tasks it dropped.
         tasks: Vec<(JobId, TaskIndex)>,
     },
     /// The driver could not hand a task to its worker at all (its command line alone is bigger
     /// than a message can carry): it fails for good with `failure`.
     Undeliverable {
+        /// The worker the task was for.
         worker: WorkerId,
+        /// The job of the task.
         job: JobId,
+        /// The task's index in its job.
         index: TaskIndex,
+        /// Why it could not be sent.
         failure: Failure,
     },
     /// Time passed: workers silent past the heartbeat timeout are lost, retries whose backoff
@@ -102,16 +152,34 @@ pub enum Reply {
     /// The id of the worker that joined.
     Joined(WorkerId),
     /// How many of the job's tasks were still queued and how many running when it was canceled.
-    Canceled { queued: u32, running: u32 },
+    Canceled {
+        /// Tasks that were queued (now canceled).
+        queued: u32,
+        /// Tasks that were running (asked to stop).
+        running: u32,
+    },
     /// How many failed and how many canceled tasks a retry queued again.
-    Retried { failed: u32, canceled: u32 },
+    Retried {
+        /// Failed tasks queued again.
+        failed: u32,
+        /// Canceled tasks queued again.
+        canceled: u32,
+    },
     /// Whether the worker whose quarantine was lifted had been quarantined.
-    Lifted { was_quarantined: bool },
+    Lifted {
+        /// Whether it had been quarantined.
+        was_quarantined: bool,
+    },
     /// What became of a resumed worker's report.
     Resumed(Resumed),
     /// How many task reports were taken and how many ignored as stale (the task was re-queued,
     /// ended already, or is held by another worker).
-    Reports { recorded: u32, ignored: u32 },
+    Reports {
+        /// Reports taken.
+        recorded: u32,
+        /// Reports ignored as stale.
+        ignored: u32,
+    },
 }
 
 impl Scheduler {

@@ -10,11 +10,17 @@ use rustc_hash::FxHashMap;
 /// Per-state task counts of a job.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Queued, or waiting out a retry backoff.
     pub ready: u32,
+    /// Sent to a worker, not known to have started.
     pub assigned: u32,
+    /// Started on a worker.
     pub running: u32,
+    /// Ended in success.
     pub finished: u32,
+    /// Failed for good (no retry left).
     pub failed: u32,
+    /// Canceled.
     pub canceled: u32,
 }
 
@@ -40,6 +46,7 @@ impl Counts {
         self.finished + self.failed + self.canceled
     }
 
+    /// Every task of the job.
     pub fn total(&self) -> u32 {
         self.done() + self.ready + self.assigned + self.running
     }
@@ -48,17 +55,23 @@ impl Counts {
 /// A job as the scheduler holds it.
 #[derive(Debug)]
 pub struct Job {
+    /// The job's id.
     pub id: JobId,
+    /// What its tasks run and hold.
     pub spec: JobSpec,
     /// What each task holds: the spec's resources with its named ones numbered.
     pub need: Resources,
+    /// Its tasks, as submitted and extended.
     pub tasks: TaskSet,
+    /// When it was submitted.
     pub submitted_us: u64,
     /// Set when the last task reached a terminal state (and the job is closed).
     pub finished_us: Option<u64>,
     /// More tasks may still be appended.
     pub open: bool,
+    /// Whether it was canceled.
     pub canceled: bool,
+    /// How many of its tasks are in each state.
     pub counts: Counts,
     /// Run time of its tasks, a moving average over ended runs (`None` before the first):
     /// prefetch depth and work stealing follow it.
@@ -103,10 +116,12 @@ impl Job {
         }
     }
 
+    /// How many tasks the job holds.
     pub fn len(&self) -> u32 {
         self.table.len()
     }
 
+    /// Whether the job holds no task.
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
@@ -229,6 +244,7 @@ impl Job {
 /// Sums of the per-task intervals of a job's successful tasks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timing {
+    /// How many successful tasks the sums cover.
     pub tasks: u64,
     /// Submission to assignment.
     pub queue_us: u64,
@@ -239,6 +255,8 @@ pub struct Timing {
     pub waited_us: u64,
     /// Process start to exit.
     pub run_us: u64,
+    /// When the first of its tasks started, if one did.
     pub first_start_us: Option<u64>,
+    /// When the last of its tasks ended.
     pub last_finish_us: u64,
 }

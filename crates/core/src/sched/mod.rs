@@ -32,6 +32,7 @@ pub use stall::Stall;
 pub use worker::{Worker, WorkerOffer};
 
 use crate::outcome::{Command, Record};
+use crate::policy::{DispatchPolicy, FirstAvailable};
 use crate::queue::ReadyQueue;
 use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, WorkerId, MAX_NAMED};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -40,42 +41,73 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Why an event was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SchedError {
+    /// No job has this id.
     #[error("job {0} does not exist; `kestrel job list` shows the jobs")]
     NoSuchJob(JobId),
+    /// The job takes no more tasks.
     #[error("job {0} is closed; no tasks can be added")]
     JobClosed(JobId),
+    /// Only list jobs take more tasks.
     #[error("job {0} is an array; only list jobs take more tasks")]
     NotAList(JobId),
+    /// More tasks were given at an index other than the job's end.
     #[error("job {job} holds {len} tasks, so more can start at index {len}, not {at}")]
-    ExtendGap { job: JobId, len: u32, at: u32 },
+    ExtendGap {
+        /// The job.
+        job: JobId,
+        /// How many tasks it holds.
+        len: u32,
+        /// The index the added tasks claimed.
+        at: u32,
+    },
+    /// The added tasks are not of the job's kind.
     #[error("job {job} is {holds}; it cannot take {given}")]
     ExtendKind {
+        /// The job.
         job: JobId,
+        /// What the job holds.
         holds: &'static str,
+        /// What was given.
         given: &'static str,
     },
+    /// No worker has this id.
     #[error("worker {0} is not connected; `kestrel worker list` shows the workers")]
     NoSuchWorker(WorkerId),
+    /// A canceled job cannot be retried without `--all`.
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
     RetryCanceled(JobId),
+    /// More names of resources than the scheduler tells apart.
     #[error("resource '{name}' would be the server's {max}th name of a resource, past the most it tells apart ({known}); use one of those names", max = MAX_NAMED + 1)]
-    TooManyNames { name: String, known: String },
+    TooManyNames {
+        /// The new name.
+        name: String,
+        /// The names the server already tells apart.
+        known: String,
+    },
+    /// The job's specification was refused.
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// Only an ended job can be forgotten.
     #[error("job {job} has not ended ({left} of its tasks not done yet); wait for it (`kestrel job wait {job}`) or cancel it (`kestrel job cancel {job}`) first")]
-    NotEnded { job: JobId, left: u32 },
+    NotEnded {
+        /// The job.
+        job: JobId,
+        /// How many of its tasks have not ended.
+        left: u32,
+    },
 }
 
 /// What a worker event did, for the driver's logs and counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accepted {
+    /// The report was taken.
     Recorded,
     /// The report was stale (the task was re-queued or finished elsewhere) and was ignored.
     Ignored,
 }
 
 /// The scheduler state machine.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Scheduler {
     config: Config,
     jobs: BTreeMap<JobId, Job>,
@@ -88,8 +120,8 @@ pub struct Scheduler {
     next_worker: WorkerId,
     /// Jobs with tasks not yet terminal (for quick "is anything left" answers).
     live_jobs: FxHashSet<JobId>,
-    /// Worker to start the next assignment pass from, so no worker is always served last.
-    rotate: WorkerId,
+    /// Where ready tasks go (see [`crate::policy`]).
+    policy: Box<dyn DispatchPolicy>,
     /// Failed tasks waiting out their retry backoff: (due time, job, index).
     delayed: BTreeSet<(u64, JobId, TaskIndex)>,
     /// The due time of each delayed task, to find it in `delayed`.
@@ -101,16 +133,39 @@ pub struct Scheduler {
     names: Vec<String>,
 }
 
+impl Default for Scheduler {
+    fn default() -> Self {
+        Scheduler::new(Config::default())
+    }
+}
+
 impl Scheduler {
+    /// A scheduler with no jobs and no workers, dispatching with [`FirstAvailable`].
     pub fn new(config: Config) -> Scheduler {
         Scheduler {
             next_job: config.first_job.max(1),
+            policy: Box::new(FirstAvailable::new(config.max_queue_skips)),
             config,
+            jobs: BTreeMap::new(),
+            workers: BTreeMap::new(),
+            ready: ReadyQueue::default(),
+            commands: Vec::new(),
+            records: Vec::new(),
             next_worker: 1,
-            ..Default::default()
+            live_jobs: FxHashSet::default(),
+            delayed: BTreeSet::new(),
+            delayed_at: FxHashMap::default(),
+            quarantined_gone: FxHashMap::default(),
+            names: Vec::new(),
         }
     }
 
+    /// Dispatches with `policy` from now on.
+    pub fn set_dispatch_policy(&mut self, policy: Box<dyn DispatchPolicy>) {
+        self.policy = policy;
+    }
+
+    /// The tunables it runs with.
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -176,18 +231,22 @@ impl Scheduler {
         !self.commands.is_empty()
     }
 
+    /// The job with id `id`, if it exists.
     pub fn job(&self, id: JobId) -> Option<&Job> {
         self.jobs.get(&id)
     }
 
+    /// Every job, in id order.
     pub fn jobs(&self) -> impl DoubleEndedIterator<Item = &Job> + '_ {
         self.jobs.values()
     }
 
+    /// The worker with id `id`, if it is connected.
     pub fn worker(&self, id: WorkerId) -> Option<&Worker> {
         self.workers.get(&id)
     }
 
+    /// Every connected worker, in id order.
     pub fn workers(&self) -> impl Iterator<Item = &Worker> + '_ {
         self.workers.values()
     }

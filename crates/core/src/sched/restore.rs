@@ -15,10 +15,17 @@ use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, TaskState};
 /// Why a journal entry could not be replayed (the journal does not match this scheduler).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RestoreError {
+    /// The journal submits one job id twice.
     #[error("job {0} appears twice in the journal")]
     DuplicateJob(JobId),
+    /// A job's resources were refused.
     #[error("job {job}: {err}")]
-    Resources { job: JobId, err: super::SchedError },
+    Resources {
+        /// The job.
+        job: JobId,
+        /// Why its resources were refused.
+        err: super::SchedError,
+    },
 }
 
 impl Scheduler {

@@ -12,9 +12,15 @@ pub enum Stall {
     NoWorkers,
     /// Every worker is too small for one task: `what` says what it lacks and what to do, e.g.
     /// "3 cpus, the largest worker has 2 cpus; start a bigger worker or cancel the job".
-    TooBig { what: String },
+    TooBig {
+        /// What the workers lack and what to do.
+        what: String,
+    },
     /// Every worker that could run the tasks is quarantined.
-    Quarantined { workers: Vec<WorkerId> },
+    Quarantined {
+        /// The quarantined workers.
+        workers: Vec<WorkerId>,
+    },
 }
 
 impl fmt::Display for Stall {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 /// What a worker offers when it joins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerOffer {
+    /// The worker's host name.
     pub hostname: String,
     /// Slots (cpus) and gpus it runs tasks on.
     pub resources: Resources,
@@ -22,9 +23,13 @@ pub struct WorkerOffer {
 /// A worker as the scheduler holds it.
 #[derive(Debug)]
 pub struct Worker {
+    /// The worker's id.
     pub id: WorkerId,
+    /// What it offered when it joined.
     pub offer: WorkerOffer,
+    /// When it joined.
     pub joined_us: u64,
+    /// When a message from it last came.
     pub last_seen_us: u64,
     /// Resources held by tasks assigned to it and not yet finished (prefetched ones included).
     pub used: Resources,
@@ -37,7 +42,9 @@ pub struct Worker {
     pub(super) ledger: Ledger,
     /// Jobs whose template it has been sent.
     pub(super) known_jobs: FxHashSet<JobId>,
+    /// Tasks it ran to success.
     pub tasks_finished: u64,
+    /// Tasks it ran that failed.
     pub tasks_failed: u64,
     /// Why it gets no new tasks, if quarantined (see [`super::Event::LiftQuarantine`]).
     pub quarantined: Option<String>,

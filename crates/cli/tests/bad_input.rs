@@ -280,7 +280,13 @@ fn client_of_another_protocol_version_is_refused() {
     match hello(c.port(), 99) {
         (HelloReply::Refused { reason }, true) => {
             assert!(reason.contains("version 99"), "{reason}");
-            assert!(reason.contains("same kestrel version"), "{reason}");
+            let spoken = format!(
+                "it speaks {} to {}",
+                kestrel_proto::OLDEST_PROTOCOL_VERSION,
+                kestrel_proto::PROTOCOL_VERSION
+            );
+            assert!(reason.contains(&spoken), "{reason}");
+            assert!(reason.contains("at most one release apart"), "{reason}");
         }
         other => panic!("expected a refusal and a closed connection, got {other:?}"),
     }

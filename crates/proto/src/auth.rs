@@ -1,24 +1,41 @@
-//! The handshake: version check, then mutual challenge–response on the shared secret.
+//! The handshake: version negotiation, then mutual challenge–response on the shared secret.
 //!
 //! ```text
-//! connector -> server   Hello { magic, version, role, nonce_c }
-//! server -> connector   Challenge { version, nonce_s, proof_s = HMAC(secret, "server" | nonce_c | nonce_s) }
-//!                       or Refused { reason }        (wrong version)
+//! connector -> server   Hello { magic, version, role, nonce_c[, oldest] }
+//! server -> connector   Challenge { chosen version, nonce_s, proof_s = HMAC(secret, "server" | nonce_c | nonce_s) }
+//!                       or Refused { reason }        (no version in common)
 //! connector -> server   Proof { proof_c = HMAC(secret, "client" | nonce_c | nonce_s) }
 //! server -> connector   Welcome | Refused { reason } (wrong secret)
 //! ```
 //! The secret never crosses the wire; each side proves it holds it over fresh nonces, so a
 //! recorded exchange cannot be replayed and a connector also knows it reached the real server.
+//!
+//! Versions: a connector says the newest version it speaks (`version`) and, from version 7
+//! on, the oldest (`oldest`, left out when it speaks one version only, so its hello is then
+//! byte for byte a version-6 hello). The server picks the newest version both speak and names
+//! it in its challenge; a server speaks [`OLDEST_PROTOCOL_VERSION`]`..=`[`PROTOCOL_VERSION`]
+//! (N−1..N), so workers, clients and SDKs one release behind keep working across an upgrade.
 
 use crate::frame::{FrameReader, FrameWriter, ProtoError};
 use hmac::{Hmac, Mac};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use std::ops::RangeInclusive;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-/// Bumped whenever a message's encoding changes.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// The newest protocol version this build speaks; bumped whenever a message's encoding changes.
+///
+/// Version 7 differs from 6 only in the hello (it may carry `oldest`): every message after the
+/// handshake is the same in both.
+pub const PROTOCOL_VERSION: u32 = 7;
+
+/// The oldest protocol version this build still speaks (N−1). A message whose encoding
+/// changes between the two must be encoded for the version a connection negotiated.
+pub const OLDEST_PROTOCOL_VERSION: u32 = 6;
+
+/// The versions this build speaks.
+pub const SPOKEN_VERSIONS: RangeInclusive<u32> = OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION;
 const MAGIC: &str = "kestrel";
 const NONCE_BYTES: usize = 32;
 
@@ -32,10 +49,45 @@ pub enum Role {
 #[derive(Debug, Serialize, Deserialize)]
 struct Hello {
     magic: String,
+    /// The newest version the connector speaks.
     version: u32,
     role: Role,
     #[serde(with = "serde_bytes")]
     nonce: Vec<u8>,
+    /// The oldest version it speaks, when older than `version` (absent before version 7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    oldest: Option<u32>,
+}
+
+impl Hello {
+    /// The versions the connector speaks.
+    fn versions(&self) -> RangeInclusive<u32> {
+        self.oldest.unwrap_or(self.version).min(self.version)..=self.version
+    }
+}
+
+/// The newest version in both `ours` and `theirs`, if they share one.
+pub fn negotiate(ours: &RangeInclusive<u32>, theirs: &RangeInclusive<u32>) -> Option<u32> {
+    let newest = (*ours.end()).min(*theirs.end());
+    (newest >= *ours.start() && newest >= *theirs.start()).then_some(newest)
+}
+
+/// How a range of versions reads in a message: "6" or "6 to 7".
+fn spoken(versions: &RangeInclusive<u32>) -> String {
+    if versions.start() == versions.end() {
+        versions.start().to_string()
+    } else {
+        format!("{} to {}", versions.start(), versions.end())
+    }
+}
+
+/// What the server learned from a handshake that succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handshake {
+    /// Who connected.
+    pub role: Role,
+    /// The protocol version the connection speaks from now on.
+    pub version: u32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -87,38 +139,61 @@ fn verify(secret: &[u8], label: &[u8], a: &[u8], b: &[u8], proof: &[u8]) -> bool
     mac(secret, label, a, b).verify_slice(proof).is_ok()
 }
 
-/// The connecting side of the handshake (worker or client).
+/// The connecting side of the handshake (worker or client); returns the version the
+/// connection speaks.
 pub async fn connect_handshake<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut FrameWriter<W>,
     role: Role,
     secret: &[u8],
-) -> Result<(), ProtoError>
+) -> Result<u32, ProtoError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    connect_handshake_speaking(reader, writer, role, secret, SPOKEN_VERSIONS).await
+}
+
+/// [`connect_handshake`] for a connector that speaks `versions` (an older client, in tests
+/// of compatibility).
+pub async fn connect_handshake_speaking<R, W>(
+    reader: &mut FrameReader<R>,
+    writer: &mut FrameWriter<W>,
+    role: Role,
+    secret: &[u8],
+    versions: RangeInclusive<u32>,
+) -> Result<u32, ProtoError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let nonce_c = nonce();
+    let newest = *versions.end();
     let hello = Hello {
         magic: MAGIC.into(),
-        version: PROTOCOL_VERSION,
+        version: newest,
         role,
         nonce: nonce_c.clone(),
+        oldest: (*versions.start() < newest).then_some(*versions.start()),
     };
     writer.send(&hello).await?;
     let reply: HelloReply = reader.recv().await.map_err(|e| match e {
         ProtoError::Decode(d) => ProtoError::NotKestrel(d),
         other => other,
     })?;
-    let (nonce_s, proof_s) = match reply {
+    let (chosen, nonce_s, proof_s) = match reply {
         HelloReply::Refused { reason } => return Err(ProtoError::Refused(reason)),
-        HelloReply::Challenge { version, .. } if version != PROTOCOL_VERSION => {
+        HelloReply::Challenge { version, .. } if !versions.contains(&version) => {
             return Err(ProtoError::Version {
-                ours: PROTOCOL_VERSION,
-                theirs: version,
+                ours: spoken(&versions),
+                theirs: version.to_string(),
             })
         }
-        HelloReply::Challenge { nonce, proof, .. } => (nonce, proof),
+        HelloReply::Challenge {
+            version,
+            nonce,
+            proof,
+        } => (version, nonce, proof),
     };
     if !verify(secret, b"kestrel-server", &nonce_c, &nonce_s, &proof_s) {
         return Err(ProtoError::Auth(
@@ -131,18 +206,19 @@ where
         })
         .await?;
     match reader.recv::<Verdict>().await? {
-        Verdict::Welcome => Ok(()),
+        Verdict::Welcome => Ok(chosen),
         Verdict::Refused { reason } => Err(ProtoError::Refused(reason)),
     }
 }
 
-/// The server side of the handshake. Returns the connector's role. On failure the connector
-/// has been told why (when it speaks the protocol) and the caller closes the connection.
+/// The server side of the handshake. Returns the connector's role and the version chosen. On
+/// failure the connector has been told why (when it speaks the protocol) and the caller closes
+/// the connection.
 pub async fn accept_handshake<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut FrameWriter<W>,
     secret: &[u8],
-) -> Result<Role, ProtoError>
+) -> Result<Handshake, ProtoError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -157,17 +233,19 @@ where
             hello.magic
         )));
     }
-    if hello.version != PROTOCOL_VERSION {
+    let theirs = hello.versions();
+    let Some(chosen) = negotiate(&SPOKEN_VERSIONS, &theirs) else {
         let reason = format!(
-            "protocol version {} is not supported by this server (it speaks {}); use the same kestrel version on both sides",
-            hello.version, PROTOCOL_VERSION
+            "protocol version {} is not supported by this server (it speaks {}); use kestrel of the same release on both sides, or at most one release apart",
+            spoken(&theirs),
+            spoken(&SPOKEN_VERSIONS)
         );
         let _ = writer.send(&HelloReply::Refused { reason }).await;
         return Err(ProtoError::Version {
-            ours: PROTOCOL_VERSION,
-            theirs: hello.version,
+            ours: spoken(&SPOKEN_VERSIONS),
+            theirs: spoken(&theirs),
         });
-    }
+    };
     if hello.nonce.len() != NONCE_BYTES {
         return Err(ProtoError::NotKestrel("bad nonce length".into()));
     }
@@ -175,7 +253,7 @@ where
     let proof = prove(secret, b"kestrel-server", &hello.nonce, &nonce_s);
     writer
         .send(&HelloReply::Challenge {
-            version: PROTOCOL_VERSION,
+            version: chosen,
             nonce: nonce_s.clone(),
             proof,
         })
@@ -201,7 +279,10 @@ where
         ));
     }
     writer.send(&Verdict::Welcome).await?;
-    Ok(hello.role)
+    Ok(Handshake {
+        role: hello.role,
+        version: chosen,
+    })
 }
 
 /// Answers a connector's hello with a refusal without reading it, for a server that cannot
@@ -221,7 +302,7 @@ mod tests {
     async fn pair(
         client_secret: &'static [u8],
         server_secret: &'static [u8],
-    ) -> (Result<(), ProtoError>, Result<Role, ProtoError>) {
+    ) -> (Result<u32, ProtoError>, Result<Handshake, ProtoError>) {
         let (a, b) = tokio::io::duplex(4096);
         let (ar, aw) = tokio::io::split(a);
         let (br, bw) = tokio::io::split(b);
@@ -246,8 +327,14 @@ mod tests {
     #[test]
     fn same_secret_is_welcome() {
         let (c, s) = rt().block_on(pair(b"s3cret", b"s3cret"));
-        c.unwrap();
-        assert_eq!(s.unwrap(), Role::Worker);
+        assert_eq!(c.unwrap(), PROTOCOL_VERSION);
+        assert_eq!(
+            s.unwrap(),
+            Handshake {
+                role: Role::Worker,
+                version: PROTOCOL_VERSION
+            }
+        );
     }
 
     #[test]
@@ -276,18 +363,92 @@ mod tests {
                     version: 99,
                     role: Role::Client,
                     nonce: nonce(),
+                    oldest: Some(98),
                 };
                 w.send(&hello).await.unwrap();
                 r.recv::<HelloReply>().await.unwrap()
             };
             let (s, reply) = tokio::join!(server, client);
-            assert!(matches!(s, Err(ProtoError::Version { theirs: 99, .. })));
+            match s {
+                Err(ProtoError::Version { theirs, .. }) => assert_eq!(theirs, "98 to 99"),
+                other => panic!("expected a version error, got {other:?}"),
+            }
             reply
         });
         match msg {
-            HelloReply::Refused { reason } => assert!(reason.contains("version 99"), "{reason}"),
+            HelloReply::Refused { reason } => assert!(
+                reason.contains(
+                    "version 98 to 99 is not supported by this server (it speaks 6 to 7)"
+                ),
+                "{reason}"
+            ),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_newest_version_both_speak_is_chosen() {
+        assert_eq!(negotiate(&(6..=7), &(6..=7)), Some(7));
+        assert_eq!(negotiate(&(6..=7), &(6..=6)), Some(6));
+        assert_eq!(negotiate(&(6..=7), &(7..=8)), Some(7));
+        assert_eq!(negotiate(&(6..=7), &(5..=9)), Some(7));
+        assert_eq!(negotiate(&(6..=7), &(8..=9)), None);
+        assert_eq!(negotiate(&(6..=7), &(4..=5)), None);
+    }
+
+    #[test]
+    fn a_connector_of_the_previous_version_is_served_in_its_version() {
+        let (a, b) = tokio::io::duplex(4096);
+        let (ar, aw) = tokio::io::split(a);
+        let (br, bw) = tokio::io::split(b);
+        let (c, s) = rt().block_on(async {
+            let client = async move {
+                let (mut r, mut w) = (FrameReader::new(ar), FrameWriter::new(aw));
+                let old = OLDEST_PROTOCOL_VERSION..=OLDEST_PROTOCOL_VERSION;
+                connect_handshake_speaking(&mut r, &mut w, Role::Client, b"k", old).await
+            };
+            let server = async move {
+                let (mut r, mut w) = (FrameReader::new(br), FrameWriter::new(bw));
+                accept_handshake(&mut r, &mut w, b"k").await
+            };
+            tokio::join!(client, server)
+        });
+        assert_eq!(c.unwrap(), OLDEST_PROTOCOL_VERSION);
+        assert_eq!(s.unwrap().version, OLDEST_PROTOCOL_VERSION);
+    }
+
+    /// The hello of version 6, as version 6 encoded it.
+    #[derive(Serialize)]
+    struct HelloV6 {
+        magic: String,
+        version: u32,
+        role: Role,
+        #[serde(with = "serde_bytes")]
+        nonce: Vec<u8>,
+    }
+
+    #[test]
+    fn a_single_version_hello_is_the_version_6_hello_byte_for_byte() {
+        let nonce = vec![7u8; NONCE_BYTES];
+        let now = crate::frame::encode(&Hello {
+            magic: MAGIC.into(),
+            version: 6,
+            role: Role::Worker,
+            nonce: nonce.clone(),
+            oldest: None,
+        })
+        .unwrap();
+        let then = crate::frame::encode(&HelloV6 {
+            magic: MAGIC.into(),
+            version: 6,
+            role: Role::Worker,
+            nonce,
+        })
+        .unwrap();
+        assert_eq!(now, then);
+        // And a version-6 hello decodes, speaking version 6 only.
+        let hello: Hello = crate::frame::decode(&then).unwrap();
+        assert_eq!(hello.versions(), 6..=6);
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! A client connection: connect, authenticate, ask, wait.
 
 use crate::access::Access;
-use crate::auth::{connect_handshake, Role};
+use crate::auth::{connect_handshake_speaking, Role, SPOKEN_VERSIONS};
 use crate::frame::{FrameReader, FrameWriter, ProtoError};
 use crate::messages::{Answer, Ask, Refusal, RefusalKind, Request, ToClient, WaitProgress};
 use crate::tls::{ConnRead, ConnWrite};
 use kestrel_core::JobId;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 use tokio::net::TcpStream;
 
@@ -79,18 +80,29 @@ pub struct Client {
     reader: FrameReader<ConnRead>,
     writer: FrameWriter<ConnWrite>,
     next_id: u64,
+    /// The protocol version the connection speaks.
+    version: u32,
 }
 
 impl Client {
     /// Connects and authenticates.
     pub async fn connect(access: &Access) -> Result<Client, ClientError> {
+        Client::connect_speaking(access, SPOKEN_VERSIONS).await
+    }
+
+    /// [`Client::connect`] for a client that speaks only `versions` of the protocol (tests of
+    /// compatibility with older clients).
+    pub async fn connect_speaking(
+        access: &Access,
+        versions: RangeInclusive<u32>,
+    ) -> Result<Client, ClientError> {
         let (r, w) = open(access).await?;
         let mut reader = FrameReader::new(r);
         let mut writer = FrameWriter::new(w);
         let secret = access.secret_bytes();
-        tokio::time::timeout(
+        let version = tokio::time::timeout(
             CONNECT_TIMEOUT,
-            connect_handshake(&mut reader, &mut writer, Role::Client, &secret),
+            connect_handshake_speaking(&mut reader, &mut writer, Role::Client, &secret, versions),
         )
         .await
         .map_err(|_| ClientError::ConnectTimeout(access.address()))??;
@@ -98,7 +110,13 @@ impl Client {
             reader,
             writer,
             next_id: 1,
+            version,
         })
+    }
+
+    /// The protocol version the connection speaks (chosen by the server in the handshake).
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     /// Sends a request and returns its answer.

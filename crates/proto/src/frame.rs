@@ -25,8 +25,13 @@ pub enum ProtoError {
     Decode(String),
     #[error("the peer closed the connection")]
     Closed,
-    #[error("protocol version mismatch: this side speaks {ours}, the peer speaks {theirs}; use the same kestrel version on both sides")]
-    Version { ours: u32, theirs: u32 },
+    #[error("protocol version mismatch: this side speaks {ours}, the peer speaks {theirs}; use kestrel of the same release on both sides, or at most one release apart")]
+    Version {
+        /// The versions this side speaks ("6 to 7").
+        ours: String,
+        /// The versions the peer speaks, or chose.
+        theirs: String,
+    },
     #[error("the peer is not a Kestrel endpoint ({0})")]
     NotKestrel(String),
     #[error("authentication failed: {0}")]

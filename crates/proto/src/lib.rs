@@ -15,7 +15,10 @@ pub mod messages;
 pub mod tls;
 
 pub use access::{check_existing, default_server_dir, Access, AccessError, ACCESS_FILE};
-pub use auth::{accept_handshake, connect_handshake, Role, PROTOCOL_VERSION};
+pub use auth::{
+    accept_handshake, connect_handshake, connect_handshake_speaking, negotiate, Handshake, Role,
+    OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, SPOKEN_VERSIONS,
+};
 pub use client::{Client, ClientError};
 pub use frame::{decode, encode, FrameReader, FrameWriter, ProtoError, MAX_FRAME_BYTES};
 pub use tls::{ConnRead, ConnWrite};

@@ -244,7 +244,10 @@ async fn open(
     };
     let mut reader = pre_auth_reader(r);
     let mut writer = FrameWriter::new(w);
-    let role = accept_handshake(&mut reader, &mut writer, secret).await?;
+    // Versions 6 and 7 encode every message alike, so the version chosen changes nothing yet.
+    let role = accept_handshake(&mut reader, &mut writer, secret)
+        .await?
+        .role;
     reader.set_max_frame(kestrel_proto::MAX_FRAME_BYTES);
     Ok((reader, writer, role))
 }

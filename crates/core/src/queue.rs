@@ -77,6 +77,11 @@ impl ReadyQueue {
         self.entries.insert(key, span);
     }
 
+    /// The entries, front to back.
+    pub fn spans(&self) -> impl Iterator<Item = &Span> + '_ {
+        self.entries.values()
+    }
+
     /// Tasks waiting in the queue (including ones of canceled jobs not yet dropped).
     pub fn len(&self) -> u64 {
         self.tasks

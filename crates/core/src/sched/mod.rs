@@ -11,6 +11,7 @@
 //! quarantine, `dispatch` hands out tasks, `stall` explains a job that does not move, and
 //! `restore` rebuilds the state from a journal.
 
+mod audit;
 mod config;
 mod dispatch;
 mod ends;

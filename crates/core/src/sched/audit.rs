@@ -1,0 +1,130 @@
+//! The scheduler's invariants, checked against its whole state: what tests and the simulator
+//! assert after every event. O(tasks), so never called on a driver's hot path.
+
+use super::worker::holder;
+use super::Scheduler;
+use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeSet;
+
+impl Scheduler {
+    /// Every violation of the scheduler's invariants, as one line each; none in a correct
+    /// scheduler:
+    /// - each job's counts are the recount of its tasks' states, and add up to its tasks;
+    /// - a task is held by a worker (assigned or running, naming it) exactly when that
+    ///   worker's ledger lists it, and the worker is connected;
+    /// - each worker's held count, resources in use and running cpus are those of the tasks
+    ///   it holds;
+    /// - each ready task is in the ready queue or waiting out a retry backoff (no task is
+    ///   lost);
+    /// - the queue's task count is that of its entries.
+    pub fn audit(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        let queued = self.queued_tasks();
+        // Held tasks per worker, as the task records say.
+        let mut held: FxHashMap<WorkerId, BTreeSet<(JobId, TaskIndex)>> = FxHashMap::default();
+        for (&id, j) in &self.jobs {
+            let mut counts = super::Counts::default();
+            for index in 0..j.len() {
+                // Untouched tasks of a canceled job read as canceled (a cancel does not walk
+                // them).
+                let rec = j.record(index);
+                *counts.slot(rec.state) += 1;
+                match rec.state {
+                    TaskState::Assigned | TaskState::Running => {
+                        held.entry(rec.worker).or_default().insert((id, index));
+                    }
+                    TaskState::Ready
+                        if !queued.contains(&(id, index))
+                            && !self.delayed_at.contains_key(&(id, index)) =>
+                    {
+                        bad.push(format!(
+                            "job {id} task {index} is ready but neither queued nor delayed"
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            if counts != j.counts {
+                bad.push(format!(
+                    "job {id}: counts {:?}, its tasks' states {counts:?}",
+                    j.counts
+                ));
+            }
+            if j.counts.total() != j.len() {
+                bad.push(format!(
+                    "job {id}: counts add up to {}, it holds {} tasks",
+                    j.counts.total(),
+                    j.len()
+                ));
+            }
+        }
+        for (worker, tasks) in &held {
+            if !self.workers.contains_key(worker) {
+                bad.push(format!(
+                    "{} tasks are held by worker {worker}, which is not connected (first: {:?})",
+                    tasks.len(),
+                    tasks.first()
+                ));
+            }
+        }
+        let none = BTreeSet::new();
+        for (&id, w) in &self.workers {
+            let records = held.get(&id).unwrap_or(&none);
+            let listed: BTreeSet<(JobId, TaskIndex)> =
+                w.ledger.held(holder(&self.jobs, id)).into_iter().collect();
+            if &listed != records {
+                let missing: Vec<_> = records.difference(&listed).take(3).collect();
+                bad.push(format!(
+                    "worker {id}: its ledger lists {} held tasks, the records {} (not listed: {missing:?})",
+                    listed.len(),
+                    records.len()
+                ));
+            }
+            let mut used = Resources::NONE;
+            let mut running_cpus = 0;
+            for (job, index) in records {
+                let j = &self.jobs[job];
+                used = used.plus(&j.need, 1);
+                if j.table.get(*index).state == TaskState::Running {
+                    running_cpus += j.need.cpus;
+                }
+            }
+            if w.held as usize != records.len() {
+                bad.push(format!(
+                    "worker {id}: held {}, but it holds {} tasks",
+                    w.held,
+                    records.len()
+                ));
+            }
+            if w.used != used {
+                bad.push(format!(
+                    "worker {id}: in use {:?}, its tasks hold {used:?}",
+                    w.used
+                ));
+            }
+            if w.running_cpus != running_cpus {
+                bad.push(format!(
+                    "worker {id}: {} running cpus, its running tasks hold {running_cpus}",
+                    w.running_cpus
+                ));
+            }
+        }
+        let entries: u64 = self.ready.spans().map(|s| u64::from(s.len())).sum();
+        if entries != self.ready.len() {
+            bad.push(format!(
+                "the queue counts {} tasks, its entries hold {entries}",
+                self.ready.len()
+            ));
+        }
+        bad
+    }
+
+    /// Every (job, index) the ready queue's entries cover.
+    fn queued_tasks(&self) -> FxHashSet<(JobId, TaskIndex)> {
+        self.ready
+            .spans()
+            .flat_map(|s| (s.next..s.end).map(move |i| (s.job, i)))
+            .collect()
+    }
+}

@@ -24,9 +24,9 @@ pub(crate) trait Asker {
     async fn ask(&mut self, ask: Ask) -> Result<Answer>;
 }
 
-impl Asker for Session<'_> {
+impl Asker for Session {
     async fn ask(&mut self, ask: Ask) -> Result<Answer> {
-        self.call(ask).await
+        Ok(self.call(ask).await?)
     }
 }
 

@@ -9,173 +9,14 @@ use crate::json::{
 };
 use crate::output::{self, plural, Format, Progress};
 use crate::session::{self, unexpected, Session};
-use crate::sizes;
 use anyhow::{bail, Context, Result};
 use comfy_table::Cell;
-use kestrel_core::{JobId, TaskSet};
+use kestrel_client::{keyed, Keyed, Submitted};
+use kestrel_core::JobId;
 use kestrel_proto::messages::{Answer, Ask, JobDetail, Refusal, RefusalKind, WaitProgress};
-use kestrel_proto::{Client, ClientError};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// Submits jobs; list jobs too large for one frame go in pieces. Returns their ids.
-pub async fn submit_all(client: &mut Client, subs: Vec<Submission>) -> Result<Vec<JobId>> {
-    let subs = keyed(subs, None);
-    let mut done = Vec::with_capacity(subs.len());
-    submit_keyed(client, &subs, &mut done, false).await?;
-    Ok(done.into_iter().map(|d| d.job).collect())
-}
-
-/// A submission with its idempotency key: the server answers a repeated key with the job the
-/// first submit created, so resending after a lost connection is safe, and so is running the
-/// same `kestrel submit --key K` twice.
-pub struct Keyed {
-    pub key: String,
-    pub sub: Submission,
-}
-
-/// A job the server holds for a submission.
-#[derive(Clone, Copy, Debug)]
-pub struct Done {
-    pub job: JobId,
-    /// The key had made the job before this command: nothing new was submitted.
-    pub repeated: bool,
-}
-
-/// Gives each submission its key: `user` (`--key`) for the only job of a command line, the
-/// user's key and the job's place for the jobs of a job file (`K#1`, `K#2`, ...), else a fresh
-/// random key.
-pub fn keyed(subs: Vec<Submission>, user: Option<(&str, bool)>) -> Vec<Keyed> {
-    use rand::RngCore;
-    subs.into_iter()
-        .enumerate()
-        .map(|(i, sub)| {
-            let key = match user {
-                Some((k, false)) => k.to_string(),
-                Some((k, true)) => format!("{k}#{}", i + 1),
-                None => {
-                    let mut k = [0u8; 16];
-                    rand::rngs::OsRng.fill_bytes(&mut k);
-                    hex::encode(k)
-                }
-            };
-            Keyed { key, sub }
-        })
-        .collect()
-}
-
-/// Submits `subs[done.len()..]`, pushing each job once the server holds all its tasks.
-/// A lost connection comes back as a [`ClientError`] (see [`connection_lost`]); calling again
-/// after reconnecting (`resumed`) goes on with the first job not yet confirmed.
-pub async fn submit_keyed(
-    client: &mut Client,
-    subs: &[Keyed],
-    done: &mut Vec<Done>,
-    resumed: bool,
-) -> Result<()> {
-    /// Task bytes per message, well under the frame limit.
-    const CHUNK_BYTES: usize = 4 << 20;
-    let first_unconfirmed = done.len();
-    for k in &subs[done.len()..] {
-        // Pieces are index ranges into the list, copied one at a time as they are sent: the
-        // list itself is kept (for a resend after a reconnect) but never copied whole.
-        let tasks = &k.sub.tasks;
-        let mut ranges = match tasks {
-            TaskSet::List(list) => {
-                sizes::piece_ranges(list.len(), CHUNK_BYTES, |i| sizes::argv_bytes(&list[i]))
-            }
-            TaskSet::Lines(lines) => sizes::piece_ranges(lines.len(), CHUNK_BYTES, |i| {
-                sizes::string_bytes(lines.get(i).unwrap_or_default())
-            }),
-            TaskSet::Array(_) => sizes::piece_ranges(0, CHUNK_BYTES, |_| 0),
-        };
-        let rest = ranges.split_off(1);
-        let first = match tasks {
-            TaskSet::List(list) => TaskSet::List(list[ranges[0].clone()].to_vec()),
-            TaskSet::Lines(lines) => TaskSet::Lines(lines.slice(ranges[0].clone())),
-            array => array.clone(),
-        };
-        let (job, repeated) = match client
-            .call(Ask::Submit {
-                spec: k.sub.spec.clone(),
-                tasks: first,
-                open: !rest.is_empty(),
-                key: Some(k.key.clone()),
-            })
-            .await
-        {
-            Ok(Answer::Submitted {
-                job,
-                warning,
-                repeated,
-            }) => {
-                if let Some(w) = warning {
-                    eprintln!("warning: job {job} cannot run on the workers connected now: {w}");
-                }
-                (job, repeated)
-            }
-            Ok(other) => bail!("unexpected answer to a submission: {other:?}"),
-            Err(e) if client_lost(&e) => return Err(e.into()),
-            Err(e) => bail!("submission refused: {e}"),
-        };
-        let n = rest.len();
-        for (i, r) in rest.into_iter().enumerate() {
-            let (at, close) = (r.start as u32, i + 1 == n);
-            let piece = match tasks {
-                TaskSet::Lines(lines) => Ask::ExtendLines {
-                    job,
-                    at,
-                    lines: lines.slice(r),
-                    close,
-                },
-                TaskSet::List(list) => Ask::Extend {
-                    job,
-                    at,
-                    argvs: list[r].to_vec(),
-                    close,
-                },
-                TaskSet::Array(_) => break,
-            };
-            client.call(piece).await.with_context(|| {
-                format!("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again)")
-            })?;
-        }
-        // After a reconnect the first job may have been sent before the connection broke: a
-        // repeated key then names what this command itself submitted.
-        let sent_before = resumed && done.len() == first_unconfirmed;
-        done.push(Done {
-            job,
-            repeated: repeated && !sent_before,
-        });
-    }
-    Ok(())
-}
-
-fn client_lost(e: &ClientError) -> bool {
-    exit::lost_or_unreachable(e)
-}
-
-/// Whether an error means the connection to the server went away (worth reconnecting).
-pub fn connection_lost(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<ClientError>().is_some_and(client_lost)
-}
-
-/// Waits like [`wait_for`], reconnecting and waiting again when the server goes away.
-pub async fn wait_reconnecting(
-    g: &Global,
-    client: &mut Client,
-    jobs: Vec<JobId>,
-    quiet: bool,
-    within: Duration,
-) -> Result<WaitProgress> {
-    loop {
-        match wait_for(client, jobs.clone(), quiet).await {
-            Err(e) if connection_lost(&e) => *client = session::reconnect(g, within, e).await?,
-            done => return done,
-        }
-    }
-}
 
 /// Builds the submissions of `submit`/`run` from their flags.
 pub fn submissions(
@@ -201,11 +42,11 @@ pub fn submissions(
     }
 }
 
-/// Waits with a progress display; returns the final counts.
-pub async fn wait_for(client: &mut Client, jobs: Vec<JobId>, quiet: bool) -> Result<WaitProgress> {
+/// Waits with a progress display, through server restarts; returns the final counts.
+pub async fn wait_for(conn: &mut Session, jobs: Vec<JobId>, quiet: bool) -> Result<WaitProgress> {
     let mut progress = Progress::new(quiet);
     let every = Duration::from_millis(250);
-    let done = client.wait(jobs, every, |p| progress.update(p)).await;
+    let done = conn.wait(jobs, every, |p| progress.update(p)).await;
     progress.finish();
     Ok(done?)
 }
@@ -231,7 +72,6 @@ struct SubmitView {
 }
 
 pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
-    let within = session::reconnect_for(g, session::WAITING)?;
     if args.key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         bail!("--key must not be empty; use a name that stands for this submission, e.g. --key sweep-2024-06-01");
     }
@@ -242,23 +82,13 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
         user_key,
     );
     let total: u64 = subs.iter().map(|s| s.sub.tasks.len() as u64).sum();
-    let mut client = session::connect(g, session::reconnect_for(g, session::ONE_SHOT)?).await?;
-    let mut done = Vec::with_capacity(subs.len());
-    let mut resumed = false;
-    loop {
-        match submit_keyed(&mut client, &subs, &mut done, resumed).await {
-            Err(e) if connection_lost(&e) => {
-                client = session::reconnect(g, within, e).await?;
-                resumed = true;
-            }
-            result => break result?,
-        }
-    }
+    let mut conn = session::open(g, session::WAITING).await?;
+    let done = conn.submit(&subs).await?;
     let ids: Vec<JobId> = done.iter().map(|d| d.job).collect();
     report_submitted(g, &subs, &done, args.parsable);
     let waited = if args.wait {
         let quiet = g.output == Format::Json || args.parsable;
-        let p = wait_reconnecting(g, &mut client, ids.clone(), quiet, within).await?;
+        let p = wait_for(&mut conn, ids.clone(), quiet).await?;
         if args.parsable {
             // Standard output holds the job ids alone.
             eprintln!("{}", wait_summary(&p));
@@ -283,14 +113,23 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
 /// What `submit` prints once the server holds the jobs: the ids alone with `--parsable` (one
 /// a line, on stdout), else a line on stderr (JSON comes once the command is done); jobs a
 /// repeated `--key` named are said so.
-fn report_submitted(g: &Global, subs: &[Keyed], done: &[Done], parsable: bool) {
+fn report_submitted(g: &Global, subs: &[Keyed], done: &[Submitted], parsable: bool) {
+    for d in done {
+        if let Some(w) = &d.warning {
+            eprintln!(
+                "warning: job {} cannot run on the workers connected now: {w}",
+                d.job
+            );
+        }
+    }
     for (k, d) in subs.iter().zip(done).filter(|(_, d)| d.repeated) {
         eprintln!(
             "job {} was already submitted with key {:?}; nothing new was submitted",
             d.job, k.key
         );
     }
-    let fresh: Vec<(&Keyed, &Done)> = subs.iter().zip(done).filter(|(_, d)| !d.repeated).collect();
+    let fresh: Vec<(&Keyed, &Submitted)> =
+        subs.iter().zip(done).filter(|(_, d)| !d.repeated).collect();
     if parsable {
         let mut out = String::new();
         for d in done {
@@ -349,14 +188,13 @@ struct Canceled {
 
 pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
     if let JobCommand::Wait { jobs, quiet } = cmd {
-        let within = session::reconnect_for(g, session::WAITING)?;
-        let mut client = session::connect(g, session::reconnect_for(g, session::ONE_SHOT)?).await?;
+        let mut conn = session::open(g, session::WAITING).await?;
         let quiet = quiet || g.output == Format::Json;
-        let p = wait_reconnecting(g, &mut client, jobs, quiet, within).await?;
+        let p = wait_for(&mut conn, jobs, quiet).await?;
         report_wait(g, &p);
         return Ok(wait_exit(&p));
     }
-    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let mut s = session::open(g, session::ONE_SHOT).await?;
     match cmd {
         JobCommand::Wait { .. } => unreachable!("handled above"),
         JobCommand::List { state, name, last } => {
@@ -455,7 +293,7 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
 }
 
 pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
-    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let mut s = session::open(g, session::ONE_SHOT).await?;
     let Answer::WorkerResumed {
         worker,
         was_quarantined,
@@ -573,7 +411,7 @@ fn shell_words(argv: &[String]) -> String {
 }
 
 pub async fn worker_list(g: &Global) -> Result<ExitCode> {
-    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let mut s = session::open(g, session::ONE_SHOT).await?;
     let Answer::Workers(ws) = s.call(Ask::WorkerList).await? else {
         return Err(unexpected());
     };
@@ -620,7 +458,7 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
 }
 
 pub async fn server_info(g: &Global) -> Result<ExitCode> {
-    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let mut s = session::open(g, session::ONE_SHOT).await?;
     let Answer::Info(i) = s.call(Ask::ServerInfo).await? else {
         return Err(unexpected());
     };
@@ -655,7 +493,7 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
 }
 
 pub async fn server_stop(g: &Global) -> Result<ExitCode> {
-    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let mut s = session::open(g, session::ONE_SHOT).await?;
     s.call(Ask::Stop).await?;
     if g.output == Format::Json {
         output::json(&serde_json::json!({ "stopping": true }));

@@ -3,7 +3,7 @@
 //! 2 trouble) with two kinds of trouble of their own that a workflow manager reacts to
 //! differently: a job it asks about does not exist (3), or the server cannot be reached (4).
 
-use kestrel_proto::{AccessError, ClientError, ProtoError};
+use kestrel_proto::{AccessError, ClientError};
 use std::process::ExitCode;
 
 // 0: everything asked for was done (`ExitCode::SUCCESS`).
@@ -17,11 +17,6 @@ pub const NOT_FOUND: u8 = 3;
 /// `--reconnect-for`.
 pub const UNREACHABLE: u8 = 4;
 
-/// The server could not be reached within the time given (see [`crate::session`]).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Unreachable(pub String);
-
 /// Some id a command named does not exist; what to print was printed already.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -30,40 +25,51 @@ pub struct NotFound(pub String);
 /// The exit status for an error, from its type (never from its text).
 pub fn code_of(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
-        if cause.is::<Unreachable>() {
-            return UNREACHABLE;
-        }
         if cause.is::<NotFound>() {
             return NOT_FOUND;
         }
+        if let Some(e) = cause.downcast_ref::<kestrel_client::Error>() {
+            return client_code(e);
+        }
         if let Some(c) = cause.downcast_ref::<ClientError>() {
-            return match c {
-                ClientError::NotFound(_) => NOT_FOUND,
-                c if lost_or_unreachable(c) => UNREACHABLE,
-                _ => ERROR,
-            };
+            return connection_code(c);
         }
         if let Some(a) = cause.downcast_ref::<AccessError>() {
-            return match a {
-                AccessError::Missing(_)
-                | AccessError::Unreadable { .. }
-                | AccessError::Malformed { .. } => UNREACHABLE,
-                _ => ERROR,
-            };
+            return access_code(a);
         }
     }
     ERROR
 }
 
-/// Whether a client error means the server is not there (or went away): worth trying again
-/// while `--reconnect-for` lasts, and exit status 4 when it is over.
-pub fn lost_or_unreachable(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Unreachable { .. }
-            | ClientError::ConnectTimeout(_)
-            | ClientError::Proto(ProtoError::Io(_) | ProtoError::Closed | ProtoError::Timeout(_))
-    )
+/// The exit status of a client library error.
+fn client_code(e: &kestrel_client::Error) -> u8 {
+    use kestrel_client::Error;
+    match e {
+        Error::Client(c) => connection_code(c),
+        Error::Access(a) => access_code(a),
+        Error::GaveUp(_) => UNREACHABLE,
+        Error::Refused(_) | Error::Partial { .. } | Error::Unexpected(_) => ERROR,
+    }
+}
+
+/// The exit status of a connection's error: the server is not there (or went away), or it
+/// does not have what was named, or it said no.
+fn connection_code(c: &ClientError) -> u8 {
+    match c {
+        ClientError::NotFound(_) => NOT_FOUND,
+        c if kestrel_client::lost_or_unreachable(c) => UNREACHABLE,
+        _ => ERROR,
+    }
+}
+
+/// An access file that is missing or unreadable means no server is there.
+fn access_code(a: &AccessError) -> u8 {
+    match a {
+        AccessError::Missing(_)
+        | AccessError::Unreadable { .. }
+        | AccessError::Malformed { .. } => UNREACHABLE,
+        _ => ERROR,
+    }
 }
 
 /// An exit status as the process returns it.

@@ -314,12 +314,7 @@ pub fn program_name(argv: &[String]) -> String {
         .unwrap_or_else(|| "job".into())
 }
 
-/// One job ready to submit.
-#[derive(Debug, Clone)]
-pub struct Submission {
-    pub spec: JobSpec,
-    pub tasks: TaskSet,
-}
+pub use kestrel_client::Submission;
 
 /// How the tasks of a job from the command line are given.
 pub struct TaskShape<'a> {

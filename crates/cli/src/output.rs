@@ -6,6 +6,7 @@ use kestrel_proto::messages::{Counts, WaitProgress};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::io::IsTerminal;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How results are printed.
@@ -185,6 +186,19 @@ pub struct Progress {
     recent: VecDeque<(Instant, u64)>,
 }
 
+/// The progress display on screen, if any: a note printed meanwhile goes above it.
+static SHOWN: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// Prints a line on stderr, above the progress display if one is shown (a reconnection
+/// notice during a wait must not be drawn over by the bar).
+pub fn note(line: &str) {
+    let shown = SHOWN.lock().unwrap_or_else(PoisonError::into_inner);
+    match shown.as_ref() {
+        Some(bar) => bar.println(line),
+        None => eprintln!("{line}"),
+    }
+}
+
 impl Progress {
     pub fn new(quiet: bool) -> Progress {
         let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
@@ -195,6 +209,7 @@ impl Progress {
             );
             b.set_message("waiting for the server's first progress report");
             b.enable_steady_tick(Duration::from_millis(200));
+            *SHOWN.lock().unwrap_or_else(PoisonError::into_inner) = Some(b.clone());
             b
         });
         Progress {
@@ -270,6 +285,7 @@ impl Progress {
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
+            SHOWN.lock().unwrap_or_else(PoisonError::into_inner).take();
         }
     }
 }

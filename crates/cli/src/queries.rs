@@ -39,7 +39,7 @@ fn task_state_of(s: Status) -> TaskState {
 /// `kestrel job list`.
 pub async fn job_list(
     g: &Global,
-    s: &mut Session<'_>,
+    s: &mut Session,
     states: Vec<JobStateArg>,
     name: Option<String>,
     last: u32,
@@ -99,7 +99,7 @@ struct JobStateView {
 
 /// `kestrel job state`: `ID STATE` per job, one request for all; exit status 3 if some id is
 /// unknown.
-pub async fn job_state(g: &Global, s: &mut Session<'_>, jobs: Vec<JobId>) -> Result<ExitCode> {
+pub async fn job_state(g: &Global, s: &mut Session, jobs: Vec<JobId>) -> Result<ExitCode> {
     let Answer::JobStates(states) = s.call(Ask::JobStates { jobs }).await? else {
         return Err(unexpected());
     };
@@ -130,7 +130,7 @@ pub async fn job_state(g: &Global, s: &mut Session<'_>, jobs: Vec<JobId>) -> Res
 /// `kestrel job forget`.
 pub async fn job_forget(
     g: &Global,
-    s: &mut Session<'_>,
+    s: &mut Session,
     jobs: Vec<JobId>,
     all_ended: bool,
 ) -> Result<ExitCode> {
@@ -165,7 +165,7 @@ pub async fn job_forget(
 
 /// `kestrel task ...`.
 pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
-    let mut s = Session::open(g, session::ONE_SHOT).await?;
+    let mut s = session::open(g, session::ONE_SHOT).await?;
     match cmd {
         TaskCommand::List {
             job,
@@ -180,7 +180,7 @@ pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
 
 async fn task_list(
     g: &Global,
-    s: &mut Session<'_>,
+    s: &mut Session,
     job: JobId,
     status: Option<Status>,
     offset: u32,
@@ -264,7 +264,7 @@ async fn task_list(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn task_info(g: &Global, s: &mut Session<'_>, job: JobId, task: u32) -> Result<ExitCode> {
+async fn task_info(g: &Global, s: &mut Session, job: JobId, task: u32) -> Result<ExitCode> {
     let Answer::Task(d) = s.call(Ask::TaskInfo { job, task }).await? else {
         return Err(unexpected());
     };

@@ -2,12 +2,13 @@
 //! batch of work. The same code paths as a standalone server, so what works here works there.
 
 use crate::args::{Global, RunArgs, Switch};
-use crate::client_cmds::{submissions, submit_all, wait_exit};
+use crate::client_cmds::{submissions, wait_exit};
 use crate::jobs::Submission;
 use crate::json::{CountsView, RunView};
 use crate::output::{self, Format, Progress};
 use crate::run_dirs::RunDirs;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
+use kestrel_client::{keyed, Connection, Reconnect, Target};
 use kestrel_core::TaskState;
 use kestrel_proto::messages::{Answer, Ask, Counts, WaitProgress};
 use kestrel_proto::Client;
@@ -74,21 +75,26 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             server.access.clone(),
         )));
     }
-    let mut client = Client::connect(&server.access)
-        .await
-        .map_err(|e| anyhow!("{e}"))?;
+    // The embedded server does not move or restart: no reconnection.
+    let mut conn = Connection::open(Target::Fixed(server.access.clone()), Reconnect::NEVER).await?;
     let quiet = a.quiet || g.output == Format::Json;
     let outcome = async {
-        let ids = submit_all(&mut client, subs).await?;
+        let ids: Vec<_> = conn
+            .submit(&keyed(subs, None))
+            .await?
+            .into_iter()
+            .map(|s| s.job)
+            .collect();
+        let client = conn.client();
         let hint = format!(
             "this run's server is in {}: reach it with `kestrel --server-dir {} ...`",
             dir.display(),
             dir.display()
         );
-        wait_all(&mut client, ids.clone(), quiet, hint).await?;
+        wait_all(client, ids.clone(), quiet, hint).await?;
         if streaming {
             let jobs: Vec<_> = ids.iter().copied().zip(streamed).collect();
-            crate::cat::print_streamed(&mut client, &jobs).await?;
+            crate::cat::print_streamed(client, &jobs).await?;
         }
         // Tasks may have submitted jobs of their own: the summary covers every job.
         let Answer::Jobs(jobs) = client.call(Ask::JobList).await? else {
@@ -101,7 +107,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         let all: Vec<u32> = jobs.iter().map(|j| j.id).collect();
         if counts.failed > 0 && g.output == Format::Table {
             // The embedded server goes away with this process: show the failures now.
-            show_failures(&mut client, &all).await;
+            show_failures(client, &all).await;
         }
         Ok::<_, anyhow::Error>((counts, all))
     };

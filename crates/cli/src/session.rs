@@ -8,12 +8,11 @@
 //! away during `job wait` or `submit` is waited for (it is probably being restarted).
 
 use crate::args::Global;
-use crate::exit::{self, Unreachable};
 use anyhow::{Context, Result};
-use kestrel_proto::messages::{Answer, Ask};
-use kestrel_proto::{default_server_dir, Access, Client, ACCESS_FILE};
+use kestrel_client::{Connection, Notice, Reconnect, Target};
+use kestrel_proto::{default_server_dir, Access, ACCESS_FILE};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `--reconnect-for` of the commands that only ask or change something once, and of every
 /// command's first connection.
@@ -48,98 +47,26 @@ pub fn read_access(g: &Global) -> Result<Access> {
     Ok(Access::read(&access_path(g))?)
 }
 
-/// One attempt: read the access file and connect (errors keep their type for the exit status).
-async fn connect_once(g: &Global) -> Result<Client> {
-    let access = read_access(g)?;
-    Ok(Client::connect(&access).await?)
-}
-
-/// Whether an error means the server is not there (worth trying again).
-pub fn unreachable(e: &anyhow::Error) -> bool {
-    exit::code_of(e) == exit::UNREACHABLE
-}
-
-/// Connects, trying again for up to `within` while the server cannot be reached.
-pub async fn connect(g: &Global, within: Duration) -> Result<Client> {
-    match connect_once(g).await {
-        Err(e) if unreachable(&e) && !within.is_zero() => {
-            eprintln!(
-                "{e:#} (trying again for up to {})",
-                humantime::format_duration(within)
-            );
-            retry(g, within).await
-        }
-        done => done,
-    }
-}
-
-/// Reconnects after the server went away (`cause`), trying for up to `within`; with `within`
-/// zero, fails at once with `cause`.
-pub async fn reconnect(g: &Global, within: Duration, cause: anyhow::Error) -> Result<Client> {
-    if within.is_zero() {
-        return Err(cause);
-    }
-    eprintln!(
-        "lost the server ({cause:#}); reconnecting for up to {}",
-        humantime::format_duration(within)
-    );
-    retry(g, within).await
-}
-
-/// Tries to connect with backoff until `within` has passed.
-async fn retry(g: &Global, within: Duration) -> Result<Client> {
-    let deadline = Instant::now() + within;
-    let mut delay = Duration::from_millis(100);
-    loop {
-        tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
-        match connect_once(g).await {
-            Ok(c) => {
-                eprintln!("reconnected to the server");
-                return Ok(c);
-            }
-            Err(e) if !unreachable(&e) => return Err(e),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(Unreachable(format!(
-                    "could not reach the server within {} (last try: {e:#}); check it with `kestrel server info`, start it with `kestrel server start` if it is down, then run this command again",
-                    humantime::format_duration(within)
-                ))
-                .into())
-            }
-            Err(_) => {}
-        }
-    }
-}
-
 /// A connection for requests that may be sent again after a reconnect (queries, and changes
-/// that do nothing twice: cancel, retry, forget, stop).
-pub struct Session<'g> {
-    g: &'g Global,
-    within: Duration,
-    client: Client,
+/// that do nothing twice: cancel, retry, forget, stop), and for submissions and waits, which
+/// the client library makes safe to resend.
+pub type Session = Connection;
+
+/// Connects, trying again only if `--reconnect-for` was given; once connected, reconnects for
+/// the `--reconnect-for` in force (`default` if none was given) whenever the server goes
+/// away. Says on stderr what it does meanwhile.
+pub async fn open(g: &Global, default: Duration) -> Result<Connection> {
+    let reconnect = Reconnect {
+        at_start: reconnect_for(g, ONE_SHOT)?,
+        after_loss: reconnect_for(g, default)?,
+    };
+    let target = Target::File(access_path(g));
+    Ok(Connection::open_telling(target, reconnect, tell).await?)
 }
 
-impl<'g> Session<'g> {
-    /// Connects, then reconnects for the `--reconnect-for` in force (`default` if none was
-    /// given) whenever the server goes away.
-    pub async fn open(g: &'g Global, default: Duration) -> Result<Session<'g>> {
-        let client = connect(g, reconnect_for(g, ONE_SHOT)?).await?;
-        let within = reconnect_for(g, default)?;
-        Ok(Session { g, within, client })
-    }
-
-    /// Asks, reconnecting and asking again if the server goes away meanwhile.
-    pub async fn call(&mut self, ask: Ask) -> Result<Answer> {
-        loop {
-            match self.client.call(ask.clone()).await {
-                Ok(a) => return Ok(a),
-                Err(e) if exit::lost_or_unreachable(&e) => {
-                    self.client = reconnect(self.g, self.within, e.into()).await?;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
+/// Prints a connection's notice, above a progress display if one is shown.
+fn tell(notice: &Notice<'_>) {
+    crate::output::note(&notice.to_string());
 }
 
 /// The error for an answer of another kind than the request's: a server of another version.

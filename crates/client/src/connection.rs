@@ -1,0 +1,234 @@
+//! A connection that rides out a server restart.
+//!
+//! While the reconnection window lasts, a server that cannot be reached or goes away is tried
+//! again with backoff, re-reading the access file (a restarted server may listen elsewhere),
+//! instead of failing the script or workflow that called. What happens meanwhile is told to
+//! the connection's notice function ([`Connection::with_notices`]), for the caller to show.
+
+use crate::error::{lost_or_unreachable, Error};
+use kestrel_core::JobId;
+use kestrel_proto::messages::{Answer, Ask, WaitProgress};
+use kestrel_proto::{Access, Client};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Where the server is.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Its access file, read again at each reconnection.
+    File(PathBuf),
+    /// An access record known in memory (an embedded server that does not move).
+    Fixed(Access),
+}
+
+impl Target {
+    /// The server whose access file is `path`.
+    pub fn file(path: impl Into<PathBuf>) -> Target {
+        Target::File(path.into())
+    }
+
+    fn access(&self) -> Result<Access, Error> {
+        match self {
+            Target::File(path) => Ok(Access::read(path)?),
+            Target::Fixed(access) => Ok(access.clone()),
+        }
+    }
+}
+
+/// How long to keep trying when the server cannot be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reconnect {
+    /// At the first connection: a server not there at the start was probably never started
+    /// (or another was meant), so by default this is zero and the call fails at once.
+    pub at_start: Duration,
+    /// After a connection was lost: the server is probably being restarted.
+    pub after_loss: Duration,
+}
+
+impl Reconnect {
+    /// Fail at once whenever the server cannot be reached.
+    pub const NEVER: Reconnect = Reconnect {
+        at_start: Duration::ZERO,
+        after_loss: Duration::ZERO,
+    };
+
+    /// What commands that follow jobs to their end use (`job wait`, `submit --wait`): no
+    /// retry at the start, five minutes after a loss.
+    pub fn for_waiting() -> Reconnect {
+        Reconnect {
+            at_start: Duration::ZERO,
+            after_loss: Duration::from_secs(5 * 60),
+        }
+    }
+
+    /// The same window at the start and after a loss.
+    pub fn within(window: Duration) -> Reconnect {
+        Reconnect {
+            at_start: window,
+            after_loss: window,
+        }
+    }
+}
+
+/// What a connection tells its caller while it retries.
+#[derive(Debug)]
+pub enum Notice<'a> {
+    /// The server could not be reached at the start; trying again.
+    Retrying {
+        /// Why the first try failed.
+        error: &'a Error,
+        /// How long it keeps trying.
+        within: Duration,
+    },
+    /// The connection was lost; reconnecting.
+    Lost {
+        /// How it was lost.
+        cause: &'a Error,
+        /// How long it keeps trying.
+        within: Duration,
+    },
+    /// Connected again.
+    Reconnected,
+}
+
+impl fmt::Display for Notice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Notice::Retrying { error, within } => write!(
+                f,
+                "{error} (trying again for up to {})",
+                humantime::format_duration(*within)
+            ),
+            Notice::Lost { cause, within } => write!(
+                f,
+                "lost the server ({cause}); reconnecting for up to {}",
+                humantime::format_duration(*within)
+            ),
+            Notice::Reconnected => f.write_str("reconnected to the server"),
+        }
+    }
+}
+
+/// Where a connection tells what it does while it retries.
+pub type Notify = fn(&Notice<'_>);
+
+/// A connection to a server that reconnects as [`Reconnect`] says.
+pub struct Connection {
+    target: Target,
+    reconnect: Reconnect,
+    client: Client,
+    notify: Notify,
+}
+
+impl Connection {
+    /// Connects, trying again for `reconnect.at_start` while the server cannot be reached;
+    /// says nothing while it retries.
+    pub async fn open(target: Target, reconnect: Reconnect) -> Result<Connection, Error> {
+        Connection::open_telling(target, reconnect, |_| {}).await
+    }
+
+    /// [`Connection::open`], telling `notify` what it does while it retries, then and later.
+    pub async fn open_telling(
+        target: Target,
+        reconnect: Reconnect,
+        notify: Notify,
+    ) -> Result<Connection, Error> {
+        let client = match connect_once(&target).await {
+            Err(e) if e.is_unreachable() && !reconnect.at_start.is_zero() => {
+                notify(&Notice::Retrying {
+                    error: &e,
+                    within: reconnect.at_start,
+                });
+                let client = retry(&target, reconnect.at_start).await?;
+                notify(&Notice::Reconnected);
+                client
+            }
+            done => done?,
+        };
+        Ok(Connection {
+            target,
+            reconnect,
+            client,
+            notify,
+        })
+    }
+
+    /// The connection itself, for a request that must not be sent twice.
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Asks, reconnecting and asking again if the server goes away meanwhile: for requests
+    /// that do nothing twice (queries, cancel, retry, forget, stop).
+    pub async fn call(&mut self, ask: Ask) -> Result<Answer, Error> {
+        loop {
+            match self.client.call(ask.clone()).await {
+                Ok(a) => return Ok(a),
+                Err(e) if lost_or_unreachable(&e) => self.reconnect(e.into()).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Waits until every job in `jobs` (every unfinished job if empty) has ended, calling
+    /// `progress` with the counts every `every`, through server restarts.
+    pub async fn wait(
+        &mut self,
+        jobs: Vec<JobId>,
+        every: Duration,
+        mut progress: impl FnMut(&WaitProgress),
+    ) -> Result<WaitProgress, Error> {
+        loop {
+            let done = self.client.wait(jobs.clone(), every, &mut progress).await;
+            match done {
+                Ok(p) => return Ok(p),
+                Err(e) if lost_or_unreachable(&e) => self.reconnect(e.into()).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Replaces a lost connection (`cause`), trying for `reconnect.after_loss`; with no
+    /// window, fails at once with `cause`.
+    pub(crate) async fn reconnect(&mut self, cause: Error) -> Result<(), Error> {
+        let within = self.reconnect.after_loss;
+        if within.is_zero() {
+            return Err(cause);
+        }
+        (self.notify)(&Notice::Lost {
+            cause: &cause,
+            within,
+        });
+        self.client = retry(&self.target, within).await?;
+        (self.notify)(&Notice::Reconnected);
+        Ok(())
+    }
+}
+
+/// One attempt: read the access file and connect.
+async fn connect_once(target: &Target) -> Result<Client, Error> {
+    let access = target.access()?;
+    Ok(Client::connect(&access).await?)
+}
+
+/// Tries to connect with backoff until `within` has passed.
+async fn retry(target: &Target, within: Duration) -> Result<Client, Error> {
+    let deadline = Instant::now() + within;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+        match connect_once(target).await {
+            Ok(c) => return Ok(c),
+            Err(e) if !e.is_unreachable() => return Err(e),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(Error::GaveUp(format!(
+                    "could not reach the server within {} (last try: {e}); check it with `kestrel server info`, start it with `kestrel server start` if it is down, then run this command again",
+                    humantime::format_duration(within)
+                )))
+            }
+            Err(_) => {}
+        }
+    }
+}

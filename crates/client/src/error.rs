@@ -1,0 +1,66 @@
+//! What a client call can fail with.
+
+use kestrel_core::JobId;
+use kestrel_proto::{AccessError, ClientError, ProtoError};
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The access file is missing or unreadable.
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// The connection or the server said no.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The server could not be reached within the time given for reconnecting.
+    #[error("{0}")]
+    GaveUp(String),
+    /// A submission was refused (the message says why).
+    #[error("submission refused: {0}")]
+    Refused(ClientError),
+    /// Adding the pieces of a job failed halfway: the job holds only part of its tasks.
+    #[error("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again): {source}")]
+    Partial {
+        /// The job left with part of its tasks.
+        job: JobId,
+        /// Why the next piece was not taken.
+        source: ClientError,
+    },
+    /// The server answered a request with an answer of another kind.
+    #[error("the server sent an unexpected answer ({0}); use the same kestrel version for the server and this client")]
+    Unexpected(String),
+}
+
+impl Error {
+    /// Whether the server is not there, or went away: worth trying again while a
+    /// reconnection window lasts.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Error::Client(c) => lost_or_unreachable(c),
+            Error::Access(a) => matches!(
+                a,
+                AccessError::Missing(_)
+                    | AccessError::Unreadable { .. }
+                    | AccessError::Malformed { .. }
+            ),
+            Error::GaveUp(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether the request named a job, task or worker the server does not have.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Client(ClientError::NotFound(_)))
+    }
+}
+
+/// Whether a connection error means the server is not there or went away: worth trying
+/// again while a reconnection window lasts.
+pub fn lost_or_unreachable(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Unreachable { .. }
+            | ClientError::ConnectTimeout(_)
+            | ClientError::Proto(ProtoError::Io(_) | ProtoError::Closed | ProtoError::Timeout(_))
+    )
+}

@@ -1,0 +1,166 @@
+//! Submission: keyed, in pieces, resumable.
+
+use crate::connection::Connection;
+use crate::error::{lost_or_unreachable, Error};
+use crate::pieces::{argv_bytes, piece_ranges, string_bytes};
+use kestrel_core::{JobId, JobSpec, TaskSet};
+use kestrel_proto::messages::{Answer, Ask};
+
+/// Task bytes per message, well under the frame limit.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// A job to submit: what its tasks run and hold, and the tasks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submission {
+    /// What every task runs and holds.
+    pub spec: JobSpec,
+    /// The tasks.
+    pub tasks: TaskSet,
+}
+
+/// A submission with its idempotency key: the server answers a repeated key with the job the
+/// first submit created, so resending after a lost connection is safe, and so is running the
+/// same `kestrel submit --key K` twice.
+#[derive(Clone, Debug)]
+pub struct Keyed {
+    /// The idempotency key.
+    pub key: String,
+    /// The job.
+    pub sub: Submission,
+}
+
+/// A job the server holds for a submission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submitted {
+    /// The job's id.
+    pub job: JobId,
+    /// The key had made the job before this call: nothing new was submitted.
+    pub repeated: bool,
+    /// Why the job's tasks cannot run on the workers connected now, if so (it is kept: a
+    /// bigger worker may still come).
+    pub warning: Option<String>,
+}
+
+/// Gives each submission its key: `user`'s key for the only job (`(key, false)`), the user's
+/// key and the job's place for several (`(key, true)`: `K#1`, `K#2`, ...), else a fresh
+/// random key.
+pub fn keyed(subs: Vec<Submission>, user: Option<(&str, bool)>) -> Vec<Keyed> {
+    use rand::RngCore;
+    subs.into_iter()
+        .enumerate()
+        .map(|(i, sub)| {
+            let key = match user {
+                Some((k, false)) => k.to_string(),
+                Some((k, true)) => format!("{k}#{}", i + 1),
+                None => {
+                    let mut k = [0u8; 16];
+                    rand::rngs::OsRng.fill_bytes(&mut k);
+                    hex::encode(k)
+                }
+            };
+            Keyed { key, sub }
+        })
+        .collect()
+}
+
+impl Connection {
+    /// Submits `subs` in order and returns the jobs the server holds for them. A list too big
+    /// for one message goes in pieces; after a lost connection (within the reconnection
+    /// window) the submission goes on with the first job the server had not confirmed, and
+    /// the keys make sure no task is added twice.
+    pub async fn submit(&mut self, subs: &[Keyed]) -> Result<Vec<Submitted>, Error> {
+        let mut done = Vec::with_capacity(subs.len());
+        let mut resumed = false;
+        loop {
+            match submit_from(self, subs, &mut done, resumed).await {
+                Err(Error::Client(e)) if lost_or_unreachable(&e) => {
+                    self.reconnect(e.into()).await?;
+                    resumed = true;
+                }
+                other => return other.map(|()| done),
+            }
+        }
+    }
+}
+
+/// Submits `subs[done.len()..]`, pushing each job once the server holds all its tasks. A
+/// lost connection comes back as [`Error::Client`]; calling again after reconnecting
+/// (`resumed`) goes on with the first job not yet confirmed.
+async fn submit_from(
+    conn: &mut Connection,
+    subs: &[Keyed],
+    done: &mut Vec<Submitted>,
+    resumed: bool,
+) -> Result<(), Error> {
+    let first_unconfirmed = done.len();
+    let client = conn.client();
+    for k in &subs[done.len()..] {
+        // Pieces are index ranges into the list, copied one at a time as they are sent: the
+        // list itself is kept (for a resend after a reconnect) but never copied whole.
+        let tasks = &k.sub.tasks;
+        let mut ranges = match tasks {
+            TaskSet::List(list) => piece_ranges(list.len(), CHUNK_BYTES, |i| argv_bytes(&list[i])),
+            TaskSet::Lines(lines) => piece_ranges(lines.len(), CHUNK_BYTES, |i| {
+                string_bytes(lines.get(i).unwrap_or_default())
+            }),
+            TaskSet::Array(_) => piece_ranges(0, CHUNK_BYTES, |_| 0),
+        };
+        let rest = ranges.split_off(1);
+        let first = match tasks {
+            TaskSet::List(list) => TaskSet::List(list[ranges[0].clone()].to_vec()),
+            TaskSet::Lines(lines) => TaskSet::Lines(lines.slice(ranges[0].clone())),
+            array => array.clone(),
+        };
+        let answer = client
+            .call(Ask::Submit {
+                spec: k.sub.spec.clone(),
+                tasks: first,
+                open: !rest.is_empty(),
+                key: Some(k.key.clone()),
+            })
+            .await;
+        let (job, repeated, warning) = match answer {
+            Ok(Answer::Submitted {
+                job,
+                warning,
+                repeated,
+            }) => (job, repeated, warning),
+            Ok(other) => return Err(Error::Unexpected(format!("{other:?}"))),
+            Err(e) if lost_or_unreachable(&e) => return Err(e.into()),
+            Err(e) => return Err(Error::Refused(e)),
+        };
+        let n = rest.len();
+        for (i, r) in rest.into_iter().enumerate() {
+            let (at, close) = (r.start as u32, i + 1 == n);
+            let piece = match tasks {
+                TaskSet::Lines(lines) => Ask::ExtendLines {
+                    job,
+                    at,
+                    lines: lines.slice(r),
+                    close,
+                },
+                TaskSet::List(list) => Ask::Extend {
+                    job,
+                    at,
+                    argvs: list[r].to_vec(),
+                    close,
+                },
+                TaskSet::Array(_) => break,
+            };
+            match client.call(piece).await {
+                Ok(_) => {}
+                Err(e) if lost_or_unreachable(&e) => return Err(e.into()),
+                Err(source) => return Err(Error::Partial { job, source }),
+            }
+        }
+        // After a reconnect the first job may have been sent before the connection broke: a
+        // repeated key then names what this call itself submitted.
+        let sent_before = resumed && done.len() == first_unconfirmed;
+        done.push(Submitted {
+            job,
+            repeated: repeated && !sent_before,
+            warning,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! The client library against a real server in this process: keyed submission in pieces,
+//! a repeated key, and a connection that rides out a server restart.
+
+use kestrel_client::{keyed, Connection, Error, Reconnect, Submission, Target};
+use kestrel_core::{JobSpec, TaskSet};
+use kestrel_proto::messages::{Answer, Ask};
+use kestrel_server::{start, ServerConfig};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A list whose command lines add up to about 9 MiB: three pieces of at most 4 MiB.
+fn big_list() -> Submission {
+    let argv = |i: usize| vec!["echo".to_string(), format!("{i}-{}", "x".repeat(1000))];
+    Submission {
+        spec: JobSpec::command("big", Vec::new()),
+        tasks: TaskSet::List((0..9_000).map(argv).collect()),
+    }
+}
+
+async fn job_len(conn: &mut Connection, job: u32) -> u64 {
+    match conn.call(Ask::JobInfo { job }).await.expect("job info") {
+        Answer::Job(d) => d.summary.counts.total(),
+        other => panic!("job info answered {other:?}"),
+    }
+}
+
+#[test]
+fn a_list_too_big_for_a_message_goes_in_pieces_and_a_repeated_key_adds_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    rt().block_on(async {
+        let server = start(ServerConfig::local(dir.path().to_path_buf()))
+            .await
+            .expect("server");
+        let mut conn = Connection::open(Target::file(&server.access_path), Reconnect::NEVER)
+            .await
+            .expect("connected");
+        let subs = keyed(vec![big_list()], Some(("big-1", false)));
+        let first = conn.submit(&subs).await.expect("submitted");
+        assert_eq!(first.len(), 1);
+        assert!(!first[0].repeated);
+        assert_eq!(job_len(&mut conn, first[0].job).await, 9_000);
+
+        // The same key again: the same job, nothing added.
+        let again = conn.submit(&subs).await.expect("submitted again");
+        assert_eq!(again[0].job, first[0].job);
+        assert!(again[0].repeated);
+        assert_eq!(job_len(&mut conn, first[0].job).await, 9_000);
+        let Answer::Jobs(jobs) = conn.call(Ask::JobList).await.expect("job list") else {
+            panic!("not a job list");
+        };
+        assert_eq!(jobs.len(), 1, "one job for one key");
+        server.stop().await;
+    });
+}
+
+static NOTICES: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn a_connection_rides_out_a_server_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    rt().block_on(async {
+        let config = ServerConfig {
+            journal: true,
+            ..ServerConfig::local(dir.path().to_path_buf())
+        };
+        let server = start(config.clone()).await.expect("server");
+        let target = Target::file(&server.access_path);
+        let reconnect = Reconnect::within(Duration::from_secs(20));
+        let mut conn = Connection::open_telling(target, reconnect, |_| {
+            NOTICES.fetch_add(1, Ordering::Relaxed);
+        })
+        .await
+        .expect("connected");
+        let subs = keyed(
+            vec![Submission {
+                spec: JobSpec::command("a", vec!["true".into()]),
+                tasks: TaskSet::Array(kestrel_core::IdRanges::span(1, 3)),
+            }],
+            None,
+        );
+        let job = conn.submit(&subs).await.expect("submitted")[0].job;
+
+        // The server goes away and comes back (on another port, in a new access file).
+        server.stop().await;
+        let server = start(config).await.expect("server again");
+        assert_eq!(
+            job_len(&mut conn, job).await,
+            3,
+            "the job survived, the call went on"
+        );
+        assert_eq!(NOTICES.load(Ordering::Relaxed), 2, "lost, then reconnected");
+        let access = server.access.clone();
+        server.stop().await;
+
+        // Without a window, a server that is not there fails at once, as unreachable.
+        let once = Connection::open(Target::Fixed(access), Reconnect::NEVER).await;
+        let Err(err) = once else {
+            panic!("connected to a stopped server");
+        };
+        assert!(err.is_unreachable(), "{err}");
+        assert!(
+            !matches!(err, Error::GaveUp(_)),
+            "no window, no retrying: {err}"
+        );
+    });
+}

@@ -9,135 +9,28 @@
 //! - `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
 //!   running tasks survive the drop: the next registration hands them and their results over.
 //! - [`connected`] describes each registration, for a caller that wants to tell its user.
+//! - `config`, `error` and `host` hold [`WorkerConfig`], [`WorkerError`], and what the worker
+//!   reads about its machine ([`hostname`], [`memory`]).
 
 pub mod capture;
+mod config;
 pub mod connected;
+mod error;
 pub mod exec;
+mod host;
 pub mod local;
 mod outputs;
 mod pool;
 pub mod reaper;
 mod session;
 
+pub use config::{ExecMode, WorkerConfig};
 pub use connected::{Connected, Handover};
-use kestrel_proto::{Access, ClientError, ProtoError};
-use std::path::PathBuf;
+pub use error::WorkerError;
+pub use host::{hostname, memory};
+
+use kestrel_proto::Access;
 use std::time::{Duration, Instant};
-
-/// How tasks are executed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExecMode {
-    /// Each task is a child process (the normal mode).
-    Process,
-    /// Benchmark only: tasks complete at once without running anything, to measure dispatch.
-    Noop,
-}
-
-/// How to run a worker.
-#[derive(Clone, Debug)]
-pub struct WorkerConfig {
-    /// Where to re-read the access file when reconnecting (a restarted server writes a new one).
-    pub access_file: Option<PathBuf>,
-    pub slots: u32,
-    pub gpus: u32,
-    /// Memory tasks may hold, in bytes (their `--mem` adds up to at most this).
-    pub mem: u64,
-    /// Named countable resources tasks may hold (`licenses=4`).
-    pub named: Vec<(String, u32)>,
-    /// Extra cpus' worth of tasks kept queued here so no slot waits a round trip.
-    pub prefetch: u32,
-    pub exec: ExecMode,
-    pub hostname: String,
-    /// The server directory, passed to tasks as `KESTREL_SERVER_DIR`.
-    pub server_dir: Option<String>,
-    /// How long to keep trying to reconnect after the connection drops.
-    pub reconnect_for: Duration,
-    /// Called each time the worker registers (first and after reconnecting); `None` for
-    /// workers that should not announce themselves (those inside `kestrel run`).
-    pub on_connect: Option<fn(&Connected<'_>)>,
-}
-
-impl WorkerConfig {
-    /// A worker with `slots` slots, defaults elsewhere.
-    pub fn new(slots: u32) -> WorkerConfig {
-        WorkerConfig {
-            access_file: None,
-            slots,
-            gpus: 0,
-            mem: memory().unwrap_or(0),
-            named: Vec::new(),
-            prefetch: slots,
-            exec: ExecMode::Process,
-            hostname: hostname(),
-            server_dir: None,
-            reconnect_for: Duration::from_secs(120),
-            on_connect: None,
-        }
-    }
-}
-
-impl WorkerConfig {
-    /// Fresh bookkeeping of what this worker has.
-    pub(crate) fn local(&self) -> local::Local {
-        local::Local::new(self.slots, self.gpus, self.mem, &self.named)
-    }
-}
-
-/// The memory this process may use: the machine's, or its cgroup's limit if lower.
-pub fn memory() -> Option<u64> {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(1024)?;
-    // cgroup v2: "max" or a number of bytes.
-    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    Some(limit.map_or(total, |l| l.min(total)))
-}
-
-/// Why a worker stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    #[error(transparent)]
-    Connect(#[from] ClientError),
-    #[error("{0}")]
-    Proto(#[from] ProtoError),
-    #[error("{0}")]
-    Setup(String),
-    #[error("lost the server and could not reconnect within {0:?}: {1}")]
-    GaveUp(Duration, String),
-}
-
-impl WorkerError {
-    fn from_handshake(e: ProtoError) -> WorkerError {
-        WorkerError::Proto(e)
-    }
-
-    /// Whether trying again later might help (the server may be restarting).
-    fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            WorkerError::Connect(ClientError::Unreachable { .. } | ClientError::ConnectTimeout(_))
-                | WorkerError::Proto(ProtoError::Io(_) | ProtoError::Closed)
-        )
-    }
-}
-
-/// The machine's host name.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
 
 /// Runs a worker until the server tells it to stop, or the server stays unreachable for
 /// `reconnect_for` after a drop. The first connection must succeed (a wrong address or secret

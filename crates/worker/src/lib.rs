@@ -4,9 +4,14 @@
 //! - [`capture`] reads a task's streamed stdout/stderr from a pipe while `exec` waits.
 //! - [`local`] keeps templates, the local queue and free resources, and builds launches.
 //! - [`reaper`] is a process that kills the worker's tasks if the worker dies.
-//! - `pool` is the executor threads, one per slot, and the deck of tasks ready to follow
-//!   a running task of the same job on the thread that ends it.
-//! - `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
+//! - `executor` is the `Executor` trait, the seam between a session and the way tasks run,
+//!   and its no-op implementation (benchmarks); `pool` is the other: the executor threads,
+//!   one per slot, and the deck of tasks ready to follow a running task of the same job on
+//!   the thread that ends it.
+//! - `ledger` is the worker's account of its tasks (queued, running, ended but not reported),
+//!   which the session reports and the executor starts tasks from.
+//! - `state` is what outlives connections (`WorkerState`: the executor, the carry);
+//!   `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
 //!   running tasks survive the drop: the next registration hands them and their results over.
 //! - [`connected`] describes each registration, for a caller that wants to tell its user.
 //! - `config`, `error` and `host` hold [`WorkerConfig`], [`WorkerError`], and what the worker
@@ -17,12 +22,15 @@ mod config;
 pub mod connected;
 mod error;
 pub mod exec;
+mod executor;
 mod host;
+mod ledger;
 pub mod local;
 mod outputs;
 mod pool;
 pub mod reaper;
 mod session;
+mod state;
 
 pub use config::{ExecMode, WorkerConfig};
 pub use connected::{Connected, Handover};
@@ -30,26 +38,17 @@ pub use error::WorkerError;
 pub use host::{hostname, memory};
 
 use kestrel_proto::Access;
+use state::WorkerState;
 use std::time::{Duration, Instant};
 
 /// Runs a worker until the server tells it to stop, or the server stays unreachable for
 /// `reconnect_for` after a drop. The first connection must succeed (a wrong address or secret
 /// is reported at once).
 pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError> {
-    let threads = match config.exec {
-        ExecMode::Process => config.slots.max(1),
-        ExecMode::Noop => 0,
-    };
-    let mut pool = if threads > 0 {
-        Some(pool::Pool::new(threads)?)
-    } else {
-        None
-    };
-    let result = serve_until_done(&config, access, &mut pool).await;
-    // Every task has ended by now: the executor threads are idle, and the reaper exits.
-    if let Some(p) = pool {
-        p.close();
-    }
+    let mut state = WorkerState::new(&config)?;
+    let result = serve_until_done(&config, access, &mut state).await;
+    // Every task has ended by now.
+    state.close();
     result
 }
 
@@ -57,12 +56,11 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
 async fn serve_until_done(
     config: &WorkerConfig,
     access: Access,
-    pool: &mut Option<pool::Pool>,
+    state: &mut WorkerState,
 ) -> Result<(), WorkerError> {
     let mut access = access;
-    let mut carry = session::Carry::default();
     loop {
-        let outcome = session::serve(config, &access, pool, &mut carry).await;
+        let outcome = session::serve(config, &access, state).await;
         let reason = match outcome {
             Ok(session::SessionEnd::Shutdown(reason)) => {
                 tracing::info!("server asked the worker to stop: {reason}");
@@ -71,11 +69,11 @@ async fn serve_until_done(
             Ok(session::SessionEnd::Lost(reason)) => reason,
             // Once registered (a read or a write failed, the server may be restarting), try
             // again with the carried tasks; before, a failure is the user's to fix.
-            Err(e) if carry.registered() && e.is_transient() => e.to_string(),
+            Err(e) if state.carry.registered() && e.is_transient() => e.to_string(),
             Err(e) => {
                 // Tasks carried over from an earlier connection run in their own process
                 // groups: stop them rather than leave them behind.
-                carry.abandon(pool).await;
+                state.abandon().await;
                 return Err(e);
             }
         };
@@ -85,7 +83,7 @@ async fn serve_until_done(
         access = match reconnect(config, access, &reason).await {
             Ok(a) => a,
             Err(e) => {
-                carry.abandon(pool).await;
+                state.abandon().await;
                 return Err(e);
             }
         };

@@ -10,7 +10,9 @@
 //!   the thread that ends it.
 //! - `ledger` is the worker's account of its tasks (queued, running, ended but not reported),
 //!   which the session reports and the executor starts tasks from.
-//! - `state` is what outlives connections (`WorkerState`: the executor, the carry);
+//! - `staging` is the step between "assigned" and "queued for a slot", where input files
+//!   will be fetched.
+//! - `state` is what outlives connections (`WorkerState`: the executor, staging, the carry);
 //!   `session` is one connection's life; [`run`] reconnects with backoff when it drops, and
 //!   running tasks survive the drop: the next registration hands them and their results over.
 //! - [`connected`] describes each registration, for a caller that wants to tell its user.
@@ -30,6 +32,7 @@ mod outputs;
 mod pool;
 pub mod reaper;
 mod session;
+mod staging;
 mod state;
 
 pub use config::{ExecMode, WorkerConfig};

@@ -1,10 +1,11 @@
-//! One connection's life: register, receive assignments, have the executor start them on
-//! free slots, report batched starts and ends, answer cancels, send heartbeats.
+//! One connection's life: register, receive assignments, stage them and have the executor
+//! start them on free slots, report batched starts and ends, answer cancels, send heartbeats.
 
 use crate::exec::{ExitKind, Outcome};
 use crate::executor::{next_done, Done, Executor};
 use crate::ledger::{micros, now_us, Key, Ledger};
 use crate::outputs::{self, OUTPUT_BYTES_PER_MESSAGE};
+use crate::staging::{Staged, Staging};
 use crate::state::{Carry, WorkerState};
 use crate::{Connected, Handover, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
@@ -69,6 +70,7 @@ pub(crate) async fn serve(
     .map_err(WorkerError::from_handshake)?;
     let WorkerState {
         exec,
+        staging,
         carry: Carry { ledger, prev },
     } = state;
     // Starts the last connection did not report: its registration reports those tasks running.
@@ -76,6 +78,7 @@ pub(crate) async fn serve(
     let mut session = Session {
         config,
         exec: &mut **exec,
+        staging,
         ledger,
         revoked: Vec::new(),
     };
@@ -114,6 +117,7 @@ pub(crate) async fn serve(
 struct Session<'a> {
     config: &'a WorkerConfig,
     exec: &'a mut dyn Executor,
+    staging: &'a mut Staging,
     ledger: &'a mut Ledger,
     /// Answers to `Revoke` requests not sent yet, one per request.
     revoked: Vec<Vec<Key>>,
@@ -287,7 +291,9 @@ impl Session<'_> {
             ToWorker::Assign { tasks } => {
                 let now = now_us();
                 for run in tasks {
-                    l.local.enqueue(run, now);
+                    match self.staging.stage(&run) {
+                        Staged::Ready => l.local.enqueue(run, now),
+                    }
                 }
             }
             ToWorker::Revoke { tasks } => {
@@ -532,6 +538,7 @@ mod tests {
     struct Rig {
         config: WorkerConfig,
         exec: Double,
+        staging: Staging,
         ledger: Ledger,
     }
 
@@ -542,18 +549,24 @@ mod tests {
             Rig {
                 config,
                 exec: Double::default(),
+                staging: Staging::default(),
                 ledger,
+            }
+        }
+
+        fn session(&mut self) -> Session<'_> {
+            Session {
+                config: &self.config,
+                exec: &mut self.exec,
+                staging: &mut self.staging,
+                ledger: &mut self.ledger,
+                revoked: Vec::new(),
             }
         }
 
         /// Handles `m` as the session loop does, starting what can start after it.
         fn message(&mut self, m: ToWorker) -> Vec<Vec<Key>> {
-            let mut s = Session {
-                config: &self.config,
-                exec: &mut self.exec,
-                ledger: &mut self.ledger,
-                revoked: Vec::new(),
-            };
+            let mut s = self.session();
             assert!(s.on_message(m).is_none());
             s.start_tasks();
             s.revoked
@@ -577,12 +590,7 @@ mod tests {
                     timeout: None,
                     next: None,
                 }));
-            let mut s = Session {
-                config: &self.config,
-                exec: &mut self.exec,
-                ledger: &mut self.ledger,
-                revoked: Vec::new(),
-            };
+            let mut s = self.session();
             s.take_done();
             s.start_tasks();
         }

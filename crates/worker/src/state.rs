@@ -3,6 +3,7 @@
 use crate::executor::{Executor, Noop};
 use crate::ledger::Ledger;
 use crate::pool::Pool;
+use crate::staging::Staging;
 use crate::{ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::WorkerId;
 
@@ -11,10 +12,12 @@ use kestrel_core::WorkerId;
 ///
 /// The worker's data cache (files kept for later tasks, served to peers) and its Python
 /// runners (processes that keep an interpreter warm between function tasks) will live here
-/// too: the cache beside the executor; the runners inside an executor.
+/// too: the cache beside `staging`, which fills it; the runners inside an executor.
 pub(crate) struct WorkerState {
     /// Runs the tasks; chosen once, from [`WorkerConfig::exec`].
     pub(crate) exec: Box<dyn Executor>,
+    /// The step between "assigned" and "queued for a slot".
+    pub(crate) staging: Staging,
     /// What the next registration hands over.
     pub(crate) carry: Carry,
 }
@@ -48,6 +51,7 @@ impl WorkerState {
     pub(crate) fn with_executor(config: &WorkerConfig, exec: Box<dyn Executor>) -> WorkerState {
         WorkerState {
             exec,
+            staging: Staging::default(),
             carry: Carry {
                 ledger: Ledger::new(config),
                 prev: None,

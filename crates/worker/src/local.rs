@@ -100,41 +100,40 @@ impl Local {
         );
     }
 
-    /// Queues assigned tasks in order; they arrived at `now_us`.
-    pub fn enqueue(&mut self, tasks: Vec<Assigned>, now_us: u64) {
-        for a in tasks {
-            let r = a.run;
-            let task = |index, argv, line| LocalTask {
-                job: r.job,
-                index,
-                argv,
-                line,
-                arrived_us: now_us,
-            };
-            if !a.argvs.is_empty() {
-                self.queue.extend(
-                    a.argvs
-                        .into_iter()
-                        .zip(r.first..)
-                        .map(|(argv, index)| task(index, Some(argv), None)),
-                );
-            } else if !a.lines.is_empty() {
-                self.queue.extend(
-                    a.lines
-                        .iter()
-                        .zip(r.first..)
-                        .map(|(line, index)| task(index, None, Some(line.to_string()))),
-                );
-            } else {
-                self.queue
-                    .extend((r.first..r.first + r.count).map(|index| task(index, None, None)));
-            }
+    /// Queues an assigned run of tasks in order; it arrived at `now_us`.
+    pub fn enqueue(&mut self, a: Assigned, now_us: u64) {
+        let r = a.run;
+        let task = |index, argv, line| LocalTask {
+            job: r.job,
+            index,
+            argv,
+            line,
+            arrived_us: now_us,
+        };
+        if !a.argvs.is_empty() {
+            self.queue.extend(
+                a.argvs
+                    .into_iter()
+                    .zip(r.first..)
+                    .map(|(argv, index)| task(index, Some(argv), None)),
+            );
+        } else if !a.lines.is_empty() {
+            self.queue.extend(
+                a.lines
+                    .iter()
+                    .zip(r.first..)
+                    .map(|(line, index)| task(index, None, Some(line.to_string()))),
+            );
+        } else {
+            self.queue
+                .extend((r.first..r.first + r.count).map(|index| task(index, None, None)));
         }
     }
 
     /// Takes the next queued task if what it needs is free; returns it with what it holds.
-    /// (Inlined: it runs once per task, and the call cost as much as its body.)
-    #[inline]
+    /// (Always inlined: it runs once per task, and the call cost as much as its body; with
+    /// two callers, the executors' loops, a plain `#[inline]` no longer got it inlined.)
+    #[inline(always)]
     pub fn next_startable(&mut self) -> Option<(LocalTask, Held)> {
         let head = self.queue.front()?;
         let (need, named) = match self.jobs.get(&head.job) {
@@ -375,7 +374,7 @@ mod tests {
         };
         l.define(1, template(), JobIds::List, need, vec![]);
         l.enqueue(
-            vec![Assigned {
+            Assigned {
                 run: IndexRun {
                     job: 1,
                     first: 0,
@@ -383,7 +382,7 @@ mod tests {
                 },
                 argvs: vec![vec!["a".into()], vec!["b".into()]],
                 lines: Default::default(),
-            }],
+            },
             0,
         );
         let (t, held) = l.next_startable().unwrap();
@@ -423,7 +422,8 @@ mod tests {
             argvs: vec![vec!["x".into()]; count as usize],
             lines: Default::default(),
         };
-        l.enqueue(vec![run(1, 2), run(2, 3)], 0);
+        l.enqueue(run(1, 2), 0);
+        l.enqueue(run(2, 3), 0);
         let (_, a) = l.next_startable().unwrap();
         assert!(
             l.next_startable().is_none(),
@@ -443,11 +443,11 @@ mod tests {
     fn canceled_tasks_leave_the_queue() {
         let mut l = Local::new(1, 0, 0, &[]);
         l.enqueue(
-            vec![Assigned::run(IndexRun {
+            Assigned::run(IndexRun {
                 job: 1,
                 first: 0,
                 count: 3,
-            })],
+            }),
             0,
         );
         assert_eq!(l.unqueue(&[(1, 1), (2, 0)]), vec![(1, 1)]);
@@ -464,7 +464,7 @@ mod tests {
         t.env = vec![("IN".into(), "{line}-{job}".into())];
         l.define(4, t, JobIds::List, Resources::default(), vec![]);
         l.enqueue(
-            vec![Assigned {
+            Assigned {
                 run: IndexRun {
                     job: 4,
                     first: 7,
@@ -472,7 +472,7 @@ mod tests {
                 },
                 argvs: vec![],
                 lines: ["a.dat", "b {task}.dat"].into_iter().collect(),
-            }],
+            },
             0,
         );
         let (first, held) = l.next_startable().unwrap();

@@ -8,19 +8,22 @@
 //! it at once; that task inherits the ended one's resources (same job, same needs) and the
 //! session learns of both in one [`Done`]. Until a thread takes a decked task, the session
 //! can take it back (revoke, cancel, a lost connection), so decked tasks stay queued tasks.
+//!
+//! The pool is the worker's [`Executor`] in `process` mode.
 
 use crate::exec::{self, CancelHandle, Launch, Outcome};
-use crate::local::LocalTask;
+use crate::executor::{Done, Executor, Follower};
+use crate::ledger::{now_us, Key, Ledger, Running};
+use crate::local::{Held, LocalTask};
 use crate::reaper::Reaper;
 use crate::WorkerError;
-use kestrel_core::{JobId, TaskIndex};
+use kestrel_core::JobId;
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-pub(crate) type Key = (JobId, TaskIndex);
 
 /// A task handed to an executor thread.
 struct Work {
@@ -30,19 +33,19 @@ struct Work {
 }
 
 /// A task's run ended on an executor thread.
-pub(crate) struct Done {
-    pub(crate) key: Key,
-    pub(crate) outcome: Outcome,
-    pub(crate) timeout: Option<Duration>,
+struct Ran {
+    key: Key,
+    outcome: Outcome,
+    timeout: Option<Duration>,
     /// The decked task the thread started right after, holding what this one held.
-    pub(crate) next: Option<Key>,
+    next: Option<Key>,
 }
 
 /// A task on the deck, or taken from it by a thread that has not reported it yet.
-pub(crate) struct Decked {
+struct Decked {
     /// The task as it was queued, to queue it again if it is taken back.
-    pub(crate) task: LocalTask,
-    pub(crate) cancel: CancelHandle,
+    task: LocalTask,
+    cancel: CancelHandle,
 }
 
 type Deck = Arc<Mutex<Vec<Work>>>;
@@ -50,7 +53,7 @@ type Deck = Arc<Mutex<Vec<Work>>>;
 /// Threads that run task processes; one per slot, so a blocking wait never delays another task.
 pub(crate) struct Pool {
     tx: crossbeam_channel::Sender<Work>,
-    done: mpsc::UnboundedReceiver<Done>,
+    done: mpsc::UnboundedReceiver<Ran>,
     /// Shared with the threads, which take from it.
     deck: Deck,
     /// The session's view of the deck: what it put there and has not seen started or taken
@@ -94,7 +97,7 @@ impl Pool {
                             let outcome =
                                 exec::run_with(&work.launch, &work.cancel, reaper.as_deref());
                             let next = take_follower(&deck, work.key.0);
-                            let done = Done {
+                            let done = Ran {
                                 key: work.key,
                                 outcome,
                                 timeout: work.launch.timeout,
@@ -123,8 +126,8 @@ impl Pool {
         })
     }
 
-    /// Starts a task on a free thread.
-    pub(crate) fn start(&self, key: Key, launch: Launch, cancel: CancelHandle) {
+    /// Runs a task on a free thread.
+    fn run(&self, key: Key, launch: Launch, cancel: CancelHandle) {
         let _ = self.tx.send(Work {
             key,
             launch,
@@ -132,13 +135,58 @@ impl Pool {
         });
     }
 
+    /// Hands a task to a thread, or reports it failed if it cannot be launched.
+    fn launch(&self, ledger: &mut Ledger, task: LocalTask, held: Held) {
+        let now = now_us();
+        let waited_us = now.saturating_sub(task.arrived_us);
+        match ledger.local.launch(&task, &held.gpus, &ledger.me) {
+            Ok(launch) => {
+                let key = (task.job, task.index);
+                let cancel = CancelHandle::new();
+                let run = Running {
+                    cancel: cancel.clone(),
+                    held,
+                    waited_us,
+                };
+                ledger.start_running(key, run, now);
+                self.run(key, launch, cancel);
+            }
+            Err(reason) => {
+                ledger.local.release(held);
+                ledger.cannot_launch(&task, now, reason);
+            }
+        }
+    }
+
+    /// Decks tasks from the head of the queue while its job has fewer decked than running
+    /// tasks, so that each running task of the job can be followed by one. GPU tasks are
+    /// never decked: their device list is the slot's they start on.
+    fn fill_deck(&mut self, ledger: &mut Ledger) {
+        while let Some(head) = ledger.local.queue.front() {
+            let job = head.job;
+            let Some(def) = ledger.local.jobs.get(&job) else {
+                return;
+            };
+            if def.resources.gpus > 0 || self.decked_of(job) >= ledger.running_of(job) {
+                return;
+            }
+            let Some(task) = ledger.local.queue.pop_front() else {
+                return;
+            };
+            match ledger.local.launch(&task, &[], &ledger.me) {
+                Ok(launch) => self.put_on_deck(task, launch, CancelHandle::new()),
+                Err(reason) => ledger.cannot_launch(&task, now_us(), reason),
+            }
+        }
+    }
+
     /// How many tasks of `job` are decked.
-    pub(crate) fn decked_of(&self, job: JobId) -> usize {
+    fn decked_of(&self, job: JobId) -> usize {
         self.decked.keys().filter(|(j, _)| *j == job).count()
     }
 
     /// Puts `task` on the deck, to follow the next task of its job that ends.
-    pub(crate) fn put_on_deck(&mut self, task: LocalTask, launch: Launch, cancel: CancelHandle) {
+    fn put_on_deck(&mut self, task: LocalTask, launch: Launch, cancel: CancelHandle) {
         let key = (task.job, task.index);
         lock(&self.deck).push(Work {
             key,
@@ -148,19 +196,23 @@ impl Pool {
         self.decked.insert(key, Decked { task, cancel });
     }
 
-    /// A thread started the decked task `key`: the session's record of it, now a running task.
-    pub(crate) fn followed(&mut self, key: Key) -> Option<Decked> {
-        self.decked.remove(&key)
-    }
-
-    /// Takes back the decked tasks among `keys` that no thread has taken, in deck order.
-    pub(crate) fn take_back(&mut self, keys: &[Key]) -> Vec<LocalTask> {
-        self.take_back_where(|k| keys.contains(k))
-    }
-
-    /// Takes back every decked task no thread has taken, in deck order.
-    pub(crate) fn take_back_all(&mut self) -> Vec<LocalTask> {
-        self.take_back_where(|_| true)
+    /// A thread's report, with the session's record of the decked task it went on to (now a
+    /// running task).
+    fn resolve(&mut self, ran: Ran) -> Done {
+        let next = ran.next.and_then(|key| {
+            let d = self.decked.remove(&key)?;
+            Some(Follower {
+                key,
+                cancel: d.cancel,
+                arrived_us: d.task.arrived_us,
+            })
+        });
+        Done {
+            key: ran.key,
+            outcome: ran.outcome,
+            timeout: ran.timeout,
+            next,
+        }
     }
 
     fn take_back_where(&mut self, mut pick: impl FnMut(&Key) -> bool) -> Vec<LocalTask> {
@@ -178,13 +230,69 @@ impl Pool {
         back
     }
 
+    /// Cancels the decked tasks `pick` chooses (those taken by a thread end as canceled).
+    fn cancel_decked(&self, pick: impl Fn(&Key) -> bool) {
+        for (key, d) in &self.decked {
+            if pick(key) {
+                d.cancel.cancel();
+            }
+        }
+    }
+}
+
+impl Executor for Pool {
+    fn kind(&self) -> &'static str {
+        "process"
+    }
+
+    /// Starts queued tasks while slots are free, then decks the next ones to follow running
+    /// tasks of their job.
+    fn start(&mut self, ledger: &mut Ledger) {
+        while let Some((task, held)) = ledger.local.next_startable() {
+            self.launch(ledger, task, held);
+        }
+        self.fill_deck(ledger);
+    }
+
+    fn poll_done(&mut self, cx: &mut Context<'_>) -> Poll<Option<Done>> {
+        self.done
+            .poll_recv(cx)
+            .map(|ran| ran.map(|ran| self.resolve(ran)))
+    }
+
+    fn try_done(&mut self) -> Option<Done> {
+        let ran = self.done.try_recv().ok()?;
+        Some(self.resolve(ran))
+    }
+
+    /// Takes back the decked tasks among `keys` that no thread has taken, in deck order.
+    fn take_back(&mut self, keys: &[Key]) -> Vec<LocalTask> {
+        self.take_back_where(|k| keys.contains(k))
+    }
+
+    /// Takes back every decked task no thread has taken, in deck order.
+    fn take_back_all(&mut self) -> Vec<LocalTask> {
+        self.take_back_where(|_| true)
+    }
+
+    fn cancel(&mut self, keys: &[Key]) -> Vec<LocalTask> {
+        let back = self.take_back(keys);
+        self.cancel_decked(|k| keys.contains(k));
+        back
+    }
+
+    fn cancel_all(&mut self) {
+        self.take_back_all();
+        self.cancel_decked(|_| true);
+    }
+
     /// Takes back the decked tasks of `job` that no running task of it can follow: beyond
     /// the first `running` of them (in deck order), those no thread has taken.
     ///
     /// A thread whose task ended looks at the deck once, and the session counts that task as
     /// running until it hears of the end: a task it decked in between would wait for a
     /// follower that never comes (the last task of a sweep waited forever this way).
-    pub(crate) fn take_back_unfollowed(&mut self, job: JobId, running: usize) -> Vec<LocalTask> {
+    fn unfollowed(&mut self, job: JobId, running: usize) -> Vec<LocalTask> {
         let mut seen = 0;
         self.take_back_where(|k| {
             if k.0 != job {
@@ -195,35 +303,9 @@ impl Pool {
         })
     }
 
-    /// Cancels the decked tasks among `keys` (those taken by a thread end as canceled).
-    pub(crate) fn cancel_decked(&self, keys: &[Key]) {
-        for (key, d) in &self.decked {
-            if keys.contains(key) {
-                d.cancel.cancel();
-            }
-        }
-    }
-
-    /// Cancels every decked task; those a thread has taken end as canceled.
-    pub(crate) fn cancel_all_decked(&self) {
-        for d in self.decked.values() {
-            d.cancel.cancel();
-        }
-    }
-
-    /// The next ended run, waiting for one.
-    pub(crate) async fn recv_done(&mut self) -> Option<Done> {
-        self.done.recv().await
-    }
-
-    /// The next ended run, if one is waiting.
-    pub(crate) fn try_done(&mut self) -> Option<Done> {
-        self.done.try_recv().ok()
-    }
-
     /// Ends the executor threads once their tasks have ended (call it when none runs, or it
     /// waits for them), then closes the reaper's pipe and reaps it, leaving no process behind.
-    pub(crate) fn close(mut self) {
+    fn close(mut self: Box<Self>) {
         self.take_back_all();
         let Pool {
             tx,
@@ -231,7 +313,7 @@ impl Pool {
             threads,
             reaper,
             ..
-        } = self;
+        } = *self;
         drop(tx);
         drop(done);
         for t in threads {
@@ -253,6 +335,8 @@ fn take_follower(deck: &Mutex<Vec<Work>>, job: JobId) -> Option<Work> {
 mod tests {
     use super::*;
     use crate::exec::ExitKind;
+    use crate::executor::next_done;
+    use kestrel_core::TaskIndex;
 
     fn task(job: JobId, index: TaskIndex) -> LocalTask {
         LocalTask {
@@ -275,7 +359,11 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        rt.block_on(pool.recv_done()).expect("a run ends")
+        rt.block_on(next_done(pool)).expect("a run ends")
+    }
+
+    fn close(pool: Pool) {
+        Box::new(pool).close();
     }
 
     #[test]
@@ -284,39 +372,39 @@ mod tests {
         pool.put_on_deck(task(2, 1), launch(&["true"]), CancelHandle::new());
         pool.put_on_deck(task(1, 7), launch(&["false"]), CancelHandle::new());
         assert_eq!((pool.decked_of(1), pool.decked_of(2)), (1, 1));
-        pool.start((1, 1), launch(&["true"]), CancelHandle::new());
+        pool.run((1, 1), launch(&["true"]), CancelHandle::new());
 
         let first = recv(&mut pool);
-        assert_eq!((first.key, first.next), ((1, 1), Some((1, 7))));
+        let next = first.next.as_ref().map(|f| f.key);
+        assert_eq!((first.key, next), ((1, 1), Some((1, 7))));
         assert_eq!(first.outcome.status, ExitKind::Exited(0));
-        let record = pool.followed((1, 7)).expect("the session's record of it");
-        assert_eq!(record.task, task(1, 7));
+        assert_eq!(pool.decked_of(1), 0, "the follower runs: no longer decked");
         let second = recv(&mut pool);
-        assert_eq!((second.key, second.next), ((1, 7), None));
+        assert_eq!((second.key, second.next.is_none()), ((1, 7), true));
         assert_eq!(second.outcome.status, ExitKind::Exited(1));
 
         // The other job's task was never taken: it goes back as it was queued.
         assert_eq!(pool.take_back_all(), vec![task(2, 1)]);
         assert_eq!(pool.decked_of(2), 0);
-        pool.close();
+        close(pool);
     }
 
     #[test]
     fn a_task_decked_after_its_job_last_ran_is_taken_back() {
         let mut pool = Pool::new(1).unwrap();
-        pool.start((1, 1), launch(&["true"]), CancelHandle::new());
+        pool.run((1, 1), launch(&["true"]), CancelHandle::new());
         let first = recv(&mut pool);
-        assert_eq!(first.next, None, "nothing was decked when it ended");
+        assert!(first.next.is_none(), "nothing was decked when it ended");
         // The session decks two tasks of the job before it hears of that end (it still counts
         // one task running), and one of another job.
         pool.put_on_deck(task(1, 2), launch(&["true"]), CancelHandle::new());
         pool.put_on_deck(task(2, 9), launch(&["true"]), CancelHandle::new());
         pool.put_on_deck(task(1, 3), launch(&["true"]), CancelHandle::new());
         // No task of job 1 runs now: both would wait for ever; with one running, the second.
-        assert_eq!(pool.take_back_unfollowed(1, 1), vec![task(1, 3)]);
-        assert_eq!(pool.take_back_unfollowed(1, 0), vec![task(1, 2)]);
+        assert_eq!(pool.unfollowed(1, 1), vec![task(1, 3)]);
+        assert_eq!(pool.unfollowed(1, 0), vec![task(1, 2)]);
         assert_eq!((pool.decked_of(1), pool.decked_of(2)), (0, 1));
-        pool.close();
+        close(pool);
     }
 
     #[test]
@@ -326,20 +414,22 @@ mod tests {
         let marker = dir.path().join("ran");
         let touch = launch(&["touch", marker.to_str().unwrap()]);
         pool.put_on_deck(task(1, 2), touch.clone(), CancelHandle::new());
-        pool.put_on_deck(task(1, 3), touch, CancelHandle::new());
+        pool.put_on_deck(task(1, 3), touch.clone(), CancelHandle::new());
+        pool.put_on_deck(task(1, 4), touch, CancelHandle::new());
         assert_eq!(pool.take_back(&[(1, 2)]), vec![task(1, 2)]);
-        pool.cancel_decked(&[(1, 3)]);
-        pool.start((1, 1), launch(&["true"]), CancelHandle::new());
+        pool.cancel_decked(|k| *k == (1, 3));
+        // A thread has not taken it: a cancel gives it back.
+        assert_eq!(pool.cancel(&[(1, 4)]), vec![task(1, 4)]);
+        pool.run((1, 1), launch(&["true"]), CancelHandle::new());
 
         let first = recv(&mut pool);
-        assert_eq!(first.next, Some((1, 3)));
-        assert!(pool.followed((1, 3)).is_some());
+        assert_eq!(first.next.as_ref().map(|f| f.key), Some((1, 3)));
         let second = recv(&mut pool);
         assert_eq!(
             (second.key, second.outcome.status),
             ((1, 3), ExitKind::Canceled)
         );
-        assert!(!marker.exists(), "neither decked task started a process");
-        pool.close();
+        assert!(!marker.exists(), "no decked task started a process");
+        close(pool);
     }
 }

@@ -1,17 +1,19 @@
-//! One connection's life: register, receive assignments, start tasks on free slots, report
-//! batched starts and ends, answer cancels, send heartbeats.
+//! One connection's life: register, receive assignments, stage them and have the executor
+//! start them on free slots, report batched starts and ends, answer cancels, send heartbeats.
 
-use crate::exec::{CancelHandle, ExitKind, Outcome};
-use crate::local::{Held, Identity, Local, LocalTask};
+use crate::exec::{ExitKind, Outcome};
+use crate::executor::{next_done, Done, Executor};
+use crate::ledger::{micros, now_us, Key, Ledger};
 use crate::outputs::{self, OUTPUT_BYTES_PER_MESSAGE};
-use crate::pool::{Done, Key, Pool};
-use crate::{Connected, ExecMode, Handover, WorkerConfig, WorkerError};
-use kestrel_core::{Failure, Finished, JobId, RunEnd, WorkerId};
+use crate::staging::{Staged, Staging};
+use crate::state::{Carry, WorkerState};
+use crate::{Connected, Handover, WorkerConfig, WorkerError};
+use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
 use kestrel_proto::client::open;
-use kestrel_proto::messages::{FromWorker, Registration, Resume, Started, TaskOutput, ToWorker};
+use kestrel_proto::messages::{FromWorker, Registration, Resume, ToWorker};
 use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
-use rustc_hash::{FxHashMap, FxHashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use rustc_hash::FxHashSet;
+use std::time::Duration;
 
 /// How a session ended.
 pub(crate) enum SessionEnd {
@@ -19,68 +21,6 @@ pub(crate) enum SessionEnd {
     Shutdown(String),
     /// The connection dropped after registering; worth reconnecting.
     Lost(String),
-}
-
-struct Running {
-    cancel: CancelHandle,
-    /// What it holds, kept here because its job's definition may be forgotten first.
-    held: Held,
-    /// How long it waited here for a slot.
-    waited_us: u64,
-}
-
-/// What outlives a dropped connection: templates, running tasks and their buffered results,
-/// so the next registration hands them over instead of the server running them again.
-#[derive(Default)]
-pub(crate) struct Carry {
-    local: Option<Local>,
-    running: FxHashMap<Key, Running>,
-    finished: Vec<Finished>,
-    /// Streamed output of `finished`, in its order.
-    outputs: Vec<TaskOutput>,
-    /// Summed waits for a slot of successful tasks, per job, not reported yet.
-    waited: Vec<(JobId, u64)>,
-    /// Worker id and server id of the last registration.
-    prev: Option<(WorkerId, String, u64)>,
-}
-
-impl Carry {
-    /// Whether the worker has registered with a server at least once.
-    pub(crate) fn registered(&self) -> bool {
-        self.prev.is_some()
-    }
-
-    /// The connection is gone for good: stop the tasks and wait until they are reaped.
-    pub(crate) async fn abandon(&mut self, pool: &mut Option<Pool>) {
-        if let Some(p) = pool.as_mut() {
-            // Those no thread has taken were only queued here; the others end at once.
-            p.take_back_all();
-            p.cancel_all_decked();
-        }
-        for r in self.running.values() {
-            r.cancel.cancel();
-        }
-        while !self.running.is_empty() {
-            let Some(done) = recv_done(pool).await else {
-                break;
-            };
-            let held = self.running.remove(&done.key).map(|r| r.held);
-            // A follower was canceled above: it ends at once, and is waited for like the rest.
-            let _ = hand_on(&mut self.running, &done, pool, held.unwrap_or_default());
-        }
-        self.finished.clear();
-        self.outputs.clear();
-    }
-}
-
-fn micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
-fn now_us() -> u64 {
-    micros(SystemTime::now())
 }
 
 /// Maps how the process ended to what the server records.
@@ -111,12 +51,11 @@ fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
 }
 
 /// Connects, registers and serves until the connection ends. Running tasks and results not
-/// yet sent stay in `carry` when the connection drops, and go into the next registration.
+/// yet sent stay in `state` when the connection drops, and go into the next registration.
 pub(crate) async fn serve(
     config: &WorkerConfig,
     access: &Access,
-    pool: &mut Option<Pool>,
-    carry: &mut Carry,
+    state: &mut WorkerState,
 ) -> Result<SessionEnd, WorkerError> {
     let (r, w) = open(access).await?;
     let mut reader = FrameReader::new(r);
@@ -129,38 +68,27 @@ pub(crate) async fn serve(
     )
     .await
     .map_err(WorkerError::from_handshake)?;
-    let exec = match config.exec {
-        ExecMode::Process => "process",
-        ExecMode::Noop => "noop",
-    };
+    let WorkerState {
+        exec,
+        staging,
+        carry: Carry { ledger, prev },
+    } = state;
+    // Starts the last connection did not report: its registration reports those tasks running.
+    ledger.started.clear();
     let mut session = Session {
         config,
-        me: Identity {
-            worker: 0,
-            server: String::new(),
-            server_dir: config.server_dir.clone(),
-        },
-        local: carry.local.take().unwrap_or_else(|| config.local()),
-        running: std::mem::take(&mut carry.running),
-        started: Vec::new(),
-        finished: std::mem::take(&mut carry.finished),
+        exec: &mut **exec,
+        staging,
+        ledger,
         revoked: Vec::new(),
-        outputs: std::mem::take(&mut carry.outputs),
-        waited: std::mem::take(&mut carry.waited),
     };
     // Runs that ended while disconnected.
-    while let Some(done) = pool.as_mut().and_then(Pool::try_done) {
-        session.on_done(done, pool);
-    }
+    session.take_done();
     let end = session
-        .register(&mut reader, &mut writer, pool, carry, (exec, access))
+        .register(&mut reader, &mut writer, prev, access)
         .await;
     let end = match end {
-        Ok(Ok((_, heartbeat_ms))) => {
-            session
-                .run(&mut reader, &mut writer, pool, heartbeat_ms)
-                .await
-        }
+        Ok(Ok((_, heartbeat_ms))) => session.run(&mut reader, &mut writer, heartbeat_ms).await,
         Ok(Err(end)) => Ok(end),
         Err(e) => Err(e),
     };
@@ -169,70 +97,60 @@ pub(crate) async fn serve(
         Ok(SessionEnd::Shutdown(_)) => false,
         Err(e) => e.is_transient(),
     };
+    let Session { exec, ledger, .. } = session;
     // Tasks only queued here go back to the server's queue when it drops this registration.
-    if let Some(p) = pool.as_mut() {
-        p.take_back_all();
-    }
-    session.local.queue.clear();
+    exec.take_back_all();
+    ledger.local.queue.clear();
     // The next registration is sent a job's template again before its first task; it tells
     // this worker to forget only the templates of jobs whose tasks it still runs then.
-    let running = &session.running;
-    session
+    let running = &ledger.running;
+    ledger
         .local
         .jobs
         .retain(|job, _| running.keys().any(|(j, _)| j == job));
-    carry.local = Some(session.local);
-    carry.running = session.running;
-    carry.finished = session.finished;
-    carry.outputs = session.outputs;
-    carry.waited = session.waited;
     if !keep {
-        carry.abandon(pool).await;
+        ledger.abandon(exec).await;
     }
     end
 }
 
 struct Session<'a> {
     config: &'a WorkerConfig,
-    me: Identity,
-    local: Local,
-    running: FxHashMap<Key, Running>,
-    started: Vec<Started>,
-    finished: Vec<Finished>,
+    exec: &'a mut dyn Executor,
+    staging: &'a mut Staging,
+    ledger: &'a mut Ledger,
     /// Answers to `Revoke` requests not sent yet, one per request.
     revoked: Vec<Vec<Key>>,
-    /// Streamed output of `finished`, in its order (see [`outputs`]).
-    outputs: Vec<TaskOutput>,
-    /// Summed waits for a slot of successful tasks, per job, for the next update.
-    waited: Vec<(JobId, u64)>,
 }
 
 impl Session<'_> {
-    /// Sends the registration (with what survived the last connection) and waits for the
-    /// answer; tells [`WorkerConfig::on_connect`]. Returns the worker id and heartbeat interval.
+    /// Sends the registration (with what survived the last connection, and `prev`, the last
+    /// registration) and waits for the answer; tells [`WorkerConfig::on_connect`]. Returns the
+    /// worker id and heartbeat interval.
     async fn register(
         &mut self,
         reader: &mut FrameReader<kestrel_proto::ConnRead>,
         writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
-        pool: &mut Option<Pool>,
-        carry: &mut Carry,
-        (exec, access): (&str, &Access),
+        prev: &mut Option<(WorkerId, String, u64)>,
+        access: &Access,
     ) -> Result<Result<(WorkerId, u64), SessionEnd>, WorkerError> {
+        let exec = self.exec.kind();
+        let l = &mut *self.ledger;
         // Results whose output would make the registration too big are reported as still
         // running; their ends follow in the first updates.
         let (sent, sent_outputs) =
-            outputs::fitting(&self.finished, &self.outputs, OUTPUT_BYTES_PER_MESSAGE);
-        let resume = carry.prev.as_ref().map(|(worker, server_id, epoch)| {
-            let mut running: Vec<Key> = self.running.keys().copied().collect();
-            running.extend(self.finished[sent..].iter().map(|f| (f.job, f.index)));
+            outputs::fitting(&l.finished, &l.outputs, OUTPUT_BYTES_PER_MESSAGE);
+        let resume = prev.as_ref().map(|(worker, server_id, epoch)| {
+            let mut running: Vec<Key> = l.running.keys().copied().collect();
+            running.extend(l.finished[sent..].iter().map(|f| (f.job, f.index)));
             running.sort_unstable();
             Resume {
                 server_id: server_id.clone(),
                 previous_worker: *worker,
                 epoch: *epoch,
                 running,
-                finished: self.finished[..sent].to_vec(),
-                outputs: self.outputs[..sent_outputs].to_vec(),
+                finished: l.finished[..sent].to_vec(),
+                outputs: l.outputs[..sent_outputs].to_vec(),
             }
         });
         writer
@@ -263,39 +181,34 @@ impl Session<'_> {
                     ))))
                 }
             };
-        let carried = (self.running.len(), self.finished.len());
-        let handover = match carry.prev.take() {
+        let l = &mut *self.ledger;
+        let carried = (l.running.len(), l.finished.len());
+        let handover = match prev.take() {
             Some((_, old, _)) if old != server_id => {
                 // Another server: its tasks are not this one's; stop them and drop their results.
                 tracing::warn!(
-                    running = self.running.len(),
-                    results = self.finished.len(),
+                    running = carried.0,
+                    results = carried.1,
                     "registered with a different server; dropping the previous server's tasks"
                 );
-                let mut old = Carry {
-                    running: std::mem::take(&mut self.running),
-                    ..Carry::default()
-                };
-                old.abandon(pool).await;
-                self.finished.clear();
-                self.outputs.clear();
-                self.waited.clear();
-                self.local = self.config.local();
+                l.abandon(&mut *self.exec).await;
+                l.waited.clear();
+                l.local = self.config.local();
                 Some(Handover::Dropped {
                     running: carried.0,
                     results: carried.1,
                 })
             }
             Some(_) => {
-                if !self.running.is_empty() || !self.finished.is_empty() {
+                if carried != (0, 0) {
                     tracing::info!(
-                        running = self.running.len(),
-                        results = self.finished.len(),
+                        running = carried.0,
+                        results = carried.1,
                         "handed running tasks and results to the server"
                     );
                 }
-                self.finished.drain(..sent);
-                self.outputs.drain(..sent_outputs);
+                l.finished.drain(..sent);
+                l.outputs.drain(..sent_outputs);
                 // Results that did not fit went as running tasks.
                 Some(Handover::Resumed {
                     running: carried.0 + carried.1 - sent,
@@ -304,7 +217,7 @@ impl Session<'_> {
             }
             None => None,
         };
-        carry.prev = Some((worker, server_id, epoch));
+        *prev = Some((worker, server_id, epoch));
         tracing::info!(worker, server = %server, slots = self.config.slots, exec, "registered");
         if let Some(announce) = self.config.on_connect {
             announce(&Connected {
@@ -314,8 +227,8 @@ impl Session<'_> {
                 handover,
             });
         }
-        self.me.worker = worker;
-        self.me.server = server;
+        self.ledger.me.worker = worker;
+        self.ledger.me.server = server;
         Ok(Ok((worker, heartbeat_ms)))
     }
 
@@ -323,7 +236,6 @@ impl Session<'_> {
         &mut self,
         reader: &mut FrameReader<kestrel_proto::ConnRead>,
         writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
-        pool: &mut Option<Pool>,
         heartbeat_ms: u64,
     ) -> Result<SessionEnd, WorkerError> {
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(10)));
@@ -333,7 +245,7 @@ impl Session<'_> {
             tokio::select! {
                 msg = reader.try_recv::<ToWorker>() => match msg {
                     Ok(Some(m)) => {
-                        if let Some(end) = self.on_message(m, pool) {
+                        if let Some(end) = self.on_message(m) {
                             return Ok(end);
                         }
                     }
@@ -341,11 +253,9 @@ impl Session<'_> {
                     Err(ProtoError::Io(e)) => return Ok(SessionEnd::Lost(e.to_string())),
                     Err(e) => return Err(e.into()),
                 },
-                Some(done) = recv_done(pool) => {
-                    self.on_done(done, pool);
-                    while let Some(more) = pool.as_mut().and_then(Pool::try_done) {
-                        self.on_done(more, pool);
-                    }
+                Some(done) = next_done(&mut *self.exec) => {
+                    self.on_done(done);
+                    self.take_done();
                 }
                 _ = heartbeat.tick() => {
                     if !sent_since_tick {
@@ -354,8 +264,9 @@ impl Session<'_> {
                     sent_since_tick = false;
                 }
             }
-            self.start_tasks(pool);
-            if !self.started.is_empty() || !self.finished.is_empty() {
+            self.start_tasks();
+            let l = &self.ledger;
+            if !l.started.is_empty() || !l.finished.is_empty() {
                 self.send_update(writer).await?;
                 sent_since_tick = true;
             }
@@ -366,7 +277,8 @@ impl Session<'_> {
         }
     }
 
-    fn on_message(&mut self, m: ToWorker, pool: &mut Option<Pool>) -> Option<SessionEnd> {
+    fn on_message(&mut self, m: ToWorker) -> Option<SessionEnd> {
+        let l = &mut *self.ledger;
         match m {
             ToWorker::Registered { .. } => {}
             ToWorker::DefineJob {
@@ -375,26 +287,28 @@ impl Session<'_> {
                 ids,
                 resources,
                 named,
-            } => self.local.define(job, template, ids, resources, named),
-            ToWorker::Assign { tasks } => self.local.enqueue(tasks, now_us()),
+            } => l.local.define(job, template, ids, resources, named),
+            ToWorker::Assign { tasks } => {
+                let now = now_us();
+                for run in tasks {
+                    match self.staging.stage(&run) {
+                        Staged::Ready => l.local.enqueue(run, now),
+                    }
+                }
+            }
             ToWorker::Revoke { tasks } => {
                 // Those still waiting for a slot go back; those started run on.
-                let mut given = self.local.unqueue(&tasks);
-                if let Some(p) = pool.as_mut() {
-                    given.extend(p.take_back(&tasks).iter().map(|t| (t.job, t.index)));
-                }
+                let mut given = l.local.unqueue(&tasks);
+                given.extend(self.exec.take_back(&tasks).iter().map(|t| (t.job, t.index)));
                 self.revoked.push(given);
             }
             ToWorker::Cancel { tasks } => {
                 let now = now_us();
-                let mut canceled = self.local.unqueue(&tasks);
-                if let Some(p) = pool.as_mut() {
-                    canceled.extend(p.take_back(&tasks).iter().map(|t| (t.job, t.index)));
-                    // Those a thread has taken end as canceled.
-                    p.cancel_decked(&tasks);
-                }
+                let mut canceled = l.local.unqueue(&tasks);
+                // Those the executor took but has not started; those it started end as canceled.
+                canceled.extend(self.exec.cancel(&tasks).iter().map(|t| (t.job, t.index)));
                 for (job, index) in canceled {
-                    self.finished.push(Finished {
+                    l.finished.push(Finished {
                         job,
                         index,
                         started_us: now,
@@ -403,44 +317,55 @@ impl Session<'_> {
                     });
                 }
                 for key in &tasks {
-                    if let Some(r) = self.running.get(key) {
+                    if let Some(r) = l.running.get(key) {
                         r.cancel.cancel();
                     }
                 }
             }
             ToWorker::ForgetJob { job } => {
-                self.local.jobs.remove(&job);
+                l.local.jobs.remove(&job);
             }
             ToWorker::Shutdown { reason } => return Some(SessionEnd::Shutdown(reason)),
         }
         None
     }
 
-    fn on_done(&mut self, done: Done, pool: &mut Option<Pool>) {
-        let ran = self.running.remove(&done.key);
+    /// Has the executor start what it can: called after every event.
+    fn start_tasks(&mut self) {
+        self.exec.start(self.ledger);
+    }
+
+    /// Handles the runs that have ended, without waiting.
+    fn take_done(&mut self) {
+        while let Some(done) = self.exec.try_done() {
+            self.on_done(done);
+        }
+    }
+
+    fn on_done(&mut self, done: Done) {
+        let l = &mut *self.ledger;
+        let ran = l.running.remove(&done.key);
         let started_us = micros(done.outcome.started);
         let finished_us = micros(done.outcome.finished);
         let (held, waited_us) = match ran {
             Some(r) => (r.held, Some(r.waited_us)),
-            None => (Held::default(), None),
+            None => (Default::default(), None),
         };
         // Its follower runs whether or not this run is known here: it must be tracked.
-        match hand_on(&mut self.running, &done, pool, held) {
-            Ok(key) => self.started.push(Started {
+        match l.hand_on(done.next, finished_us, held) {
+            Ok(key) => l.started.push(kestrel_proto::messages::Started {
                 job: key.0,
                 index: key.1,
                 at_us: finished_us,
             }),
             Err(held) => {
-                self.local.release(held);
-                // Tasks decked for the job while its thread was finding none go back to the
+                l.local.release(held);
+                // Tasks the executor took for the job while its run was ending go back to the
                 // head of the queue, to start in the slot just freed.
                 let job = done.key.0;
-                if let Some(p) = pool.as_mut() {
-                    let running = running_of(&self.running, job);
-                    for task in p.take_back_unfollowed(job, running).into_iter().rev() {
-                        self.local.queue.push_front(task);
-                    }
+                let running = l.running_of(job);
+                for task in self.exec.unfollowed(job, running).into_iter().rev() {
+                    l.local.queue.push_front(task);
                 }
             }
         }
@@ -450,13 +375,13 @@ impl Session<'_> {
         };
         let mut outcome = done.outcome;
         if let Some(output) = outputs::of_run(done.key, &mut outcome) {
-            self.outputs.push(output);
+            l.outputs.push(output);
         }
         let end = run_end(outcome, done.timeout);
         if end == RunEnd::Success {
-            self.note_wait(done.key.0, waited_us);
+            l.note_wait(done.key.0, waited_us);
         }
-        self.finished.push(Finished {
+        l.finished.push(Finished {
             job: done.key.0,
             index: done.key.1,
             started_us,
@@ -465,127 +390,37 @@ impl Session<'_> {
         });
     }
 
-    /// Adds a successful task's wait for a slot to its job's sum for the next update.
-    fn note_wait(&mut self, job: JobId, waited_us: u64) {
-        match self.waited.last_mut() {
-            Some((j, sum)) if *j == job => *sum += waited_us,
-            _ => match self.waited.iter_mut().find(|(j, _)| *j == job) {
-                Some((_, sum)) => *sum += waited_us,
-                None => self.waited.push((job, waited_us)),
-            },
-        }
-    }
-
-    /// Starts queued tasks while slots are free, then decks the next ones to follow running
-    /// tasks of their job. The no-op executor completes them on the spot.
-    fn start_tasks(&mut self, pool: &mut Option<Pool>) {
-        // The no-op executor ends a whole batch at one instant: one clock read serves it.
-        let batch_now = now_us();
-        while let Some((task, held)) = self.local.next_startable() {
-            let key = (task.job, task.index);
-            match (self.config.exec, pool.as_ref()) {
-                (ExecMode::Noop, _) | (_, None) => {
-                    self.local.release(held);
-                    self.note_wait(task.job, batch_now.saturating_sub(task.arrived_us));
-                    self.finished.push(Finished {
-                        job: task.job,
-                        index: task.index,
-                        started_us: batch_now,
-                        finished_us: batch_now,
-                        end: RunEnd::Success,
-                    });
-                }
-                (ExecMode::Process, Some(p)) => self.launch(p, key, task, held),
-            }
-        }
-        if let Some(p) = pool.as_mut() {
-            self.fill_deck(p);
-        }
-    }
-
-    /// Decks tasks from the head of the queue while its job has fewer decked than running
-    /// tasks, so that each running task of the job can be followed by one. GPU tasks are
-    /// never decked: their device list is the slot's they start on.
-    fn fill_deck(&mut self, p: &mut Pool) {
-        while let Some(head) = self.local.queue.front() {
-            let job = head.job;
-            let Some(def) = self.local.jobs.get(&job) else {
-                return;
-            };
-            if def.resources.gpus > 0 || p.decked_of(job) >= running_of(&self.running, job) {
-                return;
-            }
-            let Some(task) = self.local.queue.pop_front() else {
-                return;
-            };
-            match self.local.launch(&task, &[], &self.me) {
-                Ok(launch) => p.put_on_deck(task, launch, CancelHandle::new()),
-                Err(reason) => self.cannot_launch(&task, now_us(), reason),
-            }
-        }
-    }
-
-    /// Hands a task to the process pool, or reports it failed if it cannot be launched.
-    fn launch(&mut self, p: &Pool, key: Key, task: LocalTask, held: Held) {
-        let now = now_us();
-        let waited_us = now.saturating_sub(task.arrived_us);
-        match self.local.launch(&task, &held.gpus, &self.me) {
-            Ok(launch) => {
-                let cancel = CancelHandle::new();
-                self.running.insert(
-                    key,
-                    Running {
-                        cancel: cancel.clone(),
-                        held,
-                        waited_us,
-                    },
-                );
-                self.started.push(Started {
-                    job: task.job,
-                    index: task.index,
-                    at_us: now,
-                });
-                p.start(key, launch, cancel);
-            }
-            Err(reason) => {
-                self.local.release(held);
-                self.cannot_launch(&task, now, reason);
-            }
-        }
-    }
-
-    /// Reports a task failed whose launch could not be built.
-    fn cannot_launch(&mut self, task: &LocalTask, now: u64, reason: String) {
-        self.finished.push(Finished {
-            job: task.job,
-            index: task.index,
-            started_us: now,
-            finished_us: now,
-            end: RunEnd::Failed(Box::new(Failure::because(reason))),
-        });
-    }
-
     async fn send_update(
         &mut self,
         writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
     ) -> Result<(), WorkerError> {
         // A start whose end is in the same update says nothing new.
-        if !self.finished.is_empty() && !self.started.is_empty() {
-            let ended: FxHashSet<Key> = self.finished.iter().map(|f| (f.job, f.index)).collect();
-            self.started.retain(|s| !ended.contains(&(s.job, s.index)));
+        if !self.ledger.finished.is_empty() && !self.ledger.started.is_empty() {
+            let ended: FxHashSet<Key> = self
+                .ledger
+                .finished
+                .iter()
+                .map(|f| (f.job, f.index))
+                .collect();
+            self.ledger
+                .started
+                .retain(|s| !ended.contains(&(s.job, s.index)));
         }
         // Streamed output can be big: the ends go in as many messages as it needs.
         loop {
-            let (ends, outs) =
-                outputs::fitting(&self.finished, &self.outputs, OUTPUT_BYTES_PER_MESSAGE);
-            if ends == self.finished.len() {
+            let (ends, outs) = outputs::fitting(
+                &self.ledger.finished,
+                &self.ledger.outputs,
+                OUTPUT_BYTES_PER_MESSAGE,
+            );
+            if ends == self.ledger.finished.len() {
                 return self.send_all(writer).await;
             }
             let msg = FromWorker::Update {
-                started: std::mem::take(&mut self.started),
-                finished: self.finished.drain(..ends).collect(),
-                outputs: self.outputs.drain(..outs).collect(),
-                waited: std::mem::take(&mut self.waited),
+                started: std::mem::take(&mut self.ledger.started),
+                finished: self.ledger.finished.drain(..ends).collect(),
+                outputs: self.ledger.outputs.drain(..outs).collect(),
+                waited: std::mem::take(&mut self.ledger.waited),
             };
             if let Err(e) = writer.send(&msg).await {
                 // The results stay for the next registration's resume report.
@@ -596,9 +431,9 @@ impl Session<'_> {
                     ..
                 } = msg
                 {
-                    self.finished.splice(..0, finished);
-                    self.outputs.splice(..0, outputs);
-                    self.waited = waited;
+                    self.ledger.finished.splice(..0, finished);
+                    self.ledger.outputs.splice(..0, outputs);
+                    self.ledger.waited = waited;
                 }
                 return Err(e.into());
             }
@@ -611,10 +446,10 @@ impl Session<'_> {
         writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
     ) -> Result<(), WorkerError> {
         let msg = FromWorker::Update {
-            started: std::mem::take(&mut self.started),
-            finished: std::mem::take(&mut self.finished),
-            outputs: std::mem::take(&mut self.outputs),
-            waited: std::mem::take(&mut self.waited),
+            started: std::mem::take(&mut self.ledger.started),
+            finished: std::mem::take(&mut self.ledger.finished),
+            outputs: std::mem::take(&mut self.ledger.outputs),
+            waited: std::mem::take(&mut self.ledger.waited),
         };
         let sent = writer.send(&msg).await;
         // The vectors go back for the next update, keeping their capacity (allocating them
@@ -633,50 +468,202 @@ impl Session<'_> {
                 outputs.clear();
                 waited.clear();
             }
-            self.started = started;
-            self.finished = finished;
-            self.outputs = outputs;
-            self.waited = waited;
+            self.ledger.started = started;
+            self.ledger.finished = finished;
+            self.ledger.outputs = outputs;
+            self.ledger.waited = waited;
         }
         sent.map_err(WorkerError::from)
     }
 }
 
-/// Records the decked task a thread went straight on to after `done`'s run as running, with
-/// `held`, what the ended run held (same job, same needs). Returns its key, or `held` back
-/// when the thread went on to nothing.
-fn hand_on(
-    running: &mut FxHashMap<Key, Running>,
-    done: &Done,
-    pool: &mut Option<Pool>,
-    held: Held,
-) -> Result<Key, Held> {
-    let Some((key, d)) = done
-        .next
-        .and_then(|key| Some((key, pool.as_mut()?.followed(key)?)))
-    else {
-        return Err(held);
-    };
-    let waited_us = micros(done.outcome.finished).saturating_sub(d.task.arrived_us);
-    running.insert(
-        key,
-        Running {
-            cancel: d.cancel,
-            held,
-            waited_us,
-        },
-    );
-    Ok(key)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::CancelHandle;
+    use crate::ledger::Running;
+    use crate::local::LocalTask;
+    use kestrel_core::{IndexRun, Resources, TaskTemplate};
+    use kestrel_proto::messages::{Assigned, JobIds};
+    use std::collections::VecDeque;
+    use std::task::{Context, Poll};
+    use std::time::SystemTime;
 
-/// How many of `running`'s tasks are of `job`: each can be followed by one decked task.
-fn running_of(running: &FxHashMap<Key, Running>, job: JobId) -> usize {
-    running.keys().filter(|(j, _)| *j == job).count()
-}
+    /// An executor that runs nothing: it records what the session asks of it, and the test
+    /// says when runs end.
+    #[derive(Default)]
+    struct Double {
+        started: Vec<(Key, CancelHandle)>,
+        ended: VecDeque<Done>,
+        canceled: Vec<Key>,
+    }
 
-async fn recv_done(pool: &mut Option<Pool>) -> Option<Done> {
-    match pool {
-        Some(p) => p.recv_done().await,
-        None => std::future::pending().await,
+    impl Executor for Double {
+        fn kind(&self) -> &'static str {
+            "double"
+        }
+
+        fn start(&mut self, ledger: &mut Ledger) {
+            while let Some((task, held)) = ledger.local.next_startable() {
+                let key = (task.job, task.index);
+                let cancel = CancelHandle::new();
+                let run = Running {
+                    cancel: cancel.clone(),
+                    held,
+                    waited_us: 0,
+                };
+                ledger.start_running(key, run, now_us());
+                self.started.push((key, cancel));
+            }
+        }
+
+        fn poll_done(&mut self, _cx: &mut Context<'_>) -> Poll<Option<Done>> {
+            self.ended
+                .pop_front()
+                .map_or(Poll::Pending, |d| Poll::Ready(Some(d)))
+        }
+
+        fn try_done(&mut self) -> Option<Done> {
+            self.ended.pop_front()
+        }
+
+        fn cancel(&mut self, keys: &[Key]) -> Vec<LocalTask> {
+            self.canceled.extend_from_slice(keys);
+            Vec::new()
+        }
+    }
+
+    /// A session's borrowed parts, kept apart so a test can look at its executor between
+    /// events.
+    struct Rig {
+        config: WorkerConfig,
+        exec: Double,
+        staging: Staging,
+        ledger: Ledger,
+    }
+
+    impl Rig {
+        fn new(slots: u32) -> Rig {
+            let config = WorkerConfig::new(slots);
+            let ledger = Ledger::new(&config);
+            Rig {
+                config,
+                exec: Double::default(),
+                staging: Staging::default(),
+                ledger,
+            }
+        }
+
+        fn session(&mut self) -> Session<'_> {
+            Session {
+                config: &self.config,
+                exec: &mut self.exec,
+                staging: &mut self.staging,
+                ledger: &mut self.ledger,
+                revoked: Vec::new(),
+            }
+        }
+
+        /// Handles `m` as the session loop does, starting what can start after it.
+        fn message(&mut self, m: ToWorker) -> Vec<Vec<Key>> {
+            let mut s = self.session();
+            assert!(s.on_message(m).is_none());
+            s.start_tasks();
+            s.revoked
+        }
+
+        /// Hears of the runs the executor reports ended, as the session loop does.
+        fn ends(&mut self, ended: Vec<(Key, ExitKind)>) {
+            let now = SystemTime::now();
+            self.exec
+                .ended
+                .extend(ended.into_iter().map(|(key, status)| Done {
+                    key,
+                    outcome: Outcome {
+                        started: now,
+                        finished: now,
+                        status,
+                        stderr_tail: None,
+                        stdout: None,
+                        stderr: None,
+                    },
+                    timeout: None,
+                    next: None,
+                }));
+            let mut s = self.session();
+            s.take_done();
+            s.start_tasks();
+        }
+
+        fn started(&self) -> Vec<Key> {
+            self.exec.started.iter().map(|(k, _)| *k).collect()
+        }
+    }
+
+    fn assign(job: u32, first: u32, count: u32) -> ToWorker {
+        ToWorker::Assign {
+            tasks: vec![Assigned::run(IndexRun { job, first, count })],
+        }
+    }
+
+    #[test]
+    fn a_session_drives_its_executor_through_the_trait() {
+        let mut rig = Rig::new(2);
+        rig.message(ToWorker::DefineJob {
+            job: 1,
+            template: TaskTemplate::default(),
+            ids: JobIds::List,
+            resources: Resources {
+                cpus: 1,
+                ..Resources::NONE
+            },
+            named: vec![],
+        });
+        rig.message(assign(1, 0, 4));
+        // Two slots: two tasks start, reported as started; two wait in the queue.
+        assert_eq!(rig.started(), [(1, 0), (1, 1)]);
+        assert_eq!(rig.ledger.started.len(), 2);
+        assert_eq!(rig.ledger.local.queue.len(), 2);
+
+        // The executor reports both ended: their ends are recorded, and their slots go to the
+        // two queued tasks.
+        rig.ends(vec![
+            ((1, 0), ExitKind::Exited(0)),
+            ((1, 1), ExitKind::Exited(3)),
+        ]);
+        let ends: Vec<_> = rig
+            .ledger
+            .finished
+            .iter()
+            .map(|f| (f.index, &f.end))
+            .collect();
+        assert_eq!(ends[0], (0, &RunEnd::Success));
+        assert!(matches!(ends[1], (1, RunEnd::Failed(f)) if f.exit_code == Some(3)));
+        assert_eq!(rig.started(), [(1, 0), (1, 1), (1, 2), (1, 3)]);
+        assert_eq!(rig.ledger.running.len(), 2);
+        assert_eq!(rig.ledger.waited.len(), 1, "the success's wait for a slot");
+
+        // A cancel reaches the executor and the running task's handle, and no other.
+        rig.message(ToWorker::Cancel {
+            tasks: vec![(1, 2)],
+        });
+        assert_eq!(rig.exec.canceled, [(1, 2)]);
+        let canceled: Vec<bool> = rig
+            .exec
+            .started
+            .iter()
+            .map(|(_, c)| c.is_canceled())
+            .collect();
+        assert_eq!(canceled, [false, false, true, false]);
+
+        // A task assigned while the slots are busy waits in the queue: a revoke gives it back.
+        rig.message(assign(1, 4, 1));
+        assert_eq!(
+            rig.message(ToWorker::Revoke {
+                tasks: vec![(1, 4)]
+            }),
+            [vec![(1, 4)]]
+        );
+        assert_eq!(rig.started().len(), 4);
     }
 }

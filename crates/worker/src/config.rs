@@ -1,0 +1,64 @@
+//! How to run a worker: what it offers and how it executes tasks.
+
+use crate::host::{hostname, memory};
+use crate::{local, Connected};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How tasks are executed: a configuration value, mapped once per worker to an executor
+/// (see `WorkerState::new`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecMode {
+    /// Each task is a child process (the normal mode).
+    Process,
+    /// Benchmark only: tasks complete at once without running anything, to measure dispatch.
+    Noop,
+}
+
+/// How to run a worker.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Where to re-read the access file when reconnecting (a restarted server writes a new one).
+    pub access_file: Option<PathBuf>,
+    pub slots: u32,
+    pub gpus: u32,
+    /// Memory tasks may hold, in bytes (their `--mem` adds up to at most this).
+    pub mem: u64,
+    /// Named countable resources tasks may hold (`licenses=4`).
+    pub named: Vec<(String, u32)>,
+    /// Extra cpus' worth of tasks kept queued here so no slot waits a round trip.
+    pub prefetch: u32,
+    pub exec: ExecMode,
+    pub hostname: String,
+    /// The server directory, passed to tasks as `KESTREL_SERVER_DIR`.
+    pub server_dir: Option<String>,
+    /// How long to keep trying to reconnect after the connection drops.
+    pub reconnect_for: Duration,
+    /// Called each time the worker registers (first and after reconnecting); `None` for
+    /// workers that should not announce themselves (those inside `kestrel run`).
+    pub on_connect: Option<fn(&Connected<'_>)>,
+}
+
+impl WorkerConfig {
+    /// A worker with `slots` slots, defaults elsewhere.
+    pub fn new(slots: u32) -> WorkerConfig {
+        WorkerConfig {
+            access_file: None,
+            slots,
+            gpus: 0,
+            mem: memory().unwrap_or(0),
+            named: Vec::new(),
+            prefetch: slots,
+            exec: ExecMode::Process,
+            hostname: hostname(),
+            server_dir: None,
+            reconnect_for: Duration::from_secs(120),
+            on_connect: None,
+        }
+    }
+
+    /// Fresh bookkeeping of what this worker has.
+    pub(crate) fn local(&self) -> local::Local {
+        local::Local::new(self.slots, self.gpus, self.mem, &self.named)
+    }
+}

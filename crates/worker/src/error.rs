@@ -1,0 +1,32 @@
+//! Why a worker stopped.
+
+use kestrel_proto::{ClientError, ProtoError};
+use std::time::Duration;
+
+/// Why a worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Connect(#[from] ClientError),
+    #[error("{0}")]
+    Proto(#[from] ProtoError),
+    #[error("{0}")]
+    Setup(String),
+    #[error("lost the server and could not reconnect within {0:?}: {1}")]
+    GaveUp(Duration, String),
+}
+
+impl WorkerError {
+    pub(crate) fn from_handshake(e: ProtoError) -> WorkerError {
+        WorkerError::Proto(e)
+    }
+
+    /// Whether trying again later might help (the server may be restarting).
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            WorkerError::Connect(ClientError::Unreachable { .. } | ClientError::ConnectTimeout(_))
+                | WorkerError::Proto(ProtoError::Io(_) | ProtoError::Closed)
+        )
+    }
+}

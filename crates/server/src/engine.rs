@@ -166,7 +166,7 @@ impl Engine {
             heartbeat_ms,
             stopping: false,
             ignored_reports: 0,
-            server_id: crate::new_server_id(),
+            server_id: crate::journal::new_server_id(),
             epoch: rand::random(),
             journal: None,
             pending: Pending::default(),

@@ -16,14 +16,6 @@ pub mod outbox;
 pub mod outputs;
 pub mod views;
 
-/// A random id naming a server's state (kept in the journal, so it survives restarts): workers
-/// resume only with the server that gave them their id.
-pub(crate) fn new_server_id() -> String {
-    use rand::Rng;
-    let bytes: [u8; 12] = rand::thread_rng().gen();
-    hex::encode(bytes)
-}
-
 use kestrel_proto::{Access, ACCESS_FILE};
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -148,7 +148,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     let access_path = config.dir.join(ACCESS_FILE);
     let (tx, rx) = mpsc::unbounded_channel();
     let secret = access.secret_bytes();
-    let mut engine = engine::Engine::new(&config, &access, rx, tx.clone());
+    let mut engine = engine::Engine::new(&config, &access);
     let mut restored = None;
     if let Some(mut j) = journal {
         j.set_access(&access.secret, local_addr.port())?;
@@ -168,7 +168,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     access.write(&access_path)?;
     let accept = tokio::spawn(conn::accept_loop(listener, secret, tls, tx.clone()));
     let done = tokio::spawn(async move {
-        engine.run().await;
+        engine.run(rx).await;
         accept.abort();
     });
     tracing::info!(address = %access.address(), dir = %config.dir.display(), "server listening");

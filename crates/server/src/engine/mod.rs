@@ -17,12 +17,14 @@
 //! everything goes out through each connection's [`Outbox`] (a channel of encoded frames),
 //! and time comes from a function. A test builds outboxes from plain channels, steps the
 //! engine with [`Engine::apply`] and [`Engine::settle`] at the times it chooses, and decodes
-//! what each connection was sent.
+//! what each connection was sent (see `tests.rs`).
 
 mod answer;
 mod batch;
 mod durable;
 mod route;
+#[cfg(test)]
+mod tests;
 mod workers;
 
 use crate::config::ServerConfig;

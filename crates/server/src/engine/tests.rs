@@ -207,6 +207,31 @@ fn run(job: JobId, first: u32, count: u32) -> IndexRun {
     IndexRun { job, first, count }
 }
 
+/// A server with one worker of `n` slots holding every task of an `n`-task array job, and the
+/// client that submitted it.
+struct Running {
+    s: Server,
+    worker: WorkerId,
+    peer: Peer,
+    client: Peer,
+    job: JobId,
+}
+
+fn running(n: u32) -> Running {
+    let mut s = Server::new();
+    let (worker, mut peer) = s.worker(n);
+    let mut client = s.client();
+    let job = s.submit(&mut client, n);
+    assert_eq!(assigned(&peer.sent()), vec![run(job, 0, n)]);
+    Running {
+        s,
+        worker,
+        peer,
+        client,
+        job,
+    }
+}
+
 #[test]
 fn a_submitted_array_is_defined_then_assigned_to_the_registered_worker() {
     let mut s = Server::new();
@@ -227,11 +252,13 @@ fn a_submitted_array_is_defined_then_assigned_to_the_registered_worker() {
 
 #[test]
 fn a_finished_report_answers_the_client_waiting_for_the_job() {
-    let mut s = Server::new();
-    let (w, mut worker) = s.worker(2);
-    let mut client = s.client();
-    let job = s.submit(&mut client, 2);
-    let runs = assigned(&worker.sent());
+    let Running {
+        mut s,
+        worker,
+        mut client,
+        job,
+        ..
+    } = running(2);
     let wait = Ask::Wait {
         jobs: vec![job],
         progress_ms: 60_000,
@@ -241,7 +268,7 @@ fn a_finished_report_answers_the_client_waiting_for_the_job() {
         vec![],
         "the job is not done yet"
     );
-    s.finish(w, &runs);
+    s.finish(worker, &[run(job, 0, 2)]);
     let got = client.sent();
     let [ToClient::Reply {
         id: 7,
@@ -255,15 +282,13 @@ fn a_finished_report_answers_the_client_waiting_for_the_job() {
 
 #[test]
 fn a_lost_workers_tasks_are_assigned_to_another() {
-    let mut s = Server::new();
-    let (a, mut first) = s.worker(2);
-    let mut client = s.client();
-    let job = s.submit(&mut client, 2);
-    assert_eq!(assigned(&first.sent()), vec![run(job, 0, 2)]);
+    let Running {
+        mut s, worker, job, ..
+    } = running(2);
     let (_, mut second) = s.worker(2);
     assert_eq!(second.sent::<ToWorker>(), vec![], "nothing is queued");
     s.batch([Inbound::WorkerGone {
-        worker: a,
+        worker,
         reason: "connection closed".into(),
     }]);
     let sent: Vec<ToWorker> = second.sent();
@@ -276,18 +301,19 @@ fn a_lost_workers_tasks_are_assigned_to_another() {
 
 #[test]
 fn a_silent_worker_is_dropped_at_the_tick_after_four_heartbeats_and_its_tasks_move() {
-    let mut s = Server::new();
-    let (_, mut first) = s.worker(1);
-    let mut client = s.client();
-    let job = s.submit(&mut client, 1);
-    assert_eq!(assigned(&first.sent()), vec![run(job, 0, 1)]);
+    let Running {
+        mut s,
+        mut peer,
+        job,
+        ..
+    } = running(1);
     // ServerConfig::local has 5 s heartbeats: silent for 25 s is lost.
     s.advance(25_000_000);
     let (_, mut second) = s.worker(1);
     s.engine.tick(test_clock());
     s.engine.settle();
     assert_eq!(assigned(&second.sent()), vec![run(job, 0, 1)]);
-    assert!(first.closed(), "the lost worker's connection is dropped");
+    assert!(peer.closed(), "the lost worker's connection is dropped");
 }
 
 #[test]

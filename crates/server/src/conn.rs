@@ -6,7 +6,8 @@
 //! the server goes on. A flood of failures from one address is summarised, not logged line by
 //! line (see [`Failures`]).
 
-use crate::engine::{Inbound, Outbox};
+use crate::engine::Inbound;
+use crate::outbox::Outbox;
 use bytes::Bytes;
 use kestrel_proto::auth::refuse_hello;
 use kestrel_proto::messages::{FromWorker, Request};

@@ -239,6 +239,7 @@ impl OutputLog {
     }
 
     /// Bytes of output held in memory.
+    #[cfg(test)]
     pub fn memory_bytes(&self) -> u64 {
         self.held
     }

@@ -1,0 +1,62 @@
+//! How a server is configured: what `kestrel server start` and `kestrel run` fill in.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How to run a server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Directory holding the access file and the journal.
+    pub dir: PathBuf,
+    /// Address to listen on.
+    pub bind_host: String,
+    /// 0 picks a free port.
+    pub port: u16,
+    /// Host name written into the access file for workers and clients to connect to.
+    pub advertise_host: String,
+    /// How often workers send a heartbeat; a worker silent for 4 intervals is lost.
+    pub heartbeat: Duration,
+    /// Keep a journal (`DIR/journal.sqlite`) so the server's state survives a crash.
+    pub journal: bool,
+    /// Cap on the journal's size in bytes (mostly for tests of a full disk).
+    pub journal_limit: Option<u64>,
+    /// TLS for every connection, or plain TCP when `None`.
+    pub tls: Option<TlsConfig>,
+    /// Quarantine workers whose tasks fail far more often than on the others.
+    pub quarantine: bool,
+    /// The id of the first job (a journal's restored jobs continue after their own).
+    pub first_job: u32,
+}
+
+/// Where the server's TLS certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsConfig {
+    /// Self-signed, generated on first use and kept in the server directory
+    /// (`tls-cert.pem`, `tls-key.pem`), so restarts keep the same certificate.
+    SelfSigned,
+    /// PEM files the user provides.
+    Files {
+        /// The certificate chain.
+        cert: PathBuf,
+        /// Its private key.
+        key: PathBuf,
+    },
+}
+
+impl ServerConfig {
+    /// A server on loopback with a free port, for embedded use and tests.
+    pub fn local(dir: PathBuf) -> ServerConfig {
+        ServerConfig {
+            dir,
+            bind_host: "127.0.0.1".into(),
+            port: 0,
+            advertise_host: "127.0.0.1".into(),
+            heartbeat: Duration::from_secs(5),
+            journal: false,
+            journal_limit: None,
+            tls: None,
+            quarantine: true,
+            first_job: 1,
+        }
+    }
+}

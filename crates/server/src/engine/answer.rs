@@ -1,0 +1,430 @@
+//! Answering clients: requests and queries become scheduler events or reads, rendered by
+//! `views`; waits are kept until their jobs end, with progress on the way.
+
+use super::{ConnId, Engine};
+use crate::outputs::Stream;
+use crate::views;
+use kestrel_core::{Event, JobId, Reply, TaskSet};
+use kestrel_proto::messages::*;
+
+/// A client's `Wait`, answered when its jobs have all ended.
+pub(super) struct Waiter {
+    conn: ConnId,
+    request: u64,
+    jobs: Vec<JobId>,
+    every_us: u64,
+    last_us: u64,
+}
+
+impl Engine {
+    /// Queues a reply; it goes out after this batch's journal commit (see [`Self::commit`]).
+    fn reply(&mut self, conn: ConnId, id: u64, result: Result<Answer, Refusal>) {
+        self.durable.hold(conn, id, result, None);
+    }
+
+    /// Answers a client's request (or keeps it, for a wait).
+    pub(super) fn answer(&mut self, now: u64, conn: ConnId, req: Request) {
+        let result: Result<Answer, Refusal> = match req.body {
+            Ask::Submit {
+                spec,
+                tasks,
+                open,
+                key,
+            } => {
+                if let Some((k, &job)) = key.as_ref().and_then(|k| Some((k, self.keys.get(k)?))) {
+                    // The key names a submission: the same one again gets its job; another one
+                    // under the same key is a mistake to say, not a job to answer with.
+                    let same = self
+                        .core
+                        .job(job)
+                        .is_none_or(|j| j.spec == spec && (open || j.open || j.tasks == tasks));
+                    if same {
+                        tracing::info!(job, "repeated submission answered with its job");
+                        Ok(Answer::Submitted {
+                            job,
+                            warning: None,
+                            repeated: true,
+                        })
+                    } else {
+                        Err(Refusal::from(format!(
+                            "key {k:?} was used for job {job}, a different submission (another command, options or tasks); give this one a key of its own"
+                        )))
+                    }
+                } else if let Err(e) = self.durable.accepting_work() {
+                    Err(e.into())
+                } else {
+                    let name = spec.name.clone();
+                    let n = tasks.len();
+                    self.outputs.note_job(&spec);
+                    let submit = Event::Submit {
+                        spec: Box::new(spec),
+                        tasks,
+                        open,
+                        key: key.clone(),
+                    };
+                    match self.core.handle(now, submit) {
+                        Ok(Reply::Submitted(job)) => {
+                            if let Some(k) = &key {
+                                self.keys.insert(k.clone(), job);
+                            }
+                            tracing::info!(job, tasks = n, %name, "job submitted");
+                            // A job too big for every worker connected now is kept (a bigger
+                            // one may come), but its submitter hears of it at once.
+                            let warning = match self.core.stall(job) {
+                                Some(s @ kestrel_core::Stall::TooBig { .. }) => Some(s.to_string()),
+                                _ => None,
+                            };
+                            let submitted = Answer::Submitted {
+                                job,
+                                warning,
+                                repeated: false,
+                            };
+                            let created = Some((job, key));
+                            self.durable.hold(conn, req.id, Ok(submitted), created);
+                            return;
+                        }
+                        Ok(other) => Err(unexpected(&other)),
+                        Err(e) => {
+                            tracing::info!("submission refused: {e}");
+                            Err(e.into())
+                        }
+                    }
+                }
+            }
+            Ask::Extend {
+                job,
+                at,
+                argvs,
+                close,
+            } => self.extend(now, job, at, TaskSet::List(argvs), close),
+            Ask::ExtendLines {
+                job,
+                at,
+                lines,
+                close,
+            } => self.extend(now, job, at, TaskSet::Lines(lines), close),
+            Ask::JobList => Ok(Answer::Jobs(
+                self.core.jobs().map(views::job_summary).collect(),
+            )),
+            Ask::JobInfo { job } => match self.core.job(job) {
+                Some(j) => Ok(Answer::Job(Box::new(views::job_detail(
+                    j,
+                    self.core.stall(job),
+                )))),
+                None => Err(no_such_job(job)),
+            },
+            Ask::TaskList { job, state, limit } => match self.core.job(job) {
+                Some(j) => Ok(Answer::Tasks(views::task_page(j, state, limit))),
+                None => Err(no_such_job(job)),
+            },
+            Ask::WorkerList => Ok(Answer::Workers(
+                self.core
+                    .workers()
+                    .map(|w| {
+                        let c = self.conns.workers.get(&w.id);
+                        views::worker_row(
+                            w,
+                            c.map(|c| c.peer.to_string()).unwrap_or_default(),
+                            c.map(|c| c.exec.clone()).unwrap_or_default(),
+                        )
+                    })
+                    .collect(),
+            )),
+            Ask::Cancel { jobs } => {
+                let mut results = Vec::with_capacity(jobs.len());
+                for job in jobs {
+                    let result = match self.core.handle(now, Event::Cancel { job }) {
+                        Ok(Reply::Canceled { queued, running }) => Ok((queued, running)),
+                        Ok(other) => Err(unexpected(&other)),
+                        Err(e) => Err(Refusal::from(e)),
+                    };
+                    results.push(CancelResult { job, result });
+                }
+                Ok(Answer::Canceled(results))
+            }
+            Ask::Wait { jobs, progress_ms } => {
+                let jobs = if jobs.is_empty() {
+                    self.core
+                        .jobs()
+                        .filter(|j| !j.is_done())
+                        .map(|j| j.id)
+                        .collect()
+                } else {
+                    jobs
+                };
+                if let Some(missing) = jobs.iter().find(|j| self.core.job(**j).is_none()) {
+                    Err(no_such_job(*missing))
+                } else {
+                    let w = Waiter {
+                        conn,
+                        request: req.id,
+                        jobs,
+                        every_us: progress_ms.max(50) * 1000,
+                        last_us: now,
+                    };
+                    if self.wait_done(&w) {
+                        Ok(Answer::WaitDone(self.progress_of(&w.jobs)))
+                    } else {
+                        self.waiters.push(w);
+                        return;
+                    }
+                }
+            }
+            Ask::ServerInfo => {
+                let mut info = self.info.clone();
+                info.workers = self.core.workers().count() as u32;
+                info.jobs = self.core.jobs().count() as u32;
+                info.live_jobs = self.core.live_jobs() as u32;
+                info.queued = self.core.queued();
+                info.journal = self.durable.journal.as_ref().map(|j| JournalInfo {
+                    path: j.path().display().to_string(),
+                    bytes: j.bytes(),
+                    rows: j.rows(),
+                    error: self.durable.error.clone(),
+                });
+                Ok(Answer::Info(info))
+            }
+            Ask::Retry { job, failed_only } => {
+                // Re-running tasks is new work: refused, like a submission, while it cannot be
+                // journaled.
+                let retried = self
+                    .durable
+                    .accepting_work()
+                    .map_err(Refusal::from)
+                    .and_then(|()| {
+                        match self.core.handle(now, Event::Retry { job, failed_only }) {
+                            Ok(Reply::Retried { failed, canceled }) => Ok((failed, canceled)),
+                            Ok(other) => Err(unexpected(&other)),
+                            Err(e) => Err(Refusal::from(e)),
+                        }
+                    });
+                retried.map(|(failed, canceled)| {
+                    tracing::info!(job, failed, canceled, "job retried");
+                    Answer::Retried {
+                        job,
+                        failed,
+                        canceled,
+                    }
+                })
+            }
+            Ask::ResumeWorker { worker } => {
+                match self.core.handle(now, Event::LiftQuarantine { worker }) {
+                    Ok(Reply::Lifted { was_quarantined }) => {
+                        if was_quarantined {
+                            tracing::info!(worker, "quarantine lifted");
+                        }
+                        Ok(Answer::WorkerResumed {
+                            worker,
+                            was_quarantined,
+                        })
+                    }
+                    Ok(other) => Err(unexpected(&other)),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Ask::Output {
+                job,
+                stderr,
+                tasks,
+                from,
+                max_bytes,
+            } => {
+                // Outputs still waiting for their commit are read from the journal once there.
+                if self.durable.journaling() && !self.durable.pending.is_empty() {
+                    self.commit(true);
+                }
+                match self.core.job(job) {
+                    Some(j) => self
+                        .outputs
+                        .page(
+                            self.durable.journal.as_ref(),
+                            j,
+                            Stream::of(stderr),
+                            tasks.as_ref(),
+                            from,
+                            max_bytes,
+                        )
+                        .map(Answer::Output)
+                        .map_err(Refusal::from),
+                    None => Err(no_such_job(job)),
+                }
+            }
+            Ask::Stop => {
+                tracing::info!("stop requested by a client");
+                self.stopping = true;
+                Ok(Answer::Stopping)
+            }
+            Ask::JobStates { jobs } => Ok(Answer::JobStates(
+                jobs.into_iter()
+                    .map(|id| (id, self.core.job(id).map(views::job_state)))
+                    .collect(),
+            )),
+            Ask::Jobs { filter } => {
+                views::jobs_page(self.core.jobs(), &filter).map(Answer::JobsPage)
+            }
+            Ask::Forget { jobs, all_ended } => {
+                Ok(Answer::Forgotten(self.forget(now, jobs, all_ended)))
+            }
+            Ask::TaskPage {
+                job,
+                state,
+                offset,
+                limit,
+            } => match self.core.job(job) {
+                Some(j) => Ok(Answer::TaskRange(views::task_range(
+                    j, state, offset, limit,
+                ))),
+                None => Err(no_such_job(job)),
+            },
+            Ask::TaskInfo { job, task } => match self.core.job(job) {
+                None => Err(no_such_job(job)),
+                Some(j) => match j.index_of(task) {
+                    None => Err(Refusal::not_found(format!(
+                        "job {job} has no task {task}; `kestrel job info {job}` shows its task ids"
+                    ))),
+                    Some(index) => {
+                        let r = j.record(index);
+                        let host = (r.assigned_us > 0)
+                            .then(|| self.core.worker(r.worker))
+                            .flatten()
+                            .map(|w| w.offer.hostname.clone());
+                        Ok(Answer::Task(Box::new(views::task_detail(j, index, host))))
+                    }
+                },
+            },
+        };
+        self.reply(conn, req.id, result);
+    }
+
+    /// Forgets ended jobs (`jobs`, and with `all_ended` every ended job); the scheduler records
+    /// it for the journal, so a restarted server does not bring them back. Submission keys of
+    /// forgotten jobs go too.
+    fn forget(&mut self, now: u64, mut jobs: Vec<JobId>, all_ended: bool) -> Vec<ForgetResult> {
+        if all_ended {
+            let listed: rustc_hash::FxHashSet<JobId> = jobs.iter().copied().collect();
+            jobs.extend(
+                self.core
+                    .jobs()
+                    .filter(|j| j.is_done() && !listed.contains(&j.id))
+                    .map(|j| j.id),
+            );
+        }
+        let results: Vec<ForgetResult> = jobs
+            .into_iter()
+            .map(|job| ForgetResult {
+                job,
+                result: match self.core.handle(now, Event::Forget { job }) {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(Refusal::from(e)),
+                },
+            })
+            .collect();
+        let gone: Vec<JobId> = results
+            .iter()
+            .filter(|r| r.result.is_ok())
+            .map(|r| r.job)
+            .collect();
+        if !gone.is_empty() {
+            tracing::info!(jobs = gone.len(), "jobs forgotten");
+            let gone: rustc_hash::FxHashSet<JobId> = gone.into_iter().collect();
+            self.keys.retain(|_, job| !gone.contains(job));
+        }
+        results
+    }
+
+    /// Adds the tasks of `more` to an open job (see [`Event::Extend`]); the scheduler records
+    /// those it did not hold yet for the journal.
+    fn extend(
+        &mut self,
+        now: u64,
+        job: JobId,
+        at: u32,
+        more: TaskSet,
+        close: bool,
+    ) -> Result<Answer, Refusal> {
+        self.durable.accepting_work()?;
+        let extend = Event::Extend {
+            job,
+            at,
+            more,
+            close,
+        };
+        match self.core.handle(now, extend) {
+            Ok(_) => Ok(Answer::Extended),
+            Err(e) => Err(Refusal::from(e)),
+        }
+    }
+
+    /// How far the jobs of a wait are.
+    fn progress_of(&self, jobs: &[JobId]) -> WaitProgress {
+        let mut p = WaitProgress {
+            jobs: jobs.len() as u32,
+            ..Default::default()
+        };
+        for j in jobs.iter().filter_map(|id| self.core.job(*id)) {
+            p.counts.add(&j.counts.into());
+            if j.is_done() {
+                p.jobs_done += 1;
+            } else if p.waiting.is_none() {
+                p.waiting = self.core.stall(j.id).map(|s| format!("job {}: {s}", j.id));
+            }
+        }
+        p
+    }
+
+    /// Whether every job of a wait has ended (or was forgotten).
+    fn wait_done(&self, w: &Waiter) -> bool {
+        w.jobs
+            .iter()
+            .all(|id| self.core.job(*id).is_none_or(|j| j.is_done()))
+    }
+
+    /// Sends each wait whose interval has passed its progress.
+    pub(super) fn send_progress(&mut self, now: u64) {
+        for i in 0..self.waiters.len() {
+            let w = &self.waiters[i];
+            if now.saturating_sub(w.last_us) < w.every_us {
+                continue;
+            }
+            let progress = self.progress_of(&w.jobs);
+            let msg = ToClient::Progress {
+                id: w.request,
+                progress,
+            };
+            self.conns.to_client(w.conn, &msg);
+            self.waiters[i].last_us = now;
+        }
+    }
+
+    /// A client's connection ended: its waits end with it.
+    pub(super) fn client_gone(&mut self, conn: ConnId) {
+        self.conns.clients.remove(&conn);
+        self.waiters.retain(|w| w.conn != conn);
+    }
+
+    /// Answers the waits whose jobs have all ended.
+    pub(super) fn finish_waiters(&mut self) {
+        let mut i = 0;
+        while i < self.waiters.len() {
+            if self.wait_done(&self.waiters[i]) {
+                let w = self.waiters.swap_remove(i);
+                let progress = self.progress_of(&w.jobs);
+                self.reply(w.conn, w.request, Ok(Answer::WaitDone(progress)));
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+fn no_such_job(job: JobId) -> Refusal {
+    kestrel_core::SchedError::NoSuchJob(job).into()
+}
+
+/// The refusal for a reply of the wrong kind from the scheduler: a defect, said as such.
+fn unexpected(reply: &Reply) -> Refusal {
+    tracing::error!("the scheduler answered with {reply:?}");
+    Refusal::from(format!(
+        "internal error: the scheduler answered with {reply:?}; please report it"
+    ))
+}

@@ -1,0 +1,108 @@
+//! The batch loop: everything waiting on the channel (up to [`BATCH`] events) is applied, the
+//! batch's inputs are committed, one scheduling pass runs, its commands go out, and the commit
+//! that follows releases the replies held for it.
+
+use super::{Engine, Inbound};
+use kestrel_core::Event;
+use kestrel_proto::messages::ToWorker;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How many events one batch applies before the engine schedules and sends.
+const BATCH: usize = 4096;
+/// How often time-driven work runs (heartbeat checks, wait progress).
+const TICK: Duration = Duration::from_millis(100);
+
+impl Engine {
+    /// Runs until a stop request (or until every sender of `rx` is gone).
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Inbound>) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, BATCH) => {
+                    if n == 0 {
+                        break;
+                    }
+                    let now = self.now();
+                    self.apply(now, batch.drain(..));
+                }
+                _ = tick.tick() => {
+                    let now = self.now();
+                    self.tick(now);
+                }
+            }
+            if self.settle() {
+                break;
+            }
+        }
+        self.shut_down();
+    }
+
+    /// Applies a batch of events at `now`, journaling what each recorded before the next.
+    pub fn apply(&mut self, now: u64, events: impl IntoIterator<Item = Inbound>) {
+        for ev in events {
+            self.handle(now, ev);
+            self.journal_records(now);
+        }
+    }
+
+    /// Time-driven work at `now`: lost workers, retry backoffs, progress of waits.
+    pub fn tick(&mut self, now: u64) {
+        self.event(now, Event::Tick);
+        self.journal_records(now);
+        self.send_progress(now);
+    }
+
+    /// Ends a batch: commits its inputs, schedules once, sends the commands and commits again
+    /// (releasing the replies held for it). Returns whether the engine is to stop.
+    pub fn settle(&mut self) -> bool {
+        // A job's tasks go out only once its submission is durable: otherwise a crash in
+        // the sync could leave workers running tasks of a job id the journal never had.
+        if self.durable.pending.has_inputs() {
+            self.commit(true);
+        }
+        let now = self.now();
+        self.event(now, Event::Schedule);
+        self.route();
+        self.commit(self.stopping);
+        self.stopping
+    }
+
+    /// Tells every worker the server is going away.
+    fn shut_down(&self) {
+        let bye = ToWorker::Shutdown {
+            reason: "the server is stopping".into(),
+        };
+        for w in self.conns.workers.values() {
+            w.outbox.send(&bye);
+        }
+        if self.ignored_reports > 0 {
+            tracing::info!(
+                "{} late or duplicate task reports were ignored",
+                self.ignored_reports
+            );
+        }
+    }
+
+    /// Applies one event from a connection.
+    fn handle(&mut self, now: u64, ev: Inbound) {
+        match ev {
+            Inbound::WorkerJoin {
+                registration,
+                peer,
+                outbox,
+                reply,
+            } => self.worker_joined(now, registration, peer, outbox, reply),
+            Inbound::FromWorker { worker, msg } => self.worker_said(now, worker, msg),
+            Inbound::WorkerGone { worker, reason } => self.worker_gone(now, worker, &reason),
+            Inbound::ClientJoin { outbox } => {
+                self.conns.clients.insert(outbox.conn, outbox);
+            }
+            Inbound::ClientGone { conn } => self.client_gone(conn),
+            Inbound::Client { conn, request } => self.answer(now, conn, request),
+            Inbound::Stop => self.stopping = true,
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Durability: what goes into the journal and when.
+//!
+//! The scheduler's records of each event are encoded into the pending transaction right after
+//! the event (their order is the journal's). A batch's inputs (submissions, extensions,
+//! cancels, ...) are committed before its scheduling pass, so no task of a job goes out before
+//! the job is durable; task ends alone may gather for a few milliseconds. Replies that promise
+//! something the journal must hold wait in `deferred` for the commit.
+
+use super::{ConnId, Engine};
+use crate::journal::{Journal, Pending};
+use crate::outputs::OutputLog;
+use kestrel_core::{Event, JobId, Record};
+use kestrel_proto::messages::{Answer, Refusal, TaskOutput};
+use rustc_hash::FxHashMap;
+use std::time::{Duration, Instant};
+
+/// How long accepted task ends may wait for a journal commit when nothing else needs one.
+const ENDS_COMMIT_EVERY: Duration = Duration::from_millis(20);
+
+/// The journal, and what waits for its next commit.
+pub(super) struct Durability {
+    /// The journal, when kept; entries of the current batch wait in `pending`.
+    pub(super) journal: Option<Journal>,
+    pub(super) pending: Pending,
+    /// Why the journal can no longer be written; new work is refused from then on.
+    pub(super) error: Option<String>,
+    /// Client replies held until the batch's journal entries are committed.
+    deferred: Vec<Deferred>,
+    last_commit: Instant,
+    /// The scheduler's records being journaled, a buffer kept from one event to the next.
+    records: Vec<Record>,
+}
+
+impl Default for Durability {
+    fn default() -> Durability {
+        Durability {
+            journal: None,
+            pending: Pending::default(),
+            error: None,
+            deferred: Vec::new(),
+            last_commit: Instant::now(),
+            records: Vec::new(),
+        }
+    }
+}
+
+impl Durability {
+    /// Whether inputs are being journaled right now.
+    pub(super) fn journaling(&self) -> bool {
+        self.journal.is_some() && self.error.is_none()
+    }
+
+    /// New work (a submission, a piece of a list, a retry) is refused once the journal cannot
+    /// be written: it could not be made durable.
+    pub(super) fn accepting_work(&self) -> Result<(), String> {
+        match &self.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Holds a reply until the next commit (see [`Engine::commit`]); `created` names the job
+    /// it reports created, with its submission key, to withdraw if the commit fails.
+    pub(super) fn hold(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        result: Result<Answer, Refusal>,
+        created: Option<(JobId, Option<String>)>,
+    ) {
+        self.deferred.push(Deferred {
+            conn,
+            id,
+            result,
+            created,
+        });
+    }
+}
+
+/// A reply held back until the journal commit that makes it true.
+struct Deferred {
+    conn: ConnId,
+    id: u64,
+    result: Result<Answer, Refusal>,
+    /// A job this batch created, with its submission key (withdrawn if the commit fails).
+    created: Option<(JobId, Option<String>)>,
+}
+
+impl Deferred {
+    /// Whether the reply promises something the journal must hold first: a job created or
+    /// extended, or a finished job (`WaitDone`). A query's answer may go out before the task
+    /// ends it shows are synced: after a crash they run again (at-least-once), so nothing
+    /// promised is lost, and a client polling `job list` does not force a sync each time.
+    fn needs_durability(&self) -> bool {
+        matches!(
+            self.result,
+            Ok(Answer::Submitted { .. } | Answer::Extended | Answer::WaitDone(_))
+        )
+    }
+}
+
+impl Engine {
+    /// Writes the batch's journal entries in one transaction, then sends the replies that
+    /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
+    /// submitters told why, and no new work is accepted from then on.
+    pub(super) fn commit(&mut self, force: bool) {
+        self.journal_records(self.now());
+        let d = &mut self.durable;
+        // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
+        // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
+        let due = force
+            || d.deferred.iter().any(Deferred::needs_durability)
+            || d.pending.has_inputs()
+            || d.last_commit.elapsed() >= ENDS_COMMIT_EVERY;
+        if let (Some(j), true) = (d.journal.as_mut(), due) {
+            if !d.pending.is_empty() {
+                d.last_commit = Instant::now();
+                if let Err(e) = j.commit(&mut d.pending) {
+                    let msg = format!(
+                        "the journal in {} cannot be written: {e}; free disk space and restart the server",
+                        self.info.dir
+                    );
+                    tracing::error!("{msg}; new submissions are refused from now on");
+                    d.error = Some(msg.clone());
+                    self.withdraw_unjournaled(&msg);
+                }
+            }
+        }
+        for d in std::mem::take(&mut self.durable.deferred) {
+            self.conns.reply(d.conn, d.id, d.result);
+        }
+    }
+
+    /// After the journal failed: jobs created in the failed batch are canceled and their
+    /// submitters (and those of its pieces) told why; every open list job is canceled too,
+    /// since no further piece can be journaled and it would otherwise stay open forever.
+    fn withdraw_unjournaled(&mut self, msg: &str) {
+        let now = self.now();
+        for d in &mut self.durable.deferred {
+            if let Some((job, key)) = d.created.take() {
+                let _ = self.core.handle(now, Event::Cancel { job });
+                if let Some(k) = key {
+                    self.keys.remove(&k);
+                }
+                d.result = Err(msg.to_string().into());
+            } else if matches!(d.result, Ok(Answer::Extended)) {
+                d.result = Err(msg.to_string().into());
+            }
+        }
+        let open: Vec<JobId> = self.core.jobs().filter(|j| j.open).map(|j| j.id).collect();
+        for job in open {
+            let _ = self.core.handle(now, Event::Cancel { job });
+        }
+    }
+
+    /// Journals what the scheduler recorded during the last event (at `now`), before the next
+    /// event's records: the order matters to replay (see [`kestrel_core::Record`]).
+    pub(super) fn journal_records(&mut self, now: u64) {
+        self.journal_ends_with(now, OutputsOf::default());
+    }
+
+    /// [`Self::journal_records`], keeping with each recorded task end its streamed output from
+    /// `outputs`. Task ends are taken even without a journal, for the output log.
+    pub(super) fn journal_ends_with(&mut self, now: u64, mut outputs: OutputsOf) {
+        let mut records = std::mem::take(&mut self.durable.records);
+        self.core.swap_records(&mut records);
+        let journaling = self.durable.journaling();
+        let streaming = self.outputs.streaming();
+        let pending = &mut self.durable.pending;
+        // Jobs forgotten one after another go in one FORGET entry.
+        let mut forgotten = Vec::new();
+        for r in records.drain(..) {
+            if !forgotten.is_empty() && !matches!(r, Record::Forgotten { .. }) {
+                pending.forget(std::mem::take(&mut forgotten), now);
+            }
+            match r {
+                Record::Ended { ends } => {
+                    if !(journaling || streaming) {
+                        continue;
+                    }
+                    // Ends come in runs of one job: it is looked up once per run.
+                    let mut job: Option<&kestrel_core::Job> = None;
+                    for f in ends {
+                        if job.is_none_or(|j| j.id != f.job) {
+                            job = self.core.job(f.job);
+                        }
+                        let Some(j) = job else {
+                            continue;
+                        };
+                        let output = outputs.take(&f);
+                        let pending = journaling.then_some(&mut *pending);
+                        keep_end(pending, &mut self.outputs, f, j, output);
+                    }
+                }
+                Record::Forgotten { job } => {
+                    // Its output log goes in the same transaction as the FORGET entry.
+                    self.outputs
+                        .forget(job, journaling.then_some(&mut *pending));
+                    if journaling {
+                        forgotten.push(job);
+                    }
+                }
+                _ if !journaling => {}
+                Record::Submitted { job, key } => {
+                    // Encoded from the core's copy: a big task list is never cloned.
+                    if let Some(j) = self.core.job(job) {
+                        let (at, open) = (j.submitted_us, j.open);
+                        pending.submit(job, at, key, &j.spec, &j.tasks, open);
+                    }
+                }
+                Record::Extended { job, from, close } => {
+                    if let Some(j) = self.core.job(job) {
+                        pending.extend(job, now, &j.tasks, from as usize, close);
+                    }
+                }
+                Record::Canceled { job } => pending.cancel(job, now),
+                Record::Retried { job, failed_only } => pending.retry(job, now, failed_only),
+                Record::SlotWait { job, waited_us } => pending.slot_wait(job, waited_us),
+                Record::GaveUp { job, index } => {
+                    let Some(j) = self.core.job(job) else {
+                        continue;
+                    };
+                    if let Some(failure) = j.failure(index).cloned() {
+                        let at = j.record(index).finished_us;
+                        pending.give_up(job, index, at, failure);
+                    }
+                }
+                Record::Lost { tasks } => pending.lost(tasks),
+            }
+        }
+        if !forgotten.is_empty() {
+            pending.forget(forgotten, now);
+        }
+        self.durable.records = records;
+    }
+}
+
+/// Journals (into `pending`, when journaling) a task end the scheduler took, and keeps its
+/// streamed output if its job streams any.
+fn keep_end(
+    mut pending: Option<&mut Pending>,
+    outputs: &mut OutputLog,
+    f: kestrel_core::Finished,
+    j: &kestrel_core::Job,
+    output: Option<TaskOutput>,
+) {
+    let (job, index) = (f.job, f.index);
+    if let Some(p) = pending.as_deref_mut() {
+        p.task_end(f, j.record(index).assigned_us);
+    }
+    if outputs.streaming() {
+        // An earlier run (this one is counted already) may have left an output to replace.
+        let rerun = j.record(index).runs > 1;
+        outputs.record(&j.spec, job, index, rerun, output, pending);
+    }
+}
+
+/// The streamed outputs of one report, taken by the end they belong to.
+#[derive(Default)]
+pub(super) struct OutputsOf(FxHashMap<(JobId, u32), TaskOutput>);
+
+impl OutputsOf {
+    pub(super) fn new(outputs: Vec<TaskOutput>) -> OutputsOf {
+        OutputsOf(outputs.into_iter().map(|o| ((o.job, o.index), o)).collect())
+    }
+
+    fn take(&mut self, f: &kestrel_core::Finished) -> Option<TaskOutput> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.remove(&(f.job, f.index))
+    }
+}

@@ -1,0 +1,172 @@
+//! The engine: one task that owns the scheduler and applies events to it in batches.
+//!
+//! Connections send [`Inbound`] events over one channel. The engine takes everything waiting
+//! (up to a bound), applies it, runs one scheduling pass and sends the commands, so under load
+//! many completions share one pass and one frame per worker.
+//!
+//! - `batch`: the loop that ties the others together: a batch of events in, the journal
+//!   commit of its inputs, one scheduling pass, the commands out, the commit that releases
+//!   the replies.
+//! - `workers`: what workers say (joining, reports, leaving) as scheduler events.
+//! - `answer`: client requests and queries, answered from the scheduler through `views`.
+//! - `durable`: what goes into the journal and when; replies that promise durability wait
+//!   for the commit that makes them true.
+//! - `route`: the connections, and the scheduler's commands turned into frames for them.
+//!
+//! The engine touches no socket and reads no clock of its own: events come in as [`Inbound`],
+//! everything goes out through each connection's [`Outbox`] (a channel of encoded frames),
+//! and time comes from a function. A test builds outboxes from plain channels, steps the
+//! engine with [`Engine::apply`] and [`Engine::settle`] at the times it chooses, and decodes
+//! what each connection was sent (see `tests.rs`).
+
+mod answer;
+mod batch;
+mod durable;
+mod route;
+#[cfg(test)]
+mod tests;
+mod workers;
+
+use crate::config::ServerConfig;
+use crate::journal::{Journal, JournalError, Restored};
+use crate::now_us;
+use crate::outbox::{ConnId, Outbox};
+use crate::outputs::OutputLog;
+use answer::Waiter;
+use durable::Durability;
+use kestrel_core::{Config, Event, JobId, Reply, Scheduler, WorkerId};
+use kestrel_proto::messages::{FromWorker, Registration, Request, ServerInfo};
+use kestrel_proto::Access;
+use route::Conns;
+use rustc_hash::FxHashMap;
+use std::net::SocketAddr;
+use tokio::sync::oneshot;
+
+/// Events from connections to the engine.
+pub enum Inbound {
+    /// A worker registered; `reply` gets its id.
+    WorkerJoin {
+        registration: Registration,
+        peer: SocketAddr,
+        outbox: Outbox,
+        reply: oneshot::Sender<WorkerId>,
+    },
+    /// A registered worker's message.
+    FromWorker { worker: WorkerId, msg: FromWorker },
+    /// A worker's connection ended.
+    WorkerGone { worker: WorkerId, reason: String },
+    /// A client connected.
+    ClientJoin { outbox: Outbox },
+    /// A client's request.
+    Client { conn: ConnId, request: Request },
+    /// A client's connection ended.
+    ClientGone { conn: ConnId },
+    /// Stop the server.
+    Stop,
+}
+
+/// The scheduler and everything the server keeps around it.
+pub struct Engine {
+    core: Scheduler,
+    /// The connections of registered workers and of clients.
+    conns: Conns,
+    /// Clients waiting for jobs to end.
+    waiters: Vec<Waiter>,
+    info: ServerInfo,
+    heartbeat_ms: u64,
+    stopping: bool,
+    /// Worker reports that did not match a current assignment (late or duplicate).
+    ignored_reports: u64,
+    /// Identifies this server to reconnecting workers: they hand over their tasks and results
+    /// only to the server they were registered with (kept in the journal across restarts).
+    server_id: String,
+    /// Random per start; a resuming worker's previous id counts only if it names this epoch.
+    epoch: u64,
+    /// The journal and the entries and replies waiting for its next commit.
+    durable: Durability,
+    /// Submission key -> job, so a retried submit finds its job.
+    keys: FxHashMap<String, JobId>,
+    /// Streamed output of tasks (`--stdout stream`); a forgotten job's goes with it.
+    outputs: OutputLog,
+    /// Microseconds since the epoch; [`now_us`] but in tests.
+    clock: fn() -> u64,
+}
+
+impl Engine {
+    /// An engine with an empty scheduler and no journal, serving at `access`'s address.
+    pub fn new(config: &ServerConfig, access: &Access) -> Engine {
+        let heartbeat_ms = config.heartbeat.as_millis().max(1) as u64;
+        let defaults = Config::default();
+        let core = Scheduler::new(Config {
+            heartbeat_timeout_us: heartbeat_ms * 4 * 1000,
+            quarantine_failures: if config.quarantine {
+                defaults.quarantine_failures
+            } else {
+                0
+            },
+            first_job: config.first_job,
+            ..defaults
+        });
+        let info = ServerInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: kestrel_proto::PROTOCOL_VERSION,
+            address: access.address(),
+            dir: config.dir.display().to_string(),
+            pid: std::process::id(),
+            started_us: now_us(),
+            workers: 0,
+            jobs: 0,
+            live_jobs: 0,
+            queued: 0,
+            journal: None,
+        };
+        Engine {
+            core,
+            conns: Conns::default(),
+            waiters: Vec::new(),
+            info,
+            heartbeat_ms,
+            stopping: false,
+            ignored_reports: 0,
+            server_id: crate::journal::new_server_id(),
+            epoch: rand::random(),
+            durable: Durability::default(),
+            keys: FxHashMap::default(),
+            outputs: OutputLog::default(),
+            clock: now_us,
+        }
+    }
+
+    /// Replays the journal into the (fresh) scheduler and journals from now on.
+    pub fn attach_journal(&mut self, journal: Journal) -> Result<Restored, JournalError> {
+        let mut restored = Restored::default();
+        self.keys = journal.replay(&mut self.core, &mut restored)?;
+        for j in self.core.jobs() {
+            self.outputs.note_job(&j.spec);
+        }
+        if let Ok(meta) = journal.meta() {
+            if !meta.server_id.is_empty() {
+                self.server_id = meta.server_id;
+            }
+        }
+        self.durable.journal = Some(journal);
+        Ok(restored)
+    }
+
+    /// The time now, in microseconds since the epoch.
+    fn now(&self) -> u64 {
+        (self.clock)()
+    }
+
+    /// Hands the scheduler an event it never refuses (a worker's or time's); a refusal would be
+    /// a defect of the scheduler, logged instead of stopping the server.
+    fn event(&mut self, now: u64, ev: Event) -> Reply {
+        match self.core.handle(now, ev) {
+            Ok(reply) => reply,
+            Err(e) => {
+                tracing::error!("the scheduler refused an event it should take: {e}");
+                Reply::Done
+            }
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! The engine without sockets or a clock: each connection is a plain channel whose frames the
+//! test decodes, and time is what the test sets.
+
+use super::*;
+use bytes::Bytes;
+use kestrel_core::{Finished, IdRanges, IndexRun, JobSpec, RunEnd, Started, TaskSet};
+use kestrel_proto::decode;
+use kestrel_proto::messages::*;
+use serde::de::DeserializeOwned;
+use std::cell::Cell;
+use std::path::Path;
+use tokio::sync::mpsc;
+
+thread_local! {
+    /// The test's clock, in microseconds (each test runs on a thread of its own).
+    static NOW: Cell<u64> = const { Cell::new(1_000_000_000) };
+}
+
+fn test_clock() -> u64 {
+    NOW.with(Cell::get)
+}
+
+/// A connection's far end: what the engine sent it.
+struct Peer {
+    conn: ConnId,
+    rx: mpsc::UnboundedReceiver<Bytes>,
+}
+
+impl Peer {
+    /// Every message sent since the last look, decoded.
+    fn sent<T: DeserializeOwned>(&mut self) -> Vec<T> {
+        let mut out = Vec::new();
+        while let Ok(frame) = self.rx.try_recv() {
+            out.push(decode(&frame).expect("the engine sends frames that decode"));
+        }
+        out
+    }
+
+    /// Whether the engine dropped its side of the connection (and nothing is left to read).
+    fn closed(&mut self) -> bool {
+        matches!(
+            self.rx.try_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected)
+        )
+    }
+}
+
+/// An engine and the connections the test opened to it.
+struct Server {
+    engine: Engine,
+    next_conn: ConnId,
+}
+
+impl Server {
+    /// A server without journal.
+    fn new() -> Server {
+        Server::open(ServerConfig::local(std::env::temp_dir()))
+    }
+
+    /// A server whose journal is in `dir`, restored from what is there.
+    fn journaled(dir: &Path, limit: Option<u64>) -> Server {
+        let config = ServerConfig {
+            journal: true,
+            journal_limit: limit,
+            ..ServerConfig::local(dir.to_path_buf())
+        };
+        let mut s = Server::open(config);
+        let journal = Journal::open(dir, limit).expect("journal opens");
+        s.engine.attach_journal(journal).expect("journal replays");
+        s
+    }
+
+    fn open(config: ServerConfig) -> Server {
+        let access = Access::generate("127.0.0.1".into(), 1);
+        let mut engine = Engine::new(&config, &access);
+        engine.clock = test_clock;
+        Server {
+            engine,
+            next_conn: 1,
+        }
+    }
+
+    /// Moves the clock on by `us`.
+    fn advance(&mut self, us: u64) {
+        NOW.with(|n| n.set(n.get() + us));
+    }
+
+    /// One batch of `events`, with its scheduling pass and commits.
+    fn batch(&mut self, events: impl IntoIterator<Item = Inbound>) {
+        self.engine.apply(test_clock(), events);
+        self.engine.settle();
+    }
+
+    fn connect(&mut self) -> (Peer, Outbox) {
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Peer { conn, rx }, Outbox { conn, tx })
+    }
+
+    /// A worker with `slots` slots and no prefetch, registered; its welcome is read.
+    fn worker(&mut self, slots: u32) -> (WorkerId, Peer) {
+        let (mut peer, outbox) = self.connect();
+        let (reply, mut id) = oneshot::channel();
+        let registration = Registration {
+            hostname: format!("node-{}", peer.conn),
+            slots,
+            gpus: 0,
+            prefetch: 0,
+            exec: "noop".into(),
+            resume: None,
+            mem: 0,
+            named: Vec::new(),
+        };
+        self.batch([Inbound::WorkerJoin {
+            registration,
+            peer: "127.0.0.1:9".parse().expect("an address"),
+            outbox,
+            reply,
+        }]);
+        let worker = id.try_recv().expect("the worker was given an id");
+        // The welcome comes first; tasks may follow at once.
+        let welcome: ToWorker = decode(&peer.rx.try_recv().expect("a welcome")).expect("decodes");
+        assert!(
+            matches!(welcome, ToWorker::Registered { worker: w, .. } if w == worker),
+            "{welcome:?}"
+        );
+        (worker, peer)
+    }
+
+    fn client(&mut self) -> Peer {
+        let (peer, outbox) = self.connect();
+        self.batch([Inbound::ClientJoin { outbox }]);
+        peer
+    }
+
+    /// Sends request `body` from `client` in a batch of its own; returns what the client got.
+    fn ask(&mut self, client: &mut Peer, id: u64, body: Ask) -> Vec<ToClient> {
+        let request = Request { id, body };
+        let conn = client.conn;
+        self.batch([Inbound::Client { conn, request }]);
+        client.sent()
+    }
+
+    /// Submits an array job of tasks `1..=n`; returns its id.
+    fn submit(&mut self, client: &mut Peer, n: u32) -> JobId {
+        let submit = Ask::Submit {
+            spec: JobSpec::command("t", vec!["true".into()]),
+            tasks: TaskSet::Array(IdRanges::span(1, n)),
+            open: false,
+            key: None,
+        };
+        match &self.ask(client, 100, submit)[..] {
+            [ToClient::Reply {
+                id: 100,
+                result: Ok(Answer::Submitted { job, .. }),
+            }] => *job,
+            other => panic!("submission answered with {other:?}"),
+        }
+    }
+
+    /// `worker` reports the tasks of `runs` started and ended successfully.
+    fn finish(&mut self, worker: WorkerId, runs: &[IndexRun]) {
+        let now = test_clock();
+        let tasks = runs
+            .iter()
+            .flat_map(|r| (r.first..r.first + r.count).map(move |i| (r.job, i)));
+        let started = tasks
+            .clone()
+            .map(|(job, index)| Started {
+                job,
+                index,
+                at_us: now,
+            })
+            .collect();
+        let finished = tasks
+            .map(|(job, index)| Finished {
+                job,
+                index,
+                started_us: now,
+                finished_us: now,
+                end: RunEnd::Success,
+            })
+            .collect();
+        let msg = FromWorker::Update {
+            started,
+            finished,
+            outputs: Vec::new(),
+            waited: Vec::new(),
+        };
+        self.batch([Inbound::FromWorker { worker, msg }]);
+    }
+}
+
+/// The runs of every `Assign` among `msgs`.
+fn assigned(msgs: &[ToWorker]) -> Vec<IndexRun> {
+    msgs.iter()
+        .filter_map(|m| match m {
+            ToWorker::Assign { tasks } => Some(tasks.iter().map(|a| a.run)),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn run(job: JobId, first: u32, count: u32) -> IndexRun {
+    IndexRun { job, first, count }
+}
+
+/// A server with one worker of `n` slots holding every task of an `n`-task array job, and the
+/// client that submitted it.
+struct Running {
+    s: Server,
+    worker: WorkerId,
+    peer: Peer,
+    client: Peer,
+    job: JobId,
+}
+
+fn running(n: u32) -> Running {
+    let mut s = Server::new();
+    let (worker, mut peer) = s.worker(n);
+    let mut client = s.client();
+    let job = s.submit(&mut client, n);
+    assert_eq!(assigned(&peer.sent()), vec![run(job, 0, n)]);
+    Running {
+        s,
+        worker,
+        peer,
+        client,
+        job,
+    }
+}
+
+#[test]
+fn a_submitted_array_is_defined_then_assigned_to_the_registered_worker() {
+    let mut s = Server::new();
+    let (_, mut worker) = s.worker(4);
+    let mut client = s.client();
+    let job = s.submit(&mut client, 3);
+    let sent: Vec<ToWorker> = worker.sent();
+    assert!(
+        matches!(
+            &sent[..],
+            [ToWorker::DefineJob { job: j, ids: JobIds::Array(ids), .. }, ToWorker::Assign { .. }]
+                if *j == job && *ids == IdRanges::span(1, 3)
+        ),
+        "{sent:?}"
+    );
+    assert_eq!(assigned(&sent), vec![run(job, 0, 3)], "one run, one frame");
+}
+
+#[test]
+fn a_finished_report_answers_the_client_waiting_for_the_job() {
+    let Running {
+        mut s,
+        worker,
+        mut client,
+        job,
+        ..
+    } = running(2);
+    let wait = Ask::Wait {
+        jobs: vec![job],
+        progress_ms: 60_000,
+    };
+    assert_eq!(
+        s.ask(&mut client, 7, wait),
+        vec![],
+        "the job is not done yet"
+    );
+    s.finish(worker, &[run(job, 0, 2)]);
+    let got = client.sent();
+    let [ToClient::Reply {
+        id: 7,
+        result: Ok(Answer::WaitDone(p)),
+    }] = &got[..]
+    else {
+        panic!("the wait was answered with {got:?}");
+    };
+    assert_eq!((p.jobs, p.jobs_done, p.counts.finished), (1, 1, 2));
+}
+
+#[test]
+fn a_lost_workers_tasks_are_assigned_to_another() {
+    let Running {
+        mut s, worker, job, ..
+    } = running(2);
+    let (_, mut second) = s.worker(2);
+    assert_eq!(second.sent::<ToWorker>(), vec![], "nothing is queued");
+    s.batch([Inbound::WorkerGone {
+        worker,
+        reason: "connection closed".into(),
+    }]);
+    let sent: Vec<ToWorker> = second.sent();
+    assert!(
+        matches!(sent.first(), Some(ToWorker::DefineJob { .. })),
+        "{sent:?}"
+    );
+    assert_eq!(assigned(&sent), vec![run(job, 0, 2)]);
+}
+
+#[test]
+fn a_silent_worker_is_dropped_at_the_tick_after_four_heartbeats_and_its_tasks_move() {
+    let Running {
+        mut s,
+        mut peer,
+        job,
+        ..
+    } = running(1);
+    // ServerConfig::local has 5 s heartbeats: silent for 25 s is lost.
+    s.advance(25_000_000);
+    let (_, mut second) = s.worker(1);
+    s.engine.tick(test_clock());
+    s.engine.settle();
+    assert_eq!(assigned(&second.sent()), vec![run(job, 0, 1)]);
+    assert!(peer.closed(), "the lost worker's connection is dropped");
+}
+
+#[test]
+fn an_ended_job_is_forgotten_only_by_the_workers_that_were_sent_it() {
+    let mut s = Server::new();
+    let (a, mut first) = s.worker(1);
+    let (b, mut second) = s.worker(1);
+    let mut client = s.client();
+    let job = s.submit(&mut client, 1);
+    let (to_a, to_b) = (assigned(&first.sent()), assigned(&second.sent()));
+    let (holder, runs, mut holder_peer, mut other) = match (to_a.is_empty(), to_b.is_empty()) {
+        (false, true) => (a, to_a, first, second),
+        (true, false) => (b, to_b, second, first),
+        _ => panic!("one task went to {to_a:?} and {to_b:?}"),
+    };
+    s.finish(holder, &runs);
+    let told: Vec<ToWorker> = holder_peer.sent();
+    assert_eq!(told, vec![ToWorker::ForgetJob { job }]);
+    assert_eq!(other.sent::<ToWorker>(), vec![], "the other never had it");
+}
+
+#[test]
+fn a_submission_is_kept_by_the_journal_and_a_restarted_engine_has_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::journaled(dir.path(), None);
+    let mut client = s.client();
+    let job = s.submit(&mut client, 5);
+    drop(s);
+    let mut s = Server::journaled(dir.path(), None);
+    let j = s.engine.core.job(job).expect("the job is back");
+    assert_eq!((j.len(), j.counts.ready), (5, 5));
+    let (_, mut worker) = s.worker(8);
+    assert_eq!(assigned(&worker.sent()), vec![run(job, 0, 5)]);
+}
+
+#[test]
+fn a_journal_that_cannot_be_written_withdraws_the_job_and_refuses_new_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::journaled(dir.path(), Some(64 * 1024));
+    let (_, mut worker) = s.worker(4);
+    let mut client = s.client();
+    let list: Vec<Vec<String>> = (0..20_000).map(|i| vec![format!("task-{i:08}")]).collect();
+    let submit = Ask::Submit {
+        spec: JobSpec::command("t", vec!["true".into()]),
+        tasks: TaskSet::List(list),
+        open: false,
+        key: None,
+    };
+    let got = s.ask(&mut client, 1, submit);
+    let [ToClient::Reply {
+        id: 1,
+        result: Err(e),
+    }] = &got[..]
+    else {
+        panic!("a submission the journal could not keep was answered with {got:?}");
+    };
+    assert!(e.message.contains("cannot be written"), "{}", e.message);
+    assert_eq!(
+        worker.sent::<ToWorker>(),
+        vec![],
+        "none of its tasks went out"
+    );
+    let got = s.ask(
+        &mut client,
+        2,
+        Ask::Retry {
+            job: 1,
+            failed_only: true,
+        },
+    );
+    assert!(
+        matches!(&got[..], [ToClient::Reply { id: 2, result: Err(e) }] if e.message.contains("cannot be written")),
+        "{got:?}"
+    );
+}

@@ -1,0 +1,152 @@
+//! What workers say, as scheduler events: joining (and resuming after a reconnect), their
+//! batched reports of starts and ends, and leaving.
+
+use super::durable::OutputsOf;
+use super::route::WorkerConn;
+use super::{Engine, Outbox};
+use kestrel_core::{Event, Reply, Resources, WorkerId, WorkerOffer};
+use kestrel_proto::messages::{FromWorker, Registration, Resume, TaskOutput, ToWorker};
+use std::net::SocketAddr;
+use tokio::sync::oneshot;
+
+impl Engine {
+    /// Registers a worker: the scheduler gives it an id, it is told its id and the server's,
+    /// and a reconnecting worker's tasks and results are taken back.
+    pub(super) fn worker_joined(
+        &mut self,
+        now: u64,
+        r: Registration,
+        peer: SocketAddr,
+        outbox: Outbox,
+        reply: oneshot::Sender<WorkerId>,
+    ) {
+        let offer = WorkerOffer {
+            hostname: r.hostname.clone(),
+            resources: Resources {
+                cpus: r.slots.max(1),
+                gpus: r.gpus,
+                mem: r.mem,
+                ..Resources::NONE
+            },
+            prefetch: r.prefetch,
+            named: r.named.clone(),
+        };
+        let Reply::Joined(id) = self.event(now, Event::WorkerJoined { offer }) else {
+            tracing::error!(%peer, "the scheduler gave a joining worker no id");
+            return;
+        };
+        outbox.send(&ToWorker::Registered {
+            worker: id,
+            heartbeat_ms: self.heartbeat_ms,
+            server: self.info.address.clone(),
+            server_id: self.server_id.clone(),
+            epoch: self.epoch,
+        });
+        tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
+        if let Some(resume) = r.resume {
+            self.resume(now, id, resume);
+        }
+        let conn = WorkerConn {
+            outbox,
+            peer,
+            exec: r.exec,
+        };
+        self.conns.workers.insert(id, conn);
+        let _ = reply.send(id);
+    }
+
+    /// Applies a registered worker's message.
+    pub(super) fn worker_said(&mut self, now: u64, worker: WorkerId, msg: FromWorker) {
+        self.event(now, Event::WorkerSeen { worker });
+        match msg {
+            FromWorker::Update {
+                started,
+                finished,
+                outputs,
+                waited,
+            } => {
+                if !started.is_empty() {
+                    self.event(now, Event::TasksStarted { worker, started });
+                }
+                self.tasks_ended(now, worker, finished, outputs);
+                for (job, waited_us) in waited {
+                    self.event(now, Event::SlotWait { job, waited_us });
+                }
+            }
+            FromWorker::Revoked { tasks } => {
+                self.event(now, Event::TasksRevoked { worker, tasks });
+            }
+            FromWorker::Heartbeat => {}
+            FromWorker::Register(_) => {
+                tracing::warn!(worker, "worker registered twice; ignored");
+            }
+        }
+    }
+
+    /// A worker's connection ended: its tasks go back to the queue.
+    pub(super) fn worker_gone(&mut self, now: u64, worker: WorkerId, reason: &str) {
+        if self.conns.workers.remove(&worker).is_some() {
+            tracing::info!(worker, "worker left: {reason}");
+        }
+        self.event(now, Event::WorkerLost { worker });
+    }
+
+    /// Hands a reconnected worker's running tasks and results to the core, if it was
+    /// registered with this server.
+    fn resume(&mut self, now: u64, worker: WorkerId, resume: Resume) {
+        if resume.server_id != self.server_id {
+            tracing::info!(
+                worker,
+                "worker was registered with another server ({}); its {} running tasks and {} results are not taken",
+                resume.server_id,
+                resume.running.len(),
+                resume.finished.len()
+            );
+            return;
+        }
+        // After a restart worker ids start again at 1: an id of the previous start may now
+        // name another, live worker, which must not be dropped.
+        let previous = (resume.epoch == self.epoch).then_some(resume.previous_worker);
+        let resumed = Event::WorkerResumed {
+            worker,
+            previous,
+            running: resume.running,
+            finished: resume.finished,
+        };
+        let Reply::Resumed(r) = self.event(now, resumed) else {
+            tracing::error!(
+                worker,
+                "the scheduler did not answer a resume with its outcome"
+            );
+            return;
+        };
+        // Its results' streamed outputs go with their ends.
+        self.journal_ends_with(now, OutputsOf::new(resume.outputs));
+        self.ignored_reports += r.ignored as u64;
+        tracing::info!(
+            worker,
+            previous = resume.previous_worker,
+            taken = r.taken,
+            duplicates = r.duplicates,
+            recorded = r.recorded,
+            ignored = r.ignored,
+            "worker resumed"
+        );
+    }
+
+    /// Applies the task ends of a worker's update, and journals each the scheduler took (with
+    /// its streamed output).
+    fn tasks_ended(
+        &mut self,
+        now: u64,
+        worker: WorkerId,
+        ends: Vec<kestrel_core::Finished>,
+        outputs: Vec<TaskOutput>,
+    ) {
+        if let Reply::Reports { ignored, .. } = self.event(now, Event::TasksEnded { worker, ends })
+        {
+            self.ignored_reports += u64::from(ignored);
+        }
+        self.journal_ends_with(now, OutputsOf::new(outputs));
+    }
+}

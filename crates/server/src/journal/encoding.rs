@@ -1,0 +1,397 @@
+//! Journal entries as bytes: each input the scheduler recorded becomes one row of `log`, a kind
+//! and a MessagePack body; [`Entry::decode`] reads a row back.
+//!
+//! Bodies are written from borrowed values (a big task list is never cloned) and read back
+//! into owned ones. Fields are only ever added at the end with `#[serde(default)]`, so entries
+//! written by an older Kestrel stay readable.
+
+use crate::outputs::OutputOp;
+use kestrel_core::{Finished, JobId, JobSpec, LineList, TaskIndex, TaskSet};
+use serde::{Deserialize, Serialize};
+
+const KIND_SUBMIT: i64 = 1;
+pub(super) const KIND_EXTEND: i64 = 2;
+const KIND_CANCEL: i64 = 3;
+pub(super) const KIND_ENDS: i64 = 4;
+const KIND_RETRY: i64 = 5;
+const KIND_GIVE_UP: i64 = 6;
+const KIND_LOST: i64 = 7;
+const KIND_FORGET: i64 = 8;
+
+/// One accepted submission, as journaled.
+#[derive(Serialize, Deserialize)]
+pub(super) struct SubmitBody {
+    pub(super) job: JobId,
+    pub(super) at_us: u64,
+    pub(super) key: Option<String>,
+    pub(super) spec: JobSpec,
+    pub(super) tasks: TaskSet,
+    pub(super) open: bool,
+}
+
+/// Tasks added to an open job: argvs for a list of commands, lines for a job of lines.
+#[derive(Serialize, Deserialize)]
+pub(super) struct ExtendBody {
+    pub(super) job: JobId,
+    pub(super) at_us: u64,
+    pub(super) argvs: Vec<Vec<String>>,
+    pub(super) close: bool,
+    /// Absent from entries written before jobs of lines existed.
+    #[serde(default)]
+    pub(super) lines: LineList,
+}
+
+/// `kestrel job retry`: failed (and maybe canceled) tasks back in the queue.
+#[derive(Serialize, Deserialize)]
+pub(super) struct RetryBody {
+    pub(super) job: JobId,
+    pub(super) at_us: u64,
+    pub(super) failed_only: bool,
+}
+
+/// A task failed for good by the scheduler itself (too many lost workers).
+#[derive(Serialize, Deserialize)]
+pub(super) struct GiveUpBody {
+    pub(super) job: JobId,
+    pub(super) index: TaskIndex,
+    pub(super) at_us: u64,
+    pub(super) failure: kestrel_core::Failure,
+}
+
+/// Tasks re-queued after their worker was lost, each counting one more crash.
+#[derive(Serialize, Deserialize)]
+pub(super) struct LostBody {
+    pub(super) tasks: Vec<(JobId, TaskIndex)>,
+}
+
+/// `kestrel job forget`: ended jobs dropped from the server.
+#[derive(Serialize, Deserialize)]
+pub(super) struct ForgetBody {
+    pub(super) jobs: Vec<JobId>,
+    pub(super) at_us: u64,
+}
+
+/// `kestrel job cancel`: the job's unfinished tasks canceled.
+#[derive(Serialize, Deserialize)]
+pub(super) struct CancelBody {
+    pub(super) job: JobId,
+    pub(super) at_us: u64,
+}
+
+/// A batch of accepted task ends. Successes, the bulk, are tuples of small integers relative
+/// to `base_us` (about 20 bytes a task); other ends keep their full report.
+#[derive(Serialize, Deserialize)]
+pub(super) struct EndsBody {
+    pub(super) base_us: u64,
+    /// (job, index, assigned, started, finished), times as offsets from `base_us`.
+    pub(super) ok: Vec<(JobId, TaskIndex, i64, i64, i64)>,
+    /// (report, assigned_us).
+    pub(super) other: Vec<(Finished, u64)>,
+    /// Per job, the summed wait for a slot of the successes in `ok` (one pair per job and
+    /// batch, not a number per task).
+    #[serde(default)]
+    pub(super) waited: Vec<(JobId, u64)>,
+}
+
+impl EndsBody {
+    /// The successes in `ok` as reports again, each with when its task had been assigned:
+    /// the inverse of [`Pending::seal_ends`].
+    pub(super) fn successes(&self) -> impl Iterator<Item = (Finished, u64)> + '_ {
+        let at = |off: i64| (self.base_us as i64).saturating_add(off).max(0) as u64;
+        self.ok.iter().map(move |&(job, index, a, s, f)| {
+            let f = Finished {
+                job,
+                index,
+                started_us: at(s),
+                finished_us: at(f),
+                end: kestrel_core::RunEnd::Success,
+            };
+            (f, at(a))
+        })
+    }
+}
+
+/// One row of `log`, decoded.
+// One entry is decoded at a time: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Entry {
+    Submit(SubmitBody),
+    Extend(ExtendBody),
+    Cancel(CancelBody),
+    Ends(EndsBody),
+    Retry(RetryBody),
+    GiveUp(GiveUpBody),
+    Lost(LostBody),
+    Forget(ForgetBody),
+}
+
+impl Entry {
+    /// Reads a row back; the error says what is wrong with it (a body that does not decode,
+    /// a kind this version does not know).
+    pub(super) fn decode(kind: i64, body: &[u8]) -> Result<Entry, String> {
+        fn de<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
+            rmp_serde::from_slice(body).map_err(|e| e.to_string())
+        }
+        Ok(match kind {
+            KIND_SUBMIT => Entry::Submit(de(body)?),
+            KIND_EXTEND => Entry::Extend(de(body)?),
+            KIND_CANCEL => Entry::Cancel(de(body)?),
+            KIND_ENDS => Entry::Ends(de(body)?),
+            KIND_RETRY => Entry::Retry(de(body)?),
+            KIND_GIVE_UP => Entry::GiveUp(de(body)?),
+            KIND_LOST => Entry::Lost(de(body)?),
+            KIND_FORGET => Entry::Forget(de(body)?),
+            other => {
+                return Err(format!(
+                    "unknown entry kind {other} (written by a newer kestrel? start that \
+                     version on this directory instead)"
+                ))
+            }
+        })
+    }
+}
+
+/// Entries gathered while the engine applies one batch of events; written by [`super::Journal::commit`].
+#[derive(Default)]
+pub struct Pending {
+    /// Encoded entries, (kind, body), in the order they happened.
+    pub(super) rows: Vec<(i64, Vec<u8>)>,
+    ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
+    other: Vec<(Finished, u64)>,
+    waited: Vec<(JobId, u64)>,
+    /// Changes to the `output` table, written after the log rows in the same transaction.
+    pub(crate) outputs: Vec<OutputOp>,
+}
+
+impl Pending {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+            && self.ok.is_empty()
+            && self.other.is_empty()
+            && self.outputs.is_empty()
+    }
+
+    /// Whether entries other than task ends wait (submissions, extensions, cancels).
+    pub fn has_inputs(&self) -> bool {
+        !self.rows.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.ok.clear();
+        self.other.clear();
+        self.waited.clear();
+        self.outputs.clear();
+    }
+
+    pub fn submit(
+        &mut self,
+        job: JobId,
+        at_us: u64,
+        key: Option<String>,
+        spec: &JobSpec,
+        tasks: &TaskSet,
+        open: bool,
+    ) {
+        // Serialize borrowed values without cloning the (possibly large) task list.
+        #[derive(Serialize)]
+        struct SubmitRef<'a> {
+            job: JobId,
+            at_us: u64,
+            key: Option<String>,
+            spec: &'a JobSpec,
+            tasks: &'a TaskSet,
+            open: bool,
+        }
+        self.push(
+            KIND_SUBMIT,
+            &SubmitRef {
+                job,
+                at_us,
+                key,
+                spec,
+                tasks,
+                open,
+            },
+        );
+    }
+
+    /// The tasks an extension added to a job: those of `tasks` (the job's, after it) from
+    /// index `from` on.
+    pub fn extend(&mut self, job: JobId, at_us: u64, tasks: &TaskSet, from: usize, close: bool) {
+        /// Lines `from..` of a list, written as a list without copying them.
+        struct LinesFrom<'a>(&'a LineList, usize);
+        impl Serialize for LinesFrom<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.iter().skip(self.1))
+            }
+        }
+        #[derive(Serialize)]
+        struct ExtendRef<'a> {
+            job: JobId,
+            at_us: u64,
+            argvs: &'a [Vec<String>],
+            close: bool,
+            lines: LinesFrom<'a>,
+        }
+        let none = LineList::new();
+        let (argvs, lines) = match tasks {
+            TaskSet::List(l) => (l.get(from..).unwrap_or(&[]), LinesFrom(&none, 0)),
+            TaskSet::Lines(l) => (&[][..], LinesFrom(l, from)),
+            TaskSet::Array(_) => (&[][..], LinesFrom(&none, 0)),
+        };
+        self.push(
+            KIND_EXTEND,
+            &ExtendRef {
+                job,
+                at_us,
+                argvs,
+                close,
+                lines,
+            },
+        );
+    }
+
+    pub fn cancel(&mut self, job: JobId, at_us: u64) {
+        self.push(KIND_CANCEL, &CancelBody { job, at_us });
+    }
+
+    pub fn retry(&mut self, job: JobId, at_us: u64, failed_only: bool) {
+        self.push(
+            KIND_RETRY,
+            &RetryBody {
+                job,
+                at_us,
+                failed_only,
+            },
+        );
+    }
+
+    pub fn give_up(
+        &mut self,
+        job: JobId,
+        index: TaskIndex,
+        at_us: u64,
+        failure: kestrel_core::Failure,
+    ) {
+        self.push(
+            KIND_GIVE_UP,
+            &GiveUpBody {
+                job,
+                index,
+                at_us,
+                failure,
+            },
+        );
+    }
+
+    pub fn lost(&mut self, tasks: Vec<(JobId, TaskIndex)>) {
+        self.push(KIND_LOST, &LostBody { tasks });
+    }
+
+    pub fn forget(&mut self, jobs: Vec<JobId>, at_us: u64) {
+        self.push(KIND_FORGET, &ForgetBody { jobs, at_us });
+    }
+
+    /// A worker's summed wait for a slot of a job's successful tasks (journaled with the
+    /// batch's task ends, one pair per job).
+    pub fn slot_wait(&mut self, job: JobId, waited_us: u64) {
+        match self.waited.iter_mut().rev().find(|(j, _)| *j == job) {
+            Some((_, sum)) => *sum += waited_us,
+            None => self.waited.push((job, waited_us)),
+        }
+    }
+
+    /// An accepted task report, with when the task had been assigned (for its timing).
+    pub fn task_end(&mut self, f: Finished, assigned_us: u64) {
+        if f.end == kestrel_core::RunEnd::Success {
+            self.ok
+                .push((f.job, f.index, assigned_us, f.started_us, f.finished_us));
+        } else {
+            self.other.push((f, assigned_us));
+        }
+    }
+
+    pub(super) fn push<T: Serialize>(&mut self, kind: i64, body: &T) {
+        if kind != KIND_ENDS {
+            // Task ends gathered so far happened before this input: keep that order in the log,
+            // or a replayed retry could run before the failure it retries.
+            self.seal_ends();
+        }
+        match rmp_serde::to_vec(body) {
+            Ok(b) => self.rows.push((kind, b)),
+            // Encoding plain data into a Vec cannot fail; if it ever did, the entry would be
+            // missing from the journal, so say so loudly.
+            Err(e) => tracing::error!("cannot encode a journal entry: {e}"),
+        }
+    }
+
+    /// Turns the gathered task ends into one row (call once, just before writing).
+    pub(super) fn seal_ends(&mut self) {
+        if self.ok.is_empty() && self.other.is_empty() {
+            return;
+        }
+        let base_us = self.ok.first().map_or(0, |t| t.2);
+        let off = |t: u64| t as i64 - base_us as i64;
+        let body = EndsBody {
+            base_us,
+            ok: self
+                .ok
+                .drain(..)
+                .map(|(j, i, a, s, f)| (j, i, off(a), off(s), off(f)))
+                .collect(),
+            other: std::mem::take(&mut self.other),
+            waited: std::mem::take(&mut self.waited),
+        };
+        self.push(KIND_ENDS, &body);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kestrel_core::{Failure, RunEnd};
+
+    #[test]
+    fn sealed_ends_read_back_as_the_reports_they_were() {
+        let mut p = Pending::default();
+        let ok = |index, started_us, finished_us| Finished {
+            job: 3,
+            index,
+            started_us,
+            finished_us,
+            end: RunEnd::Success,
+        };
+        // The second ends before it starts (a clock step) and before the base time.
+        p.task_end(ok(1, 1_500, 2_000), 1_200);
+        p.task_end(ok(2, 900, 800), 700);
+        let failed = Finished {
+            end: RunEnd::Failed(Box::new(Failure::because("exit code 1"))),
+            ..ok(4, 10, 20)
+        };
+        p.task_end(failed.clone(), 5);
+        p.slot_wait(3, 7);
+        p.slot_wait(3, 5);
+        p.seal_ends();
+        assert_eq!(p.rows.len(), 1);
+        let (kind, body) = &p.rows[0];
+        let Ok(Entry::Ends(b)) = Entry::decode(*kind, body) else {
+            panic!("not task ends");
+        };
+        let successes: Vec<_> = b.successes().collect();
+        assert_eq!(
+            successes,
+            vec![(ok(1, 1_500, 2_000), 1_200), (ok(2, 900, 800), 700)]
+        );
+        assert_eq!(b.other, vec![(failed, 5)]);
+        assert_eq!(b.waited, vec![(3, 12)], "one sum per job");
+    }
+
+    #[test]
+    fn an_entry_of_an_unknown_kind_is_named_not_guessed() {
+        let Err(e) = Entry::decode(99, &[0x90]) else {
+            panic!("kind 99 decoded");
+        };
+        assert!(e.contains("unknown entry kind 99"), "{e}");
+    }
+}

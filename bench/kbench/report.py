@@ -531,6 +531,7 @@ def report(res: dict, doc: Path, png: Path) -> None:
         )
         a(f"Result of this run: `{ch['summary']}`\n")
         a("![completed tasks over time through the chaos test](chaos.png)\n")
+    _ab_section(a, doc.with_name("benchmarks-ab.md"))
     a("## How each figure was measured\n")
     a(
         "- Everything runs on this one machine with 2 task slots; every server listens on "
@@ -594,6 +595,18 @@ def report(res: dict, doc: Path, png: Path) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(L).rstrip() + "\n")
     log(f"wrote {doc.relative_to(REPO) if doc.is_relative_to(REPO) else doc}")
+
+
+def _ab_section(a, ab: Path) -> None:
+    """The last A/B against an earlier build (`bench/ab.py` writes it), so that this report,
+    rewritten by every suite run, keeps it."""
+    if not ab.exists():
+        return
+    body = ab.read_text().split("\n", 1)[-1].strip()
+    a("## A/B against an earlier build (`bench/ab.py`)\n")
+    a(f"Copied from [{ab.name}]({ab.name}), which `bench/ab.py` writes.\n")
+    # Its headings sit one level under this section's.
+    a("\n".join("#" + line if line.startswith("#") else line for line in body.split("\n")) + "\n")
 
 
 def _output_section(a, o: dict) -> None:

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use comfy_table::Cell;
 use kestrel_client::{keyed, Keyed, Submitted};
 use kestrel_core::JobId;
-use kestrel_proto::messages::{Answer, Ask, JobDetail, Refusal, RefusalKind, WaitProgress};
+use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -164,21 +164,6 @@ fn report_wait(g: &Global, p: &WaitProgress) {
     }
 }
 
-/// Prints each refusal of a command on several jobs as one `error:` line; returns the exit
-/// status they call for: 3 if some job did not exist, else 2 (`None` if nothing was refused).
-pub fn refused_jobs<'a>(refusals: impl Iterator<Item = &'a Refusal>) -> Option<u8> {
-    let mut status = None;
-    for r in refusals {
-        eprintln!("error: {r}");
-        let code = match r.kind {
-            RefusalKind::NotFound => exit::NOT_FOUND,
-            RefusalKind::Refused => exit::ERROR,
-        };
-        status = Some(status.map_or(code, |s: u8| s.max(code)));
-    }
-    status
-}
-
 /// `job cancel --output json`: what happened to one job.
 #[derive(Serialize)]
 struct Canceled {
@@ -243,7 +228,7 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                 }
             }
             if let Some(status) =
-                refused_jobs(results.iter().filter_map(|r| r.result.as_ref().err()))
+                exit::refused_jobs(results.iter().filter_map(|r| r.result.as_ref().err()))
             {
                 return Ok(exit::code(status));
             }

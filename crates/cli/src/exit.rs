@@ -3,6 +3,7 @@
 //! 2 trouble) with two kinds of trouble of their own that a workflow manager reacts to
 //! differently: a job it asks about does not exist (3), or the server cannot be reached (4).
 
+use kestrel_proto::messages::{Refusal, RefusalKind};
 use kestrel_proto::{AccessError, ClientError};
 use std::process::ExitCode;
 
@@ -75,4 +76,19 @@ fn access_code(a: &AccessError) -> u8 {
 /// An exit status as the process returns it.
 pub fn code(status: u8) -> ExitCode {
     ExitCode::from(status)
+}
+
+/// Prints each refusal of a command on several jobs as one `error:` line; returns the exit
+/// status they call for: 3 if some job did not exist, else 2 (`None` if nothing was refused).
+pub fn refused_jobs<'a>(refusals: impl Iterator<Item = &'a Refusal>) -> Option<u8> {
+    let mut status = None;
+    for r in refusals {
+        eprintln!("error: {r}");
+        let code = match r.kind {
+            RefusalKind::NotFound => NOT_FOUND,
+            RefusalKind::Refused => ERROR,
+        };
+        status = Some(status.map_or(code, |s: u8| s.max(code)));
+    }
+    status
 }

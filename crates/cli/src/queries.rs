@@ -3,8 +3,8 @@
 //! `task info`.
 
 use crate::args::{Global, JobStateArg, Status, TaskCommand};
-use crate::client_cmds::refused_jobs;
 use crate::exit;
+use crate::exit::refused_jobs;
 use crate::json::{self, JobListView, JobOutcome, JobView, TaskInfoView, TaskListView, TaskView};
 use crate::output::{self, plural, Format};
 use crate::session::{self, unexpected, Session};

@@ -11,8 +11,8 @@
 //! clock read per task. Only ended runs come back one call each, and only from an executor
 //! that runs something (a process takes a thousand times longer than the call).
 
-use crate::exec::{CancelHandle, Outcome};
-use crate::ledger::{now_us, Key, Ledger};
+use crate::exec::Outcome;
+use crate::ledger::{micros, now_us, Follower, Key, Ledger};
 use crate::local::LocalTask;
 use kestrel_core::JobId;
 use std::task::{Context, Poll};
@@ -79,17 +79,30 @@ pub(crate) struct Done {
     pub(crate) next: Option<Follower>,
 }
 
-/// A task an executor started on its own, in the place of an ended run of its job.
-pub(crate) struct Follower {
-    pub(crate) key: Key,
-    pub(crate) cancel: CancelHandle,
-    /// When its assignment arrived: the wait for a slot ends with the run it follows.
-    pub(crate) arrived_us: u64,
-}
-
 /// The next ended run of `exec`, waiting for one.
 pub(crate) async fn next_done(exec: &mut dyn Executor) -> Option<Done> {
     std::future::poll_fn(|cx| exec.poll_done(cx)).await
+}
+
+/// The connection is gone for good: stops the tasks of `ledger`, waits until `exec` reports
+/// each ended, and drops the results.
+pub(crate) async fn abandon(ledger: &mut Ledger, exec: &mut dyn Executor) {
+    // Those it has not started were only queued there; the others end at once.
+    exec.cancel_all();
+    for r in ledger.running.values() {
+        r.cancel.cancel();
+    }
+    while !ledger.running.is_empty() {
+        let Some(done) = next_done(exec).await else {
+            break;
+        };
+        let held = ledger.running.remove(&done.key).map(|r| r.held);
+        // A follower was canceled above: it ends at once, and is waited for like the rest.
+        let finished_us = micros(done.outcome.finished);
+        let _ = ledger.hand_on(done.next, finished_us, held.unwrap_or_default());
+    }
+    ledger.finished.clear();
+    ledger.outputs.clear();
 }
 
 /// Benchmark mode: every task succeeds the moment its resources are free, and nothing runs.

@@ -7,7 +7,6 @@
 //! them again.
 
 use crate::exec::CancelHandle;
-use crate::executor::{next_done, Executor, Follower};
 use crate::local::{Held, Identity, Local, LocalTask};
 use crate::WorkerConfig;
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex};
@@ -17,6 +16,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A task: its job and its index in the job.
 pub(crate) type Key = (JobId, TaskIndex);
+
+/// A task an executor started on its own, in the place of an ended run of its job.
+pub(crate) struct Follower {
+    pub(crate) key: Key,
+    pub(crate) cancel: CancelHandle,
+    /// When its assignment arrived: the wait for a slot ends with the run it follows.
+    pub(crate) arrived_us: u64,
+}
 
 /// A task an executor started and has not reported ended.
 pub(crate) struct Running {
@@ -136,27 +143,6 @@ impl Ledger {
             },
         );
         Ok(f.key)
-    }
-
-    /// The connection is gone for good: stops the tasks, waits until `exec` reports each
-    /// ended, and drops the results.
-    pub(crate) async fn abandon(&mut self, exec: &mut dyn Executor) {
-        // Those it has not started were only queued there; the others end at once.
-        exec.cancel_all();
-        for r in self.running.values() {
-            r.cancel.cancel();
-        }
-        while !self.running.is_empty() {
-            let Some(done) = next_done(exec).await else {
-                break;
-            };
-            let held = self.running.remove(&done.key).map(|r| r.held);
-            // A follower was canceled above: it ends at once, and is waited for like the rest.
-            let finished_us = micros(done.outcome.finished);
-            let _ = self.hand_on(done.next, finished_us, held.unwrap_or_default());
-        }
-        self.finished.clear();
-        self.outputs.clear();
     }
 }
 

@@ -12,7 +12,8 @@
 //! The pool is the worker's [`Executor`] in `process` mode.
 
 use crate::exec::{self, CancelHandle, Launch, Outcome};
-use crate::executor::{Done, Executor, Follower};
+use crate::executor::{Done, Executor};
+use crate::ledger::Follower;
 use crate::ledger::{now_us, Key, Ledger, Running};
 use crate::local::{Held, LocalTask};
 use crate::reaper::Reaper;

@@ -109,7 +109,7 @@ pub(crate) async fn serve(
         .jobs
         .retain(|job, _| running.keys().any(|(j, _)| j == job));
     if !keep {
-        ledger.abandon(exec).await;
+        crate::executor::abandon(ledger, exec).await;
     }
     end
 }
@@ -191,7 +191,7 @@ impl Session<'_> {
                     results = carried.1,
                     "registered with a different server; dropping the previous server's tasks"
                 );
-                l.abandon(&mut *self.exec).await;
+                crate::executor::abandon(l, &mut *self.exec).await;
                 l.waited.clear();
                 l.local = self.config.local();
                 Some(Handover::Dropped {

@@ -61,7 +61,7 @@ impl WorkerState {
 
     /// The connection is gone for good: stops the tasks and waits until they are reaped.
     pub(crate) async fn abandon(&mut self) {
-        self.carry.ledger.abandon(self.exec.as_mut()).await;
+        crate::executor::abandon(&mut self.carry.ledger, self.exec.as_mut()).await;
     }
 
     /// Ends the executor. Every task has ended by now: its threads are idle, and the reaper

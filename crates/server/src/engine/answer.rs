@@ -159,7 +159,8 @@ impl Engine {
                         conn,
                         request: req.id,
                         jobs,
-                        every_us: progress_ms.max(50) * 1000,
+                        // The client's number: at least 50 ms, at most a day, never an overflow.
+                        every_us: progress_ms.clamp(50, 86_400_000) * 1000,
                         last_us: now,
                     };
                     if self.wait_done(&w) {

@@ -42,14 +42,14 @@ pub fn code_of(e: &anyhow::Error) -> u8 {
     ERROR
 }
 
-/// The exit status of a client library error.
+/// The exit status of a client library error, as the library classifies it.
 fn client_code(e: &kestrel_client::Error) -> u8 {
-    use kestrel_client::Error;
-    match e {
-        Error::Client(c) => connection_code(c),
-        Error::Access(a) => access_code(a),
-        Error::GaveUp(_) => UNREACHABLE,
-        Error::Refused(_) | Error::Partial { .. } | Error::Unexpected(_) => ERROR,
+    if e.is_not_found() {
+        NOT_FOUND
+    } else if e.is_unreachable() {
+        UNREACHABLE
+    } else {
+        ERROR
     }
 }
 
@@ -65,11 +65,10 @@ fn connection_code(c: &ClientError) -> u8 {
 
 /// An access file that is missing or unreadable means no server is there.
 fn access_code(a: &AccessError) -> u8 {
-    match a {
-        AccessError::Missing(_)
-        | AccessError::Unreadable { .. }
-        | AccessError::Malformed { .. } => UNREACHABLE,
-        _ => ERROR,
+    if kestrel_client::no_server_there(a) {
+        UNREACHABLE
+    } else {
+        ERROR
     }
 }
 

@@ -36,22 +36,33 @@ impl Error {
     /// reconnection window lasts.
     pub fn is_unreachable(&self) -> bool {
         match self {
-            Error::Client(c) => lost_or_unreachable(c),
-            Error::Access(a) => matches!(
-                a,
-                AccessError::Missing(_)
-                    | AccessError::Unreadable { .. }
-                    | AccessError::Malformed { .. }
-            ),
+            Error::Client(c) | Error::Partial { source: c, .. } => lost_or_unreachable(c),
+            Error::Access(a) => no_server_there(a),
             Error::GaveUp(_) => true,
-            _ => false,
+            Error::Refused(_) | Error::Unexpected(_) => false,
         }
     }
 
     /// Whether the request named a job, task or worker the server does not have.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Error::Client(ClientError::NotFound(_)))
+        matches!(
+            self,
+            Error::Client(ClientError::NotFound(_))
+                | Error::Partial {
+                    source: ClientError::NotFound(_),
+                    ..
+                }
+        )
     }
+}
+
+/// Whether an access file's trouble means no server is there (none was started, or it is
+/// being written): worth trying again, unlike a file that is there but wrong.
+pub fn no_server_there(a: &AccessError) -> bool {
+    matches!(
+        a,
+        AccessError::Missing(_) | AccessError::Unreadable { .. } | AccessError::Malformed { .. }
+    )
 }
 
 /// Whether a connection error means the server is not there or went away: worth trying
@@ -63,4 +74,25 @@ pub fn lost_or_unreachable(e: &ClientError) -> bool {
             | ClientError::ConnectTimeout(_)
             | ClientError::Proto(ProtoError::Io(_) | ProtoError::Closed | ProtoError::Timeout(_))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_submission_is_classified_by_what_stopped_it() {
+        let gone = Error::Partial {
+            job: 4,
+            source: ClientError::NotFound("job 4 does not exist".into()),
+        };
+        assert!(gone.is_not_found() && !gone.is_unreachable());
+        let lost = Error::Partial {
+            job: 4,
+            source: ClientError::Proto(ProtoError::Closed),
+        };
+        assert!(lost.is_unreachable() && !lost.is_not_found());
+        let refused = Error::Refused(ClientError::Server("no".into()));
+        assert!(!refused.is_unreachable() && !refused.is_not_found());
+    }
 }

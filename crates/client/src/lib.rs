@@ -35,6 +35,6 @@ mod pieces;
 mod submit;
 
 pub use connection::{Connection, Notice, Notify, Reconnect, Target};
-pub use error::{lost_or_unreachable, Error};
+pub use error::{lost_or_unreachable, no_server_there, Error};
 pub use pieces::{argv_bytes, piece_ranges, string_bytes};
 pub use submit::{keyed, Keyed, Submission, Submitted};

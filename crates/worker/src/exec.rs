@@ -620,7 +620,7 @@ fn wait_child(
 }
 
 /// Rounds up to whole milliseconds so `poll` never returns before the deadline.
-fn poll_timeout_ms(left: Duration) -> libc::c_int {
+pub(crate) fn poll_timeout_ms(left: Duration) -> libc::c_int {
     libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX)
 }
 

@@ -48,7 +48,12 @@ use std::time::{Duration, Instant};
 /// `reconnect_for` after a drop. The first connection must succeed (a wrong address or secret
 /// is reported at once).
 pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError> {
-    let mut state = WorkerState::new(&config)?;
+    // Starting the executor blocks (its threads, and waiting for the reaper to be ready): off
+    // the async threads, which an embedded server shares in `kestrel run`.
+    let setup = config.clone();
+    let mut state = tokio::task::spawn_blocking(move || WorkerState::new(&setup))
+        .await
+        .map_err(|e| WorkerError::Setup(format!("the worker's set-up failed: {e}")))??;
     let result = serve_until_done(&config, access, &mut state).await;
     // Every task has ended by now.
     state.close();

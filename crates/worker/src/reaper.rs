@@ -64,7 +64,7 @@ pub fn serve_if_reaper() {
         let mut table = Vec::with_capacity(capacity);
         // SAFETY: a fresh process with the pipe as standard input and the worker's end of
         // the readiness pipe as standard output; reaper_main never returns.
-        unsafe { reaper_main(0, &mut table, open_files_limit(), Some(1)) }
+        unsafe { reaper_main(0, &mut table, open_files_limit(), true) }
     }
     EXECUTABLE_SERVES.store(true, Ordering::Relaxed);
 }
@@ -127,10 +127,18 @@ impl Reaper {
         // SAFETY: pipe2 succeeded, so both are fresh descriptors that nothing else owns.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let capacity = capacity.max(1);
-        let pid = if EXECUTABLE_SERVES.load(Ordering::Relaxed) {
-            spawn_executable(read, capacity)?
+        let spawned = if EXECUTABLE_SERVES.load(Ordering::Relaxed) {
+            spawn_executable(read.try_clone()?, capacity)
+                .inspect_err(|e| {
+                    tracing::warn!("the reaper could not be started from the executable ({e}); forking it instead")
+                })
+                .ok()
         } else {
-            fork(read, capacity)?
+            None
+        };
+        let pid = match spawned {
+            Some(pid) => pid,
+            None => fork(read, capacity)?,
         };
         Ok(Reaper {
             pipe: ManuallyDrop::new(write),
@@ -238,7 +246,7 @@ fn wait_ready(out: OwnedFd, limit: Duration) -> io::Result<()> {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        let ms = crate::exec::poll_timeout_ms(left);
         // SAFETY: polls one descriptor we own, described by a local struct.
         if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
             let err = io::Error::last_os_error();
@@ -283,7 +291,7 @@ fn fork(pipe: OwnedFd, capacity: usize) -> io::Result<libc::pid_t> {
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         // A forked reaper needs no readiness: it holds the pipe, both ends, from the start.
-        0 => unsafe { reaper_main(pipe.as_raw_fd(), &mut table, fd_limit, None) },
+        0 => unsafe { reaper_main(pipe.as_raw_fd(), &mut table, fd_limit, false) },
         pid => Ok(pid),
     }
 }
@@ -304,19 +312,19 @@ fn open_files_limit() -> libc::c_int {
 
 /// The reaper's whole life, in the child of `fork()` or in a fresh process. Only
 /// async-signal-safe system calls; `table` was allocated before and never grows. With
-/// `ready` (descriptor 1, then), it says on it that it serves, and closes it.
+/// `says_ready`, it says on descriptor 1 that it serves, and closes it.
 unsafe fn reaper_main(
     pipe: RawFd,
     table: &mut Vec<libc::pid_t>,
     fd_limit: libc::c_int,
-    ready: Option<RawFd>,
+    says_ready: bool,
 ) -> ! {
     // The pipe becomes descriptor 0 and every other inherited descriptor is closed (but the
     // readiness pipe, descriptor 1, until it has been written).
     if pipe != 0 && libc::dup2(pipe, 0) != 0 {
         libc::_exit(1);
     }
-    let first_closed: libc::c_int = if ready == Some(1) { 2 } else { 1 };
+    let first_closed: libc::c_int = if says_ready { 2 } else { 1 };
     if libc::syscall(libc::SYS_close_range, first_closed as u32, u32::MAX, 0u32) != 0 {
         for fd in first_closed..fd_limit {
             libc::close(fd);
@@ -341,7 +349,7 @@ unsafe fn reaper_main(
         0,
         0,
     );
-    if ready == Some(1) {
+    if says_ready {
         // One write below PIPE_BUF: whole or not at all. If the worker is already gone, the
         // write fails (SIGPIPE is ignored) and the pipe's end-of-file below ends the reaper.
         libc::write(1, READY.as_ptr().cast(), READY.len());

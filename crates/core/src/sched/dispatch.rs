@@ -111,16 +111,14 @@ impl Scheduler {
                     Some(0)
                 };
             }
-            let n = policy
-                .take(&Offer {
-                    worker: id,
-                    job: span.job,
-                    first: span.next,
-                    len: span.len(),
-                    room: room.min(span.len()),
-                })
-                .min(room)
-                .min(span.len());
+            let offer = Offer {
+                worker: id,
+                job: span.job,
+                first: span.next,
+                len: span.len(),
+                room: room.min(span.len()),
+            };
+            let n = policy.take(&offer).min(offer.room);
             let mut given = 0;
             for index in span.next..span.next + n {
                 // A resumed worker may have taken the task back while its entry was queued.

@@ -94,6 +94,9 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
             eprintln!("{}", wait_summary(&p));
         } else if g.output == Format::Table {
             report_wait(g, &p);
+            if p.counts.failed > 0 {
+                crate::queries::show_failures(&mut conn, &ids).await;
+            }
         }
         Some(p)
     } else {
@@ -175,8 +178,11 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
     if let JobCommand::Wait { jobs, quiet } = cmd {
         let mut conn = session::open(g, session::WAITING).await?;
         let quiet = quiet || g.output == Format::Json;
-        let p = wait_for(&mut conn, jobs, quiet).await?;
+        let p = wait_for(&mut conn, jobs.clone(), quiet).await?;
         report_wait(g, &p);
+        if p.counts.failed > 0 && g.output == Format::Table {
+            crate::queries::show_failures(&mut conn, &jobs).await;
+        }
         return Ok(wait_exit(&p));
     }
     let mut s = session::open(g, session::ONE_SHOT).await?;

@@ -3,6 +3,7 @@
 //! `task info`.
 
 use crate::args::{Global, JobStateArg, Status, TaskCommand};
+use crate::cat::Asker;
 use crate::exit;
 use crate::exit::refused_jobs;
 use crate::json::{self, JobListView, JobOutcome, JobView, TaskInfoView, TaskListView, TaskView};
@@ -351,5 +352,38 @@ fn run_time(r: &kestrel_proto::messages::TaskRow) -> String {
             )
         }
         None => "-".into(),
+    }
+}
+
+/// Prints the first failed tasks of each job with their reason and stderr tail (on stderr):
+/// what a run or a wait that ended with failures owes its user.
+pub async fn show_failures(asker: &mut impl Asker, ids: &[JobId]) {
+    const SHOWN: u32 = 10;
+    for &job in ids {
+        let ask = Ask::TaskList {
+            job,
+            state: Some(TaskState::Failed),
+            limit: SHOWN,
+        };
+        let Ok(Answer::Tasks(page)) = asker.ask(ask).await else {
+            continue;
+        };
+        for r in &page.rows {
+            let reason = r.reason.as_deref().unwrap_or("failed");
+            let tail = r
+                .stderr_tail
+                .as_deref()
+                .and_then(|t| t.lines().last())
+                .unwrap_or("");
+            let tail = if tail.is_empty() {
+                String::new()
+            } else {
+                format!(" | {tail}")
+            };
+            eprintln!("job {job} task {}: {reason}{tail}", r.id);
+        }
+        if page.more > 0 {
+            eprintln!("job {job}: ... and {} more failed tasks", page.more);
+        }
     }
 }

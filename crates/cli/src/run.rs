@@ -9,7 +9,6 @@ use crate::output::{self, Format, Progress};
 use crate::run_dirs::RunDirs;
 use anyhow::{bail, Context, Result};
 use kestrel_client::{keyed, Connection, Reconnect, Target};
-use kestrel_core::TaskState;
 use kestrel_proto::messages::{Answer, Ask, Counts, WaitProgress};
 use kestrel_proto::Client;
 use kestrel_server::ServerConfig;
@@ -107,7 +106,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         let all: Vec<u32> = jobs.iter().map(|j| j.id).collect();
         if counts.failed > 0 && g.output == Format::Table {
             // The embedded server goes away with this process: show the failures now.
-            show_failures(client, &all).await;
+            crate::queries::show_failures(client, &all).await;
         }
         Ok::<_, anyhow::Error>((counts, all))
     };
@@ -258,38 +257,6 @@ async fn wait_all(client: &mut Client, ids: Vec<u32>, quiet: bool, hint: String)
     }
     progress.finish();
     Ok(())
-}
-
-/// Prints the first failed tasks of each job with their reason and stderr tail.
-async fn show_failures(client: &mut Client, ids: &[kestrel_core::JobId]) {
-    const SHOWN: u32 = 10;
-    for &job in ids {
-        let ask = Ask::TaskList {
-            job,
-            state: Some(TaskState::Failed),
-            limit: SHOWN,
-        };
-        let Ok(Answer::Tasks(page)) = client.call(ask).await else {
-            continue;
-        };
-        for r in &page.rows {
-            let reason = r.reason.as_deref().unwrap_or("failed");
-            let tail = r
-                .stderr_tail
-                .as_deref()
-                .and_then(|t| t.lines().last())
-                .unwrap_or("");
-            let tail = if tail.is_empty() {
-                String::new()
-            } else {
-                format!(" | {tail}")
-            };
-            eprintln!("job {job} task {}: {reason}{tail}", r.id);
-        }
-        if page.more > 0 {
-            eprintln!("job {job}: ... and {} more failed tasks", page.more);
-        }
-    }
 }
 
 #[cfg(test)]

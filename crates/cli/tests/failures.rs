@@ -282,3 +282,22 @@ fn a_lost_worker_task_runs_again_elsewhere() {
     assert_eq!(workers[0]["finished"], 1);
     kill_group(pid);
 }
+
+#[test]
+fn a_wait_that_ends_with_failures_says_why() {
+    let c = Cluster::with_workers(&[1]);
+    // A typo in the program: the wait names the task and the reason, not just a count.
+    let out = c.run(&["submit", "--wait", "--", "/bin/ture"]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(
+        out.stderr
+            .contains("job 1 task 0: '/bin/ture' does not exist"),
+        "{out:#?}"
+    );
+    let out = c.run(&["job", "wait", "1"]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(
+        out.stderr.contains("'/bin/ture' does not exist"),
+        "{out:#?}"
+    );
+}

@@ -73,8 +73,10 @@ impl Connection {
         let mut resumed = false;
         loop {
             match submit_from(self, subs, &mut done, resumed).await {
-                Err(Error::Client(e)) if lost_or_unreachable(&e) => {
-                    self.reconnect(e.into()).await?;
+                // Lost between pieces: without a window to reconnect in, the error says the
+                // job holds only part of its tasks.
+                Err(e @ (Error::Client(_) | Error::Partial { .. })) if e.is_unreachable() => {
+                    self.reconnect(e).await?;
                     resumed = true;
                 }
                 other => return other.map(|()| done),
@@ -147,10 +149,8 @@ async fn submit_from(
                 },
                 TaskSet::Array(_) => break,
             };
-            match client.call(piece).await {
-                Ok(_) => {}
-                Err(e) if lost_or_unreachable(&e) => return Err(e.into()),
-                Err(source) => return Err(Error::Partial { job, source }),
+            if let Err(source) = client.call(piece).await {
+                return Err(Error::Partial { job, source });
             }
         }
         // After a reconnect the first job may have been sent before the connection broke: a

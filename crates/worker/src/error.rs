@@ -17,10 +17,6 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
-    pub(crate) fn from_handshake(e: ProtoError) -> WorkerError {
-        WorkerError::Proto(e)
-    }
-
     /// Whether trying again later might help (the server may be restarting).
     pub(crate) fn is_transient(&self) -> bool {
         matches!(

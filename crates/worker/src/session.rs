@@ -66,8 +66,7 @@ pub(crate) async fn serve(
         Role::Worker,
         &access.secret_bytes(),
     )
-    .await
-    .map_err(WorkerError::from_handshake)?;
+    .await?;
     let WorkerState {
         exec,
         staging,
@@ -192,6 +191,8 @@ impl Session<'_> {
                     "registered with a different server; dropping the previous server's tasks"
                 );
                 crate::executor::abandon(l, &mut *self.exec).await;
+                // Starts of the old server's tasks (followers that began meanwhile) too.
+                l.started.clear();
                 l.waited.clear();
                 l.local = self.config.local();
                 Some(Handover::Dropped {

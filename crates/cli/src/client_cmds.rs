@@ -422,8 +422,9 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
             "memory / resources",
             "exec",
             "tasks",
-            "finished",
-            "failed",
+            // Runs, not tasks: a task that failed, was retried and failed again counts twice.
+            "runs finished",
+            "runs failed",
             "last seen",
             "state",
         ]);

@@ -334,7 +334,9 @@ pub struct WorkerView {
     pub exec: String,
     /// Tasks assigned to it and not ended.
     pub tasks: u64,
+    /// Task runs that succeeded on it.
     pub finished: u64,
+    /// Task runs that failed on it (a retried task's every failure counts).
     pub failed: u64,
     pub joined_us: u64,
     pub last_seen_us: u64,

@@ -360,8 +360,11 @@ fn pieces_of_a_job_of_lines_resent_after_a_crash_are_added_once() {
 fn an_array_with_overlapping_runs_from_the_wire_is_refused() {
     let c = Cluster::new();
     // Runs 1-5 and 3-7, as a client other than kestrel's could send them.
-    let runs = kestrel_proto::encode(&vec![(1u32, 5u32, 1u32), (3, 5, 1)]).unwrap();
-    let ids: kestrel_core::IdRanges = kestrel_proto::decode(&runs).unwrap();
+    let runs = vec![
+        kestrel_core::IdRun::new(1, 5, 1),
+        kestrel_core::IdRun::new(3, 5, 1),
+    ];
+    let ids = kestrel_core::IdRanges::try_from(runs).unwrap();
     let body = Ask::Submit {
         spec: true_spec("overlap"),
         tasks: kestrel_core::TaskSet::Array(ids),

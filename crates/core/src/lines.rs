@@ -3,10 +3,8 @@
 //! A job of a million input lines holds a million short strings for its whole life on the
 //! server. One `String` each would cost a heap block and 24 bytes of header per line; packed,
 //! a line costs its bytes and one offset. On the wire and in the journal it is a plain list of
-//! strings, decoded straight into the buffer.
+//! strings, decoded straight into the buffer (kestrel-proto's `wire::line_list`).
 
-use serde::de::{DeserializeSeed, SeqAccess, Visitor};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::ops::Range;
 
@@ -39,6 +37,11 @@ impl LineList {
         let end = *self.ends.get(i)?;
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
         Some(&self.text[start..end])
+    }
+
+    /// Makes room for `lines` more lines (their offsets; the text grows as they come).
+    pub fn reserve(&mut self, lines: usize) {
+        self.ends.reserve(lines);
     }
 
     /// Appends `line` (which holds no line break).
@@ -109,60 +112,6 @@ impl fmt::Debug for LineList {
     }
 }
 
-impl Serialize for LineList {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.iter())
-    }
-}
-
-impl<'de> Deserialize<'de> for LineList {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<LineList, D::Error> {
-        d.deserialize_seq(ListVisitor)
-    }
-}
-
-struct ListVisitor;
-
-impl<'de> Visitor<'de> for ListVisitor {
-    type Value = LineList;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a list of strings")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LineList, A::Error> {
-        let mut list = LineList::new();
-        // The size hint comes from the input: a cap keeps a lying one from reserving gigabytes.
-        list.ends.reserve(seq.size_hint().unwrap_or(0).min(1 << 16));
-        while seq.next_element_seed(PushLine(&mut list))?.is_some() {}
-        Ok(list)
-    }
-}
-
-/// Decodes one string straight onto the end of a list, without a `String` of its own.
-struct PushLine<'a>(&'a mut LineList);
-
-impl<'de> DeserializeSeed<'de> for PushLine<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for PushLine<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a string")
-    }
-
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
-        self.0.push(v);
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,15 +137,5 @@ mod tests {
         let mut a = list(&["x"]);
         a.append_from(&list(&["y", "z"]), 1);
         assert_eq!(a, list(&["x", "z"]));
-    }
-
-    #[test]
-    fn on_the_wire_it_is_a_list_of_strings() {
-        let l = list(&["one", "twö", ""]);
-        let bytes = rmp_serde::to_vec(&l).unwrap();
-        let plain = vec!["one".to_string(), "twö".into(), "".into()];
-        assert_eq!(bytes, rmp_serde::to_vec(&plain).unwrap());
-        assert_eq!(rmp_serde::from_slice::<LineList>(&bytes).unwrap(), l);
-        assert!(rmp_serde::from_slice::<LineList>(&rmp_serde::to_vec(&[1, 2]).unwrap()).is_err());
     }
 }

@@ -1,27 +1,21 @@
 //! What workers report about tasks, and what the scheduler tells its driver to do.
 
 use crate::spec::{JobId, TaskIndex, WorkerId};
-use serde::{Deserialize, Serialize};
 
 /// How a run of a task ended, as the worker saw it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunEnd {
     /// Exit code 0.
-    // One-letter names on the wire: a worker reports one ending per task, so "Success" cost
-    // 8 of a report's ~31 bytes. The full names are still read (journals written before).
-    #[serde(rename = "S", alias = "Success")]
     Success,
     /// Anything else; spends one retry. Boxed so that the common endings keep a [`Finished`]
     /// small (40 bytes instead of 96): workers and the server hold thousands of them per message.
-    #[serde(rename = "F", alias = "Failed")]
     Failed(Box<Failure>),
     /// Killed because the server asked (cancel).
-    #[serde(rename = "C", alias = "Canceled")]
     Canceled,
 }
 
 /// Why a run failed, kept by the server for `kestrel task list --status failed`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     /// The exit code, if the process exited.
     pub exit_code: Option<i32>,
@@ -47,7 +41,7 @@ impl Failure {
 }
 
 /// A worker's report that a task's run ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finished {
     /// The job of the task.
     pub job: JobId,
@@ -62,7 +56,7 @@ pub struct Finished {
 }
 
 /// A worker's report that a task's process started, at `at_us` on the worker's clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Started {
     /// The job of the task.
     pub job: JobId,
@@ -73,7 +67,7 @@ pub struct Started {
 }
 
 /// A run of consecutive task indices of one job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IndexRun {
     /// The job of the tasks.
     pub job: JobId,

@@ -5,7 +5,6 @@
 //! command itself is carried through to the worker untouched.
 
 pub use crate::lines::LineList;
-use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// A job's number, unique for the life of a server.
@@ -18,7 +17,7 @@ pub type TaskIndex = u32;
 pub type WorkerId = u32;
 
 /// Where a task's stdout or stderr goes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Sink {
     /// Discarded (`/dev/null`).
     #[default]
@@ -51,19 +50,17 @@ impl Sink {
 pub const MAX_NAMED: usize = 8;
 
 /// Resources a task holds while it runs, or a worker has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resources {
     /// Slots (cores); at least 1 for a task.
     pub cpus: u32,
     /// Whole GPUs.
     pub gpus: u32,
     /// Memory in bytes (0: a task that asks for none).
-    #[serde(default)]
     pub mem: u64,
     /// Amounts of named resources, by the scheduler's numbering of their names. Filled in by
     /// the scheduler from [`JobSpec::named`] and a worker's offer; the names are what travel
     /// and are journaled, never these numbers.
-    #[serde(skip)]
     pub named: [u32; MAX_NAMED],
 }
 
@@ -147,7 +144,7 @@ impl Resources {
 
 /// How every task of a job runs, apart from its own command line. The default runs nothing
 /// (no argv) with its output discarded.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TaskTemplate {
     /// Program and arguments for arrays and jobs of lines (with placeholders, see
     /// [`crate::placeholders`]); empty for lists of commands.
@@ -165,13 +162,13 @@ pub struct TaskTemplate {
 }
 
 /// The set of task ids of an array job, kept as ranges so a 10-million-task array costs bytes.
-/// On the wire only the runs travel; the index is rebuilt (and checked) on arrival.
+/// On the wire only the runs travel ([`IdRanges::runs`]); the index is rebuilt (and checked)
+/// on arrival ([`IdRanges::try_from`]).
 ///
 /// [`IdRanges::parse`] gives ids sorted and unique (overlapping ranges merged, as Slurm does);
-/// a submission must be so ([`JobSpec::validate`]). Deserializing keeps the runs as they were
-/// stored, so a journal written before ids were merged replays with its tasks' indices intact.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "Vec<IdRun>", into = "Vec<IdRun>")]
+/// a submission must be so ([`JobSpec::validate`]). Rebuilding from runs keeps them as they
+/// were stored, so a journal written before ids were merged replays with its tasks' indices intact.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IdRanges {
     /// `(first, count, step)` runs, in the order given by the user.
     runs: Vec<IdRun>,
@@ -219,11 +216,24 @@ impl fmt::Display for IdRanges {
 }
 
 /// `count` ids `first, first + step, ...`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdRun {
     pub(crate) first: u32,
     pub(crate) count: u32,
     pub(crate) step: u32,
+}
+
+impl IdRun {
+    /// The run `first, first + step, ...` of `count` ids, as stored; [`IdRanges::try_from`]
+    /// checks it.
+    pub fn new(first: u32, count: u32, step: u32) -> IdRun {
+        IdRun { first, count, step }
+    }
+
+    /// The run as `(first, count, step)`.
+    pub fn parts(&self) -> (u32, u32, u32) {
+        (self.first, self.count, self.step)
+    }
 }
 
 /// Why an array expression was refused.
@@ -397,7 +407,7 @@ fn parse_run(part: &str) -> Result<IdRun, RangeError> {
 }
 
 /// The tasks of a job.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskSet {
     /// One task per id, all running the template's command.
     Array(IdRanges),
@@ -478,7 +488,7 @@ impl TaskSet {
 }
 
 /// Everything the scheduler needs to know about a job at submission.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobSpec {
     /// The job's name, for listings.
     pub name: String,
@@ -492,7 +502,6 @@ pub struct JobSpec {
     pub retries: u32,
     /// Named countable resources each task holds (`--resource licenses=1`), matched against
     /// what workers offer under the same names.
-    #[serde(default)]
     pub named: Vec<(String, u32)>,
 }
 
@@ -600,7 +609,7 @@ impl JobSpec {
 }
 
 /// Where a task is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum TaskState {
     /// Queued (or waiting out a retry backoff).

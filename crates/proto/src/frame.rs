@@ -215,6 +215,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 mod tests {
     use super::*;
     use crate::messages::*;
+    use crate::wire::run_end;
     use kestrel_core::{Failure, Finished, IndexRun, RunEnd};
     use proptest::prelude::*;
     use tokio::io::AsyncWriteExt;
@@ -351,7 +352,7 @@ mod tests {
         #[derive(Serialize)]
         enum OldRunEnd {
             Success,
-            Failed(Failure),
+            Failed(#[serde(with = "crate::wire::FailureDef")] Failure),
             Canceled,
         }
         let failure = Failure {
@@ -370,9 +371,12 @@ mod tests {
         ];
         for (old, new) in old {
             let bytes = rmp_serde::to_vec(&old).unwrap();
-            assert_eq!(decode::<RunEnd>(&bytes).unwrap(), new);
+            assert_eq!(decode::<run_end::Own>(&bytes).unwrap().0, new);
         }
-        assert_eq!(encode(&RunEnd::Success).unwrap().len(), 2);
+        assert_eq!(
+            encode(&run_end::Ref(&RunEnd::Success)).unwrap(),
+            &b"\xa1S"[..]
+        );
     }
 
     /// An update from a worker that knows nothing of streamed output (no `outputs` field)
@@ -382,13 +386,13 @@ mod tests {
         #[derive(Serialize)]
         enum OldFromWorker {
             Update {
-                started: Vec<Started>,
-                finished: Vec<(u32, u32, u64, i64, RunEnd)>,
+                started: Vec<(u32, u32, u64)>,
+                finished: Vec<(u32, u32, u64, i64, run_end::Ref<'static>)>,
             },
         }
         let old = OldFromWorker::Update {
             started: vec![],
-            finished: vec![(1, 2, 100, 5, RunEnd::Success)],
+            finished: vec![(1, 2, 100, 5, run_end::Ref(&RunEnd::Success))],
         };
         let decoded: FromWorker = decode(&rmp_serde::to_vec(&old).unwrap()).unwrap();
         let FromWorker::Update {

@@ -3,6 +3,7 @@
 //! - [`frame`]: length-delimited MessagePack frames with a size limit.
 //! - [`auth`]: the versioned handshake with challenge–response on the shared secret.
 //! - [`messages`]: what workers, clients and the server say to each other, in batches.
+//! - [`wire`]: the wire form of core's types (core itself has no serde).
 //! - [`client`]: a client connection for the CLI, tests and tools.
 //! - [`access`]: the access file that tells a worker or client where the server is.
 //! - [`tls`]: optional TLS, with the server's certificate pinned through the access file.
@@ -13,6 +14,7 @@ pub mod client;
 pub mod frame;
 pub mod messages;
 pub mod tls;
+pub mod wire;
 
 pub use access::{check_existing, default_server_dir, Access, AccessError, ACCESS_FILE};
 pub use auth::{

@@ -3,8 +3,14 @@
 //! Encoded as MessagePack with positional fields (compact; both ends agree on the schema through
 //! the protocol version checked in the handshake). Every hot message carries a batch.
 
-/// A task's process started (core's own type: an update's starts go to the scheduler as they
-/// came, without a copy).
+use crate::wire::{
+    id_ranges, line_list, task_state, CountsDef, IndexRunDef, JobSpecDef, ResourcesDef, SinkDef,
+    TaskSetDef, TaskStateDef, TaskTemplateDef,
+};
+/// Task counts by state (core's own type; its wire form is [`crate::wire::CountsDef`]).
+pub use kestrel_core::Counts;
+/// A task's process started (core's own type, decoded in place through
+/// [`crate::wire::StartedDef`]: an update's starts go to the scheduler as they came).
 pub use kestrel_core::Started;
 use kestrel_core::{
     Finished, IdRanges, IndexRun, JobId, JobSpec, LineList, Resources, SchedError, Sink, TaskId,
@@ -21,20 +27,21 @@ use std::fmt;
 /// nearly every end, is nil (1 byte, no string to write and compare on the per-task path).
 /// Only the wire form: the journal stores [`Finished`] as it is.
 mod ends_on_wire {
+    use crate::wire::run_end;
     use kestrel_core::{Finished, JobId, RunEnd, TaskIndex};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize)]
-    struct Out<'a>(JobId, TaskIndex, u64, i64, Option<&'a RunEnd>);
+    struct Out<'a>(JobId, TaskIndex, u64, i64, Option<run_end::Ref<'a>>);
 
     #[derive(Deserialize)]
-    struct In(JobId, TaskIndex, u64, i64, Option<RunEnd>);
+    struct In(JobId, TaskIndex, u64, i64, Option<run_end::Own>);
 
     pub fn serialize<S: Serializer>(ends: &[Finished], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(ends.iter().map(|f| {
             // Two's complement: an end before the start (a clock step) comes back exactly.
             let run_us = f.finished_us.wrapping_sub(f.started_us) as i64;
-            let end = (f.end != RunEnd::Success).then_some(&f.end);
+            let end = (f.end != RunEnd::Success).then_some(run_end::Ref(&f.end));
             Out(f.job, f.index, f.started_us, run_us, end)
         }))
     }
@@ -48,7 +55,7 @@ mod ends_on_wire {
                 started_us,
                 // The exact inverse of the encoding, for every pair of times.
                 finished_us: started_us.wrapping_add_signed(run_us),
-                end: end.unwrap_or(RunEnd::Success),
+                end: end.map_or(RunEnd::Success, |run_end::Own(e)| e),
             })
             .collect())
     }
@@ -61,6 +68,7 @@ pub enum FromWorker {
     Register(Registration),
     /// Batched task progress: starts and ends since the last update.
     Update {
+        #[serde(with = "crate::wire::started::vec")]
         started: Vec<Started>,
         #[serde(with = "ends_on_wire")]
         finished: Vec<Finished>,
@@ -180,8 +188,10 @@ pub enum ToWorker {
     /// How a job's tasks run; sent before the worker's first task of the job.
     DefineJob {
         job: JobId,
+        #[serde(with = "TaskTemplateDef")]
         template: TaskTemplate,
         ids: JobIds,
+        #[serde(with = "ResourcesDef")]
         resources: Resources,
         /// Named resources each task holds.
         #[serde(default)]
@@ -204,7 +214,7 @@ pub enum ToWorker {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobIds {
     /// Array: ids from the ranges.
-    Array(IdRanges),
+    Array(#[serde(with = "crate::wire::IdRangesDef")] IdRanges),
     /// List or lines: id = index; each assignment carries the task's argv or line.
     List,
 }
@@ -213,11 +223,16 @@ pub enum JobIds {
 /// line per task (the template's command runs with `{line}` replaced by it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assigned {
+    #[serde(with = "IndexRunDef")]
     pub run: IndexRun,
     pub argvs: Vec<Vec<String>>,
     /// Left out when empty (only a trailing field can be: fields are positional), so an
     /// array's assignment is as short as before.
-    #[serde(default, skip_serializing_if = "LineList::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "LineList::is_empty",
+        with = "line_list"
+    )]
     pub lines: LineList,
 }
 
@@ -269,7 +284,9 @@ pub struct Request {
 pub enum Ask {
     /// A new job. With `open`, more list tasks follow through `Extend`.
     Submit {
+        #[serde(with = "JobSpecDef")]
         spec: JobSpec,
+        #[serde(with = "TaskSetDef")]
         tasks: TaskSet,
         open: bool,
         /// Client-generated idempotency key: a submit repeated with the same key (after a lost
@@ -289,6 +306,7 @@ pub enum Ask {
     ExtendLines {
         job: JobId,
         at: u32,
+        #[serde(with = "line_list")]
         lines: LineList,
         close: bool,
     },
@@ -299,6 +317,7 @@ pub enum Ask {
     /// Tasks of a job, optionally only those in one state; at most `limit` rows.
     TaskList {
         job: JobId,
+        #[serde(with = "task_state::option")]
         state: Option<TaskState>,
         limit: u32,
     },
@@ -344,6 +363,7 @@ pub enum Ask {
     /// those from the `offset`-th on, at most `limit`.
     TaskPage {
         job: JobId,
+        #[serde(with = "task_state::option")]
         state: Option<TaskState>,
         offset: u32,
         limit: u32,
@@ -359,6 +379,7 @@ pub enum Ask {
     Output {
         job: JobId,
         stderr: bool,
+        #[serde(with = "id_ranges::option")]
         tasks: Option<IdRanges>,
         from: u32,
         max_bytes: u32,
@@ -579,7 +600,9 @@ pub struct TaskDetail {
     pub argv: Vec<String>,
     /// The job's working directory (placeholders not yet replaced); the worker's if `None`.
     pub cwd: Option<String>,
+    #[serde(with = "SinkDef")]
     pub stdout: Sink,
+    #[serde(with = "SinkDef")]
     pub stderr: Sink,
     /// The host name of the worker it was last assigned to, while that worker is connected.
     pub worker_host: Option<String>,
@@ -592,6 +615,7 @@ pub struct TaskDetail {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputPage {
     /// Where the job sends this stream (placeholders not substituted).
+    #[serde(with = "SinkDef")]
     pub sink: Sink,
     /// One per selected task, in order; none for a job that discards the stream.
     pub rows: Vec<OutputRow>,
@@ -604,6 +628,7 @@ pub struct OutputPage {
 pub struct OutputRow {
     pub id: TaskId,
     /// `None` if the job has no task with this id.
+    #[serde(with = "task_state::option")]
     pub state: Option<TaskState>,
     pub output: RowOutput,
 }
@@ -621,59 +646,6 @@ pub enum RowOutput {
     Dropped(String),
 }
 
-/// Task counts by state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub ready: u32,
-    pub assigned: u32,
-    pub running: u32,
-    pub finished: u32,
-    pub failed: u32,
-    pub canceled: u32,
-}
-
-impl Counts {
-    pub fn total(&self) -> u64 {
-        [
-            self.ready,
-            self.assigned,
-            self.running,
-            self.finished,
-            self.failed,
-            self.canceled,
-        ]
-        .iter()
-        .map(|&c| c as u64)
-        .sum()
-    }
-
-    pub fn done(&self) -> u64 {
-        self.finished as u64 + self.failed as u64 + self.canceled as u64
-    }
-
-    pub fn add(&mut self, o: &Counts) {
-        self.ready += o.ready;
-        self.assigned += o.assigned;
-        self.running += o.running;
-        self.finished += o.finished;
-        self.failed += o.failed;
-        self.canceled += o.canceled;
-    }
-}
-
-impl From<kestrel_core::Counts> for Counts {
-    fn from(c: kestrel_core::Counts) -> Counts {
-        Counts {
-            ready: c.ready,
-            assigned: c.assigned,
-            running: c.running,
-            finished: c.finished,
-            failed: c.failed,
-            canceled: c.canceled,
-        }
-    }
-}
-
 /// One line of `kestrel job list`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSummary {
@@ -681,6 +653,7 @@ pub struct JobSummary {
     pub name: String,
     /// "queued", "running", "finished", "failed", "canceled".
     pub state: String,
+    #[serde(with = "CountsDef")]
     pub counts: Counts,
     pub submitted_us: u64,
     pub finished_us: Option<u64>,
@@ -690,6 +663,7 @@ pub struct JobSummary {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobDetail {
     pub summary: JobSummary,
+    #[serde(with = "JobSpecDef")]
     pub spec: JobSpec,
     /// "array of 100 tasks, ids 1-100", "1 task (id 0)" or "list of 12 tasks".
     pub tasks: String,
@@ -732,6 +706,7 @@ pub struct TaskPage {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskRow {
     pub id: u32,
+    #[serde(with = "TaskStateDef")]
     pub state: TaskState,
     pub worker: Option<WorkerId>,
     pub assigned_us: u64,
@@ -787,6 +762,7 @@ pub struct CancelResult {
 pub struct WaitProgress {
     pub jobs: u32,
     pub jobs_done: u32,
+    #[serde(with = "CountsDef")]
     pub counts: Counts,
     /// Why some of the jobs' queued tasks cannot go to any worker now, if so.
     #[serde(default)]

@@ -14,7 +14,7 @@ pub fn job_state(j: &Job) -> JobState {
         } else {
             JobState::Finished
         }
-    } else if c.assigned + c.running + c.done() > 0 {
+    } else if c.total() > u64::from(c.ready) {
         JobState::Running
     } else {
         JobState::Queued
@@ -67,7 +67,7 @@ pub fn job_summary(j: &Job) -> JobSummary {
         id: j.id,
         name: j.spec.name.clone(),
         state: job_state(j).name().into(),
-        counts: j.counts.into(),
+        counts: j.counts,
         submitted_us: j.submitted_us,
         finished_us: j.finished_us,
     }

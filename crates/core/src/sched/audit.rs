@@ -51,7 +51,7 @@ impl Scheduler {
                     j.counts
                 ));
             }
-            if j.counts.total() != j.len() {
+            if j.counts.total() != u64::from(j.len()) {
                 bad.push(format!(
                     "job {id}: counts add up to {}, it holds {} tasks",
                     j.counts.total(),

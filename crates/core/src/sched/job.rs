@@ -41,14 +41,25 @@ impl Counts {
         *self.slot(to) += 1;
     }
 
-    /// Tasks that reached a terminal state.
-    pub fn done(&self) -> u32 {
-        self.finished + self.failed + self.canceled
+    /// Tasks that reached a terminal state (a `u64`: counts summed over jobs may pass `u32`).
+    pub fn done(&self) -> u64 {
+        u64::from(self.finished) + u64::from(self.failed) + u64::from(self.canceled)
     }
 
-    /// Every task of the job.
-    pub fn total(&self) -> u32 {
-        self.done() + self.ready + self.assigned + self.running
+    /// Every task counted.
+    pub fn total(&self) -> u64 {
+        self.done() + u64::from(self.ready) + u64::from(self.assigned) + u64::from(self.running)
+    }
+
+    /// Adds `other`'s counts, state by state (a client's sum over the jobs it waits for),
+    /// saturating rather than wrapping.
+    pub fn add(&mut self, other: &Counts) {
+        self.ready = self.ready.saturating_add(other.ready);
+        self.assigned = self.assigned.saturating_add(other.assigned);
+        self.running = self.running.saturating_add(other.running);
+        self.finished = self.finished.saturating_add(other.finished);
+        self.failed = self.failed.saturating_add(other.failed);
+        self.canceled = self.canceled.saturating_add(other.canceled);
     }
 }
 
@@ -128,7 +139,7 @@ impl Job {
 
     /// Whether every task is terminal and no more can come.
     pub fn is_done(&self) -> bool {
-        !self.open && self.counts.done() == self.len()
+        !self.open && self.counts.done() == u64::from(self.len())
     }
 
     /// The record of a task (untouched tasks of a canceled job read as canceled).

@@ -236,7 +236,7 @@ impl Scheduler {
     pub(crate) fn forget_job(&mut self, job: JobId) -> Result<(), SchedError> {
         let j = self.jobs.get(&job).ok_or(SchedError::NoSuchJob(job))?;
         if !j.is_done() {
-            let left = j.len() - j.counts.done();
+            let left = j.len() - j.counts.done() as u32;
             return Err(SchedError::NotEnded { job, left });
         }
         self.jobs.remove(&job);

@@ -363,7 +363,7 @@ impl Engine {
             ..Default::default()
         };
         for j in jobs.iter().filter_map(|id| self.core.job(*id)) {
-            p.counts.add(&j.counts.into());
+            p.counts.add(&j.counts);
             if j.is_done() {
                 p.jobs_done += 1;
             } else if p.waiting.is_none() {

@@ -7,6 +7,7 @@
 
 use crate::outputs::OutputOp;
 use kestrel_core::{Finished, JobId, JobSpec, LineList, TaskIndex, TaskSet};
+use kestrel_proto::wire::{line_list, FailureDef, JobSpecDef, TaskSetDef};
 use serde::{Deserialize, Serialize};
 
 const KIND_SUBMIT: i64 = 1;
@@ -24,7 +25,9 @@ pub(super) struct SubmitBody {
     pub(super) job: JobId,
     pub(super) at_us: u64,
     pub(super) key: Option<String>,
+    #[serde(with = "JobSpecDef")]
     pub(super) spec: JobSpec,
+    #[serde(with = "TaskSetDef")]
     pub(super) tasks: TaskSet,
     pub(super) open: bool,
 }
@@ -37,7 +40,7 @@ pub(super) struct ExtendBody {
     pub(super) argvs: Vec<Vec<String>>,
     pub(super) close: bool,
     /// Absent from entries written before jobs of lines existed.
-    #[serde(default)]
+    #[serde(default, with = "line_list")]
     pub(super) lines: LineList,
 }
 
@@ -55,6 +58,7 @@ pub(super) struct GiveUpBody {
     pub(super) job: JobId,
     pub(super) index: TaskIndex,
     pub(super) at_us: u64,
+    #[serde(with = "FailureDef")]
     pub(super) failure: kestrel_core::Failure,
 }
 
@@ -86,11 +90,28 @@ pub(super) struct EndsBody {
     /// (job, index, assigned, started, finished), times as offsets from `base_us`.
     pub(super) ok: Vec<(JobId, TaskIndex, i64, i64, i64)>,
     /// (report, assigned_us).
+    #[serde(with = "reports_assigned")]
     pub(super) other: Vec<(Finished, u64)>,
     /// Per job, the summed wait for a slot of the successes in `ok` (one pair per job and
     /// batch, not a number per task).
     #[serde(default)]
     pub(super) waited: Vec<(JobId, u64)>,
+}
+
+/// `(report, assigned_us)` pairs, the report in its full wire form.
+mod reports_assigned {
+    use kestrel_core::Finished;
+    use kestrel_proto::wire::finished::{Own, Ref};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[(Finished, u64)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|(f, at)| (Ref(f), at)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(Finished, u64)>, D::Error> {
+        let pairs = Vec::<(Own, u64)>::deserialize(d)?;
+        Ok(pairs.into_iter().map(|(Own(f), at)| (f, at)).collect())
+    }
 }
 
 impl EndsBody {
@@ -199,7 +220,9 @@ impl Pending {
             job: JobId,
             at_us: u64,
             key: Option<String>,
+            #[serde(with = "JobSpecDef")]
             spec: &'a JobSpec,
+            #[serde(with = "TaskSetDef")]
             tasks: &'a TaskSet,
             open: bool,
         }
@@ -393,5 +416,89 @@ mod tests {
             panic!("kind 99 decoded");
         };
         assert!(e.contains("unknown entry kind 99"), "{e}");
+    }
+
+    /// Every kind of entry, as bytes. The journal outlives the binary that wrote it, so these
+    /// bytes are its schema: a change that alters them fails here (and must keep the old ones
+    /// readable). The encodings of core's types come from `kestrel_proto::wire`.
+    #[test]
+    fn entries_are_written_as_they_always_were() {
+        let mut spec = JobSpec::command("sweep", vec!["sim".into(), "{task}".into()]);
+        spec.template.env = vec![("K".into(), "v".into())];
+        spec.template.cwd = Some("/scratch/{job}".into());
+        spec.template.stdout = kestrel_core::Sink::File("out.{task}".into());
+        spec.template.stderr = kestrel_core::Sink::Stream { limit: 4096 };
+        spec.template.timeout_ms = Some(60_000);
+        spec.resources.cpus = 2;
+        spec.resources.mem = 1 << 30;
+        spec.priority = -1;
+        spec.retries = 3;
+        spec.named = vec![("licenses".into(), 1)];
+        let array = TaskSet::Array(kestrel_core::IdRanges::parse("1-5,9,20-30:5").unwrap());
+        let lines = TaskSet::Lines(["a.fits", "b c.fits"].into_iter().collect());
+        let list = TaskSet::List(vec![vec!["echo".into(), "1".into()], vec!["true".into()]]);
+        let mut p = Pending::default();
+        p.submit(7, 1_000, Some("key".into()), &spec, &array, false);
+        p.submit(
+            8,
+            1_001,
+            None,
+            &JobSpec::command("l", vec!["x".into()]),
+            &lines,
+            true,
+        );
+        p.extend(8, 1_002, &lines, 1, false);
+        p.submit(9, 1_003, None, &JobSpec::command("c", vec![]), &list, true);
+        p.extend(9, 1_004, &list, 1, true);
+        let ok = Finished {
+            job: 7,
+            index: 2,
+            started_us: 2_000,
+            finished_us: 2_500,
+            end: RunEnd::Success,
+        };
+        p.task_end(ok.clone(), 1_900);
+        let failed = Failure {
+            exit_code: Some(3),
+            signal: None,
+            reason: "exit code 3".into(),
+            stderr_tail: "boom".into(),
+        };
+        let end = |end| Finished { end, ..ok.clone() };
+        p.task_end(end(RunEnd::Failed(Box::new(failed.clone()))), 1_950);
+        p.task_end(end(RunEnd::Canceled), 1_960);
+        p.slot_wait(7, 40);
+        p.cancel(9, 3_000);
+        p.retry(7, 3_001, true);
+        p.give_up(7, 4, 3_002, Failure::because("lost with 3 workers"));
+        p.lost(vec![(7, 1), (7, 3)]);
+        p.forget(vec![8, 9], 3_003);
+        let hex: Vec<String> = p
+            .rows
+            .iter()
+            .map(|(kind, body)| {
+                let bytes: String = body.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{kind}:{bytes}")
+            })
+            .collect();
+        // Written by the journal of 6c03047, before core's types lost their serde derives.
+        #[rustfmt::skip]
+        let expected: &[&str] = &[
+            "1:9607cd03e8a36b657996a573776565709692a373696da67b7461736b7d9192a14ba176ae2f736372617463682f7b6a6f627d81a446696c65aa6f75742e7b7461736b7d81a653747265616d91cd1000cdea60930200ce40000000ff039192a86c6963656e7365730181a5417272617993930105019309010193140305c2",
+            "1:9608cd03e9c096a16c9691a17890c0a44e756c6ca44e756c6cc09301000000009081a54c696e657392a6612e66697473a86220632e66697473c3",
+            "2:9508cd03ea90c291a86220632e66697473",
+            "1:9609cd03ebc096a163969090c0a44e756c6ca44e756c6cc09301000000009081a44c6973749292a46563686fa13191a474727565c3",
+            "2:9509cd03ec9191a474727565c390",
+            "4:94cd076c919507020064cd02589292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a891920728",
+            "3:9209cd0bb8",
+            "5:9307cd0bb9c3",
+            "6:940704cd0bba94c0c0b36c6f73742077697468203320776f726b657273a0",
+            "7:9192920701920703",
+            "8:92920809cd0bbb",
+        ];
+        assert_eq!(hex, expected, "journal entries changed their bytes");
+        for (kind, body) in &p.rows {
+            assert!(Entry::decode(*kind, body).is_ok(), "kind {kind} reads back");
+        }
     }
 }

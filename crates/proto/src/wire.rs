@@ -1,0 +1,367 @@
+//! The wire form of core's types: field order, names and encodings of everything core
+//! defines and the protocol (or the server's journal) carries.
+//!
+//! Core's types are plain data with no serde at all; their MessagePack form is written down
+//! here and nowhere else, so a change to a core struct cannot change the bytes on the wire
+//! without a change to this file (and the golden tests in `tests/golden.rs` catch one that
+//! does). Each `…Def` is a serde *remote* definition: serde generates, from the field list
+//! written here, code that encodes core's value directly and decodes straight into it. That
+//! is the conversion at the edge without a copy: a report of a thousand task starts is decoded
+//! into core's `Started` values, not into a twin type and then moved.
+//!
+//! Use one as `#[serde(with = "wire::JobSpecDef")]` on a field of core's type; for an `Option`
+//! or a `Vec` of one, or to encode one on its own, the modules [`job_spec`], [`task_state`],
+//! [`started`], [`run_end`], [`finished`], [`failure`] and [`id_ranges`] have `Ref`, `Own`,
+//! `option` and `vec` forms.
+//!
+//! Fields are positional (MessagePack arrays), so they may only be added at the end, with
+//! `#[serde(default)]`, and then an older peer still reads the message.
+
+use kestrel_core::{
+    Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, LineList, Resources,
+    RunEnd, Sink, Started, TaskIndex, TaskSet, TaskState, TaskTemplate, MAX_NAMED,
+};
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+
+/// [`Sink`]: `"Null"`, `{"File": path}` or `{"Stream": [limit]}`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Sink")]
+pub enum SinkDef {
+    Null,
+    File(String),
+    Stream { limit: u32 },
+}
+
+/// [`Resources`]: `[cpus, gpus, mem]`. The scheduler's numbering of named resources never
+/// travels (the names do, beside it), and comes back as zeros.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Resources")]
+pub struct ResourcesDef {
+    pub cpus: u32,
+    pub gpus: u32,
+    #[serde(default)]
+    pub mem: u64,
+    #[serde(skip)]
+    pub named: [u32; MAX_NAMED],
+}
+
+/// [`TaskTemplate`]: `[argv, env, cwd, stdout, stderr, timeout_ms]`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "TaskTemplate")]
+pub struct TaskTemplateDef {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    #[serde(with = "SinkDef")]
+    pub stdout: Sink,
+    #[serde(with = "SinkDef")]
+    pub stderr: Sink,
+    pub timeout_ms: Option<u64>,
+}
+
+/// [`JobSpec`]: `[name, template, resources, priority, retries, named]`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "JobSpec")]
+pub struct JobSpecDef {
+    pub name: String,
+    #[serde(with = "TaskTemplateDef")]
+    pub template: TaskTemplate,
+    #[serde(with = "ResourcesDef")]
+    pub resources: Resources,
+    pub priority: i32,
+    pub retries: u32,
+    #[serde(default)]
+    pub named: Vec<(String, u32)>,
+}
+
+/// [`TaskSet`]: `{"Array": runs}`, `{"List": [argv, ...]}` or `{"Lines": [line, ...]}`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "TaskSet")]
+pub enum TaskSetDef {
+    Array(#[serde(with = "IdRangesDef")] IdRanges),
+    List(Vec<Vec<String>>),
+    Lines(#[serde(with = "line_list")] LineList),
+}
+
+/// [`TaskState`]: its name, `"Ready"` … `"Canceled"`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "TaskState")]
+pub enum TaskStateDef {
+    Ready,
+    Assigned,
+    Running,
+    Finished,
+    Failed,
+    Canceled,
+}
+
+/// [`RunEnd`]: `"S"`, `{"F": failure}` or `"C"`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "RunEnd")]
+pub enum RunEndDef {
+    // One-letter names: a worker reports one ending per task, so "Success" cost 8 of a
+    // report's ~31 bytes. The full names are still read (journals written before).
+    #[serde(rename = "S", alias = "Success")]
+    Success,
+    #[serde(rename = "F", alias = "Failed")]
+    Failed(#[serde(with = "failure::boxed")] Box<Failure>),
+    #[serde(rename = "C", alias = "Canceled")]
+    Canceled,
+}
+
+/// [`Failure`]: `[exit_code, signal, reason, stderr_tail]`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Failure")]
+pub struct FailureDef {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub reason: String,
+    pub stderr_tail: String,
+}
+
+/// [`Finished`] in full, `[job, index, started_us, finished_us, end]`: the journal's form.
+/// Workers report ends more compactly (see `messages`).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Finished")]
+pub struct FinishedDef {
+    pub job: JobId,
+    pub index: TaskIndex,
+    pub started_us: u64,
+    pub finished_us: u64,
+    #[serde(with = "RunEndDef")]
+    pub end: RunEnd,
+}
+
+/// [`Started`]: `[job, index, at_us]`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Started")]
+pub struct StartedDef {
+    pub job: JobId,
+    pub index: TaskIndex,
+    pub at_us: u64,
+}
+
+/// [`IndexRun`]: `[job, first, count]`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "IndexRun")]
+pub struct IndexRunDef {
+    pub job: JobId,
+    pub first: TaskIndex,
+    pub count: u32,
+}
+
+/// [`Counts`]: `[ready, assigned, running, finished, failed, canceled]`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Counts")]
+pub struct CountsDef {
+    pub ready: u32,
+    pub assigned: u32,
+    pub running: u32,
+    pub finished: u32,
+    pub failed: u32,
+    pub canceled: u32,
+}
+
+/// `Option` and `Vec` forms of a remote definition (serde's `with` names the encoding of a
+/// field's whole type, so a wrapped core type needs its own): a borrowing newtype to encode
+/// and an owning one to decode, each transparent on the wire.
+macro_rules! wrapped_forms {
+    ($module:ident, $ty:ty, $def:ty, $what:literal) => {
+        #[doc = concat!("`Option` and `Vec` of ", $what, ".")]
+        pub mod $module {
+            use super::*;
+
+            /// Encodes through the remote definition.
+            pub struct Ref<'a>(pub &'a $ty);
+
+            impl Serialize for Ref<'_> {
+                fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    <$def>::serialize(self.0, s)
+                }
+            }
+
+            /// Decodes through the remote definition.
+            pub struct Own(pub $ty);
+
+            impl<'de> Deserialize<'de> for Own {
+                fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Own, D::Error> {
+                    <$def>::deserialize(d).map(Own)
+                }
+            }
+
+            #[doc = concat!("`Option<", $what, ">`.")]
+            pub mod option {
+                use super::*;
+
+                pub fn serialize<S: Serializer>(v: &Option<$ty>, s: S) -> Result<S::Ok, S::Error> {
+                    v.as_ref().map(Ref).serialize(s)
+                }
+
+                pub fn deserialize<'de, D: Deserializer<'de>>(
+                    d: D,
+                ) -> Result<Option<$ty>, D::Error> {
+                    Ok(Option::<Own>::deserialize(d)?.map(|Own(v)| v))
+                }
+            }
+
+            #[doc = concat!("`Vec<", $what, ">`.")]
+            pub mod vec {
+                use super::*;
+
+                pub fn serialize<S: Serializer>(v: &[$ty], s: S) -> Result<S::Ok, S::Error> {
+                    s.collect_seq(v.iter().map(Ref))
+                }
+
+                pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<$ty>, D::Error> {
+                    // Collected in place: `Own` is laid out as the value it wraps.
+                    Ok(Vec::<Own>::deserialize(d)?
+                        .into_iter()
+                        .map(|Own(v)| v)
+                        .collect())
+                }
+            }
+        }
+    };
+}
+
+wrapped_forms!(job_spec, JobSpec, JobSpecDef, "[`JobSpec`]");
+wrapped_forms!(task_state, TaskState, TaskStateDef, "[`TaskState`]");
+wrapped_forms!(started, Started, StartedDef, "[`Started`]");
+wrapped_forms!(run_end, RunEnd, RunEndDef, "[`RunEnd`]");
+wrapped_forms!(finished, Finished, FinishedDef, "[`Finished`]");
+wrapped_forms!(id_ranges, IdRanges, IdRangesDef, "[`IdRanges`]");
+
+/// [`Failure`] boxed, as [`RunEnd::Failed`] holds it, and its `Option`/`Vec` forms.
+pub mod failure {
+    use super::*;
+
+    wrapped_forms!(forms, Failure, FailureDef, "[`Failure`]");
+    pub use forms::{option, vec, Own, Ref};
+
+    /// `Box<Failure>`.
+    pub mod boxed {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(v: &Failure, s: S) -> Result<S::Ok, S::Error> {
+            FailureDef::serialize(v, s)
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Box<Failure>, D::Error> {
+            FailureDef::deserialize(d).map(Box::new)
+        }
+    }
+}
+
+/// [`IdRanges`]: its runs as `[[first, count, step], ...]`, in the order stored. Decoding
+/// checks them and rebuilds the index ([`IdRanges::try_from`]), keeping their order so that a
+/// journal written before ids were merged replays with its tasks' indices intact.
+pub struct IdRangesDef;
+
+impl IdRangesDef {
+    pub fn serialize<S: Serializer>(r: &IdRanges, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(r.runs().iter().map(IdRun::parts))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IdRanges, D::Error> {
+        let runs = Vec::<(u32, u32, u32)>::deserialize(d)?;
+        let runs = runs
+            .into_iter()
+            .map(|(first, count, step)| IdRun::new(first, count, step))
+            .collect::<Vec<_>>();
+        IdRanges::try_from(runs).map_err(serde::de::Error::custom)
+    }
+}
+
+/// [`LineList`]: a plain list of strings, each decoded straight onto the end of the list's one
+/// buffer (no `String` per line: a million-line job is a million short strings).
+pub mod line_list {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(l: &LineList, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(l.iter())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<LineList, D::Error> {
+        d.deserialize_seq(ListVisitor)
+    }
+
+    struct ListVisitor;
+
+    impl<'de> Visitor<'de> for ListVisitor {
+        type Value = LineList;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a list of strings")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LineList, A::Error> {
+            let mut list = LineList::new();
+            // The size hint comes from the input: a cap keeps a lying one from reserving
+            // gigabytes.
+            list.reserve(seq.size_hint().unwrap_or(0).min(1 << 16));
+            while seq.next_element_seed(PushLine(&mut list))?.is_some() {}
+            Ok(list)
+        }
+    }
+
+    /// Decodes one string straight onto the end of a list, without a `String` of its own.
+    struct PushLine<'a>(&'a mut LineList);
+
+    impl<'de> DeserializeSeed<'de> for PushLine<'_> {
+        type Value = ();
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_str(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for PushLine<'_> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a string")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
+            self.0.push(v);
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Lines(#[serde(with = "line_list")] LineList);
+
+    #[test]
+    fn a_line_list_is_a_list_of_strings_on_the_wire() {
+        let l = Lines(["one", "twö", ""].into_iter().collect());
+        let bytes = rmp_serde::to_vec(&l).unwrap();
+        let plain = vec!["one".to_string(), "twö".into(), "".into()];
+        assert_eq!(bytes, rmp_serde::to_vec(&plain).unwrap());
+        assert_eq!(rmp_serde::from_slice::<Lines>(&bytes).unwrap(), l);
+        assert!(rmp_serde::from_slice::<Lines>(&rmp_serde::to_vec(&[1, 2]).unwrap()).is_err());
+    }
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Ids(#[serde(with = "IdRangesDef")] IdRanges);
+
+    #[test]
+    fn id_ranges_are_checked_on_arrival() {
+        let ids = Ids(IdRanges::parse("1-5,9,20-30:5").unwrap());
+        let bytes = rmp_serde::to_vec(&ids).unwrap();
+        let triples = vec![(1u32, 5u32, 1u32), (9, 1, 1), (20, 3, 5)];
+        assert_eq!(bytes, rmp_serde::to_vec(&triples).unwrap());
+        assert_eq!(rmp_serde::from_slice::<Ids>(&bytes).unwrap(), ids);
+        let zero_step = rmp_serde::to_vec(&vec![(1u32, 5u32, 0u32)]).unwrap();
+        let err = rmp_serde::from_slice::<Ids>(&zero_step).unwrap_err();
+        assert!(err.to_string().contains("step"), "{err}");
+        let too_many = rmp_serde::to_vec(&vec![(u32::MAX, 2u32, 1u32)]).unwrap();
+        assert!(rmp_serde::from_slice::<Ids>(&too_many).is_err());
+    }
+}

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::io::Write;
+use std::ops::RangeInclusive;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -94,6 +95,19 @@ impl Access {
             pid: std::process::id(),
             protocol: crate::auth::PROTOCOL_VERSION,
             tls_cert: None,
+        }
+    }
+
+    /// The versions to offer this access file's server in the handshake: those of `spoken`
+    /// up to the newest it speaks (`protocol`). A server before version 7 cannot read a hello
+    /// that offers a range and closes the connection without a word, which a connector would
+    /// take for a server that is away; offered its own version alone, it is served. All of
+    /// `spoken` if the file names a version outside it (the server then says what it speaks).
+    pub fn versions_for(&self, spoken: RangeInclusive<u32>) -> RangeInclusive<u32> {
+        if spoken.contains(&self.protocol) {
+            *spoken.start()..=self.protocol
+        } else {
+            spoken
         }
     }
 

@@ -417,8 +417,8 @@ mod tests {
         assert_eq!(s.unwrap().version, OLDEST_PROTOCOL_VERSION);
     }
 
-    /// The hello of version 6, as version 6 encoded it.
-    #[derive(Serialize)]
+    /// The hello of version 6, as version 6 encoded and decoded it.
+    #[derive(Serialize, Deserialize, Debug)]
     struct HelloV6 {
         magic: String,
         version: u32,
@@ -449,6 +449,39 @@ mod tests {
         // And a version-6 hello decodes, speaking version 6 only.
         let hello: Hello = crate::frame::decode(&then).unwrap();
         assert_eq!(hello.versions(), 6..=6);
+    }
+
+    /// A version-6 server reads a hello as exactly its 4 fields and closes on any other. A
+    /// client given such a server's access file (protocol 6) offers version 6 alone, in a hello
+    /// that server reads; given a version-7 server's, it offers 6..=7, which that server reads.
+    #[test]
+    fn a_client_offers_an_older_server_only_the_version_it_speaks() {
+        let hello_seen_by_a_v6_server = |protocol: u32| {
+            rt().block_on(async {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let port = listener.local_addr().unwrap().port();
+                let mut access = crate::Access::generate("127.0.0.1".into(), port);
+                access.protocol = protocol;
+                let server = async {
+                    let (stream, _) = listener.accept().await.unwrap();
+                    let (r, w) = stream.into_split();
+                    let (mut r, mut w) = (FrameReader::new(r), FrameWriter::new(w));
+                    let hello = r.recv::<HelloV6>().await;
+                    if hello.is_ok() {
+                        let reason = "a version-6 server read the hello".to_string();
+                        w.send(&HelloReply::Refused { reason }).await.unwrap();
+                    }
+                    hello
+                };
+                let (hello, client) = tokio::join!(server, crate::Client::connect(&access));
+                assert!(client.is_err(), "the fake server lets nobody in");
+                hello
+            })
+        };
+        let hello = hello_seen_by_a_v6_server(6).expect("a version-6 server reads it");
+        assert_eq!((hello.magic.as_str(), hello.version), (MAGIC, 6));
+        let err = hello_seen_by_a_v6_server(PROTOCOL_VERSION).expect_err("a range");
+        assert!(matches!(err, ProtoError::Decode(_)), "{err}");
     }
 
     #[test]

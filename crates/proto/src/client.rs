@@ -91,11 +91,13 @@ impl Client {
     }
 
     /// [`Client::connect`] for a client that speaks only `versions` of the protocol (tests of
-    /// compatibility with older clients).
+    /// compatibility with older clients). It offers those the access file's server speaks
+    /// ([`Access::versions_for`]).
     pub async fn connect_speaking(
         access: &Access,
         versions: RangeInclusive<u32>,
     ) -> Result<Client, ClientError> {
+        let versions = access.versions_for(versions);
         let (r, w) = open(access).await?;
         let mut reader = FrameReader::new(r);
         let mut writer = FrameWriter::new(w);

@@ -11,7 +11,9 @@ use crate::{Connected, Handover, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
 use kestrel_proto::client::open;
 use kestrel_proto::messages::{FromWorker, Registration, Resume, ToWorker};
-use kestrel_proto::{connect_handshake, Access, FrameReader, FrameWriter, ProtoError, Role};
+use kestrel_proto::{
+    connect_handshake_speaking, Access, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
+};
 use rustc_hash::FxHashSet;
 use std::time::Duration;
 
@@ -60,11 +62,12 @@ pub(crate) async fn serve(
     let (r, w) = open(access).await?;
     let mut reader = FrameReader::new(r);
     let mut writer = FrameWriter::new(w);
-    connect_handshake(
+    connect_handshake_speaking(
         &mut reader,
         &mut writer,
         Role::Worker,
         &access.secret_bytes(),
+        access.versions_for(SPOKEN_VERSIONS),
     )
     .await?;
     let WorkerState {

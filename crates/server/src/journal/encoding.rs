@@ -355,7 +355,11 @@ impl Pending {
             return;
         }
         let base_us = self.ok.first().map_or(0, |t| t.2);
-        let off = |t: u64| t as i64 - base_us as i64;
+        // Start and end times come from workers' clocks: any u64. Clamped, never overflowed; a
+        // time more than 292 years from the batch's first assignment reads back as that far.
+        let off = |t: u64| {
+            (i128::from(t) - i128::from(base_us)).clamp(i64::MIN.into(), i64::MAX.into()) as i64
+        };
         let body = EndsBody {
             base_us,
             ok: self
@@ -408,6 +412,30 @@ mod tests {
         );
         assert_eq!(b.other, vec![(failed, 5)]);
         assert_eq!(b.waited, vec![(3, 12)], "one sum per job");
+    }
+
+    #[test]
+    fn a_worker_clock_at_the_ends_of_u64_is_journaled_without_overflow() {
+        let mut p = Pending::default();
+        let end = |started_us, finished_us| Finished {
+            job: 1,
+            index: 0,
+            started_us,
+            finished_us,
+            end: RunEnd::Success,
+        };
+        p.task_end(end(1 << 63, 0), 1_000);
+        p.task_end(end(0, u64::MAX), 1_000);
+        p.seal_ends();
+        let (kind, body) = &p.rows[0];
+        let Ok(Entry::Ends(b)) = Entry::decode(*kind, body) else {
+            panic!("not task ends");
+        };
+        let back: Vec<_> = b
+            .successes()
+            .map(|(f, _)| (f.started_us, f.finished_us))
+            .collect();
+        assert_eq!(back, vec![(i64::MAX as u64, 0), (0, i64::MAX as u64)]);
     }
 
     #[test]

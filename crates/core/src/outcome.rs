@@ -55,6 +55,20 @@ pub struct Finished {
     pub end: RunEnd,
 }
 
+impl Finished {
+    /// A run that ended the instant it started, at `at_us`: a noop success, a launch that could
+    /// not be built, a task canceled before it started.
+    pub fn at_once(job: JobId, index: TaskIndex, at_us: u64, end: RunEnd) -> Finished {
+        Finished {
+            job,
+            index,
+            started_us: at_us,
+            finished_us: at_us,
+            end,
+        }
+    }
+}
+
 /// A worker's report that a task's process started, at `at_us` on the worker's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Started {

@@ -39,7 +39,8 @@ impl Stream {
         }
     }
 
-    fn sink(self, spec: &JobSpec) -> &Sink {
+    /// Where this stream of the job's tasks goes.
+    pub fn sink(self, spec: &JobSpec) -> &Sink {
         match self {
             Stream::Stdout => &spec.template.stdout,
             Stream::Stderr => &spec.template.stderr,

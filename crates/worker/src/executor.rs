@@ -33,7 +33,8 @@ pub(crate) trait Executor: Send {
     fn start(&mut self, ledger: &mut Ledger);
 
     /// The next ended run of a task [`start`](Executor::start) reported started: `Pending`
-    /// while none has ended, `Ready(None)` once none ever will.
+    /// while none has ended, `Ready(None)` once none ever will (the session then stops asking).
+    /// An executor whose runs all end inside `start` (noop) may stay `Pending` for good.
     fn poll_done(&mut self, cx: &mut Context<'_>) -> Poll<Option<Done>>;
 
     /// The next ended run, if one is waiting.

@@ -84,24 +84,19 @@ impl Ledger {
     pub(crate) fn succeeded_at_once(&mut self, task: &LocalTask, held: Held, at_us: u64) {
         self.local.release(held);
         self.note_wait(task.job, at_us.saturating_sub(task.arrived_us));
-        self.finished.push(Finished {
-            job: task.job,
-            index: task.index,
-            started_us: at_us,
-            finished_us: at_us,
-            end: RunEnd::Success,
-        });
+        self.finished.push(Finished::at_once(
+            task.job,
+            task.index,
+            at_us,
+            RunEnd::Success,
+        ));
     }
 
     /// Reports a task failed whose launch could not be built.
     pub(crate) fn cannot_launch(&mut self, task: &LocalTask, now: u64, reason: String) {
-        self.finished.push(Finished {
-            job: task.job,
-            index: task.index,
-            started_us: now,
-            finished_us: now,
-            end: RunEnd::Failed(Box::new(Failure::because(reason))),
-        });
+        let failed = RunEnd::Failed(Box::new(Failure::because(reason)));
+        self.finished
+            .push(Finished::at_once(task.job, task.index, now, failed));
     }
 
     /// Adds a successful task's wait for a slot to its job's sum for the next update.

@@ -312,13 +312,8 @@ impl Session<'_> {
                 // Those the executor took but has not started; those it started end as canceled.
                 canceled.extend(self.exec.cancel(&tasks).iter().map(|t| (t.job, t.index)));
                 for (job, index) in canceled {
-                    l.finished.push(Finished {
-                        job,
-                        index,
-                        started_us: now,
-                        finished_us: now,
-                        end: RunEnd::Canceled,
-                    });
+                    l.finished
+                        .push(Finished::at_once(job, index, now, RunEnd::Canceled));
                 }
                 for key in &tasks {
                     if let Some(r) = l.running.get(key) {

@@ -230,8 +230,14 @@ impl Engine {
                 from,
                 max_bytes,
             } => {
-                // Outputs still waiting for their commit are read from the journal once there.
-                if self.durable.journaling() && !self.durable.pending.is_empty() {
+                // Streamed outputs still waiting for their commit are read from the journal once
+                // there; a job whose stream goes to files or nowhere has none to wait for (and a
+                // `job cat` of it during a busy run forces no sync).
+                let streamed = self
+                    .core
+                    .job(job)
+                    .is_some_and(|j| Stream::of(stderr).sink(&j.spec).is_stream());
+                if streamed && self.durable.journaling() && !self.durable.pending.is_empty() {
                     self.commit(true);
                 }
                 match self.core.job(job) {

@@ -101,13 +101,16 @@ impl Access {
     /// The versions to offer this access file's server in the handshake: those of `spoken`
     /// up to the newest it speaks (`protocol`). A server before version 7 cannot read a hello
     /// that offers a range and closes the connection without a word, which a connector would
-    /// take for a server that is away; offered its own version alone, it is served. All of
-    /// `spoken` if the file names a version outside it (the server then says what it speaks).
+    /// take for a server that is away; offered its own version alone, it is served.
+    /// - A server older than all of `spoken`: the oldest alone, in a hello it can read, so it
+    ///   refuses with a reason that names both versions.
+    /// - A server newer than all of `spoken`: all of them (it reads a range).
     pub fn versions_for(&self, spoken: RangeInclusive<u32>) -> RangeInclusive<u32> {
-        if spoken.contains(&self.protocol) {
-            *spoken.start()..=self.protocol
+        let (oldest, newest) = (*spoken.start(), *spoken.end());
+        if self.protocol < oldest {
+            oldest..=oldest
         } else {
-            spoken
+            oldest..=newest.min(self.protocol)
         }
     }
 
@@ -186,6 +189,31 @@ pub fn default_server_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connector_offers_what_the_access_files_server_can_read() {
+        let with = |protocol| Access {
+            protocol,
+            ..Access::generate("h".into(), 1)
+        };
+        assert_eq!(with(7).versions_for(6..=7), 6..=7);
+        assert_eq!(
+            with(6).versions_for(6..=7),
+            6..=6,
+            "a v6 server reads no range"
+        );
+        assert_eq!(
+            with(4).versions_for(6..=7),
+            6..=6,
+            "it refuses one version, saying why"
+        );
+        assert_eq!(
+            with(9).versions_for(6..=7),
+            6..=7,
+            "a newer server reads a range"
+        );
+        assert_eq!(with(7).versions_for(6..=6), 6..=6);
+    }
 
     #[test]
     fn written_access_files_are_private_and_read_back() {

@@ -25,7 +25,7 @@ use std::fmt;
 /// time an offset from the start, so a short task's end time costs 1 byte instead of 9
 /// (a report is a few dozen bytes per task, and workers send one per task), and a success,
 /// nearly every end, is nil (1 byte, no string to write and compare on the per-task path).
-/// Only the wire form: the journal stores [`Finished`] as it is.
+/// Only the wire form: the journal stores [`Finished`] in full ([`crate::wire::FinishedDef`]).
 mod ends_on_wire {
     use crate::wire::run_end;
     use kestrel_core::{Finished, JobId, RunEnd, TaskIndex};

@@ -15,7 +15,10 @@
 //! `option` and `vec` forms.
 //!
 //! Fields are positional (MessagePack arrays), so they may only be added at the end, with
-//! `#[serde(default)]`, and then an older peer still reads the message.
+//! `#[serde(default)]`: a newer peer then still reads an older peer's message (an older peer
+//! refuses the longer array, so such a field needs a protocol version, see `docs/protocol.md`).
+//! The compact forms of some messages (`messages::ends_on_wire`, the journal's task ends) are
+//! built from these definitions' parts where they are used.
 
 use kestrel_core::{
     Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, LineList, Resources,
@@ -259,16 +262,27 @@ pub mod failure {
 /// journal written before ids were merged replays with its tasks' indices intact.
 pub struct IdRangesDef;
 
+/// One run of an [`IdRanges`], `[first, count, step]`; a struct (not a tuple) so that, as
+/// before core lost its serde, a run written as a map by another encoder is read too.
+#[derive(Serialize, Deserialize)]
+struct IdRunWire {
+    first: u32,
+    count: u32,
+    step: u32,
+}
+
 impl IdRangesDef {
     pub fn serialize<S: Serializer>(r: &IdRanges, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(r.runs().iter().map(IdRun::parts))
+        s.collect_seq(r.runs().iter().map(|run| {
+            let (first, count, step) = run.parts();
+            IdRunWire { first, count, step }
+        }))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IdRanges, D::Error> {
-        let runs = Vec::<(u32, u32, u32)>::deserialize(d)?;
-        let runs = runs
+        let runs = Vec::<IdRunWire>::deserialize(d)?
             .into_iter()
-            .map(|(first, count, step)| IdRun::new(first, count, step))
+            .map(|r| IdRun::new(r.first, r.count, r.step))
             .collect::<Vec<_>>();
         IdRanges::try_from(runs).map_err(serde::de::Error::custom)
     }
@@ -363,5 +377,14 @@ mod tests {
         assert!(err.to_string().contains("step"), "{err}");
         let too_many = rmp_serde::to_vec(&vec![(u32::MAX, 2u32, 1u32)]).unwrap();
         assert!(rmp_serde::from_slice::<Ids>(&too_many).is_err());
+        // Runs as maps, from an encoder that names fields, are read as before.
+        let named = rmp_serde::to_vec_named(&vec![IdRunWire {
+            first: 1,
+            count: 5,
+            step: 1,
+        }])
+        .unwrap();
+        let ids = rmp_serde::from_slice::<Ids>(&named).unwrap();
+        assert_eq!(ids.0, IdRanges::parse("1-5").unwrap());
     }
 }

@@ -236,6 +236,7 @@ impl Scheduler {
     pub(crate) fn forget_job(&mut self, job: JobId) -> Result<(), SchedError> {
         let j = self.jobs.get(&job).ok_or(SchedError::NoSuchJob(job))?;
         if !j.is_done() {
+            // One job's counts never pass its length, a u32.
             let left = j.len() - j.counts.done() as u32;
             return Err(SchedError::NotEnded { job, left });
         }

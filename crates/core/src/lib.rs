@@ -8,6 +8,7 @@
 //! the simulator are two drivers of the same code, and [`harness::Harness`] drives it in
 //! virtual time for tests.
 
+pub mod files;
 pub mod harness;
 mod id_merge;
 mod ledger;

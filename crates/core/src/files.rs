@@ -1,0 +1,336 @@
+//! The index of data diffusion: which workers' caches hold which logical files.
+//!
+//! Falkon's dispatcher kept two maps, file → executors and executor → files (§6.2.3 of the
+//! dissertation, `I_map` and `E_map`), fed by the executors' periodic updates and used as hints:
+//! a worker told that a peer holds a file falls back to the next holder, then to the shared
+//! store, and the index is corrected ([`FileIndex::not_held`]). This is that index, with file
+//! names interned to small numbers so that a task's inputs and a worker's cache cost 4 bytes per
+//! file, and every query the dispatch policies ask answered without allocating per file.
+//!
+//! Pure data: nothing here knows where a file is stored or how it travels.
+
+use crate::spec::WorkerId;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+/// A logical file's number, given by the index the first time it sees the name.
+pub type FileId = u32;
+
+/// What one worker's cache gained and lost since its last report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheDelta {
+    /// Files now complete in its cache, with their sizes in bytes.
+    pub added: Vec<(FileId, u64)>,
+    /// Files it evicted (or found missing or corrupt).
+    pub evicted: Vec<FileId>,
+}
+
+/// One file as the index knows it.
+#[derive(Debug)]
+struct FileEntry {
+    name: Box<str>,
+    /// Its size, once a worker has reported it cached (files are write-once: one size).
+    size: Option<u64>,
+    /// The workers whose caches hold it, in the order they reported it (a few per file: a
+    /// vector is smaller and faster than a set at that size).
+    holders: Vec<WorkerId>,
+}
+
+/// file → workers and worker → files, kept mirror images of each other.
+#[derive(Debug, Default)]
+pub struct FileIndex {
+    ids: FxHashMap<Box<str>, FileId>,
+    files: Vec<FileEntry>,
+    held: FxHashMap<WorkerId, FxHashSet<FileId>>,
+}
+
+/// How much of a set of files one worker holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Hits {
+    /// Bytes of the files it holds (of those with a known size).
+    pub bytes: u64,
+    /// How many of the files it holds.
+    pub files: u32,
+}
+
+impl FileIndex {
+    /// An empty index.
+    pub fn new() -> FileIndex {
+        FileIndex::default()
+    }
+
+    /// The number of `name`, numbering it if it is new.
+    pub fn intern(&mut self, name: &str) -> FileId {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let id = FileId::try_from(self.files.len()).expect("fewer than 2^32 distinct files");
+        self.files.push(FileEntry {
+            name: name.into(),
+            size: None,
+            holders: Vec::new(),
+        });
+        self.ids.insert(name.into(), id);
+        id
+    }
+
+    /// The number of `name`, if the index has seen it.
+    pub fn id(&self, name: &str) -> Option<FileId> {
+        self.ids.get(name).copied()
+    }
+
+    /// The name of file `id`.
+    pub fn name(&self, id: FileId) -> Option<&str> {
+        self.files.get(id as usize).map(|f| &*f.name)
+    }
+
+    /// The size of file `id`, once a worker has reported it cached.
+    pub fn size(&self, id: FileId) -> Option<u64> {
+        self.files.get(id as usize).and_then(|f| f.size)
+    }
+
+    /// How many distinct files the index has numbered.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether it has numbered none.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// The workers whose caches hold `file`, as last reported.
+    pub fn holders(&self, file: FileId) -> &[WorkerId] {
+        self.files
+            .get(file as usize)
+            .map_or(&[], |f| f.holders.as_slice())
+    }
+
+    /// Whether `worker`'s cache holds `file`, as last reported.
+    pub fn holds(&self, worker: WorkerId, file: FileId) -> bool {
+        self.held.get(&worker).is_some_and(|h| h.contains(&file))
+    }
+
+    /// The files `worker`'s cache holds, as last reported.
+    pub fn held_by(&self, worker: WorkerId) -> impl Iterator<Item = FileId> + '_ {
+        self.held.get(&worker).into_iter().flatten().copied()
+    }
+
+    /// Bytes `worker`'s cache holds, of files with a known size.
+    pub fn cached_bytes(&self, worker: WorkerId) -> u64 {
+        self.held_by(worker).filter_map(|f| self.size(f)).sum()
+    }
+
+    /// Applies a worker's report. Ids the index never gave out are ignored (a worker cannot
+    /// name a file into existence by number), as is a size that contradicts the one known.
+    pub fn apply(&mut self, worker: WorkerId, delta: &CacheDelta) {
+        for &file in &delta.evicted {
+            self.not_held(worker, file);
+        }
+        for &(file, size) in &delta.added {
+            let Some(entry) = self.files.get_mut(file as usize) else {
+                continue;
+            };
+            if entry.size.is_some_and(|known| known != size) {
+                continue;
+            }
+            entry.size = Some(size);
+            if self.held.entry(worker).or_default().insert(file) {
+                entry.holders.push(worker);
+            }
+        }
+    }
+
+    /// `worker` does not hold `file` (it evicted it, or a peer asked for it in vain).
+    pub fn not_held(&mut self, worker: WorkerId, file: FileId) {
+        let Some(held) = self.held.get_mut(&worker) else {
+            return;
+        };
+        if held.remove(&file) {
+            if let Some(entry) = self.files.get_mut(file as usize) {
+                entry.holders.retain(|&w| w != worker);
+            }
+            if held.is_empty() {
+                self.held.remove(&worker);
+            }
+        }
+    }
+
+    /// `worker` is gone, and its cache with it.
+    pub fn worker_gone(&mut self, worker: WorkerId) {
+        let Some(held) = self.held.remove(&worker) else {
+            return;
+        };
+        for file in held {
+            if let Some(entry) = self.files.get_mut(file as usize) {
+                entry.holders.retain(|&w| w != worker);
+            }
+        }
+    }
+
+    /// How much of `files` `worker` holds: Falkon's `cacheHit` of a task on an executor, with
+    /// the bytes beside the count (the larger input matters more to move).
+    pub fn hits(&self, worker: WorkerId, files: &[FileId]) -> Hits {
+        let Some(held) = self.held.get(&worker) else {
+            return Hits::default();
+        };
+        let mut hits = Hits::default();
+        for &f in files {
+            if held.contains(&f) {
+                hits.files += 1;
+                hits.bytes += self.size(f).unwrap_or(0);
+            }
+        }
+        hits
+    }
+
+    /// Every worker holding any of `files`, with how much of them it holds, most first (ties
+    /// by worker id): step 1 of Falkon's window algorithm (Fig. 39), which counts candidate
+    /// executors per needed file. Appends to `out` (cleared first), so that a policy can keep
+    /// one buffer across decisions.
+    pub fn candidates(&self, files: &[FileId], out: &mut Vec<(WorkerId, Hits)>) {
+        out.clear();
+        for &f in files {
+            let size = self.size(f).unwrap_or(0);
+            for &w in self.holders(f) {
+                match out.iter_mut().find(|(o, _)| *o == w) {
+                    Some((_, h)) => {
+                        h.files += 1;
+                        h.bytes += size;
+                    }
+                    None => out.push((
+                        w,
+                        Hits {
+                            bytes: size,
+                            files: 1,
+                        },
+                    )),
+                }
+            }
+        }
+        out.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    }
+
+    /// Every way in which the two maps are not mirror images of each other, for tests.
+    pub fn audit(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        for (id, f) in self.files.iter().enumerate() {
+            let id = id as FileId;
+            if self.ids.get(&f.name) != Some(&id) {
+                bad.push(format!(
+                    "file {id} ({}) is not named back to itself",
+                    f.name
+                ));
+            }
+            let distinct: FxHashSet<_> = f.holders.iter().collect();
+            if distinct.len() != f.holders.len() {
+                bad.push(format!("file {id} lists a holder twice: {:?}", f.holders));
+            }
+            for &w in &f.holders {
+                if !self.holds(w, id) {
+                    bad.push(format!(
+                        "file {id} lists worker {w}, which does not hold it"
+                    ));
+                }
+            }
+        }
+        for (&w, held) in &self.held {
+            if held.is_empty() {
+                bad.push(format!("worker {w} has an empty entry"));
+            }
+            for &f in held {
+                if !self.holders(f).contains(&w) {
+                    bad.push(format!("worker {w} holds file {f}, which does not list it"));
+                }
+            }
+        }
+        bad
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(added: &[(FileId, u64)], evicted: &[FileId]) -> CacheDelta {
+        CacheDelta {
+            added: added.to_vec(),
+            evicted: evicted.to_vec(),
+        }
+    }
+
+    #[test]
+    fn names_are_numbered_once() {
+        let mut ix = FileIndex::new();
+        let a = ix.intern("raw/1.fits");
+        let b = ix.intern("raw/2.fits");
+        assert_ne!(a, b);
+        assert_eq!(ix.intern("raw/1.fits"), a);
+        assert_eq!(
+            (ix.id("raw/2.fits"), ix.name(b)),
+            (Some(b), Some("raw/2.fits"))
+        );
+        assert_eq!((ix.id("nope"), ix.name(99)), (None, None));
+    }
+
+    #[test]
+    fn reports_move_files_between_workers_and_both_maps_agree() {
+        let mut ix = FileIndex::new();
+        let (a, b, c) = (ix.intern("a"), ix.intern("b"), ix.intern("c"));
+        ix.apply(1, &delta(&[(a, 100), (b, 2_000)], &[]));
+        ix.apply(2, &delta(&[(b, 2_000)], &[]));
+        assert_eq!(ix.holders(b), &[1, 2]);
+        assert_eq!(
+            ix.hits(1, &[a, b, c]),
+            Hits {
+                bytes: 2_100,
+                files: 2
+            }
+        );
+        assert_eq!(ix.hits(3, &[a]), Hits::default());
+        ix.apply(1, &delta(&[(c, 5)], &[b]));
+        assert_eq!(ix.holders(b), &[2]);
+        assert_eq!(ix.cached_bytes(1), 105);
+        ix.worker_gone(2);
+        assert!(ix.holders(b).is_empty());
+        assert_eq!(ix.audit(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_report_cannot_invent_files_or_change_a_size() {
+        let mut ix = FileIndex::new();
+        let a = ix.intern("a");
+        ix.apply(1, &delta(&[(a, 10), (77, 1)], &[]));
+        ix.apply(2, &delta(&[(a, 11)], &[]));
+        assert_eq!(
+            (ix.len(), ix.holders(a), ix.size(a)),
+            (1, &[1][..], Some(10))
+        );
+        // Evicting what it does not hold, or a file that does not exist, changes nothing.
+        ix.apply(3, &delta(&[], &[a, 99]));
+        assert_eq!(ix.holders(a), &[1]);
+        assert_eq!(ix.audit(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn candidates_come_most_data_first() {
+        let mut ix = FileIndex::new();
+        let (a, b, c) = (ix.intern("a"), ix.intern("b"), ix.intern("c"));
+        ix.apply(1, &delta(&[(a, 1_000)], &[]));
+        ix.apply(2, &delta(&[(a, 1_000), (b, 10)], &[]));
+        ix.apply(3, &delta(&[(c, 5_000)], &[]));
+        ix.apply(4, &delta(&[(b, 10)], &[]));
+        let mut out = Vec::new();
+        ix.candidates(&[a, b], &mut out);
+        let order: Vec<_> = out.iter().map(|(w, _)| *w).collect();
+        assert_eq!(order, vec![2, 1, 4], "2 holds both; then by bytes");
+        assert_eq!(
+            out[0].1,
+            Hits {
+                bytes: 1_010,
+                files: 2
+            }
+        );
+        ix.candidates(&[], &mut out);
+        assert!(out.is_empty());
+    }
+}

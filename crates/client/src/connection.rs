@@ -140,7 +140,7 @@ impl Connection {
                     error: &e,
                     within: reconnect.at_start,
                 });
-                let client = retry(&target, reconnect.at_start).await?;
+                let client = retry(&target, reconnect.at_start, FIRST_RETRY).await?;
                 notify(&Notice::Reconnected);
                 client
             }
@@ -162,10 +162,11 @@ impl Connection {
     /// Asks, reconnecting and asking again if the server goes away meanwhile: for requests
     /// that do nothing twice (queries, cancel, retry, forget, stop).
     pub async fn call(&mut self, ask: Ask) -> Result<Answer, Error> {
+        let mut losses = Losses::default();
         loop {
             match self.client.call(ask.clone()).await {
                 Ok(a) => return Ok(a),
-                Err(e) if lost_or_unreachable(&e) => self.reconnect(e.into()).await?,
+                Err(e) if lost_or_unreachable(&e) => self.reconnect(e.into(), &mut losses).await?,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -179,31 +180,73 @@ impl Connection {
         every: Duration,
         mut progress: impl FnMut(&WaitProgress),
     ) -> Result<WaitProgress, Error> {
+        let mut losses = Losses::default();
         loop {
-            let done = self.client.wait(jobs.clone(), every, &mut progress).await;
+            let mut heard = false;
+            let done = self
+                .client
+                .wait(jobs.clone(), every, |p| {
+                    heard = true;
+                    progress(p)
+                })
+                .await;
             match done {
                 Ok(p) => return Ok(p),
-                Err(e) if lost_or_unreachable(&e) => self.reconnect(e.into()).await?,
+                Err(e) if lost_or_unreachable(&e) => {
+                    // Progress came over this connection: a wait of days rides out a restart
+                    // every few hours, each with a whole window.
+                    if heard {
+                        losses = Losses::default();
+                    }
+                    self.reconnect(e.into(), &mut losses).await?
+                }
                 Err(e) => return Err(e.into()),
             }
         }
     }
 
-    /// Replaces a lost connection (`cause`), trying for `reconnect.after_loss`; with no
-    /// window, fails at once with `cause`.
-    pub(crate) async fn reconnect(&mut self, cause: Error) -> Result<(), Error> {
-        let within = self.reconnect.after_loss;
-        if within.is_zero() {
+    /// Replaces a lost connection (`cause`), trying for what is left of `reconnect.after_loss`
+    /// since the request's first loss (`losses`); with no window, fails at once with `cause`.
+    pub(crate) async fn reconnect(
+        &mut self,
+        cause: Error,
+        losses: &mut Losses,
+    ) -> Result<(), Error> {
+        let window = self.reconnect.after_loss;
+        if window.is_zero() {
             return Err(cause);
+        }
+        let first = *losses.first.get_or_insert_with(Instant::now);
+        losses.count += 1;
+        let left = window.saturating_sub(first.elapsed());
+        if left.is_zero() {
+            return Err(Error::GaveUp(format!(
+                "lost the server {} times in {} while this request was under way (last: {cause}); if the server is up, it may be closing the connection on this request: see its log",
+                losses.count,
+                humantime::format_duration(window)
+            )));
         }
         (self.notify)(&Notice::Lost {
             cause: &cause,
-            within,
+            // Whole seconds, for people.
+            within: Duration::from_secs(left.as_secs_f64().ceil() as u64),
         });
-        self.client = retry(&self.target, within).await?;
+        // A server that takes the connection and drops it again at once is asked ever more
+        // slowly, not in a tight loop.
+        let first_delay = Duration::from_millis(100) * 2u32.pow(losses.count.min(5) - 1);
+        self.client = retry(&self.target, left, first_delay).await?;
         (self.notify)(&Notice::Reconnected);
         Ok(())
     }
+}
+
+/// The connections one request lost. The reconnection window runs from the first loss since
+/// the request last made progress: a request on which the server closes the connection every
+/// time gives up when the window has passed, instead of reconnecting and asking forever.
+#[derive(Debug, Default)]
+pub(crate) struct Losses {
+    first: Option<Instant>,
+    count: u32,
 }
 
 /// One attempt: read the access file and connect.
@@ -212,10 +255,12 @@ async fn connect_once(target: &Target) -> Result<Client, Error> {
     Ok(Client::connect(&access).await?)
 }
 
-/// Tries to connect with backoff until `within` has passed.
-async fn retry(target: &Target, within: Duration) -> Result<Client, Error> {
+/// The wait before the first try again.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// Tries to connect with backoff, first after `delay`, until `within` has passed.
+async fn retry(target: &Target, within: Duration, mut delay: Duration) -> Result<Client, Error> {
     let deadline = Instant::now() + within;
-    let mut delay = Duration::from_millis(100);
     loop {
         tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
         delay = (delay * 2).min(Duration::from_secs(2));

@@ -1,6 +1,6 @@
 //! Submission: keyed, in pieces, resumable.
 
-use crate::connection::Connection;
+use crate::connection::{Connection, Losses};
 use crate::error::{lost_or_unreachable, Error};
 use crate::pieces::{argv_bytes, piece_ranges, string_bytes};
 use kestrel_core::{JobId, JobSpec, TaskSet};
@@ -71,12 +71,17 @@ impl Connection {
     pub async fn submit(&mut self, subs: &[Keyed]) -> Result<Vec<Submitted>, Error> {
         let mut done = Vec::with_capacity(subs.len());
         let mut resumed = false;
+        let mut losses = Losses::default();
         loop {
+            let confirmed = done.len();
             match submit_from(self, subs, &mut done, resumed).await {
                 // Lost between pieces: without a window to reconnect in, the error says the
                 // job holds only part of its tasks.
                 Err(e @ (Error::Client(_) | Error::Partial { .. })) if e.is_unreachable() => {
-                    self.reconnect(e).await?;
+                    if done.len() > confirmed {
+                        losses = Losses::default();
+                    }
+                    self.reconnect(e, &mut losses).await?;
                     resumed = true;
                 }
                 other => return other.map(|()| done),

@@ -112,3 +112,63 @@ fn a_connection_rides_out_a_server_restart() {
         );
     });
 }
+
+/// A server that lets each client in and then closes the connection on its first request,
+/// counting the connections it took.
+async fn server_that_drops_every_request(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::sync::Arc<AtomicUsize>) {
+    use kestrel_proto::{accept_handshake, Access, FrameReader, FrameWriter};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let access = Access::generate(
+        "127.0.0.1".into(),
+        listener.local_addr().expect("addr").port(),
+    );
+    let path = dir.join("access.json");
+    access.write(&path).expect("access file");
+    let taken = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = taken.clone();
+    tokio::spawn(async move {
+        let secret = access.secret_bytes();
+        while let Ok((stream, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let (r, w) = stream.into_split();
+            let (mut r, mut w) = (FrameReader::new(r), FrameWriter::new(w));
+            if accept_handshake(&mut r, &mut w, &secret).await.is_ok() {
+                let _ = r.recv::<kestrel_proto::messages::Request>().await;
+            }
+        }
+    });
+    (path, taken)
+}
+
+#[test]
+fn a_request_the_server_always_drops_gives_up_when_the_window_has_passed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (gave_up, connections) = rt().block_on(async {
+        let (path, taken) = server_that_drops_every_request(dir.path()).await;
+        let window = Reconnect {
+            at_start: Duration::ZERO,
+            after_loss: Duration::from_secs(2),
+        };
+        let mut conn = Connection::open(Target::file(&path), window)
+            .await
+            .expect("connected");
+        let call = conn.call(Ask::JobList);
+        // Bounded: before the window counted from the first loss, this asked forever.
+        let answer = tokio::time::timeout(Duration::from_secs(60), call)
+            .await
+            .expect("the call ended");
+        (answer, taken.load(Ordering::SeqCst))
+    });
+    match gave_up {
+        Err(Error::GaveUp(msg)) => assert!(msg.contains("times in 2s"), "{msg}"),
+        other => panic!("expected to give up, got {other:?}"),
+    }
+    assert!(
+        connections >= 2,
+        "it reconnected and asked again ({connections} connections)"
+    );
+}

@@ -95,7 +95,7 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
         } else if g.output == Format::Table {
             report_wait(g, &p);
             if p.counts.failed > 0 {
-                crate::queries::show_failures(&mut conn, &ids).await;
+                crate::queries::show_failures(conn.client(), &ids).await;
             }
         }
         Some(p)
@@ -181,7 +181,7 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
         let p = wait_for(&mut conn, jobs.clone(), quiet).await?;
         report_wait(g, &p);
         if p.counts.failed > 0 && g.output == Format::Table {
-            crate::queries::show_failures(&mut conn, &jobs).await;
+            crate::queries::show_failures(conn.client(), &jobs).await;
         }
         return Ok(wait_exit(&p));
     }

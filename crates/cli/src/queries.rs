@@ -356,7 +356,9 @@ fn run_time(r: &kestrel_proto::messages::TaskRow) -> String {
 }
 
 /// Prints the first failed tasks of each job with their reason and stderr tail (on stderr):
-/// what a run or a wait that ended with failures owes its user.
+/// what a run or a wait that ended with failures owes its user. A courtesy after the result:
+/// give it a connection that does not wait out a reconnection window, and a server gone
+/// meanwhile ends the list.
 pub async fn show_failures(asker: &mut impl Asker, ids: &[JobId]) {
     const SHOWN: u32 = 10;
     for &job in ids {
@@ -365,8 +367,10 @@ pub async fn show_failures(asker: &mut impl Asker, ids: &[JobId]) {
             state: Some(TaskState::Failed),
             limit: SHOWN,
         };
-        let Ok(Answer::Tasks(page)) = asker.ask(ask).await else {
-            continue;
+        let page = match asker.ask(ask).await {
+            Ok(Answer::Tasks(page)) => page,
+            Ok(_) => continue,
+            Err(_) => break,
         };
         for r in &page.rows {
             let reason = r.reason.as_deref().unwrap_or("failed");

@@ -218,7 +218,9 @@ impl Connection {
         }
         let first = *losses.first.get_or_insert_with(Instant::now);
         losses.count += 1;
+        // Whole seconds: they are shown to people, here and in `retry`'s error.
         let left = window.saturating_sub(first.elapsed());
+        let left = Duration::from_secs(left.as_secs_f64().ceil() as u64);
         if left.is_zero() {
             return Err(Error::GaveUp(format!(
                 "lost the server {} times in {} while this request was under way (last: {cause}); if the server is up, it may be closing the connection on this request: see its log",
@@ -228,8 +230,7 @@ impl Connection {
         }
         (self.notify)(&Notice::Lost {
             cause: &cause,
-            // Whole seconds, for people.
-            within: Duration::from_secs(left.as_secs_f64().ceil() as u64),
+            within: left,
         });
         // A server that takes the connection and drops it again at once is asked ever more
         // slowly, not in a tight loop.

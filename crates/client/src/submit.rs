@@ -81,7 +81,19 @@ impl Connection {
                     if done.len() > confirmed {
                         losses = Losses::default();
                     }
-                    self.reconnect(e, &mut losses).await?;
+                    let partial = match &e {
+                        Error::Partial { job, .. } => Some(*job),
+                        _ => None,
+                    };
+                    match (self.reconnect(e, &mut losses).await, partial) {
+                        // Out of time with a job half added: say which, or it stays open.
+                        (Err(Error::GaveUp(why)), Some(job)) => {
+                            return Err(Error::GaveUp(format!(
+                                "{why}; job {job} holds only part of its tasks: cancel it with `kestrel job cancel {job}` and submit again"
+                            )))
+                        }
+                        (gone, _) => gone?,
+                    }
                     resumed = true;
                 }
                 other => return other.map(|()| done),

@@ -75,6 +75,30 @@ pub async fn open(access: &Access) -> Result<(ConnRead, ConnWrite), ClientError>
     Ok(crate::tls::split_tls(tls))
 }
 
+/// Opens a connection to the access file's server and authenticates as `role`, offering the
+/// `versions` that server reads ([`Access::versions_for`]); the handshake has
+/// [`CONNECT_TIMEOUT`] (a port that takes the connection and never answers is not waited on
+/// for ever). Returns the connection and the version chosen. Clients and workers both connect
+/// through here.
+pub async fn connect_as(
+    access: &Access,
+    role: Role,
+    versions: RangeInclusive<u32>,
+) -> Result<(FrameReader<ConnRead>, FrameWriter<ConnWrite>, u32), ClientError> {
+    let versions = access.versions_for(versions);
+    let (r, w) = open(access).await?;
+    let mut reader = FrameReader::new(r);
+    let mut writer = FrameWriter::new(w);
+    let secret = access.secret_bytes();
+    let version = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        connect_handshake_speaking(&mut reader, &mut writer, role, &secret, versions),
+    )
+    .await
+    .map_err(|_| ClientError::ConnectTimeout(access.address()))??;
+    Ok((reader, writer, version))
+}
+
 /// An authenticated client connection.
 pub struct Client {
     reader: FrameReader<ConnRead>,
@@ -97,17 +121,7 @@ impl Client {
         access: &Access,
         versions: RangeInclusive<u32>,
     ) -> Result<Client, ClientError> {
-        let versions = access.versions_for(versions);
-        let (r, w) = open(access).await?;
-        let mut reader = FrameReader::new(r);
-        let mut writer = FrameWriter::new(w);
-        let secret = access.secret_bytes();
-        let version = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            connect_handshake_speaking(&mut reader, &mut writer, Role::Client, &secret, versions),
-        )
-        .await
-        .map_err(|_| ClientError::ConnectTimeout(access.address()))??;
+        let (reader, writer, version) = connect_as(access, Role::Client, versions).await?;
         Ok(Client {
             reader,
             writer,

@@ -86,7 +86,8 @@ pub(crate) async fn next_done(exec: &mut dyn Executor) -> Option<Done> {
 }
 
 /// The connection is gone for good: stops the tasks of `ledger`, waits until `exec` reports
-/// each ended, and drops the results.
+/// each ended, and drops everything there was to report of them (ends, outputs, starts,
+/// waits).
 pub(crate) async fn abandon(ledger: &mut Ledger, exec: &mut dyn Executor) {
     // Those it has not started were only queued there; the others end at once.
     exec.cancel_all();
@@ -104,6 +105,9 @@ pub(crate) async fn abandon(ledger: &mut Ledger, exec: &mut dyn Executor) {
     }
     ledger.finished.clear();
     ledger.outputs.clear();
+    // Starts of followers that began meanwhile too.
+    ledger.started.clear();
+    ledger.waited.clear();
 }
 
 /// Benchmark mode: every task succeeds the moment its resources are free, and nothing runs.

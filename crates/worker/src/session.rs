@@ -9,10 +9,10 @@ use crate::staging::{Staged, Staging};
 use crate::state::{Carry, WorkerState};
 use crate::{Connected, Handover, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
-use kestrel_proto::client::open;
+use kestrel_proto::client::connect_as;
 use kestrel_proto::messages::{FromWorker, Registration, Resume, ToWorker};
 use kestrel_proto::{
-    connect_handshake_speaking, Access, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
+    Access, ClientError, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
 };
 use rustc_hash::FxHashSet;
 use std::time::Duration;
@@ -59,17 +59,13 @@ pub(crate) async fn serve(
     access: &Access,
     state: &mut WorkerState,
 ) -> Result<SessionEnd, WorkerError> {
-    let (r, w) = open(access).await?;
-    let mut reader = FrameReader::new(r);
-    let mut writer = FrameWriter::new(w);
-    connect_handshake_speaking(
-        &mut reader,
-        &mut writer,
-        Role::Worker,
-        &access.secret_bytes(),
-        access.versions_for(SPOKEN_VERSIONS),
-    )
-    .await?;
+    let (mut reader, mut writer, _) = connect_as(access, Role::Worker, SPOKEN_VERSIONS)
+        .await
+        // A handshake cut short is the protocol's error, as a lost connection is later.
+        .map_err(|e| match e {
+            ClientError::Proto(p) => WorkerError::Proto(p),
+            other => WorkerError::Connect(other),
+        })?;
     let WorkerState {
         exec,
         staging,
@@ -194,9 +190,6 @@ impl Session<'_> {
                     "registered with a different server; dropping the previous server's tasks"
                 );
                 crate::executor::abandon(l, &mut *self.exec).await;
-                // Starts of the old server's tasks (followers that began meanwhile) too.
-                l.started.clear();
-                l.waited.clear();
                 l.local = self.config.local();
                 Some(Handover::Dropped {
                     running: carried.0,

@@ -117,7 +117,10 @@ impl FileIndex {
 
     /// Bytes `worker`'s cache holds, of files with a known size.
     pub fn cached_bytes(&self, worker: WorkerId) -> u64 {
-        self.held_by(worker).filter_map(|f| self.size(f)).sum()
+        // Sizes come from workers: summed without overflowing.
+        self.held_by(worker)
+            .filter_map(|f| self.size(f))
+            .fold(0, u64::saturating_add)
     }
 
     /// Applies a worker's report. Ids the index never gave out are ignored (a worker cannot
@@ -177,7 +180,7 @@ impl FileIndex {
         for &f in files {
             if held.contains(&f) {
                 hits.files += 1;
-                hits.bytes += self.size(f).unwrap_or(0);
+                hits.bytes = hits.bytes.saturating_add(self.size(f).unwrap_or(0));
             }
         }
         hits
@@ -189,24 +192,24 @@ impl FileIndex {
     /// one buffer across decisions.
     pub fn candidates(&self, files: &[FileId], out: &mut Vec<(WorkerId, Hits)>) {
         out.clear();
+        // One entry per (holder, file), then merged per holder: linear in the pairs plus a
+        // sort, even for a file that every worker holds.
         for &f in files {
-            let size = self.size(f).unwrap_or(0);
-            for &w in self.holders(f) {
-                match out.iter_mut().find(|(o, _)| *o == w) {
-                    Some((_, h)) => {
-                        h.files += 1;
-                        h.bytes += size;
-                    }
-                    None => out.push((
-                        w,
-                        Hits {
-                            bytes: size,
-                            files: 1,
-                        },
-                    )),
-                }
-            }
+            let hit = Hits {
+                bytes: self.size(f).unwrap_or(0),
+                files: 1,
+            };
+            out.extend(self.holders(f).iter().map(|&w| (w, hit)));
         }
+        out.sort_unstable_by_key(|(w, _)| *w);
+        out.dedup_by(|(w, h), (kept_w, kept)| {
+            let same = w == kept_w;
+            if same {
+                kept.files += h.files;
+                kept.bytes = kept.bytes.saturating_add(h.bytes);
+            }
+            same
+        });
         out.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     }
 

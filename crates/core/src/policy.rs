@@ -46,6 +46,14 @@ pub trait DispatchPolicy: fmt::Debug + Send {
     /// How many of the offered tasks the worker takes, from the front of the span: 0 leaves
     /// them all for another worker, and more than `offer.room` counts as `offer.room`.
     fn take(&mut self, offer: &Offer) -> u32;
+
+    /// Whether idle workers may ask busy ones for tasks still waiting there for a slot (work
+    /// stealing). A policy that keeps tasks where it placed them says no: the tasks taken back
+    /// would go to the queue, be declined for the idle worker, and go back where they were,
+    /// pass after pass.
+    fn steals(&self) -> bool {
+        true
+    }
 }
 
 /// Today's policy: the workers in turn, each pass starting from the next worker id so none is

@@ -25,6 +25,7 @@ fn offer(cpus: u32) -> WorkerOffer {
 struct Homes {
     home: Vec<(JobId, WorkerId)>,
     offers: Arc<Mutex<Vec<Offer>>>,
+    steals: bool,
 }
 
 impl DispatchPolicy for Homes {
@@ -44,6 +45,10 @@ impl DispatchPolicy for Homes {
             Some((_, w)) if *w == offer.worker => u32::MAX,
             _ => 0,
         }
+    }
+
+    fn steals(&self) -> bool {
+        self.steals
     }
 }
 
@@ -69,6 +74,7 @@ fn a_policy_decides_which_worker_takes_which_tasks() {
     s.set_dispatch_policy(Box::new(Homes {
         home: vec![(a, w2), (b, w1)],
         offers: offers.clone(),
+        steals: true,
     }));
     s.take_commands();
 
@@ -116,6 +122,7 @@ fn tasks_no_worker_takes_stay_queued_and_the_walk_stops_at_the_window() {
     s.set_dispatch_policy(Box::new(Homes {
         home: jobs.iter().map(|&j| (j, 99)).collect(),
         offers: offers.clone(),
+        steals: true,
     }));
     s.take_commands();
 
@@ -125,4 +132,39 @@ fn tasks_no_worker_takes_stay_queued_and_the_walk_stops_at_the_window() {
     // One walk (more is queued than the worker can hold, so slots and window fill in one)
     // looks at the window's 8 declined spans and one more, then stops: 9 offers, not 20.
     assert_eq!(offers.lock().unwrap().len(), 9);
+}
+
+/// Work stealing asks the policy: one that keeps a job on its home worker says no, and an idle
+/// worker does not make the scheduler take back the tasks waiting on the home worker (they
+/// would only be declined for the idle one and go home again, pass after pass).
+#[test]
+fn a_policy_that_keeps_tasks_home_turns_stealing_off() {
+    let revokes = |steals: bool| {
+        let mut s = Scheduler::new(Config::default());
+        let home = s.worker_joined(
+            0,
+            WorkerOffer {
+                prefetch: 2,
+                ..offer(2)
+            },
+        );
+        let idle = s.worker_joined(0, offer(2));
+        let job = s.submit(0, spec("a"), array(8), false).unwrap();
+        s.set_dispatch_policy(Box::new(Homes {
+            home: vec![(job, home)],
+            offers: Arc::new(Mutex::new(Vec::new())),
+            steals,
+        }));
+        s.take_commands();
+        s.schedule(1);
+        let commands = s.take_commands();
+        let given = assignments(&commands);
+        assert!(given.iter().all(|(w, _)| *w != idle), "{given:?}");
+        commands
+            .iter()
+            .filter(|c| matches!(c, Command::Revoke { .. }))
+            .count()
+    };
+    assert_eq!(revokes(false), 0);
+    assert!(revokes(true) > 0, "the default asks the waiting tasks back");
 }

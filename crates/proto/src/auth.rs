@@ -139,8 +139,10 @@ fn verify(secret: &[u8], label: &[u8], a: &[u8], b: &[u8], proof: &[u8]) -> bool
     mac(secret, label, a, b).verify_slice(proof).is_ok()
 }
 
-/// The connecting side of the handshake (worker or client); returns the version the
-/// connection speaks.
+/// The connecting side of the handshake (worker or client) on a stream already open, offering
+/// every version this build speaks; returns the version the connection speaks. A connector
+/// that has the server's access file goes through [`crate::client::connect_as`] instead: it
+/// offers only what that server reads, and times the handshake out.
 pub async fn connect_handshake<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut FrameWriter<W>,

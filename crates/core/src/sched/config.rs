@@ -7,7 +7,9 @@ use crate::spec::JobId;
 pub struct Config {
     /// A worker silent for longer than this is lost.
     pub heartbeat_timeout_us: u64,
-    /// How many queue entries that fit no worker one assignment pass may look past.
+    /// How many queue entries that fit no worker one assignment pass may look past: the
+    /// window of the default policy ([`crate::FirstAvailable`]); a policy installed with
+    /// `Scheduler::set_dispatch_policy` has its own.
     pub max_queue_skips: usize,
     /// Wait before a failed task runs again; doubles with each failure of that task.
     pub retry_backoff_us: u64,

@@ -65,7 +65,9 @@ impl Scheduler {
                 }
             }
         }
-        self.steal();
+        if self.policy.steals() {
+            self.steal();
+        }
     }
 
     /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends

@@ -25,7 +25,7 @@ pub fn human(bytes: usize) -> String {
 
 /// The bytes one task of `spec` may take in a message: what the job's options leave.
 pub fn task_room(spec: &JobSpec) -> Result<usize> {
-    let options = match kestrel_proto::encode(&kestrel_proto::wire::job_spec::Ref(spec)) {
+    let options = match kestrel_proto::encode(&kestrel_proto::wire::Ref(spec)) {
         Ok(frame) => frame.len(),
         Err(ProtoError::FrameTooLarge { size, .. }) => size,
         Err(e) => bail!("the job's options cannot be encoded: {e}"),

@@ -215,7 +215,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 mod tests {
     use super::*;
     use crate::messages::*;
-    use crate::wire::run_end;
+    use crate::wire::{Own, Ref};
     use kestrel_core::{Failure, Finished, IndexRun, RunEnd};
     use proptest::prelude::*;
     use tokio::io::AsyncWriteExt;
@@ -371,12 +371,9 @@ mod tests {
         ];
         for (old, new) in old {
             let bytes = rmp_serde::to_vec(&old).unwrap();
-            assert_eq!(decode::<run_end::Own>(&bytes).unwrap().0, new);
+            assert_eq!(decode::<Own<RunEnd>>(&bytes).unwrap().0, new);
         }
-        assert_eq!(
-            encode(&run_end::Ref(&RunEnd::Success)).unwrap(),
-            &b"\xa1S"[..]
-        );
+        assert_eq!(encode(&Ref(&RunEnd::Success)).unwrap(), &b"\xa1S"[..]);
     }
 
     /// An update from a worker that knows nothing of streamed output (no `outputs` field)
@@ -387,12 +384,12 @@ mod tests {
         enum OldFromWorker {
             Update {
                 started: Vec<(u32, u32, u64)>,
-                finished: Vec<(u32, u32, u64, i64, run_end::Ref<'static>)>,
+                finished: Vec<(u32, u32, u64, i64, Ref<'static, RunEnd>)>,
             },
         }
         let old = OldFromWorker::Update {
             started: vec![],
-            finished: vec![(1, 2, 100, 5, run_end::Ref(&RunEnd::Success))],
+            finished: vec![(1, 2, 100, 5, Ref(&RunEnd::Success))],
         };
         let decoded: FromWorker = decode(&rmp_serde::to_vec(&old).unwrap()).unwrap();
         let FromWorker::Update {

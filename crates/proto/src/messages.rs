@@ -4,8 +4,8 @@
 //! the protocol version checked in the handshake). Every hot message carries a batch.
 
 use crate::wire::{
-    id_ranges, line_list, task_state, CountsDef, IndexRunDef, JobSpecDef, ResourcesDef, SinkDef,
-    TaskSetDef, TaskStateDef, TaskTemplateDef,
+    line_list, CountsDef, IndexRunDef, JobSpecDef, ResourcesDef, SinkDef, TaskSetDef, TaskStateDef,
+    TaskTemplateDef,
 };
 /// Task counts by state (core's own type; its wire form is [`crate::wire::CountsDef`]).
 pub use kestrel_core::Counts;
@@ -27,21 +27,21 @@ use std::fmt;
 /// nearly every end, is nil (1 byte, no string to write and compare on the per-task path).
 /// Only the wire form: the journal stores [`Finished`] in full ([`crate::wire::FinishedDef`]).
 mod ends_on_wire {
-    use crate::wire::run_end;
+    use crate::wire::{Own, Ref};
     use kestrel_core::{Finished, JobId, RunEnd, TaskIndex};
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize)]
-    struct Out<'a>(JobId, TaskIndex, u64, i64, Option<run_end::Ref<'a>>);
+    struct Out<'a>(JobId, TaskIndex, u64, i64, Option<Ref<'a, RunEnd>>);
 
     #[derive(Deserialize)]
-    struct In(JobId, TaskIndex, u64, i64, Option<run_end::Own>);
+    struct In(JobId, TaskIndex, u64, i64, Option<Own<RunEnd>>);
 
     pub fn serialize<S: Serializer>(ends: &[Finished], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(ends.iter().map(|f| {
             // Two's complement: an end before the start (a clock step) comes back exactly.
             let run_us = f.finished_us.wrapping_sub(f.started_us) as i64;
-            let end = (f.end != RunEnd::Success).then_some(run_end::Ref(&f.end));
+            let end = (f.end != RunEnd::Success).then_some(Ref(&f.end));
             Out(f.job, f.index, f.started_us, run_us, end)
         }))
     }
@@ -55,7 +55,7 @@ mod ends_on_wire {
                 started_us,
                 // The exact inverse of the encoding, for every pair of times.
                 finished_us: started_us.wrapping_add_signed(run_us),
-                end: end.map_or(RunEnd::Success, |run_end::Own(e)| e),
+                end: end.map_or(RunEnd::Success, |Own(e)| e),
             })
             .collect())
     }
@@ -68,7 +68,7 @@ pub enum FromWorker {
     Register(Registration),
     /// Batched task progress: starts and ends since the last update.
     Update {
-        #[serde(with = "crate::wire::started::vec")]
+        #[serde(with = "crate::wire::vec")]
         started: Vec<Started>,
         #[serde(with = "ends_on_wire")]
         finished: Vec<Finished>,
@@ -317,7 +317,7 @@ pub enum Ask {
     /// Tasks of a job, optionally only those in one state; at most `limit` rows.
     TaskList {
         job: JobId,
-        #[serde(with = "task_state::option")]
+        #[serde(with = "crate::wire::option")]
         state: Option<TaskState>,
         limit: u32,
     },
@@ -363,7 +363,7 @@ pub enum Ask {
     /// those from the `offset`-th on, at most `limit`.
     TaskPage {
         job: JobId,
-        #[serde(with = "task_state::option")]
+        #[serde(with = "crate::wire::option")]
         state: Option<TaskState>,
         offset: u32,
         limit: u32,
@@ -379,7 +379,7 @@ pub enum Ask {
     Output {
         job: JobId,
         stderr: bool,
-        #[serde(with = "id_ranges::option")]
+        #[serde(with = "crate::wire::option")]
         tasks: Option<IdRanges>,
         from: u32,
         max_bytes: u32,
@@ -628,7 +628,7 @@ pub struct OutputPage {
 pub struct OutputRow {
     pub id: TaskId,
     /// `None` if the job has no task with this id.
-    #[serde(with = "task_state::option")]
+    #[serde(with = "crate::wire::option")]
     pub state: Option<TaskState>,
     pub output: RowOutput,
 }

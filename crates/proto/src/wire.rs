@@ -10,9 +10,9 @@
 //! into core's `Started` values, not into a twin type and then moved.
 //!
 //! Use one as `#[serde(with = "wire::JobSpecDef")]` on a field of core's type; for an `Option`
-//! or a `Vec` of one, or to encode one on its own, the modules [`job_spec`], [`task_state`],
-//! [`started`], [`run_end`], [`finished`], [`failure`] and [`id_ranges`] have `Ref`, `Own`,
-//! `option` and `vec` forms.
+//! or a `Vec` of one, `#[serde(with = "wire::option")]` or `wire::vec`, and [`Ref`]/[`Own`]
+//! to encode or decode one elsewhere (in a tuple, or on its own): generic over the core types
+//! that implement [`Wire`].
 //!
 //! Fields are positional (MessagePack arrays), so they may only be added at the end, with
 //! `#[serde(default)]`: a newer peer then still reads an older peer's message (an older peer
@@ -109,7 +109,7 @@ pub enum RunEndDef {
     #[serde(rename = "S", alias = "Success")]
     Success,
     #[serde(rename = "F", alias = "Failed")]
-    Failed(#[serde(with = "failure::boxed")] Box<Failure>),
+    Failed(#[serde(with = "boxed_failure")] Box<Failure>),
     #[serde(rename = "C", alias = "Canceled")]
     Canceled,
 }
@@ -167,93 +167,100 @@ pub struct CountsDef {
     pub canceled: u32,
 }
 
-/// `Option` and `Vec` forms of a remote definition (serde's `with` names the encoding of a
-/// field's whole type, so a wrapped core type needs its own): a borrowing newtype to encode
-/// and an owning one to decode, each transparent on the wire.
-macro_rules! wrapped_forms {
-    ($module:ident, $ty:ty, $def:ty, $what:literal) => {
-        #[doc = concat!("`Option` and `Vec` of ", $what, ".")]
-        pub mod $module {
-            use super::*;
-
-            /// Encodes through the remote definition.
-            pub struct Ref<'a>(pub &'a $ty);
-
-            impl Serialize for Ref<'_> {
-                fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                    <$def>::serialize(self.0, s)
-                }
-            }
-
-            /// Decodes through the remote definition.
-            pub struct Own(pub $ty);
-
-            impl<'de> Deserialize<'de> for Own {
-                fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Own, D::Error> {
-                    <$def>::deserialize(d).map(Own)
-                }
-            }
-
-            #[doc = concat!("`Option<", $what, ">`.")]
-            pub mod option {
-                use super::*;
-
-                pub fn serialize<S: Serializer>(v: &Option<$ty>, s: S) -> Result<S::Ok, S::Error> {
-                    v.as_ref().map(Ref).serialize(s)
-                }
-
-                pub fn deserialize<'de, D: Deserializer<'de>>(
-                    d: D,
-                ) -> Result<Option<$ty>, D::Error> {
-                    Ok(Option::<Own>::deserialize(d)?.map(|Own(v)| v))
-                }
-            }
-
-            #[doc = concat!("`Vec<", $what, ">`.")]
-            pub mod vec {
-                use super::*;
-
-                pub fn serialize<S: Serializer>(v: &[$ty], s: S) -> Result<S::Ok, S::Error> {
-                    s.collect_seq(v.iter().map(Ref))
-                }
-
-                pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<$ty>, D::Error> {
-                    // Collected in place: `Own` is laid out as the value it wraps.
-                    Ok(Vec::<Own>::deserialize(d)?
-                        .into_iter()
-                        .map(|Own(v)| v)
-                        .collect())
-                }
-            }
-        }
-    };
+/// A core type that has its wire form here: its remote definition's two functions, so that
+/// one generic [`Ref`], [`Own`], [`option`] and [`vec`] serve every such type (serde's `with`
+/// names the encoding of a field's whole type, so a wrapped core type needs one of those).
+pub trait Wire: Sized {
+    /// Encodes the value in its wire form.
+    fn encode<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error>;
+    /// Decodes a value from its wire form.
+    fn decode<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error>;
 }
 
-wrapped_forms!(job_spec, JobSpec, JobSpecDef, "[`JobSpec`]");
-wrapped_forms!(task_state, TaskState, TaskStateDef, "[`TaskState`]");
-wrapped_forms!(started, Started, StartedDef, "[`Started`]");
-wrapped_forms!(run_end, RunEnd, RunEndDef, "[`RunEnd`]");
-wrapped_forms!(finished, Finished, FinishedDef, "[`Finished`]");
-wrapped_forms!(id_ranges, IdRanges, IdRangesDef, "[`IdRanges`]");
+macro_rules! wire {
+    ($($ty:ty => $def:ty),* $(,)?) => {$(
+        impl Wire for $ty {
+            fn encode<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                <$def>::serialize(self, s)
+            }
+            fn decode<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <$def>::deserialize(d)
+            }
+        }
+    )*};
+}
 
-/// [`Failure`] boxed, as [`RunEnd::Failed`] holds it, and its `Option`/`Vec` forms.
-pub mod failure {
+// The core types that travel wrapped (in an `Option`, a `Vec`, a tuple) or on their own.
+wire!(
+    JobSpec => JobSpecDef,
+    TaskState => TaskStateDef,
+    Started => StartedDef,
+    RunEnd => RunEndDef,
+    Finished => FinishedDef,
+    IdRanges => IdRangesDef,
+);
+
+/// Encodes a core value in its wire form, where it is not a field of its own (in a tuple, an
+/// `Option`, or a message by itself).
+pub struct Ref<'a, T>(pub &'a T);
+
+impl<T: Wire> Serialize for Ref<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.encode(s)
+    }
+}
+
+/// Decodes a core value from its wire form, as [`Ref`] encodes it. Transparent, so that a
+/// `Vec<Own<T>>` becomes a `Vec<T>` in place.
+#[repr(transparent)]
+pub struct Own<T>(pub T);
+
+impl<'de, T: Wire> Deserialize<'de> for Own<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Own<T>, D::Error> {
+        T::decode(d).map(Own)
+    }
+}
+
+/// `Option<T>` of a core type: `#[serde(with = "wire::option")]`.
+pub mod option {
     use super::*;
 
-    wrapped_forms!(forms, Failure, FailureDef, "[`Failure`]");
-    pub use forms::{option, vec, Own, Ref};
+    pub fn serialize<T: Wire, S: Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        v.as_ref().map(Ref).serialize(s)
+    }
 
-    /// `Box<Failure>`.
-    pub mod boxed {
-        use super::*;
+    pub fn deserialize<'de, T: Wire, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+        Ok(Option::<Own<T>>::deserialize(d)?.map(|Own(v)| v))
+    }
+}
 
-        pub fn serialize<S: Serializer>(v: &Failure, s: S) -> Result<S::Ok, S::Error> {
-            FailureDef::serialize(v, s)
-        }
+/// `Vec<T>` of a core type: `#[serde(with = "wire::vec")]`.
+pub mod vec {
+    use super::*;
 
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Box<Failure>, D::Error> {
-            FailureDef::deserialize(d).map(Box::new)
-        }
+    pub fn serialize<T: Wire, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(Ref))
+    }
+
+    pub fn deserialize<'de, T: Wire, D: Deserializer<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+        // Collected in place: `Own<T>` is laid out as `T`.
+        Ok(Vec::<Own<T>>::deserialize(d)?
+            .into_iter()
+            .map(|Own(v)| v)
+            .collect())
+    }
+}
+
+/// `Box<Failure>`, as [`RunEnd::Failed`] holds it.
+mod boxed_failure {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(v: &Failure, s: S) -> Result<S::Ok, S::Error> {
+        FailureDef::serialize(v, s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Box<Failure>, D::Error> {
+        FailureDef::deserialize(d).map(Box::new)
     }
 }
 

@@ -101,7 +101,7 @@ pub(super) struct EndsBody {
 /// `(report, assigned_us)` pairs, the report in its full wire form.
 mod reports_assigned {
     use kestrel_core::Finished;
-    use kestrel_proto::wire::finished::{Own, Ref};
+    use kestrel_proto::wire::{Own, Ref};
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &[(Finished, u64)], s: S) -> Result<S::Ok, S::Error> {
@@ -109,7 +109,7 @@ mod reports_assigned {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(Finished, u64)>, D::Error> {
-        let pairs = Vec::<(Own, u64)>::deserialize(d)?;
+        let pairs = Vec::<(Own<Finished>, u64)>::deserialize(d)?;
         Ok(pairs.into_iter().map(|(Own(f), at)| (f, at)).collect())
     }
 }

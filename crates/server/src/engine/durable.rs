@@ -12,12 +12,13 @@ use crate::outputs::OutputLog;
 use kestrel_core::{Event, JobId, Record};
 use kestrel_proto::messages::{Answer, Refusal, TaskOutput};
 use rustc_hash::FxHashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long accepted task ends may wait for a journal commit when nothing else needs one.
 const ENDS_COMMIT_EVERY: Duration = Duration::from_millis(20);
 
 /// The journal, and what waits for its next commit.
+#[derive(Default)]
 pub(super) struct Durability {
     /// The journal, when kept; entries of the current batch wait in `pending`.
     pub(super) journal: Option<Journal>,
@@ -26,22 +27,10 @@ pub(super) struct Durability {
     pub(super) error: Option<String>,
     /// Client replies held until the batch's journal entries are committed.
     deferred: Vec<Deferred>,
-    last_commit: Instant,
+    /// When the journal was last committed, on the engine's clock.
+    last_commit_us: u64,
     /// The scheduler's records being journaled, a buffer kept from one event to the next.
     records: Vec<Record>,
-}
-
-impl Default for Durability {
-    fn default() -> Durability {
-        Durability {
-            journal: None,
-            pending: Pending::default(),
-            error: None,
-            deferred: Vec::new(),
-            last_commit: Instant::now(),
-            records: Vec::new(),
-        }
-    }
 }
 
 impl Durability {
@@ -104,17 +93,19 @@ impl Engine {
     /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
     /// submitters told why, and no new work is accepted from then on.
     pub(super) fn commit(&mut self, force: bool) {
-        self.journal_records(self.now());
+        let now = self.now();
+        self.journal_records(now);
         let d = &mut self.durable;
         // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
         // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
         let due = force
             || d.deferred.iter().any(Deferred::needs_durability)
             || d.pending.has_inputs()
-            || d.last_commit.elapsed() >= ENDS_COMMIT_EVERY;
+            // Either way: a step back of the wall clock must not hold ends back.
+            || now.abs_diff(d.last_commit_us) >= ENDS_COMMIT_EVERY.as_micros() as u64;
         if let (Some(j), true) = (d.journal.as_mut(), due) {
             if !d.pending.is_empty() {
-                d.last_commit = Instant::now();
+                d.last_commit_us = now;
                 if let Err(e) = j.commit(&mut d.pending) {
                     let msg = format!(
                         "the journal in {} cannot be written: {e}; free disk space and restart the server",
@@ -127,7 +118,7 @@ impl Engine {
             }
         }
         for d in std::mem::take(&mut self.durable.deferred) {
-            self.conns.reply(d.conn, d.id, d.result);
+            self.conns.send_now(d.conn, d.id, d.result);
         }
     }
 

@@ -38,8 +38,9 @@ impl Conns {
         }
     }
 
-    /// Answers request `id` of client `conn` if it is still connected.
-    pub(super) fn reply(&self, conn: ConnId, id: u64, result: Result<Answer, Refusal>) {
+    /// Sends the answer to request `id` of client `conn` now, if it is still connected; what the
+    /// engine answers goes through `Engine::reply`, which holds it until the journal commit.
+    pub(super) fn send_now(&self, conn: ConnId, id: u64, result: Result<Answer, Refusal>) {
         if let Some(c) = self.clients.get(&conn) {
             c.reply(id, result);
         }

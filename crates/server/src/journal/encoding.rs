@@ -189,6 +189,7 @@ impl Pending {
         self.rows.is_empty()
             && self.ok.is_empty()
             && self.other.is_empty()
+            && self.waited.is_empty()
             && self.outputs.is_empty()
     }
 
@@ -246,7 +247,10 @@ impl Pending {
         struct LinesFrom<'a>(&'a LineList, usize);
         impl Serialize for LinesFrom<'_> {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_seq(self.0.iter().skip(self.1))
+                // By index: `iter().skip(n)` would walk the n lines before (a piece of a
+                // streamed `--each` job would cost the whole job so far).
+                let LinesFrom(lines, from) = *self;
+                s.collect_seq((from..lines.len()).map(|i| lines.get(i).unwrap_or_default()))
             }
         }
         #[derive(Serialize)]
@@ -320,7 +324,8 @@ impl Pending {
     /// batch's task ends, one pair per job).
     pub fn slot_wait(&mut self, job: JobId, waited_us: u64) {
         match self.waited.iter_mut().rev().find(|(j, _)| *j == job) {
-            Some((_, sum)) => *sum += waited_us,
+            // From a worker's report: summed without overflowing, as core sums it.
+            Some((_, sum)) => *sum = sum.saturating_add(waited_us),
             None => self.waited.push((job, waited_us)),
         }
     }
@@ -351,7 +356,7 @@ impl Pending {
 
     /// Turns the gathered task ends into one row (call once, just before writing).
     pub(super) fn seal_ends(&mut self) {
-        if self.ok.is_empty() && self.other.is_empty() {
+        if self.ok.is_empty() && self.other.is_empty() && self.waited.is_empty() {
             return;
         }
         let base_us = self.ok.first().map_or(0, |t| t.2);

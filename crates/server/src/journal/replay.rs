@@ -24,6 +24,7 @@ impl Journal {
     pub fn successes(&self) -> Result<Vec<(JobId, TaskIndex)>, JournalError> {
         let mut out = Vec::new();
         self.each_entry(Some(KIND_ENDS), |_, kind, body| {
+            // Only ends are read (`Some(KIND_ENDS)`): the `else` is never taken.
             let Entry::Ends(b) = Entry::decode(kind, body).map_err(|e| self.damaged(e))? else {
                 return Ok(());
             };

@@ -7,8 +7,8 @@ use crate::sizes;
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::placeholders;
 use kestrel_core::{
-    IdRanges, JobSpec, LineList, Resources, Sink, TaskSet, TaskTemplate, DEFAULT_STREAM_LIMIT,
-    MAX_STREAM_LIMIT,
+    IdRanges, JobSpec, LineList, Placement, PolicyName, Resources, Sink, TaskFiles, TaskSet,
+    TaskTemplate, DEFAULT_STREAM_LIMIT, MAX_STREAM_LIMIT,
 };
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -73,6 +73,39 @@ pub struct TaskOptions {
     /// `sbatch --export=ALL`; --env entries win [in job files: env_all = true]
     #[arg(long, num_args = 0, default_missing_value = "true")]
     pub env_all: Option<bool>,
+    /// A logical file each task reads, by its name in the store, placeholders allowed (e.g.
+    /// raw/{task}.fits; repeat for more). The worker stages it into its cache (from its own
+    /// cache, a peer's or the store) before the task starts; the task finds it at
+    /// {input:NAME}, {inputs} (all, space-separated) or in KESTREL_INPUTS [in job files:
+    /// inputs = [...]]
+    #[arg(long = "input", value_name = "NAME")]
+    #[serde(default, rename = "inputs")]
+    pub input: Vec<String>,
+    /// A logical file each task writes into its directory under this name, placeholders
+    /// allowed (repeat for more); the worker keeps it in its cache and writes it to the store.
+    /// A task that does not write it fails. (`--output` is the format of what kestrel prints,
+    /// so this is `--output-file`) [in job files: outputs = [...]]
+    #[arg(long = "output-file", value_name = "NAME")]
+    #[serde(default, rename = "outputs")]
+    pub output_files: Vec<String>,
+    /// A file every task reads (a program, a database): fetched once per worker and kept for
+    /// the worker's life [in job files: inputs_static = [...]]
+    #[arg(long = "input-static", value_name = "NAME")]
+    #[serde(default, rename = "inputs_static")]
+    pub input_static: Vec<String>,
+    /// The shared store the job's files are in: a directory on a shared file system or an
+    /// http(s):// URL prefix [default: the server's --store]
+    #[arg(long, value_name = "DIR|URL")]
+    pub store: Option<String>,
+    /// How tasks that read files are placed: first-available, first-cache-available,
+    /// max-cache-hit, max-compute-util or good-cache-compute (or fa, fca, mch, mcu, gcc)
+    /// [default: the server's --policy]
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Option<String>,
+    /// good-cache-compute's threshold: above this fraction of busy cpus tasks wait for the
+    /// worker holding their data, below it any free worker takes them [default: the server's]
+    #[arg(long, value_name = "FRACTION")]
+    pub util_threshold: Option<f64>,
 }
 
 impl TaskOptions {
@@ -81,9 +114,31 @@ impl TaskOptions {
         macro_rules! fill {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = defaults.$f.clone(); } )* };
         }
-        fill!(name, cpus, gpus, mem, priority, retries, timeout, stdout, stderr, cwd, env_all);
-        if self.resource.is_empty() {
-            self.resource = defaults.resource.clone();
+        fill!(
+            name,
+            cpus,
+            gpus,
+            mem,
+            priority,
+            retries,
+            timeout,
+            stdout,
+            stderr,
+            cwd,
+            env_all,
+            store,
+            policy,
+            util_threshold
+        );
+        for (mine, theirs) in [
+            (&mut self.resource, &defaults.resource),
+            (&mut self.input, &defaults.input),
+            (&mut self.output_files, &defaults.output_files),
+            (&mut self.input_static, &defaults.input_static),
+        ] {
+            if mine.is_empty() {
+                mine.clone_from(theirs);
+            }
         }
         let mut env = defaults.env.clone();
         env.append(&mut self.env);
@@ -146,6 +201,11 @@ impl TaskOptions {
                 stdout: sink(&self.stdout, "stdout", DEFAULT_STDOUT)?,
                 stderr: sink(&self.stderr, "stderr", DEFAULT_STDERR)?,
                 timeout_ms,
+                files: TaskFiles {
+                    inputs: self.input.clone(),
+                    outputs: self.output_files.clone(),
+                    statics: self.input_static.clone(),
+                },
             },
             resources: Resources {
                 cpus,
@@ -159,8 +219,54 @@ impl TaskOptions {
             priority: self.priority.unwrap_or(0),
             retries: self.retries.unwrap_or(0),
             named: parse_named(&self.resource)?,
+            placement: Placement {
+                store: match &self.store {
+                    Some(s) => Some(store_location(base_dir, s)?),
+                    None => None,
+                },
+                policy: match &self.policy {
+                    Some(p) => Some(parse_policy(p)?),
+                    None => None,
+                },
+                util_threshold_permille: match self.util_threshold {
+                    Some(t) => Some(util_threshold(t)?),
+                    None => None,
+                },
+            },
         })
     }
+}
+
+/// The policy named `text`, or an error listing the names.
+pub fn parse_policy(text: &str) -> Result<PolicyName> {
+    PolicyName::parse(text).ok_or_else(|| {
+        let names: Vec<&str> = PolicyName::ALL.iter().map(|p| p.name()).collect();
+        anyhow!(
+            "--policy {text:?} is not a policy; use one of {} (or fa, fca, mch, mcu, gcc)",
+            names.join(", ")
+        )
+    })
+}
+
+/// A utilisation threshold given as a fraction, in thousandths.
+pub fn util_threshold(fraction: f64) -> Result<u16> {
+    if !(0.0..=1.0).contains(&fraction) {
+        bail!("--util-threshold {fraction} must be a fraction from 0 to 1, e.g. 0.9");
+    }
+    Ok((fraction * 1000.0).round() as u16)
+}
+
+/// A store as the workers will reach it: an http(s):// URL as given, a directory made
+/// absolute against `base_dir` (workers do not share the submitter's directory).
+pub fn store_location(base_dir: &Path, text: &str) -> Result<String> {
+    let lower = text.to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        return Ok(text.trim_end_matches('/').to_string() + "/");
+    }
+    if lower.contains("://") {
+        bail!("--store {text:?}: a store is a directory or an http:// or https:// URL prefix");
+    }
+    Ok(absolute(base_dir, text))
 }
 
 /// `NAME=N` pairs of named resources, e.g. `licenses=1`, summed per name.
@@ -478,6 +584,15 @@ struct JobEntry {
     #[serde(default, deserialize_with = "env_entries")]
     env: Vec<String>,
     env_all: Option<bool>,
+    #[serde(default)]
+    inputs: Vec<String>,
+    #[serde(default)]
+    outputs: Vec<String>,
+    #[serde(default)]
+    inputs_static: Vec<String>,
+    store: Option<String>,
+    policy: Option<String>,
+    util_threshold: Option<f64>,
 }
 
 /// Reads a TOML job file: `[defaults]` options and one `[[job]]` table per job.
@@ -533,6 +648,12 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
         cwd: e.cwd,
         env: e.env,
         env_all: e.env_all,
+        input: e.inputs,
+        output_files: e.outputs,
+        input_static: e.inputs_static,
+        store: e.store,
+        policy: e.policy,
+        util_threshold: e.util_threshold,
     }
     .or(defaults);
     match (e.command, e.tasks) {

@@ -255,11 +255,13 @@ fn true_spec(name: &str) -> kestrel_core::JobSpec {
             stdout: kestrel_core::Sink::Null,
             stderr: kestrel_core::Sink::Null,
             timeout_ms: None,
+            files: Default::default(),
         },
         resources: kestrel_core::Resources::default(),
         priority: 0,
         retries: 0,
         named: vec![],
+        placement: Default::default(),
     }
 }
 

@@ -26,6 +26,9 @@ pub enum Error {
         /// Why the next piece was not taken.
         source: ClientError,
     },
+    /// The server speaks a protocol too old for what was asked.
+    #[error("{0}")]
+    TooOld(String),
     /// The server answered a request with an answer of another kind.
     #[error("the server sent an unexpected answer ({0}); use the same kestrel version for the server and this client")]
     Unexpected(String),
@@ -39,7 +42,7 @@ impl Error {
             Error::Client(c) | Error::Partial { source: c, .. } => lost_or_unreachable(c),
             Error::Access(a) => no_server_there(a),
             Error::GaveUp(_) => true,
-            Error::Refused(_) | Error::Unexpected(_) => false,
+            Error::Refused(_) | Error::Unexpected(_) | Error::TooOld(_) => false,
         }
     }
 

@@ -5,6 +5,7 @@ use crate::error::{lost_or_unreachable, Error};
 use crate::pieces::{argv_bytes, piece_ranges, string_bytes};
 use kestrel_core::{JobId, JobSpec, TaskSet};
 use kestrel_proto::messages::{Answer, Ask};
+use kestrel_proto::FILES_VERSION;
 
 /// Task bytes per message, well under the frame limit.
 const CHUNK_BYTES: usize = 4 << 20;
@@ -114,6 +115,17 @@ async fn submit_from(
     let first_unconfirmed = done.len();
     let client = conn.client();
     for k in &subs[done.len()..] {
+        let spec = &k.sub.spec;
+        let needs = FILES_VERSION;
+        if client.version() < needs
+            && !(spec.template.files.is_empty() && spec.placement.is_default())
+        {
+            return Err(Error::TooOld(format!(
+                "job {:?} declares files, a store or a policy (protocol {needs}), but the server speaks protocol {}: upgrade the server (`kestrel server info` shows its version)",
+                spec.name,
+                client.version()
+            )));
+        }
         // Pieces are index ranges into the list, copied one at a time as they are sent: the
         // list itself is kept (for a resend after a reconnect) but never copied whole.
         let tasks = &k.sub.tasks;

@@ -24,6 +24,30 @@ pub struct CacheDelta {
     pub evicted: Vec<FileId>,
 }
 
+impl CacheDelta {
+    /// Notes that `file` came into the cache (a pending eviction of it is dropped).
+    pub fn note_added(&mut self, file: FileId, size: u64) {
+        self.evicted.retain(|&f| f != file);
+        if !self.added.iter().any(|&(f, _)| f == file) {
+            self.added.push((file, size));
+        }
+    }
+
+    /// Notes that `file` left the cache (a pending addition of it is dropped). The eviction
+    /// is kept even then: the file may have been reported before that addition.
+    pub fn note_evicted(&mut self, file: FileId) {
+        self.added.retain(|&(f, _)| f != file);
+        if !self.evicted.contains(&file) {
+            self.evicted.push(file);
+        }
+    }
+
+    /// Whether there is nothing to report.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.evicted.is_empty()
+    }
+}
+
 /// One file as the index knows it.
 #[derive(Debug)]
 struct FileEntry {
@@ -113,6 +137,16 @@ impl FileIndex {
     /// The files `worker`'s cache holds, as last reported.
     pub fn held_by(&self, worker: WorkerId) -> impl Iterator<Item = FileId> + '_ {
         self.held.get(&worker).into_iter().flatten().copied()
+    }
+
+    /// Every worker the index lists as holding something.
+    pub fn workers(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.held.keys().copied()
+    }
+
+    /// How many files `worker`'s cache holds, as last reported.
+    pub fn held_count(&self, worker: WorkerId) -> usize {
+        self.held.get(&worker).map_or(0, |h| h.len())
     }
 
     /// Bytes `worker`'s cache holds, of files with a known size.
@@ -259,6 +293,27 @@ mod tests {
             added: added.to_vec(),
             evicted: evicted.to_vec(),
         }
+    }
+
+    #[test]
+    fn a_pending_delta_ends_as_the_cache_did() {
+        let mut ix = FileIndex::new();
+        let (a, b) = (ix.intern("a"), ix.intern("b"));
+        ix.apply(1, &delta(&[(a, 1)], &[]));
+        // a leaves and comes back, b comes and goes: one report of the end state.
+        let mut d = CacheDelta::default();
+        d.note_evicted(a);
+        d.note_added(b, 2);
+        d.note_added(a, 1);
+        d.note_evicted(b);
+        ix.apply(1, &d);
+        assert_eq!((ix.holds(1, a), ix.holds(1, b)), (true, false));
+        // Reported, then evicted after coming back: the eviction still reaches the index.
+        let mut d = CacheDelta::default();
+        d.note_added(a, 1);
+        d.note_evicted(a);
+        ix.apply(1, &d);
+        assert!(!ix.holds(1, a));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! a duration chosen by the test, and report back after the same latency. Everything happens in
 //! the order of a virtual clock, so a run is the same every time.
 
+use crate::files::{CacheDelta, FileId};
 use crate::outcome::{Command, Failure, Finished, RunEnd, Started};
 use crate::sched::{Event, Reply, Scheduler, WorkerOffer};
 use crate::spec::{JobId, JobSpec, Resources, TaskIndex, TaskSet, WorkerId};
@@ -20,6 +21,51 @@ pub struct SimRun {
 }
 
 type RunModel = Box<dyn FnMut(WorkerId, JobId, TaskIndex, u32) -> SimRun>;
+
+/// Data diffusion for the simulated workers: each keeps an LRU cache of input files, and a
+/// task's run first stages its inputs, from the worker's own cache, a peer's (peers serve in
+/// parallel) or the shared store (reads queue for it, one at a time: a store that saturates,
+/// as GPFS did in the dissertation's runs). Workers report what their caches gained and lost
+/// with their task reports.
+#[derive(Clone, Copy, Debug)]
+pub struct SimData {
+    /// Files each worker's cache holds.
+    pub cache_files: usize,
+    /// Bytes of every file, as reported to the index.
+    pub file_bytes: u64,
+    /// Time to read an input from the worker's own cache.
+    pub local_us: u64,
+    /// Time to fetch an input from a peer that caches it (told by the assignment's hints;
+    /// policies without hints read from the store).
+    pub peer_us: u64,
+    /// Time the store takes per file; reads queue for it.
+    pub store_us: u64,
+}
+
+/// Where the simulated workers' inputs came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataStats {
+    /// Inputs found in the worker's own cache.
+    pub local: u64,
+    /// Inputs fetched from a peer's cache.
+    pub peer: u64,
+    /// Inputs read from the shared store.
+    pub store: u64,
+    /// Cpu-microseconds of slots spent staging inputs rather than computing.
+    pub staging_us: u64,
+}
+
+impl DataStats {
+    /// The share of inputs found in some cache (own or a peer's).
+    pub fn hit_ratio(&self) -> f64 {
+        let all = self.local + self.peer + self.store;
+        if all == 0 {
+            0.0
+        } else {
+            (self.local + self.peer) as f64 / all as f64
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -62,6 +108,10 @@ struct SimWorker {
     max_held: usize,
     max_running: usize,
     runs: u64,
+    /// Its cache, least recently used first (with [`SimData`]).
+    cache: VecDeque<FileId>,
+    /// What its cache gained and lost since its last report.
+    delta: CacheDelta,
 }
 
 /// The scheduler plus simulated workers and network.
@@ -80,6 +130,11 @@ pub struct Harness {
     pub commands: Vec<Command>,
     /// Tasks workers gave back when asked (work stealing).
     pub revoked: u64,
+    data: Option<SimData>,
+    /// When the store is next free to serve a read.
+    store_free_us: u64,
+    /// Where inputs came from (with [`Self::with_data`]).
+    pub data_stats: DataStats,
 }
 
 impl Harness {
@@ -118,7 +173,73 @@ impl Harness {
             model: Box::new(model),
             commands: Vec::new(),
             revoked: 0,
+            data: None,
+            store_free_us: 0,
+            data_stats: DataStats::default(),
         }
+    }
+
+    /// Simulates caches and a shared store as `data` says (see [`SimData`]).
+    pub fn with_data(mut self, data: SimData) -> Harness {
+        self.data = Some(data);
+        self
+    }
+
+    /// What worker `id`'s cache holds, least recently used first.
+    pub fn cache_of(&self, id: WorkerId) -> Vec<FileId> {
+        self.workers
+            .get(&id)
+            .map(|w| w.cache.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Stages the inputs of task `index` of `job` on worker `w` at `now_us`; returns how long
+    /// that takes.
+    fn stage(&mut self, w: WorkerId, job: JobId, index: TaskIndex) -> u64 {
+        let Some(d) = self.data else {
+            return 0;
+        };
+        let Some(j) = self.sched.job(job) else {
+            return 0;
+        };
+        let inputs = j.inputs_of(index).to_vec();
+        let hinted = self.sched.policy_of(j).hints();
+        let mut t = self.now_us;
+        for f in inputs {
+            let local = self.workers[&w].cache.contains(&f);
+            let peer = !local
+                && hinted
+                && self
+                    .workers
+                    .iter()
+                    .any(|(id, o)| *id != w && o.alive && o.cache.contains(&f));
+            if local {
+                t += d.local_us;
+                self.data_stats.local += 1;
+            } else if peer {
+                t += d.peer_us;
+                self.data_stats.peer += 1;
+            } else {
+                t = t.max(self.store_free_us) + d.store_us;
+                self.store_free_us = t;
+                self.data_stats.store += 1;
+            }
+            let sw = self.workers.get_mut(&w).expect("a live worker");
+            if let Some(pos) = sw.cache.iter().position(|&c| c == f) {
+                sw.cache.remove(pos);
+            } else {
+                sw.delta.note_added(f, d.file_bytes);
+            }
+            sw.cache.push_back(f);
+            while sw.cache.len() > d.cache_files {
+                if let Some(old) = sw.cache.pop_front() {
+                    sw.delta.note_evicted(old);
+                }
+            }
+        }
+        let took = t - self.now_us;
+        self.data_stats.staging_us += took;
+        took
     }
 
     /// Hands the scheduler an event now; the harness only makes valid ones.
@@ -149,6 +270,7 @@ impl Harness {
             },
             prefetch,
             named: Vec::new(),
+            stages_files: true,
         };
         let Reply::Joined(id) = self.event(Event::WorkerJoined { offer }) else {
             unreachable!("a joining worker is answered with its id")
@@ -376,6 +498,22 @@ impl Harness {
             Ev::Report(w, FinishedOrd(f), waited_us) => {
                 if self.workers.get(&w).is_some_and(|sw| sw.alive) {
                     self.event(Event::WorkerSeen { worker: w });
+                    let delta = self
+                        .workers
+                        .get_mut(&w)
+                        .map(|sw| std::mem::take(&mut sw.delta))
+                        .unwrap_or_default();
+                    if !delta.is_empty() {
+                        let files = self.sched.files();
+                        let name = |f: FileId| files.name(f).unwrap_or_default().to_string();
+                        let added = delta.added.iter().map(|&(f, n)| (name(f), n)).collect();
+                        let evicted = delta.evicted.iter().map(|&f| name(f)).collect();
+                        self.event(Event::CacheChanged {
+                            worker: w,
+                            added,
+                            evicted,
+                        });
+                    }
                     let (job, ok) = (f.job, f.end == RunEnd::Success);
                     let ends = vec![f];
                     self.event(Event::TasksEnded { worker: w, ends });
@@ -423,8 +561,9 @@ impl Harness {
                 }],
             });
             let run = (self.model)(w, job, index, attempt);
+            let staging = self.stage(w, job, index);
             self.at(
-                now + run.duration_us,
+                now + staging + run.duration_us,
                 Ev::RunEnds(w, job, index, now, waited_us, run.succeed),
             );
         }

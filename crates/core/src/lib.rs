@@ -21,6 +21,7 @@ mod queue;
 mod sched;
 mod spec;
 mod table;
+pub mod window;
 
 pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd, Started};
 pub use policy::{DispatchPolicy, FirstAvailable, Offer};
@@ -30,7 +31,7 @@ pub use sched::{
     Worker, WorkerOffer,
 };
 pub use spec::{
-    IdRanges, IdRun, JobId, JobSpec, LineList, RangeError, Resources, Sink, SpecError, TaskId,
-    TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId, DEFAULT_STREAM_LIMIT, MAX_NAMED,
-    MAX_STREAM_LIMIT,
+    IdRanges, IdRun, JobId, JobSpec, LineList, Placement, PolicyName, RangeError, Resources, Sink,
+    SpecError, TaskFiles, TaskId, TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId,
+    DEFAULT_STREAM_LIMIT, MAX_NAMED, MAX_STREAM_LIMIT, MAX_TASK_FILES,
 };

@@ -163,6 +163,16 @@ pub fn check_template(t: &TaskTemplate, lines: bool) -> Result<(), PlaceholderEr
     for (key, value) in &t.env {
         check(value, &format!("--env {key}"), lines)?;
     }
+    let f = &t.files;
+    for (names, flag) in [
+        (&f.inputs, "--input"),
+        (&f.outputs, "--output"),
+        (&f.statics, "--input-static"),
+    ] {
+        for name in names {
+            check(name, flag, lines)?;
+        }
+    }
     Ok(())
 }
 
@@ -292,6 +302,7 @@ mod tests {
             stdout: Sink::File("job-{job}/{line}.out".into()),
             stderr: Sink::File("/logs/{task}.err".into()),
             timeout_ms: None,
+            files: Default::default(),
         };
         let v = Values {
             job: "3",

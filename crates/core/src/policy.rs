@@ -8,12 +8,17 @@
 //! left for the next worker; after [`DispatchPolicy::window`] such spans the walk ends, so a
 //! pass never costs O(queue).
 //!
-//! [`FirstAvailable`] is today's policy: workers in turn, each filled from the front of the
-//! queue. A data-aware policy (most cache hits) plugs in here: it orders workers and declines
-//! spans whose inputs another worker holds, looking down the window for tasks whose inputs
-//! this worker holds.
+//! [`FirstAvailable`] is the default: workers in turn, each filled from the front of the
+//! queue. The other four of Falkon's policies (dissertation §6.2.3) place tasks that read
+//! files: [`FirstCacheAvailable`] places them as first-available does and tells workers where
+//! peers cache the inputs; [`MaxCacheHit`], [`MaxComputeUtil`] and [`GoodCacheCompute`] are
+//! data-aware ([`DispatchPolicy::data_aware`]): their jobs' tasks go through the scheduling
+//! window ([`crate::window`]), where each decision asks [`DispatchPolicy::accepts`] whether a
+//! worker may take a task given how much of its data the worker holds. Tasks without inputs
+//! are placed first-available whatever the policy, at first-available's cost.
 
-use crate::spec::{JobId, TaskIndex, WorkerId};
+use crate::files::Hits;
+use crate::spec::{JobId, PolicyName, TaskIndex, WorkerId};
 use std::fmt;
 
 /// Ready tasks offered to a worker: the next `len` ready tasks of `job`, indices `first..`,
@@ -53,6 +58,136 @@ pub trait DispatchPolicy: fmt::Debug + Send {
     /// pass after pass.
     fn steals(&self) -> bool {
         true
+    }
+
+    /// Which of Falkon's policies this is.
+    fn name(&self) -> PolicyName {
+        PolicyName::FirstAvailable
+    }
+
+    /// Whether tasks that read files are placed by where their inputs are cached, through
+    /// the scheduling window ([`crate::window`]); if not, they go by spans like any other.
+    fn data_aware(&self) -> bool {
+        self.name().data_aware()
+    }
+
+    /// Whether workers are told which peers cache a task's inputs.
+    fn hints(&self) -> bool {
+        self.name() != PolicyName::FirstAvailable
+    }
+
+    /// Whether a worker with room may take a task of which it holds `here` of the input data,
+    /// when `best()` is the most any worker that could run it holds and `util` is the share
+    /// of the cluster's cpus busy. Asked by data-aware placement only.
+    fn accepts(&self, here: Hits, best: &dyn Fn() -> Hits, util: f64) -> bool {
+        let _ = (here, best, util);
+        true
+    }
+}
+
+/// The policy named `name`, with good-cache-compute's utilisation threshold in thousandths,
+/// looking past at most `window` spans that fit no worker.
+pub fn by_name(
+    name: PolicyName,
+    util_threshold_permille: u16,
+    window: usize,
+) -> Box<dyn DispatchPolicy> {
+    let fa = FirstAvailable::new(window);
+    match name {
+        PolicyName::FirstAvailable => Box::new(fa),
+        PolicyName::FirstCacheAvailable => Box::new(FirstCacheAvailable(fa)),
+        PolicyName::MaxCacheHit => Box::new(MaxCacheHit(fa)),
+        PolicyName::MaxComputeUtil => Box::new(MaxComputeUtil(fa)),
+        PolicyName::GoodCacheCompute => Box::new(GoodCacheCompute {
+            order: fa,
+            threshold: f64::from(util_threshold_permille.min(1000)) / 1000.0,
+        }),
+    }
+}
+
+/// Good-cache-compute's threshold unless told otherwise: 0.9, as in the dissertation's
+/// workloads.
+pub const DEFAULT_UTIL_THRESHOLD_PERMILLE: u16 = 900;
+
+/// Workers, spans and stealing as first-available does: the part of the data policies that is
+/// not about data.
+macro_rules! first_available_order {
+    ($field:tt) => {
+        fn order_workers(&mut self, workers: &mut [WorkerId]) {
+            self.$field.order_workers(workers)
+        }
+        fn window(&self) -> usize {
+            self.$field.window()
+        }
+        fn take(&mut self, offer: &Offer) -> u32 {
+            self.$field.take(offer)
+        }
+    };
+}
+
+/// First-cache-available: first-available's placement, with workers told where peers cache
+/// the inputs (the dissertation names it without defining it; this is the reading of §6.4.3).
+#[derive(Clone, Debug)]
+pub struct FirstCacheAvailable(pub FirstAvailable);
+
+impl DispatchPolicy for FirstCacheAvailable {
+    first_available_order!(0);
+    fn name(&self) -> PolicyName {
+        PolicyName::FirstCacheAvailable
+    }
+}
+
+/// Max-cache-hit: "dispatch each task to the executor with the largest amount of data needed
+/// by that task. If that executor is busy, task dispatch is delayed until the executor becomes
+/// available." A task nobody holds anything of goes to any worker.
+#[derive(Clone, Debug)]
+pub struct MaxCacheHit(pub FirstAvailable);
+
+impl DispatchPolicy for MaxCacheHit {
+    first_available_order!(0);
+    fn name(&self) -> PolicyName {
+        PolicyName::MaxCacheHit
+    }
+    fn steals(&self) -> bool {
+        false
+    }
+    fn accepts(&self, here: Hits, best: &dyn Fn() -> Hits, _util: f64) -> bool {
+        here >= best()
+    }
+}
+
+/// Max-compute-util: "sends a task to an available executor, preferring executors with the
+/// most needed data locally." No task waits while a worker has room.
+#[derive(Clone, Debug)]
+pub struct MaxComputeUtil(pub FirstAvailable);
+
+impl DispatchPolicy for MaxComputeUtil {
+    first_available_order!(0);
+    fn name(&self) -> PolicyName {
+        PolicyName::MaxComputeUtil
+    }
+}
+
+/// Good-cache-compute: max-cache-hit while the share of busy cpus is at or above `threshold`,
+/// max-compute-util below it.
+#[derive(Clone, Debug)]
+pub struct GoodCacheCompute {
+    /// Workers and spans as first-available.
+    pub order: FirstAvailable,
+    /// The share of busy cpus from which tasks wait for their data's holder.
+    pub threshold: f64,
+}
+
+impl DispatchPolicy for GoodCacheCompute {
+    first_available_order!(order);
+    fn name(&self) -> PolicyName {
+        PolicyName::GoodCacheCompute
+    }
+    fn steals(&self) -> bool {
+        false
+    }
+    fn accepts(&self, here: Hits, best: &dyn Fn() -> Hits, util: f64) -> bool {
+        util < self.threshold || here >= best()
     }
 }
 
@@ -104,6 +239,53 @@ mod tests {
         };
         assert_eq!(p.take(&offer), 7);
         assert_eq!(p.window(), 8);
+    }
+
+    #[test]
+    fn the_data_policies_accept_as_the_dissertation_defines_them() {
+        let none = Hits::default();
+        let some = Hits {
+            bytes: 10,
+            files: 1,
+        };
+        let more = Hits {
+            bytes: 30,
+            files: 2,
+        };
+        let p = |n| by_name(n, 900, 8);
+        // Max-cache-hit: only the best holder, or anyone when nobody holds anything.
+        let mch = p(PolicyName::MaxCacheHit);
+        assert!(mch.accepts(more, &|| more, 0.0));
+        assert!(!mch.accepts(some, &|| more, 0.0));
+        assert!(mch.accepts(none, &|| none, 1.0));
+        assert!(!mch.accepts(none, &|| some, 0.0));
+        // Max-compute-util: anyone with room.
+        let mcu = p(PolicyName::MaxComputeUtil);
+        assert!(mcu.accepts(none, &|| more, 1.0));
+        // Good-cache-compute: max-compute-util below the threshold, max-cache-hit at it.
+        let gcc = p(PolicyName::GoodCacheCompute);
+        assert!(gcc.accepts(none, &|| more, 0.89));
+        assert!(!gcc.accepts(none, &|| more, 0.9));
+        assert!(gcc.accepts(more, &|| more, 0.95));
+        // Which place by data, which tell where data is, which steal.
+        let kinds: Vec<_> = PolicyName::ALL
+            .into_iter()
+            .map(|n| {
+                let b = p(n);
+                assert_eq!(b.name(), n);
+                (b.data_aware(), b.hints(), b.steals())
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (false, false, true),
+                (false, true, true),
+                (true, true, false),
+                (true, true, true),
+                (true, true, false)
+            ]
+        );
     }
 
     #[test]

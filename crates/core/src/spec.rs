@@ -159,6 +159,162 @@ pub struct TaskTemplate {
     pub stderr: Sink,
     /// Kill the task's process group after this many milliseconds.
     pub timeout_ms: Option<u64>,
+    /// The logical files each task reads and writes (data diffusion); empty for most jobs.
+    pub files: TaskFiles,
+}
+
+/// The logical files of a job's tasks: names in the job's shared store (`raw/{task}.fits`),
+/// with the placeholders of [`crate::placeholders`]. Workers stage inputs into their caches
+/// before a task starts and collect outputs from its sandbox after it ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskFiles {
+    /// Read by each task (`--input`): the scheduler places tasks near them.
+    pub inputs: Vec<String>,
+    /// Written by each task into its sandbox (`--output`).
+    pub outputs: Vec<String>,
+    /// Read by every task (`--input-static`: a program, a database): fetched once per worker
+    /// and kept for its life, so they do not steer placement.
+    pub statics: Vec<String>,
+}
+
+impl TaskFiles {
+    /// Whether the job declares no file.
+    pub fn is_empty(&self) -> bool {
+        self.inputs.is_empty() && self.outputs.is_empty() && self.statics.is_empty()
+    }
+
+    /// Checks every name: relative, without `..`, within [`MAX_TASK_FILES`] per kind.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        for (names, flag) in [
+            (&self.inputs, "--input"),
+            (&self.outputs, "--output"),
+            (&self.statics, "--input-static"),
+        ] {
+            if names.len() > MAX_TASK_FILES {
+                return Err(SpecError::TooManyFiles {
+                    flag,
+                    count: names.len(),
+                });
+            }
+            for name in names {
+                check_file_name(name).map_err(|why| SpecError::FileName {
+                    flag,
+                    name: name.clone(),
+                    why,
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The most files of one kind a task may declare.
+pub const MAX_TASK_FILES: usize = 64;
+
+/// Why `name` cannot be a logical file's name, if it cannot: names are paths relative to the
+/// store, so that one cannot reach outside it.
+fn check_file_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 1024 {
+        return Err("it is longer than 1024 bytes");
+    }
+    if name.starts_with('/') {
+        return Err("it is absolute; names are relative to the store");
+    }
+    if name.contains('\0') {
+        return Err("it holds a NUL byte");
+    }
+    if name
+        .split('/')
+        .any(|part| part == ".." || part == "." || part.is_empty())
+    {
+        return Err("it has an empty, `.` or `..` part; names are plain paths inside the store");
+    }
+    Ok(())
+}
+
+/// Falkon's dispatch policies (§6.2.3 of the dissertation): how tasks that read files are
+/// placed. Tasks without inputs go first-available whatever the policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PolicyName {
+    /// The first worker with room; workers are not told where peers hold the inputs.
+    #[default]
+    FirstAvailable,
+    /// The first worker with room, told which peers hold the inputs.
+    FirstCacheAvailable,
+    /// Only the worker holding most of the task's data; the task waits for it.
+    MaxCacheHit,
+    /// Any worker with room, preferring the one holding most of the task's data.
+    MaxComputeUtil,
+    /// Max-cache-hit while the cluster's cpus are busier than a threshold, else
+    /// max-compute-util.
+    GoodCacheCompute,
+}
+
+impl PolicyName {
+    /// Every policy, in the order of the dissertation.
+    pub const ALL: [PolicyName; 5] = [
+        PolicyName::FirstAvailable,
+        PolicyName::FirstCacheAvailable,
+        PolicyName::MaxCacheHit,
+        PolicyName::MaxComputeUtil,
+        PolicyName::GoodCacheCompute,
+    ];
+
+    /// The name users give (`first-available`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyName::FirstAvailable => "first-available",
+            PolicyName::FirstCacheAvailable => "first-cache-available",
+            PolicyName::MaxCacheHit => "max-cache-hit",
+            PolicyName::MaxComputeUtil => "max-compute-util",
+            PolicyName::GoodCacheCompute => "good-cache-compute",
+        }
+    }
+
+    /// The policy named `name` (its full name or the dissertation's initials, `gcc`).
+    pub fn parse(name: &str) -> Option<PolicyName> {
+        let short = ["fa", "fca", "mch", "mcu", "gcc"];
+        PolicyName::ALL
+            .into_iter()
+            .zip(short)
+            .find(|(p, s)| p.name() == name || *s == name)
+            .map(|(p, _)| p)
+    }
+
+    /// Whether the scheduler places tasks by where their inputs are cached.
+    pub fn data_aware(self) -> bool {
+        matches!(
+            self,
+            PolicyName::MaxCacheHit | PolicyName::MaxComputeUtil | PolicyName::GoodCacheCompute
+        )
+    }
+}
+
+impl fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a job's files live and how its tasks are placed; all `None` takes the server's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The shared store its logical files are in (a directory or an HTTP(S) URL prefix).
+    pub store: Option<String>,
+    /// The dispatch policy for its tasks that read files.
+    pub policy: Option<PolicyName>,
+    /// Good-cache-compute's threshold of cpu utilisation, in thousandths (900 = 0.9).
+    pub util_threshold_permille: Option<u16>,
+}
+
+impl Placement {
+    /// Whether it takes everything from the server.
+    pub fn is_default(&self) -> bool {
+        *self == Placement::default()
+    }
 }
 
 /// The set of task ids of an array job, kept as ranges so a 10-million-task array costs bytes.
@@ -503,6 +659,8 @@ pub struct JobSpec {
     /// Named countable resources each task holds (`--resource licenses=1`), matched against
     /// what workers offer under the same names.
     pub named: Vec<(String, u32)>,
+    /// Its store and dispatch policy, where they differ from the server's.
+    pub placement: Placement,
 }
 
 impl JobSpec {
@@ -519,6 +677,7 @@ impl JobSpec {
             priority: 0,
             retries: 0,
             named: Vec::new(),
+            placement: Placement::default(),
         }
     }
 }
@@ -553,6 +712,27 @@ pub enum SpecError {
     /// A streamed output limit above the most allowed.
     #[error("a streamed output may keep at most {max} bytes per task (4M), not {0}", max = MAX_STREAM_LIMIT)]
     StreamLimit(u32),
+    /// A logical file's name is not one.
+    #[error("{flag} {name:?}: {why}")]
+    FileName {
+        /// The option that named it.
+        flag: &'static str,
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// More files of one kind than a task may declare.
+    #[error("{count} {flag} files per task; at most {max} may be declared", max = MAX_TASK_FILES)]
+    TooManyFiles {
+        /// The option.
+        flag: &'static str,
+        /// How many were given.
+        count: usize,
+    },
+    /// A utilisation threshold above 1.
+    #[error("--util-threshold {0}/1000 is above 1; give a fraction such as 0.9")]
+    UtilThreshold(u16),
 }
 
 /// The most retries a task may have: failures are counted per task in one byte (task records
@@ -574,6 +754,10 @@ impl JobSpec {
                     return Err(SpecError::StreamLimit(*limit));
                 }
             }
+        }
+        self.template.files.validate()?;
+        if let Some(t) = self.placement.util_threshold_permille.filter(|&t| t > 1000) {
+            return Err(SpecError::UtilThreshold(t));
         }
         Ok(())
     }

@@ -28,6 +28,7 @@ fn assigned() -> (Scheduler, [WorkerId; 2], [JobId; 2]) {
         },
         prefetch: 8,
         named: Vec::new(),
+        stages_files: true,
     };
     let a = s.worker_joined(0, offer());
     let b = s.worker_joined(0, offer());

@@ -17,6 +17,7 @@ fn offer() -> WorkerOffer {
         },
         prefetch: 0,
         named: Vec::new(),
+        stages_files: true,
     }
 }
 

@@ -18,6 +18,7 @@ fn worker(s: &mut Scheduler, slots: u32) -> WorkerId {
             },
             prefetch: 0,
             named: vec![],
+            stages_files: true,
         },
     )
 }

@@ -77,6 +77,7 @@ fn replay_restores_results_and_requeues_the_rest() {
             },
             prefetch: 0,
             named: Vec::new(),
+            stages_files: true,
         },
     );
     a.schedule(500);
@@ -143,6 +144,7 @@ fn replay_restores_results_and_requeues_the_rest() {
             },
             prefetch: 0,
             named: Vec::new(),
+            stages_files: true,
         },
     );
     b.schedule(1000);
@@ -208,6 +210,7 @@ fn offer(cpus: u32) -> WorkerOffer {
         },
         prefetch: 0,
         named: Vec::new(),
+        stages_files: true,
     }
 }
 

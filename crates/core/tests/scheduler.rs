@@ -405,6 +405,7 @@ fn an_undeliverable_task_fails_for_good_without_blaming_its_worker() {
             },
             prefetch: 0,
             named: Vec::new(),
+            stages_files: true,
         },
     );
     s.schedule(0);
@@ -445,6 +446,7 @@ fn worker_with_long_held_tasks() -> (Scheduler, JobId, WorkerId, Vec<(JobId, Tas
         },
         prefetch: 64,
         named: Vec::new(),
+        stages_files: true,
     };
     let w = s.worker_joined(0, offer);
     let mut kept = std::collections::BTreeSet::new();

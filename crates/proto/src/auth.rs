@@ -26,12 +26,20 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 /// The newest protocol version this build speaks; bumped whenever a message's encoding changes.
 ///
-/// Version 7 differs from 6 only in the hello (it may carry `oldest`): every message after the
-/// handshake is the same in both.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// Version 7 differs from 6 only in the hello (it may carry `oldest`). Version 8 adds trailing
+/// fields that are left out when empty (a job's files and placement, a worker's cache): a
+/// message without them is written as in 7, so the three differ only in the hello and in
+/// what a job or worker that uses data diffusion sends ([`FILES_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 8;
 
-/// The oldest protocol version this build still speaks (N−1). A message whose encoding
-/// changes between the two must be encoded for the version a connection negotiated.
+/// The first version that carries files, stores, policies and caches. Older peers refuse
+/// those fields' longer arrays: a client does not send them to an older server, and a server
+/// does not give tasks with files to a worker that reported no cache.
+pub const FILES_VERSION: u32 = 8;
+
+/// The oldest protocol version this build still speaks (at least N−1; 6 still, as 6 and 7
+/// differ only in the hello). A message whose encoding changes between versions must be
+/// encoded for the version a connection negotiated.
 pub const OLDEST_PROTOCOL_VERSION: u32 = 6;
 
 /// The versions this build speaks.
@@ -380,7 +388,7 @@ mod tests {
         match msg {
             HelloReply::Refused { reason } => assert!(
                 reason.contains(
-                    "version 98 to 99 is not supported by this server (it speaks 6 to 7)"
+                    "version 98 to 99 is not supported by this server (it speaks 6 to 8)"
                 ),
                 "{reason}"
             ),

@@ -303,6 +303,7 @@ mod tests {
                 finished,
                 outputs: vec![],
                 waited: vec![],
+                cache: Default::default(),
             };
             let bytes = encode(&msg).unwrap();
             prop_assert_eq!(decode::<FromWorker>(&bytes).unwrap(), msg);
@@ -331,7 +332,7 @@ mod tests {
             updates in proptest::collection::vec(proptest::collection::vec(finished_strategy(), 0..40), 1..12)
         ) {
             let msgs: Vec<FromWorker> = updates.into_iter()
-                .map(|finished| FromWorker::Update { started: vec![], finished, outputs: vec![], waited: vec![] })
+                .map(|finished| FromWorker::Update { started: vec![], finished, outputs: vec![], waited: vec![], cache: Default::default() })
                 .collect();
             prop_assert_eq!(through_a_stream(&msgs, |i| i % 2 == 0), msgs);
         }
@@ -414,6 +415,7 @@ mod tests {
                 stderr: None,
             }],
             waited: vec![],
+            cache: Default::default(),
         };
         let small = encode(&with(vec![0xff; 10])).unwrap().len();
         let big = encode(&with(vec![0xff; 10_010])).unwrap().len();
@@ -439,6 +441,7 @@ mod tests {
                 .collect(),
             outputs: vec![],
             waited: vec![(1, 12_345)],
+            cache: Default::default(),
         };
         let per_task = encode(&update(116)).unwrap().len() - encode(&update(16)).unwrap().len();
         // array 1 + job 1 + index 5 + start 9 + offset 1 + a success as nil 1; the wait for a
@@ -464,6 +467,7 @@ mod tests {
             }],
             outputs: vec![],
             waited: vec![],
+            cache: Default::default(),
         };
         let small = FromWorker::Heartbeat;
         let (err, got) = rt().block_on(async {

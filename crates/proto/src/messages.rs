@@ -5,7 +5,6 @@
 
 use crate::wire::{
     line_list, CountsDef, IndexRunDef, JobSpecDef, ResourcesDef, SinkDef, TaskSetDef, TaskStateDef,
-    TaskTemplateDef,
 };
 /// Task counts by state (core's own type; its wire form is [`crate::wire::CountsDef`]).
 pub use kestrel_core::Counts;
@@ -82,6 +81,10 @@ pub enum FromWorker {
         /// job's sum is kept).
         #[serde(default)]
         waited: Vec<(JobId, u64)>,
+        /// What the worker's cache gained and lost since its last update (version 8; left
+        /// out when nothing changed).
+        #[serde(default, skip_serializing_if = "CacheChange::is_empty")]
+        cache: CacheChange,
     },
     /// Nothing to report, still alive.
     Heartbeat,
@@ -109,6 +112,40 @@ pub struct Registration {
     /// Named countable resources it has (`licenses=4`).
     #[serde(default)]
     pub named: Vec<(String, u32)>,
+    /// Its cache, if it has one (version 8): only a worker with a cache is given tasks of
+    /// jobs that declare files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheInfo>,
+}
+
+/// A worker's cache as it registers: where peers fetch from it, how big it may grow, and
+/// what it already holds (a cache survives a worker's restart).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheInfo {
+    /// The URL prefix its cache is served at to peers (`http://host:port/`), or empty if it
+    /// serves none.
+    pub serves: String,
+    /// Bytes it may hold.
+    pub capacity: u64,
+    /// The logical files it holds, with their sizes.
+    pub held: Vec<(String, u64)>,
+}
+
+/// What a worker's cache gained and lost, by logical file name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheChange {
+    /// Files now complete in its cache, with their sizes.
+    pub added: Vec<(String, u64)>,
+    /// Files it evicted, or found missing or corrupt.
+    #[serde(default)]
+    pub evicted: Vec<String>,
+}
+
+impl CacheChange {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.evicted.is_empty()
+    }
 }
 
 /// A reconnecting worker's state, so its tasks are taken back rather than run again.
@@ -188,8 +225,8 @@ pub enum ToWorker {
     /// How a job's tasks run; sent before the worker's first task of the job.
     DefineJob {
         job: JobId,
-        #[serde(with = "TaskTemplateDef")]
-        template: TaskTemplate,
+        #[serde(with = "crate::wire::boxed")]
+        template: Box<TaskTemplate>,
         ids: JobIds,
         #[serde(with = "ResourcesDef")]
         resources: Resources,

@@ -21,8 +21,9 @@
 //! built from these definitions' parts where they are used.
 
 use kestrel_core::{
-    Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, LineList, Resources,
-    RunEnd, Sink, Started, TaskIndex, TaskSet, TaskState, TaskTemplate, MAX_NAMED,
+    Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, LineList, Placement,
+    PolicyName, Resources, RunEnd, Sink, Started, TaskFiles, TaskIndex, TaskSet, TaskState,
+    TaskTemplate, MAX_NAMED,
 };
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -50,7 +51,7 @@ pub struct ResourcesDef {
     pub named: [u32; MAX_NAMED],
 }
 
-/// [`TaskTemplate`]: `[argv, env, cwd, stdout, stderr, timeout_ms]`.
+/// [`TaskTemplate`]: `[argv, env, cwd, stdout, stderr, timeout_ms, files?]`.
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "TaskTemplate")]
 pub struct TaskTemplateDef {
@@ -62,9 +63,71 @@ pub struct TaskTemplateDef {
     #[serde(with = "SinkDef")]
     pub stderr: Sink,
     pub timeout_ms: Option<u64>,
+    /// Left out when the job declares no file, so such a template reads as in version 7.
+    #[serde(
+        default,
+        skip_serializing_if = "TaskFiles::is_empty",
+        with = "TaskFilesDef"
+    )]
+    pub files: TaskFiles,
 }
 
-/// [`JobSpec`]: `[name, template, resources, priority, retries, named]`.
+/// [`TaskFiles`]: `[inputs, outputs, statics]` (version 8).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "TaskFiles")]
+pub struct TaskFilesDef {
+    pub inputs: Vec<String>,
+    #[serde(default)]
+    pub outputs: Vec<String>,
+    #[serde(default)]
+    pub statics: Vec<String>,
+}
+
+/// [`PolicyName`]: its user-facing name, `"good-cache-compute"`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "PolicyName")]
+pub enum PolicyNameDef {
+    #[serde(rename = "first-available")]
+    FirstAvailable,
+    #[serde(rename = "first-cache-available")]
+    FirstCacheAvailable,
+    #[serde(rename = "max-cache-hit")]
+    MaxCacheHit,
+    #[serde(rename = "max-compute-util")]
+    MaxComputeUtil,
+    #[serde(rename = "good-cache-compute")]
+    GoodCacheCompute,
+}
+
+/// [`Placement`]: `[store, policy, util_threshold_permille]` (version 8).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Placement")]
+pub struct PlacementDef {
+    pub store: Option<String>,
+    #[serde(default, with = "policy_option")]
+    pub policy: Option<PolicyName>,
+    #[serde(default)]
+    pub util_threshold_permille: Option<u16>,
+}
+
+/// `Option<PolicyName>` as nil or the policy's name.
+mod policy_option {
+    use super::{PolicyName, PolicyNameDef};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Named(#[serde(with = "PolicyNameDef")] PolicyName);
+
+    pub fn serialize<S: Serializer>(v: &Option<PolicyName>, s: S) -> Result<S::Ok, S::Error> {
+        v.map(Named).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PolicyName>, D::Error> {
+        Ok(Option::<Named>::deserialize(d)?.map(|n| n.0))
+    }
+}
+
+/// [`JobSpec`]: `[name, template, resources, priority, retries, named, placement?]`.
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "JobSpec")]
 pub struct JobSpecDef {
@@ -77,6 +140,13 @@ pub struct JobSpecDef {
     pub retries: u32,
     #[serde(default)]
     pub named: Vec<(String, u32)>,
+    /// Left out when it takes everything from the server (version 8).
+    #[serde(
+        default,
+        skip_serializing_if = "Placement::is_default",
+        with = "PlacementDef"
+    )]
+    pub placement: Placement,
 }
 
 /// [`TaskSet`]: `{"Array": runs}`, `{"List": [argv, ...]}` or `{"Lines": [line, ...]}`.
@@ -193,6 +263,7 @@ macro_rules! wire {
 // The core types that travel wrapped (in an `Option`, a `Vec`, a tuple) or on their own.
 wire!(
     JobSpec => JobSpecDef,
+    TaskTemplate => TaskTemplateDef,
     TaskState => TaskStateDef,
     Started => StartedDef,
     RunEnd => RunEndDef,
@@ -248,6 +319,22 @@ pub mod vec {
             .into_iter()
             .map(|Own(v)| v)
             .collect())
+    }
+}
+
+/// `Box<T>` of a core type: `#[serde(with = "wire::boxed")]` (a big field kept out of line,
+/// so that a message enum stays small).
+pub mod boxed {
+    use super::*;
+
+    // serde hands a `with` module a reference to the field's own type.
+    #[allow(clippy::borrowed_box)]
+    pub fn serialize<T: Wire, S: Serializer>(v: &Box<T>, s: S) -> Result<S::Ok, S::Error> {
+        v.encode(s)
+    }
+
+    pub fn deserialize<'de, T: Wire, D: Deserializer<'de>>(d: D) -> Result<Box<T>, D::Error> {
+        T::decode(d).map(Box::new)
     }
 }
 

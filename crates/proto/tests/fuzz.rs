@@ -271,6 +271,7 @@ fn message_strategy() -> impl Strategy<Value = Vec<u8>> {
                 finished: vec![],
                 outputs: vec![],
                 waited: vec![],
+                cache: Default::default(),
             })
             .expect("encodes")
             .to_vec()

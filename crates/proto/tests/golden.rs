@@ -5,8 +5,8 @@
 //! `KESTREL_BLESS=1 cargo test -p kestrel-proto --test golden`.
 
 use kestrel_core::{
-    Failure, Finished, IdRanges, IndexRun, JobSpec, LineList, Resources, RunEnd, Sink, TaskSet,
-    TaskState, TaskTemplate,
+    Failure, Finished, IdRanges, IndexRun, JobSpec, LineList, Placement, PolicyName, Resources,
+    RunEnd, Sink, TaskFiles, TaskSet, TaskState, TaskTemplate,
 };
 use kestrel_proto::messages::*;
 use kestrel_proto::{decode, encode};
@@ -94,6 +94,7 @@ fn template() -> TaskTemplate {
         stdout: Sink::File("out/{task}.txt".into()),
         stderr: Sink::Stream { limit: 1024 },
         timeout_ms: Some(60_000),
+        files: TaskFiles::default(),
     }
 }
 
@@ -114,7 +115,43 @@ fn spec() -> JobSpec {
         priority: -1,
         retries: 2,
         named: vec![("licenses".into(), 1)],
+        placement: Placement::default(),
     }
+}
+
+/// A job of version 8 that reads and writes files and picks its store and policy.
+fn data_spec() -> JobSpec {
+    let mut spec = spec();
+    spec.template.files = TaskFiles {
+        inputs: vec!["raw/{task}.fits".into()],
+        outputs: vec!["out/{task}.fits".into()],
+        statics: vec!["bin/mProject".into()],
+    };
+    spec.placement = Placement {
+        store: Some("http://store/".into()),
+        policy: Some(PolicyName::GoodCacheCompute),
+        util_threshold_permille: Some(900),
+    };
+    spec
+}
+
+#[test]
+fn files_and_placement_are_trailing_fields_left_out_when_empty() {
+    // Without them a spec is written as in version 7: the requests above pin those bytes.
+    let submit = |spec| Request {
+        id: 9,
+        body: Ask::Submit {
+            spec,
+            tasks: TaskSet::Array(ids()),
+            open: false,
+            key: None,
+        },
+    };
+    golden("submit-v8-files", submit(data_spec()));
+    // Only inputs: the other kinds of file travel as empty arrays, the placement not at all.
+    let mut only_inputs = spec();
+    only_inputs.template.files.inputs = vec!["a".into()];
+    golden("submit-v8-inputs", submit(only_inputs));
 }
 
 fn lines() -> LineList {
@@ -145,7 +182,40 @@ fn worker_to_server() {
             }),
             mem: 8 << 30,
             named: vec![("licenses".into(), 4)],
+            cache: None,
         }),
+    );
+    // Version 8: a worker with a cache says so, and reports what it gains and loses.
+    golden(
+        "register-v8-cache",
+        FromWorker::Register(Registration {
+            hostname: "node1".into(),
+            slots: 4,
+            gpus: 0,
+            prefetch: 4,
+            exec: "process".into(),
+            resume: None,
+            mem: 8 << 30,
+            named: vec![],
+            cache: Some(CacheInfo {
+                serves: "http://node1:7100/".into(),
+                capacity: 20 << 30,
+                held: vec![("raw/1.fits".into(), 1 << 20)],
+            }),
+        }),
+    );
+    golden(
+        "update-v8-cache",
+        FromWorker::Update {
+            started: vec![],
+            finished: vec![],
+            outputs: vec![],
+            waited: vec![],
+            cache: CacheChange {
+                added: vec![("raw/2.fits".into(), 1 << 20)],
+                evicted: vec!["raw/1.fits".into()],
+            },
+        },
     );
     golden(
         "update",
@@ -158,6 +228,7 @@ fn worker_to_server() {
             finished: ends(),
             outputs: vec![output()],
             waited: vec![(7, 1500)],
+            cache: Default::default(),
         },
     );
     golden("heartbeat", FromWorker::Heartbeat);
@@ -185,7 +256,7 @@ fn server_to_worker() {
         "define_job",
         ToWorker::DefineJob {
             job: 7,
-            template: template(),
+            template: Box::new(template()),
             ids: JobIds::Array(ids()),
             resources: resources(),
             named: vec![("licenses".into(), 1)],

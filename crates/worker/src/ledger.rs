@@ -10,7 +10,7 @@ use crate::exec::CancelHandle;
 use crate::local::{Held, Identity, Local, LocalTask};
 use crate::WorkerConfig;
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex};
-use kestrel_proto::messages::{Started, TaskOutput};
+use kestrel_proto::messages::{CacheChange, Started, TaskOutput};
 use rustc_hash::FxHashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -49,6 +49,8 @@ pub(crate) struct Ledger {
     pub(crate) outputs: Vec<TaskOutput>,
     /// Summed waits for a slot of successful tasks, per job, not reported yet.
     pub(crate) waited: Vec<(JobId, u64)>,
+    /// What the cache gained and lost since the last update.
+    pub(crate) cache: CacheChange,
 }
 
 impl Ledger {
@@ -66,6 +68,7 @@ impl Ledger {
             finished: Vec::new(),
             outputs: Vec::new(),
             waited: Vec::new(),
+            cache: CacheChange::default(),
         }
     }
 

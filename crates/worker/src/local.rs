@@ -300,6 +300,7 @@ mod tests {
             stdout: Sink::File("logs/{task}.out".into()),
             stderr: Sink::Null,
             timeout_ms: Some(1500),
+            files: Default::default(),
         }
     }
 

@@ -158,6 +158,7 @@ impl Session<'_> {
                 gpus: self.config.gpus,
                 mem: self.config.mem,
                 named: self.config.named.clone(),
+                cache: None,
                 prefetch: self.config.prefetch,
                 exec: exec.into(),
                 resume,
@@ -284,7 +285,7 @@ impl Session<'_> {
                 ids,
                 resources,
                 named,
-            } => l.local.define(job, template, ids, resources, named),
+            } => l.local.define(job, *template, ids, resources, named),
             ToWorker::Assign { tasks } => {
                 let now = now_us();
                 for run in tasks {
@@ -413,6 +414,7 @@ impl Session<'_> {
                 finished: self.ledger.finished.drain(..ends).collect(),
                 outputs: self.ledger.outputs.drain(..outs).collect(),
                 waited: std::mem::take(&mut self.ledger.waited),
+                cache: std::mem::take(&mut self.ledger.cache),
             };
             if let Err(e) = writer.send(&msg).await {
                 // The results stay for the next registration's resume report.
@@ -442,6 +444,7 @@ impl Session<'_> {
             finished: std::mem::take(&mut self.ledger.finished),
             outputs: std::mem::take(&mut self.ledger.outputs),
             waited: std::mem::take(&mut self.ledger.waited),
+            cache: std::mem::take(&mut self.ledger.cache),
         };
         let sent = writer.send(&msg).await;
         // The vectors go back for the next update, keeping their capacity (allocating them
@@ -452,8 +455,13 @@ impl Session<'_> {
             mut finished,
             mut outputs,
             mut waited,
+            cache,
         } = msg
         {
+            if sent.is_err() {
+                // Reported with the next registration's cache instead.
+                drop(cache);
+            }
             started.clear();
             if sent.is_ok() {
                 finished.clear();
@@ -475,7 +483,7 @@ mod tests {
     use crate::exec::CancelHandle;
     use crate::ledger::Running;
     use crate::local::LocalTask;
-    use kestrel_core::{IndexRun, Resources, TaskTemplate};
+    use kestrel_core::{IndexRun, Resources};
     use kestrel_proto::messages::{Assigned, JobIds};
     use std::collections::VecDeque;
     use std::task::{Context, Poll};
@@ -603,7 +611,7 @@ mod tests {
         let mut rig = Rig::new(2);
         rig.message(ToWorker::DefineJob {
             job: 1,
-            template: TaskTemplate::default(),
+            template: Box::default(),
             ids: JobIds::List,
             resources: Resources {
                 cpus: 1,

@@ -18,7 +18,10 @@ impl Scheduler {
     ///   it holds;
     /// - each ready task is in the ready queue or waiting out a retry backoff (no task is
     ///   lost);
-    /// - the queue's task count is that of its entries.
+    /// - the queue's task count is that of its entries;
+    /// - the file index's two maps mirror each other and name only connected workers, and the
+    ///   window's counts and map agree with its entries;
+    /// - each job's inputs are numbered, one set per task.
     pub fn audit(&self) -> Vec<String> {
         let mut bad = Vec::new();
         let queued = self.queued_tasks();
@@ -111,14 +114,33 @@ impl Scheduler {
                 self.ready.len()
             ));
         }
+        bad.extend(self.files.audit());
+        bad.extend(self.window.audit());
+        for w in self.files.workers() {
+            if !self.workers.contains_key(&w) {
+                bad.push(format!(
+                    "the file index lists worker {w}, which is not connected"
+                ));
+            }
+        }
+        for (&id, j) in &self.jobs {
+            let want = j.len() as usize * j.inputs_per_task as usize;
+            if j.inputs.len() != want {
+                bad.push(format!(
+                    "job {id}: {} inputs numbered, its tasks have {want}",
+                    j.inputs.len()
+                ));
+            }
+        }
         bad
     }
 
-    /// Every (job, index) the ready queue's entries cover.
+    /// Every (job, index) the ready queue's entries or the window cover.
     fn queued_tasks(&self) -> FxHashSet<(JobId, TaskIndex)> {
         self.ready
             .spans()
             .flat_map(|s| (s.next..s.end).map(move |i| (s.job, i)))
+            .chain(self.window.iter().map(|(_, e)| (e.job, e.index)))
             .collect()
     }
 }

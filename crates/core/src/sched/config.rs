@@ -35,6 +35,12 @@ pub struct Config {
     pub steal_min_run_us: u64,
     /// The id of the first job submitted (later ones count up from it).
     pub first_job: JobId,
+    /// How many ready tasks data-aware placement looks at (Falkon's W); `None` is 100 per
+    /// connected worker, as in the dissertation.
+    pub window: Option<usize>,
+    /// Good-cache-compute's threshold of busy cpus, in thousandths, for jobs that name the
+    /// policy without one.
+    pub util_threshold_permille: u16,
 }
 
 impl Default for Config {
@@ -50,6 +56,8 @@ impl Default for Config {
             prefetch_horizon_us: 100_000,
             steal_min_run_us: 50_000,
             first_job: 1,
+            window: None,
+            util_threshold_permille: crate::policy::DEFAULT_UTIL_THRESHOLD_PERMILLE,
         }
     }
 }

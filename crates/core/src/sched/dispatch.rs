@@ -28,7 +28,7 @@ impl Scheduler {
         if self.workers.is_empty() {
             return;
         }
-        if !self.ready.is_empty() {
+        if !self.ready.is_empty() || !self.windowed_jobs.is_empty() {
             let mut ids: Vec<WorkerId> = self.workers.keys().copied().collect();
             self.policy.order_workers(&mut ids);
             // With more queued than all workers can hold, every window fills whatever the
@@ -51,6 +51,9 @@ impl Scheduler {
             };
             // Each worker's runs of both passes go out as one assignment.
             let mut given: Vec<Vec<IndexRun>> = vec![Vec::new(); ids.len()];
+            if !self.windowed_jobs.is_empty() {
+                self.dispatch_window(now_us, &ids, &mut given);
+            }
             for &depth in depths {
                 for (&id, runs) in ids.iter().zip(&mut given) {
                     if self.ready.is_empty() {
@@ -65,9 +68,7 @@ impl Scheduler {
                 }
             }
         }
-        if self.policy.steals() {
-            self.steal();
-        }
+        self.steal();
     }
 
     /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends
@@ -93,7 +94,8 @@ impl Scheduler {
                 return Some(0);
             };
             let need = j.need;
-            if !w.can_ever_run(need) {
+            // Windowed jobs are placed from the window; a job with files needs a cache.
+            if !w.can_ever_run(need) || j.windowed || (j.has_files && !w.offer.stages_files) {
                 return Some(0);
             }
             let prefetch = match depth {
@@ -193,6 +195,7 @@ impl Scheduler {
         }
         victims.sort_unstable_by(|a, b| b.cmp(a));
         let mut worth = JobMemo::default();
+        let policy = &*self.policy;
         let thieves: Vec<Resources> = self
             .workers
             .values()
@@ -213,7 +216,9 @@ impl Scheduler {
                 |job| {
                     worth.memo(job, || {
                         jobs.get(&job).is_some_and(|j| {
-                            j.worth_stealing(min_run) && thieves.iter().any(|t| j.need.fits_in(t))
+                            j.policy(policy).steals()
+                                && j.worth_stealing(min_run)
+                                && thieves.iter().any(|t| j.need.fits_in(t))
                         })
                     })
                 },

@@ -135,6 +135,17 @@ pub enum Event {
         /// Why it could not be sent.
         failure: Failure,
     },
+    /// A worker's cache gained or lost files (reported with its task updates, and whole when
+    /// it registers: a cache survives a worker's restart). Files are named as in the store;
+    /// a name no job reads yet is numbered all the same, for the jobs that will.
+    CacheChanged {
+        /// The worker.
+        worker: WorkerId,
+        /// Files now complete in its cache, with their sizes.
+        added: Vec<(String, u64)>,
+        /// Files it evicted (or found missing or corrupt).
+        evicted: Vec<String>,
+    },
     /// Time passed: workers silent past the heartbeat timeout are lost, retries whose backoff
     /// has passed are queued.
     Tick,
@@ -270,6 +281,14 @@ impl Scheduler {
                 failure,
             } => {
                 self.task_undeliverable(now_us, worker, job, index, failure);
+                Reply::Done
+            }
+            Event::CacheChanged {
+                worker,
+                added,
+                evicted,
+            } => {
+                self.cache_changed(worker, &added, &evicted);
                 Reply::Done
             }
             Event::Tick => {

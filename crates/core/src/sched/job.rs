@@ -1,7 +1,9 @@
 //! A job as the scheduler holds it: its tasks' records, counts and timing.
 
 use super::Worker;
+use crate::files::FileId;
 use crate::outcome::Failure;
+use crate::policy::DispatchPolicy;
 use crate::quarantine::JobOutcomes;
 use crate::spec::{JobId, JobSpec, Resources, TaskIndex, TaskSet, TaskState, WorkerId};
 use crate::table::{TaskRecord, TaskTable};
@@ -93,6 +95,17 @@ pub struct Job {
     pub(super) outcomes: JobOutcomes,
     pub(super) table: TaskTable,
     pub(super) failures: FxHashMap<TaskIndex, Failure>,
+    /// Each task's inputs, numbered by the file index: `inputs_per_task` per task, in index
+    /// order (see [`Job::inputs_of`]).
+    pub(super) inputs: Vec<FileId>,
+    pub(super) inputs_per_task: u32,
+    /// Whether its tasks read or write files: only workers with a cache take them.
+    pub(super) has_files: bool,
+    /// Whether its tasks go through the scheduling window (they read files and its policy
+    /// places by data).
+    pub(super) windowed: bool,
+    /// Its own policy, when it names one; else the scheduler's places it.
+    pub(super) policy: Option<Box<dyn DispatchPolicy>>,
 }
 
 impl Job {
@@ -124,6 +137,11 @@ impl Job {
             waited_us: 0,
             outcomes: JobOutcomes::default(),
             failures: FxHashMap::default(),
+            inputs: Vec::new(),
+            inputs_per_task: 0,
+            has_files: false,
+            windowed: false,
+            policy: None,
         }
     }
 

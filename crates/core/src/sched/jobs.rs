@@ -36,6 +36,7 @@ impl Scheduler {
         );
         self.jobs.insert(id, job);
         self.live_jobs.insert(id);
+        self.admit_files(id);
         self.records.push(Record::Submitted { job: id, key });
         Ok(id)
     }
@@ -80,6 +81,7 @@ impl Scheduler {
         j.tasks.append(more, already);
         let end = j.tasks.len();
         j.table.extend_to(end);
+        let numbered = j.inputs_per_task > 0;
         if j.canceled {
             j.counts.canceled += end - start;
         } else {
@@ -99,6 +101,9 @@ impl Scheduler {
                 // A list job closed without tasks is a client mistake, but it must still end.
                 j.canceled = true;
             }
+        }
+        if numbered {
+            self.number_inputs(job, start);
         }
         if end > start || close {
             self.records.push(Record::Extended {
@@ -125,6 +130,9 @@ impl Scheduler {
         j.counts.canceled += queued;
         j.counts.ready = 0;
         self.ready.retain(|s| s.job != job);
+        if !self.window.is_empty() {
+            self.window.retain(|jb, _| jb != job);
+        }
         let delayed_at = &mut self.delayed_at;
         self.delayed.retain(|(_, jb, index)| {
             let keep = *jb != job;
@@ -221,6 +229,7 @@ impl Scheduler {
         if j.finished_us.is_none() && j.is_done() {
             j.finished_us = Some(now_us);
             self.live_jobs.remove(&job);
+            self.windowed_jobs.remove(&job);
             self.commands.push(Command::JobDone { job });
             for w in self.workers.values_mut() {
                 if w.known_jobs.remove(&job) {

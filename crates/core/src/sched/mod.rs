@@ -13,6 +13,7 @@
 
 mod audit;
 mod config;
+mod diffusion;
 mod dispatch;
 mod ends;
 mod event;
@@ -32,10 +33,12 @@ pub use resume::Resumed;
 pub use stall::Stall;
 pub use worker::{Worker, WorkerOffer};
 
+use crate::files::FileIndex;
 use crate::outcome::{Command, Record};
 use crate::policy::{DispatchPolicy, FirstAvailable};
 use crate::queue::ReadyQueue;
 use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, WorkerId, MAX_NAMED};
+use crate::window::{Seq, Window};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -132,6 +135,15 @@ pub struct Scheduler {
     quarantined_gone: FxHashMap<WorkerId, String>,
     /// Names of named resources, numbered by position (see [`Resources::named`]).
     names: Vec<String>,
+    /// Which workers' caches hold which files (data diffusion).
+    files: FileIndex,
+    /// Ready tasks of jobs placed by where their data is (see the `diffusion` module).
+    window: Window,
+    /// Live jobs whose tasks go through the window.
+    windowed_jobs: FxHashSet<JobId>,
+    /// Buffers kept across data-aware decisions, so that one allocates nothing.
+    hit_buf: Vec<(Seq, crate::files::Hits)>,
+    cand_buf: Vec<(WorkerId, crate::files::Hits)>,
 }
 
 impl Default for Scheduler {
@@ -158,12 +170,19 @@ impl Scheduler {
             delayed_at: FxHashMap::default(),
             quarantined_gone: FxHashMap::default(),
             names: Vec::new(),
+            files: FileIndex::new(),
+            window: Window::new(),
+            windowed_jobs: FxHashSet::default(),
+            hit_buf: Vec::new(),
+            cand_buf: Vec::new(),
         }
     }
 
-    /// Dispatches with `policy` from now on.
+    /// Dispatches with `policy` from now on: the order workers are served in, and the
+    /// placement of tasks of jobs that name no policy of their own.
     pub fn set_dispatch_policy(&mut self, policy: Box<dyn DispatchPolicy>) {
         self.policy = policy;
+        self.remark_windowed();
     }
 
     /// The tunables it runs with.
@@ -256,7 +275,7 @@ impl Scheduler {
     /// the resumed worker took back counts until the entry is reached and skipped. Tasks waiting
     /// out a retry backoff are not counted (see [`Self::next_wakeup`]).
     pub fn queued(&self) -> u64 {
-        self.ready.len()
+        self.ready.len() + self.window.len() as u64
     }
 
     /// Jobs with tasks not yet terminal.

@@ -49,6 +49,7 @@ impl Scheduler {
         self.jobs
             .insert(job, Job::new(job, spec, need, tasks, submitted_us, open));
         self.live_jobs.insert(job);
+        self.admit_files(job);
         Ok(())
     }
 

@@ -18,6 +18,9 @@ pub struct WorkerOffer {
     pub prefetch: u32,
     /// Named countable resources it has (`kestrel worker start --resource licenses=4`).
     pub named: Vec<(String, u32)>,
+    /// Whether it has a cache and stages files: only such a worker takes tasks of jobs that
+    /// declare files (a worker of protocol 7 or older has none).
+    pub stages_files: bool,
 }
 
 /// A worker as the scheduler holds it.

@@ -73,6 +73,7 @@ impl Scheduler {
         let Some(w) = self.workers.remove(&worker) else {
             return;
         };
+        self.files.worker_gone(worker);
         if let Some(reason) = w.quarantined {
             self.quarantined_gone.insert(worker, reason);
         }

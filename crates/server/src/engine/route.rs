@@ -68,7 +68,7 @@ impl Engine {
                     };
                     c.outbox.send(&ToWorker::DefineJob {
                         job,
-                        template: j.spec.template.clone(),
+                        template: Box::new(j.spec.template.clone()),
                         ids,
                         resources: j.spec.resources,
                         named: j.spec.named.clone(),

@@ -111,6 +111,7 @@ impl Server {
             resume: None,
             mem: 0,
             named: Vec::new(),
+            cache: None,
         };
         self.batch([Inbound::WorkerJoin {
             registration,
@@ -187,6 +188,7 @@ impl Server {
             finished,
             outputs: Vec::new(),
             waited: Vec::new(),
+            cache: Default::default(),
         };
         self.batch([Inbound::FromWorker { worker, msg }]);
     }

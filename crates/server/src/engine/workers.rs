@@ -5,7 +5,9 @@ use super::durable::OutputsOf;
 use super::route::WorkerConn;
 use super::{Engine, Outbox};
 use kestrel_core::{Event, Reply, Resources, WorkerId, WorkerOffer};
-use kestrel_proto::messages::{FromWorker, Registration, Resume, TaskOutput, ToWorker};
+use kestrel_proto::messages::{
+    CacheChange, FromWorker, Registration, Resume, TaskOutput, ToWorker,
+};
 use std::net::SocketAddr;
 use tokio::sync::oneshot;
 
@@ -30,6 +32,7 @@ impl Engine {
             },
             prefetch: r.prefetch,
             named: r.named.clone(),
+            stages_files: r.cache.is_some(),
         };
         let Reply::Joined(id) = self.event(now, Event::WorkerJoined { offer }) else {
             tracing::error!(%peer, "the scheduler gave a joining worker no id");
@@ -45,6 +48,18 @@ impl Engine {
         tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
         if let Some(resume) = r.resume {
             self.resume(now, id, resume);
+        }
+        if let Some(cache) = r.cache {
+            // A cache that survived a restart: what it holds is placed by again at once.
+            let (added, evicted) = (cache.held, Vec::new());
+            self.event(
+                now,
+                Event::CacheChanged {
+                    worker: id,
+                    added,
+                    evicted,
+                },
+            );
         }
         let conn = WorkerConn {
             outbox,
@@ -64,7 +79,19 @@ impl Engine {
                 finished,
                 outputs,
                 waited,
+                cache,
             } => {
+                if !cache.is_empty() {
+                    let CacheChange { added, evicted } = cache;
+                    self.event(
+                        now,
+                        Event::CacheChanged {
+                            worker,
+                            added,
+                            evicted,
+                        },
+                    );
+                }
                 if !started.is_empty() {
                     self.event(now, Event::TasksStarted { worker, started });
                 }

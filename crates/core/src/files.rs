@@ -48,6 +48,19 @@ impl CacheDelta {
     }
 }
 
+/// Sorts `pairs` by key and sums the hits of each key into one entry.
+pub(crate) fn merge_hits<K: Ord + Copy>(pairs: &mut Vec<(K, Hits)>) {
+    pairs.sort_unstable_by_key(|(k, _)| *k);
+    pairs.dedup_by(|(k, h), (kept_k, kept)| {
+        let same = k == kept_k;
+        if same {
+            kept.files += h.files;
+            kept.bytes = kept.bytes.saturating_add(h.bytes);
+        }
+        same
+    });
+}
+
 /// One file as the index knows it.
 #[derive(Debug)]
 struct FileEntry {
@@ -235,15 +248,7 @@ impl FileIndex {
             };
             out.extend(self.holders(f).iter().map(|&w| (w, hit)));
         }
-        out.sort_unstable_by_key(|(w, _)| *w);
-        out.dedup_by(|(w, h), (kept_w, kept)| {
-            let same = w == kept_w;
-            if same {
-                kept.files += h.files;
-                kept.bytes = kept.bytes.saturating_add(h.bytes);
-            }
-            same
-        });
+        merge_hits(out);
         out.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     }
 

@@ -10,7 +10,7 @@
 //! Pure data, like [`crate::files`]: the scheduler checks an entry's task is still ready before
 //! it places it, and removes entries whose task moved on.
 
-use crate::files::{FileId, FileIndex, Hits};
+use crate::files::{merge_hits, FileId, FileIndex, Hits};
 use crate::spec::{JobId, TaskIndex, WorkerId};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -157,15 +157,7 @@ impl Window {
                     self.by_file.remove(&f);
                 }
             }
-            out.sort_unstable_by_key(|(s, _)| *s);
-            out.dedup_by(|(s, h), (kept_s, kept)| {
-                let same = s == kept_s;
-                if same {
-                    kept.files += h.files;
-                    kept.bytes = kept.bytes.saturating_add(h.bytes);
-                }
-                same
-            });
+            merge_hits(out);
         } else {
             for (seq, e) in self.iter() {
                 let hits = index.hits(worker, &e.files);

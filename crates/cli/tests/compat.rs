@@ -19,7 +19,10 @@ fn rt() -> tokio::runtime::Runtime {
 
 #[test]
 fn clients_of_the_previous_protocol_versions_are_served() {
-    assert!(OLDEST_PROTOCOL_VERSION < PROTOCOL_VERSION, "at least N-1..N");
+    assert!(
+        OLDEST_PROTOCOL_VERSION < PROTOCOL_VERSION,
+        "at least N-1..N"
+    );
     for version in OLDEST_PROTOCOL_VERSION..PROTOCOL_VERSION {
         a_client_of_an_older_version_is_served(version);
     }
@@ -61,10 +64,7 @@ fn a_client_of_an_older_version_is_served(older: u32) {
         (client.version(), job, done)
     });
 
-    assert_eq!(
-        version, older,
-        "the server spoke the client's version"
-    );
+    assert_eq!(version, older, "the server spoke the client's version");
     assert_eq!(done.counts.finished, 3, "{done:?}");
     for task in 1..=3 {
         assert!(

@@ -19,6 +19,7 @@
 //! - `config`, `error` and `host` hold [`WorkerConfig`], [`WorkerError`], and what the worker
 //!   reads about its machine ([`hostname`], [`memory`]).
 
+pub mod cache;
 pub mod capture;
 mod config;
 pub mod connected;

@@ -1,0 +1,433 @@
+//! The worker's file cache (data diffusion): logical files staged for tasks, kept for the
+//! next task that reads them, evicted by policy when the cache is full.
+//!
+//! Layout: `DIR/files/NAME` holds the complete file of logical name `NAME` (names are
+//! relative paths, checked at submission); `DIR/partial/` holds files being written, moved
+//! into place whole, so a crash never leaves a truncated file under a name. Files are
+//! write-once: a name is never overwritten. At start the cache re-indexes `DIR/files` (it
+//! survives a worker's restart) and empties `DIR/partial`.
+//!
+//! Files a task uses are pinned until it ends and never evicted. A file larger than the
+//! whole cache is not cached: the caller streams it to the task instead.
+//!
+//! Eviction scans the entries for the victim (O(files)): caches hold thousands of files, not
+//! millions, and an eviction is followed by a file transfer that costs far more.
+
+use kestrel_proto::messages::CacheChange;
+use rustc_hash::FxHashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Which file leaves a full cache first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Least recently used (the default, as in the dissertation's experiments).
+    #[default]
+    Lru,
+    /// First in, first out.
+    Fifo,
+    /// Least frequently used (ties: least recently).
+    Lfu,
+    /// A random unpinned file.
+    Random,
+}
+
+impl EvictionPolicy {
+    /// The policy named `text` (`lru`, `fifo`, `lfu`, `random`).
+    pub fn parse(text: &str) -> Option<EvictionPolicy> {
+        match text {
+            "lru" => Some(EvictionPolicy::Lru),
+            "fifo" => Some(EvictionPolicy::Fifo),
+            "lfu" => Some(EvictionPolicy::Lfu),
+            "random" => Some(EvictionPolicy::Random),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    size: u64,
+    /// When it came in, and when it was last used, on the cache's own clock.
+    added: u64,
+    used: u64,
+    /// How many times tasks used it.
+    uses: u64,
+    /// Tasks using it now: it is not evicted while any does.
+    pins: u32,
+}
+
+/// A size-bounded directory of logical files.
+#[derive(Debug)]
+pub struct Cache {
+    dir: PathBuf,
+    capacity: u64,
+    policy: EvictionPolicy,
+    entries: FxHashMap<String, Entry>,
+    used_bytes: u64,
+    /// The cache's clock: one tick per use or insertion.
+    clock: u64,
+    /// What changed since the last report to the server.
+    delta: CacheChange,
+    /// For random eviction (xorshift; no need for a cryptographic generator).
+    rng: u64,
+    next_partial: u64,
+}
+
+/// Why a file could not be put in the cache.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// Larger than the whole cache: stream it instead.
+    #[error("{size} bytes is more than the cache holds ({capacity} bytes)")]
+    TooLarge {
+        /// The file's size.
+        size: u64,
+        /// The cache's capacity.
+        capacity: u64,
+    },
+    /// Every file that would have to leave is in use.
+    #[error("the cache is full of files in use ({used} of {capacity} bytes)")]
+    Pinned {
+        /// Bytes in the cache.
+        used: u64,
+        /// The cache's capacity.
+        capacity: u64,
+    },
+    /// The disk said no.
+    #[error("cache directory: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl Cache {
+    /// Opens (creating it if need be) the cache in `dir`, holding at most `capacity` bytes,
+    /// and indexes the files a previous run left there. Files past the capacity (it was
+    /// larger before) are evicted at once.
+    pub fn open(dir: &Path, capacity: u64, policy: EvictionPolicy) -> io::Result<Cache> {
+        let files = dir.join("files");
+        fs::create_dir_all(&files)?;
+        let partial = dir.join("partial");
+        let _ = fs::remove_dir_all(&partial);
+        fs::create_dir_all(&partial)?;
+        let mut cache = Cache {
+            dir: dir.to_path_buf(),
+            capacity,
+            policy,
+            entries: FxHashMap::default(),
+            used_bytes: 0,
+            clock: 0,
+            delta: CacheChange::default(),
+            rng: 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()),
+            next_partial: 0,
+        };
+        let mut found = Vec::new();
+        walk(&files, &files, &mut found)?;
+        // Oldest first, so LRU and FIFO order survives a restart roughly.
+        found.sort_by_key(|(_, _, mtime)| *mtime);
+        for (name, size, _) in found {
+            cache.clock += 1;
+            cache.used_bytes += size;
+            cache.entries.insert(
+                name,
+                Entry {
+                    size,
+                    added: cache.clock,
+                    used: cache.clock,
+                    uses: 0,
+                    pins: 0,
+                },
+            );
+        }
+        cache.make_room(0).ok();
+        // What was found is reported whole at registration, not as a change.
+        cache.delta = CacheChange::default();
+        Ok(cache)
+    }
+
+    /// Bytes it may hold.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes it holds.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    /// Every file it holds, with its size.
+    pub fn held(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<_> = self
+            .entries
+            .iter()
+            .map(|(n, e)| (n.clone(), e.size))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Where file `name` lives when cached.
+    pub fn path_of(&self, name: &str) -> PathBuf {
+        self.dir.join("files").join(name)
+    }
+
+    /// A fresh path to write an incoming file to, before [`Self::insert`].
+    pub fn partial_path(&mut self) -> PathBuf {
+        self.next_partial += 1;
+        self.dir
+            .join("partial")
+            .join(format!("{}-{}", std::process::id(), self.next_partial))
+    }
+
+    /// If `name` is cached, pins it for a task and returns its path and size.
+    pub fn pin(&mut self, name: &str) -> Option<(PathBuf, u64)> {
+        self.clock += 1;
+        let e = self.entries.get_mut(name)?;
+        e.pins += 1;
+        e.uses += 1;
+        e.used = self.clock;
+        let size = e.size;
+        Some((self.path_of(name), size))
+    }
+
+    /// A task is done with `name`.
+    pub fn unpin(&mut self, name: &str) {
+        if let Some(e) = self.entries.get_mut(name) {
+            e.pins = e.pins.saturating_sub(1);
+        }
+    }
+
+    /// Moves the complete file at `partial` (of `size` bytes) into the cache as `name`,
+    /// evicting others if need be, and pins it. Write-once: if `name` is already cached the
+    /// new copy is dropped and the cached one pinned.
+    pub fn insert(&mut self, name: &str, partial: &Path, size: u64) -> Result<PathBuf, CacheError> {
+        if self.entries.contains_key(name) {
+            let _ = fs::remove_file(partial);
+            return Ok(self
+                .pin(name)
+                .map(|(p, _)| p)
+                .unwrap_or_else(|| self.path_of(name)));
+        }
+        if size > self.capacity {
+            return Err(CacheError::TooLarge {
+                size,
+                capacity: self.capacity,
+            });
+        }
+        self.make_room(size)?;
+        let to = self.path_of(name);
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::rename(partial, &to)?;
+        self.clock += 1;
+        self.used_bytes += size;
+        self.entries.insert(
+            name.to_string(),
+            Entry {
+                size,
+                added: self.clock,
+                used: self.clock,
+                uses: 1,
+                pins: 1,
+            },
+        );
+        self.delta.added.retain(|(n, _)| n != name);
+        self.delta.evicted.retain(|n| n != name);
+        self.delta.added.push((name.to_string(), size));
+        Ok(to)
+    }
+
+    /// Drops `name` (found corrupt or missing on disk): it is evicted even if pinned.
+    pub fn discard(&mut self, name: &str) {
+        if let Some(e) = self.entries.remove(name) {
+            self.used_bytes -= e.size;
+            let _ = fs::remove_file(self.path_of(name));
+            self.note_evicted(name);
+        }
+    }
+
+    /// What changed since the last call, for the next update to the server.
+    pub fn take_delta(&mut self) -> CacheChange {
+        std::mem::take(&mut self.delta)
+    }
+
+    fn note_evicted(&mut self, name: &str) {
+        self.delta.added.retain(|(n, _)| n != name);
+        if !self.delta.evicted.iter().any(|n| n == name) {
+            self.delta.evicted.push(name.to_string());
+        }
+    }
+
+    /// Evicts unpinned files until `size` more bytes fit.
+    fn make_room(&mut self, size: u64) -> Result<(), CacheError> {
+        while self.used_bytes + size > self.capacity {
+            let Some(victim) = self.victim() else {
+                return Err(CacheError::Pinned {
+                    used: self.used_bytes,
+                    capacity: self.capacity,
+                });
+            };
+            if let Some(e) = self.entries.remove(&victim) {
+                self.used_bytes -= e.size;
+            }
+            let _ = fs::remove_file(self.path_of(&victim));
+            self.note_evicted(&victim);
+        }
+        Ok(())
+    }
+
+    /// The unpinned file the policy evicts first.
+    fn victim(&mut self) -> Option<String> {
+        let unpinned = self.entries.iter().filter(|(_, e)| e.pins == 0);
+        let pick = match self.policy {
+            EvictionPolicy::Lru => unpinned.min_by_key(|(n, e)| (e.used, *n)),
+            EvictionPolicy::Fifo => unpinned.min_by_key(|(n, e)| (e.added, *n)),
+            EvictionPolicy::Lfu => unpinned.min_by_key(|(n, e)| (e.uses, e.used, *n)),
+            EvictionPolicy::Random => {
+                let mut all: Vec<_> = unpinned.map(|(n, _)| n).collect();
+                if all.is_empty() {
+                    return None;
+                }
+                all.sort();
+                self.rng ^= self.rng << 13;
+                self.rng ^= self.rng >> 7;
+                self.rng ^= self.rng << 17;
+                let n = all[(self.rng % all.len() as u64) as usize].clone();
+                return Some(n);
+            }
+        };
+        pick.map(|(n, _)| n.clone())
+    }
+}
+
+/// Every regular file under `dir`, named relative to `root`, with its size and mtime.
+fn walk(
+    root: &Path,
+    dir: &Path,
+    out: &mut Vec<(String, u64, std::time::SystemTime)>,
+) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        let path = entry.path();
+        if meta.is_dir() {
+            walk(root, &path, out)?;
+        } else if meta.is_file() {
+            let Ok(rel) = path.strip_prefix(root) else {
+                continue;
+            };
+            let Some(name) = rel.to_str() else {
+                continue;
+            };
+            let mtime = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+            out.push((name.to_string(), meta.len(), mtime));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(c: &mut Cache, name: &str, size: usize) -> Result<PathBuf, CacheError> {
+        let p = c.partial_path();
+        fs::write(&p, vec![b'x'; size]).unwrap();
+        c.insert(name, &p, size as u64)
+    }
+
+    fn names(c: &Cache) -> Vec<String> {
+        c.held().into_iter().map(|(n, _)| n).collect()
+    }
+
+    #[test]
+    fn each_policy_evicts_its_own_victim() {
+        // a, b, c of 10 bytes in a cache of 30; a is used twice more; then d comes in.
+        let expect = [
+            (EvictionPolicy::Lru, "b"),
+            (EvictionPolicy::Fifo, "a"),
+            (EvictionPolicy::Lfu, "b"),
+        ];
+        for (policy, gone) in expect {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c = Cache::open(dir.path(), 30, policy).unwrap();
+            for n in ["a", "b", "c"] {
+                put(&mut c, n, 10).unwrap();
+                c.unpin(n);
+            }
+            for _ in 0..2 {
+                c.pin("a");
+                c.unpin("a");
+            }
+            c.pin("c");
+            c.unpin("c");
+            put(&mut c, "d", 10).unwrap();
+            assert!(
+                !names(&c).contains(&gone.to_string()),
+                "{policy:?}: {:?}",
+                names(&c)
+            );
+            assert_eq!(c.used_bytes(), 30);
+            let delta = c.take_delta();
+            assert_eq!(delta.evicted, vec![gone.to_string()], "{policy:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Cache::open(dir.path(), 20, EvictionPolicy::Random).unwrap();
+        for n in ["a", "b", "c", "d"] {
+            put(&mut c, n, 10).unwrap();
+            c.unpin(n);
+        }
+        assert_eq!((c.held().len(), c.used_bytes()), (2, 20));
+    }
+
+    #[test]
+    fn pinned_files_stay_and_a_file_larger_than_the_cache_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Cache::open(dir.path(), 20, EvictionPolicy::Lru).unwrap();
+        put(&mut c, "a", 10).unwrap();
+        put(&mut c, "b", 10).unwrap();
+        // Both pinned (in use): nothing can leave.
+        assert!(matches!(
+            put(&mut c, "c", 10),
+            Err(CacheError::Pinned { .. })
+        ));
+        assert!(matches!(
+            put(&mut c, "big", 21),
+            Err(CacheError::TooLarge { .. })
+        ));
+        c.unpin("a");
+        put(&mut c, "c", 10).unwrap();
+        assert_eq!(names(&c), vec!["b", "c"]);
+    }
+
+    #[test]
+    fn files_are_write_once_and_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut c = Cache::open(dir.path(), 100, EvictionPolicy::Lru).unwrap();
+            put(&mut c, "raw/1.fits", 10).unwrap();
+            let p = c.partial_path();
+            fs::write(&p, b"other").unwrap();
+            c.insert("raw/1.fits", &p, 5).unwrap();
+            assert_eq!(
+                fs::read(c.path_of("raw/1.fits")).unwrap().len(),
+                10,
+                "kept the first"
+            );
+            assert!(!p.exists(), "the second copy was dropped");
+            // A half-written file left behind by a crash.
+            fs::write(dir.path().join("partial/leftover"), b"half").unwrap();
+        }
+        let mut c = Cache::open(dir.path(), 100, EvictionPolicy::Lru).unwrap();
+        assert_eq!(c.held(), vec![("raw/1.fits".to_string(), 10)]);
+        assert!(
+            c.take_delta().added.is_empty(),
+            "found files are reported at registration"
+        );
+        assert!(!dir.path().join("partial/leftover").exists());
+        // Re-opened smaller: what does not fit leaves at once.
+        drop(c);
+        let c = Cache::open(dir.path(), 5, EvictionPolicy::Lru).unwrap();
+        assert!(c.held().is_empty());
+    }
+}

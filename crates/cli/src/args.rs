@@ -283,6 +283,18 @@ pub enum WorkerCommand {
         /// How tasks are executed; `noop` is for benchmarks only and never the default
         #[arg(long, value_enum, default_value_t = Exec::Process)]
         exec: Exec,
+        /// The directory of its file cache (data diffusion), kept across restarts: the files
+        /// found there are reported to the server at start. One directory per worker
+        /// [default: a fresh temporary directory, removed when the worker stops]
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
+        /// How much the file cache may hold, e.g. 500M, 20G; a file larger than this is
+        /// streamed to its task, not cached [default: 1G]
+        #[arg(long, value_name = "SIZE")]
+        cache_size: Option<String>,
+        /// Which file leaves a full cache first: lru, fifo, lfu or random
+        #[arg(long, default_value = "lru", value_name = "POLICY")]
+        cache_policy: String,
     },
     /// List connected workers (quarantined ones with the reason)
     List,
@@ -486,6 +498,23 @@ pub struct ServerStartArgs {
     /// `kestrel worker resume --help`)
     #[arg(long, value_enum, default_value_t = Switch::On, value_name = "on|off")]
     pub quarantine: Switch,
+    /// The shared store of jobs' logical files, for jobs that name none (`submit --store`):
+    /// a directory on a file system the workers share
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<String>,
+    /// How tasks that read files are placed, for jobs that name no policy:
+    /// first-available, first-cache-available, max-cache-hit, max-compute-util or
+    /// good-cache-compute (Falkon's policies; see `kestrel submit --help`)
+    #[arg(long, default_value = "first-available", value_name = "POLICY")]
+    pub policy: String,
+    /// good-cache-compute's threshold: above this fraction of busy cpus, tasks wait for the
+    /// worker caching their inputs
+    #[arg(long, default_value_t = 0.9, value_name = "FRACTION")]
+    pub util_threshold: f64,
+    /// How many ready tasks a data-aware decision looks at (Falkon's W) [default: 100 per
+    /// connected worker]
+    #[arg(long, value_name = "TASKS")]
+    pub window: Option<usize>,
     #[command(flatten)]
     pub tls: TlsArgs,
 }

@@ -261,7 +261,7 @@ pub fn util_threshold(fraction: f64) -> Result<u16> {
 pub fn store_location(base_dir: &Path, text: &str) -> Result<String> {
     let lower = text.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
-        return Ok(text.trim_end_matches('/').to_string() + "/");
+        bail!("--store {text:?}: HTTP(S) stores are not supported yet; give a directory the workers share");
     }
     if lower.contains("://") {
         bail!("--store {text:?}: a store is a directory or an http:// or https:// URL prefix");

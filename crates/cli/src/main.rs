@@ -104,6 +104,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             resource,
             prefetch,
             exec,
+            cache_dir,
+            cache_size,
+            cache_policy,
         }) => {
             let offer = Offer {
                 slots,
@@ -111,6 +114,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 mem,
                 resource,
                 prefetch,
+                cache: kestrel_worker::CacheConfig {
+                    dir: cache_dir,
+                    capacity: match &cache_size {
+                        Some(s) => jobs::parse_size(s).with_context(|| format!("--cache-size {s:?}"))?,
+                        None => kestrel_worker::CacheConfig::default().capacity,
+                    },
+                    policy: kestrel_worker::cache::EvictionPolicy::parse(&cache_policy)
+                        .ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "--cache-policy {cache_policy:?} is not one of lru, fifo, lfu, random"
+                            )
+                        })?,
+                },
             };
             worker_start(&g, offer, exec).await
         }
@@ -130,8 +146,16 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         no_journal,
         journal_limit,
         quarantine,
+        store,
+        policy,
+        util_threshold,
+        window,
         tls,
     } = args;
+    let store = match store {
+        Some(s) => Some(jobs::store_location(&std::env::current_dir()?, &s)?),
+        None => None,
+    };
     let journal_limit = journal_limit
         .as_deref()
         .map(jobs::parse_size)
@@ -162,6 +186,10 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         },
         quarantine: quarantine == args::Switch::On,
         first_job: 1,
+        store,
+        policy: jobs::parse_policy(&policy)?,
+        util_threshold_permille: jobs::util_threshold(util_threshold)?,
+        window,
     };
     let server = kestrel_server::start(config).await?;
     if let Some((r, took)) = &server.restored {
@@ -210,6 +238,7 @@ struct Offer {
     mem: Option<String>,
     resource: Vec<String>,
     prefetch: Option<u32>,
+    cache: kestrel_worker::CacheConfig,
 }
 
 async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> {
@@ -228,6 +257,7 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     }
     config.named = jobs::parse_named(&offer.resource)?;
     config.prefetch = offer.prefetch.unwrap_or(slots);
+    config.cache = Some(offer.cache);
     config.exec = exec.into();
     config.reconnect_for = session::reconnect_for(g, session::WORKER)?;
     config.server_dir = path.parent().map(|p| p.display().to_string());

@@ -233,6 +233,9 @@ pub enum ToWorker {
         /// Named resources each task holds.
         #[serde(default)]
         named: Vec<(String, u32)>,
+        /// The store the job's files are in (version 8; absent for a job without files).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        store: Option<String>,
     },
     /// Tasks to run, in batches of consecutive indices.
     Assign { tasks: Vec<Assigned> },

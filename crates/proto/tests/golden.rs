@@ -260,6 +260,18 @@ fn server_to_worker() {
             ids: JobIds::Array(ids()),
             resources: resources(),
             named: vec![("licenses".into(), 1)],
+            store: None,
+        },
+    );
+    golden(
+        "define_job-v8-files",
+        ToWorker::DefineJob {
+            job: 7,
+            template: Box::new(data_spec().template),
+            ids: JobIds::Array(ids()),
+            resources: resources(),
+            named: vec![],
+            store: Some("/shared/store".into()),
         },
     );
     let run = |first, count| IndexRun {

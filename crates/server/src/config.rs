@@ -1,5 +1,6 @@
 //! How a server is configured: what `kestrel server start` and `kestrel run` fill in.
 
+use kestrel_core::PolicyName;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -26,6 +27,14 @@ pub struct ServerConfig {
     pub quarantine: bool,
     /// The id of the first job (a journal's restored jobs continue after their own).
     pub first_job: u32,
+    /// The shared store of jobs' files, for jobs that name none (`--store`).
+    pub store: Option<String>,
+    /// How tasks that read files are placed, for jobs that name no policy (`--policy`).
+    pub policy: PolicyName,
+    /// Good-cache-compute's threshold of busy cpus, in thousandths.
+    pub util_threshold_permille: u16,
+    /// How many ready tasks data-aware placement looks at; `None` is 100 per worker.
+    pub window: Option<usize>,
 }
 
 /// Where the server's TLS certificate comes from.
@@ -57,6 +66,10 @@ impl ServerConfig {
             tls: None,
             quarantine: true,
             first_job: 1,
+            store: None,
+            policy: PolicyName::FirstAvailable,
+            util_threshold_permille: kestrel_core::policy::DEFAULT_UTIL_THRESHOLD_PERMILLE,
+            window: None,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! How to run a worker: what it offers and how it executes tasks.
 
+use crate::cache::EvictionPolicy;
 use crate::host::{hostname, memory};
 use crate::{local, Connected};
 use std::path::PathBuf;
@@ -37,6 +38,31 @@ pub struct WorkerConfig {
     /// Called each time the worker registers (first and after reconnecting); `None` for
     /// workers that should not announce themselves (those inside `kestrel run`).
     pub on_connect: Option<fn(&Connected<'_>)>,
+    /// Its file cache (data diffusion); `None` gives it none, and it takes no task of a job
+    /// that declares files.
+    pub cache: Option<CacheConfig>,
+}
+
+/// Where and how big a worker's file cache is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// The cache directory; `None` is a fresh one in the temporary directory, removed when
+    /// the worker ends (give a directory to keep the cache across restarts).
+    pub dir: Option<PathBuf>,
+    /// Bytes it may hold.
+    pub capacity: u64,
+    /// Which file leaves a full cache first.
+    pub policy: EvictionPolicy,
+}
+
+impl Default for CacheConfig {
+    fn default() -> CacheConfig {
+        CacheConfig {
+            dir: None,
+            capacity: 1 << 30,
+            policy: EvictionPolicy::Lru,
+        }
+    }
 }
 
 impl WorkerConfig {
@@ -54,6 +80,7 @@ impl WorkerConfig {
             server_dir: None,
             reconnect_for: Duration::from_secs(120),
             on_connect: None,
+            cache: Some(CacheConfig::default()),
         }
     }
 

@@ -150,14 +150,19 @@ mod tests {
             cpus: 1,
             ..Resources::NONE
         };
-        ledger
-            .local
-            .define(1, TaskTemplate::default(), JobIds::List, one_cpu, vec![]);
+        ledger.local.define(
+            1,
+            TaskTemplate::default(),
+            JobIds::List,
+            one_cpu,
+            vec![],
+            None,
+        );
         // Three GPUs' worth of a job on a worker without GPUs: those never start.
         let gpus = Resources { gpus: 3, ..one_cpu };
         ledger
             .local
-            .define(2, TaskTemplate::default(), JobIds::List, gpus, vec![]);
+            .define(2, TaskTemplate::default(), JobIds::List, gpus, vec![], None);
         let run = |job, first, count| Assigned::run(IndexRun { job, first, count });
         // Five tasks on two slots: each ends before the next needs its slot.
         ledger.local.enqueue(run(1, 0, 5), 10);

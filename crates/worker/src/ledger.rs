@@ -7,6 +7,7 @@
 //! them again.
 
 use crate::exec::CancelHandle;
+use crate::files::SharedCache;
 use crate::local::{Held, Identity, Local, LocalTask};
 use crate::WorkerConfig;
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex};
@@ -49,8 +50,8 @@ pub(crate) struct Ledger {
     pub(crate) outputs: Vec<TaskOutput>,
     /// Summed waits for a slot of successful tasks, per job, not reported yet.
     pub(crate) waited: Vec<(JobId, u64)>,
-    /// What the cache gained and lost since the last update.
-    pub(crate) cache: CacheChange,
+    /// The worker's file cache, if it has one.
+    pub(crate) files: Option<SharedCache>,
 }
 
 impl Ledger {
@@ -68,8 +69,16 @@ impl Ledger {
             finished: Vec::new(),
             outputs: Vec::new(),
             waited: Vec::new(),
-            cache: CacheChange::default(),
+            files: None,
         }
+    }
+
+    /// What the cache gained and lost since the last update (nothing without a cache).
+    pub(crate) fn take_cache_change(&mut self) -> CacheChange {
+        self.files
+            .as_ref()
+            .map(|c| crate::files::lock(c).take_delta())
+            .unwrap_or_default()
     }
 
     /// Records a task an executor started at `at_us`.

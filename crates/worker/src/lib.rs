@@ -26,6 +26,7 @@ pub mod connected;
 mod error;
 pub mod exec;
 mod executor;
+pub mod files;
 mod host;
 mod ledger;
 pub mod local;
@@ -36,7 +37,7 @@ mod session;
 mod staging;
 mod state;
 
-pub use config::{ExecMode, WorkerConfig};
+pub use config::{CacheConfig, ExecMode, WorkerConfig};
 pub use connected::{Connected, Handover};
 pub use error::WorkerError;
 pub use host::{hostname, memory};

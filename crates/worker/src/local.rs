@@ -4,6 +4,7 @@
 //! Pure data; the session loop in `session.rs` drives it.
 
 use crate::exec::{Launch, RemoveIfEmpty, Sink as ExecSink};
+use crate::files::FilesPlan;
 use kestrel_core::placeholders::{resolve, substitute, uses, Values, JOB, TASK};
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
 use kestrel_proto::messages::{Assigned, JobIds};
@@ -30,6 +31,8 @@ pub struct LocalTask {
 #[derive(Debug)]
 pub struct JobDef {
     pub template: TaskTemplate,
+    /// The store its files are in (a directory), if it declares files.
+    pub store: Option<String>,
     pub ids: JobIds,
     pub resources: Resources,
     /// Named resources each task holds.
@@ -88,11 +91,13 @@ impl Local {
         ids: JobIds,
         resources: Resources,
         named: Vec<(String, u32)>,
+        store: Option<String>,
     ) {
         self.jobs.insert(
             job,
             JobDef {
                 template,
+                store,
                 ids,
                 resources,
                 named,
@@ -270,6 +275,40 @@ impl Local {
     }
 }
 
+impl Local {
+    /// The files of `task`, if its job declares any: names with placeholders replaced, the
+    /// store, and the directory the task runs in (where it writes its outputs).
+    pub fn files_plan(&self, task: &LocalTask) -> Option<FilesPlan> {
+        let def = self.jobs.get(&task.job)?;
+        let f = &def.template.files;
+        if f.is_empty() {
+            return None;
+        }
+        let id = match &def.ids {
+            JobIds::Array(r) => r.id_at(task.index).unwrap_or(task.index),
+            JobIds::List => task.index,
+        };
+        let (job_s, id_s) = (task.job.to_string(), id.to_string());
+        let values = Values {
+            job: &job_s,
+            task: &id_s,
+            line: task.line.as_deref(),
+        };
+        let sub = |s: &String| substitute(s, &values).into_owned();
+        let cwd = def
+            .template
+            .cwd
+            .as_deref()
+            .map(|c| PathBuf::from(sub(&c.to_string())));
+        Some(FilesPlan {
+            store: def.store.as_deref().map(PathBuf::from),
+            inputs: f.inputs.iter().chain(&f.statics).map(sub).collect(),
+            outputs: f.outputs.iter().map(sub).collect(),
+            sandbox: cwd.unwrap_or_else(|| PathBuf::from(".")),
+        })
+    }
+}
+
 /// Whether a sink's path template names one task of one job (`{job}` and `{task}`, the
 /// job possibly in the working directory of a relative path), so that no other task writes
 /// the file and the worker may remove it when the task leaves it empty.
@@ -321,6 +360,7 @@ mod tests {
             JobIds::Array(IdRanges::parse("10-20:5").unwrap()),
             Resources::default(),
             vec![],
+            None,
         );
         let t = LocalTask {
             job: 3,
@@ -373,7 +413,7 @@ mod tests {
             gpus: 1,
             ..Resources::NONE
         };
-        l.define(1, template(), JobIds::List, need, vec![]);
+        l.define(1, template(), JobIds::List, need, vec![], None);
         l.enqueue(
             Assigned {
                 run: IndexRun {
@@ -412,8 +452,9 @@ mod tests {
             JobIds::List,
             need,
             vec![("licenses".into(), 2)],
+            None,
         );
-        l.define(2, template(), JobIds::List, need, vec![]);
+        l.define(2, template(), JobIds::List, need, vec![], None);
         let run = |job, count| Assigned {
             run: IndexRun {
                 job,
@@ -463,7 +504,7 @@ mod tests {
         t.stdout = Sink::File("sums/{line}.sha".into());
         t.stderr = Sink::File("${line}/{task}.err".into());
         t.env = vec![("IN".into(), "{line}-{job}".into())];
-        l.define(4, t, JobIds::List, Resources::default(), vec![]);
+        l.define(4, t, JobIds::List, Resources::default(), vec![], None);
         l.enqueue(
             Assigned {
                 run: IndexRun {

@@ -13,6 +13,7 @@
 
 use crate::exec::{self, CancelHandle, Launch, Outcome};
 use crate::executor::{Done, Executor};
+use crate::files::{run_with_files, FilesPlan, SharedCache};
 use crate::ledger::Follower;
 use crate::ledger::{now_us, Key, Ledger, Running};
 use crate::local::{Held, LocalTask};
@@ -31,6 +32,8 @@ struct Work {
     key: Key,
     launch: Launch,
     cancel: CancelHandle,
+    /// Its files, if its job declares any (staged and collected on the thread).
+    files: Option<Box<FilesPlan>>,
 }
 
 /// A task's run ended on an executor thread.
@@ -71,7 +74,8 @@ fn lock(deck: &Mutex<Vec<Work>>) -> MutexGuard<'_, Vec<Work>> {
 }
 
 impl Pool {
-    pub(crate) fn new(threads: u32) -> Result<Pool, WorkerError> {
+    /// `threads` executor threads; tasks with files go through `cache`.
+    pub(crate) fn new(threads: u32, cache: Option<SharedCache>) -> Result<Pool, WorkerError> {
         let (tx, rx) = crossbeam_channel::unbounded::<Work>();
         let (done_tx, done) = mpsc::unbounded_channel();
         // One thread runs one task at a time: `threads` groups at most are recorded at once.
@@ -88,15 +92,26 @@ impl Pool {
         let mut handles = Vec::with_capacity(threads as usize);
         for i in 0..threads {
             let (rx, done_tx) = (rx.clone(), done_tx.clone());
-            let (reaper, deck) = (reaper.clone(), deck.clone());
+            let (reaper, deck, cache) = (reaper.clone(), deck.clone(), cache.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("kestrel-exec-{i}"))
                 .spawn(move || {
                     while let Ok(first) = rx.recv() {
                         let mut work = first;
                         loop {
-                            let outcome =
-                                exec::run_with(&work.launch, &work.cancel, reaper.as_deref());
+                            let outcome = match (&work.files, &cache) {
+                                (Some(plan), Some(cache)) => {
+                                    run_with_files(
+                                        &work.launch,
+                                        plan,
+                                        cache,
+                                        &work.cancel,
+                                        reaper.as_deref(),
+                                    )
+                                    .0
+                                }
+                                _ => exec::run_with(&work.launch, &work.cancel, reaper.as_deref()),
+                            };
                             let next = take_follower(&deck, work.key.0);
                             let done = Ran {
                                 key: work.key,
@@ -128,11 +143,12 @@ impl Pool {
     }
 
     /// Runs a task on a free thread.
-    fn run(&self, key: Key, launch: Launch, cancel: CancelHandle) {
+    fn run(&self, key: Key, launch: Launch, files: Option<Box<FilesPlan>>, cancel: CancelHandle) {
         let _ = self.tx.send(Work {
             key,
             launch,
             cancel,
+            files,
         });
     }
 
@@ -150,7 +166,8 @@ impl Pool {
                     waited_us,
                 };
                 ledger.start_running(key, run, now);
-                self.run(key, launch, cancel);
+                let files = ledger.local.files_plan(&task).map(Box::new);
+                self.run(key, launch, files, cancel);
             }
             Err(reason) => {
                 ledger.local.release(held);
@@ -175,7 +192,10 @@ impl Pool {
                 return;
             };
             match ledger.local.launch(&task, &[], &ledger.me) {
-                Ok(launch) => self.put_on_deck(task, launch, CancelHandle::new()),
+                Ok(launch) => {
+                    let files = ledger.local.files_plan(&task).map(Box::new);
+                    self.put_on_deck(task, launch, files, CancelHandle::new())
+                }
                 Err(reason) => ledger.cannot_launch(&task, now_us(), reason),
             }
         }
@@ -187,12 +207,19 @@ impl Pool {
     }
 
     /// Puts `task` on the deck, to follow the next task of its job that ends.
-    fn put_on_deck(&mut self, task: LocalTask, launch: Launch, cancel: CancelHandle) {
+    fn put_on_deck(
+        &mut self,
+        task: LocalTask,
+        launch: Launch,
+        files: Option<Box<FilesPlan>>,
+        cancel: CancelHandle,
+    ) {
         let key = (task.job, task.index);
         lock(&self.deck).push(Work {
             key,
             launch,
             cancel: cancel.clone(),
+            files,
         });
         self.decked.insert(key, Decked { task, cancel });
     }
@@ -369,11 +396,11 @@ mod tests {
 
     #[test]
     fn an_ended_task_is_followed_by_the_decked_task_of_its_job_only() {
-        let mut pool = Pool::new(1).unwrap();
-        pool.put_on_deck(task(2, 1), launch(&["true"]), CancelHandle::new());
-        pool.put_on_deck(task(1, 7), launch(&["false"]), CancelHandle::new());
+        let mut pool = Pool::new(1, None).unwrap();
+        pool.put_on_deck(task(2, 1), launch(&["true"]), None, CancelHandle::new());
+        pool.put_on_deck(task(1, 7), launch(&["false"]), None, CancelHandle::new());
         assert_eq!((pool.decked_of(1), pool.decked_of(2)), (1, 1));
-        pool.run((1, 1), launch(&["true"]), CancelHandle::new());
+        pool.run((1, 1), launch(&["true"]), None, CancelHandle::new());
 
         let first = recv(&mut pool);
         let next = first.next.as_ref().map(|f| f.key);
@@ -392,15 +419,15 @@ mod tests {
 
     #[test]
     fn a_task_decked_after_its_job_last_ran_is_taken_back() {
-        let mut pool = Pool::new(1).unwrap();
-        pool.run((1, 1), launch(&["true"]), CancelHandle::new());
+        let mut pool = Pool::new(1, None).unwrap();
+        pool.run((1, 1), launch(&["true"]), None, CancelHandle::new());
         let first = recv(&mut pool);
         assert!(first.next.is_none(), "nothing was decked when it ended");
         // The session decks two tasks of the job before it hears of that end (it still counts
         // one task running), and one of another job.
-        pool.put_on_deck(task(1, 2), launch(&["true"]), CancelHandle::new());
-        pool.put_on_deck(task(2, 9), launch(&["true"]), CancelHandle::new());
-        pool.put_on_deck(task(1, 3), launch(&["true"]), CancelHandle::new());
+        pool.put_on_deck(task(1, 2), launch(&["true"]), None, CancelHandle::new());
+        pool.put_on_deck(task(2, 9), launch(&["true"]), None, CancelHandle::new());
+        pool.put_on_deck(task(1, 3), launch(&["true"]), None, CancelHandle::new());
         // No task of job 1 runs now: both would wait for ever; with one running, the second.
         assert_eq!(pool.unfollowed(1, 1), vec![task(1, 3)]);
         assert_eq!(pool.unfollowed(1, 0), vec![task(1, 2)]);
@@ -410,18 +437,18 @@ mod tests {
 
     #[test]
     fn taken_back_tasks_never_run_and_canceled_ones_end_canceled() {
-        let mut pool = Pool::new(1).unwrap();
+        let mut pool = Pool::new(1, None).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("ran");
         let touch = launch(&["touch", marker.to_str().unwrap()]);
-        pool.put_on_deck(task(1, 2), touch.clone(), CancelHandle::new());
-        pool.put_on_deck(task(1, 3), touch.clone(), CancelHandle::new());
-        pool.put_on_deck(task(1, 4), touch, CancelHandle::new());
+        pool.put_on_deck(task(1, 2), touch.clone(), None, CancelHandle::new());
+        pool.put_on_deck(task(1, 3), touch.clone(), None, CancelHandle::new());
+        pool.put_on_deck(task(1, 4), touch, None, CancelHandle::new());
         assert_eq!(pool.take_back(&[(1, 2)]), vec![task(1, 2)]);
         pool.cancel_decked(|k| *k == (1, 3));
         // A thread has not taken it: a cancel gives it back.
         assert_eq!(pool.cancel(&[(1, 4)]), vec![task(1, 4)]);
-        pool.run((1, 1), launch(&["true"]), CancelHandle::new());
+        pool.run((1, 1), launch(&["true"]), None, CancelHandle::new());
 
         let first = recv(&mut pool);
         assert_eq!(first.next.as_ref().map(|f| f.key), Some((1, 3)));

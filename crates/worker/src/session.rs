@@ -10,7 +10,7 @@ use crate::state::{Carry, WorkerState};
 use crate::{Connected, Handover, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
 use kestrel_proto::client::connect_as;
-use kestrel_proto::messages::{FromWorker, Registration, Resume, ToWorker};
+use kestrel_proto::messages::{CacheInfo, FromWorker, Registration, Resume, ToWorker};
 use kestrel_proto::{
     Access, ClientError, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
 };
@@ -70,6 +70,7 @@ pub(crate) async fn serve(
         exec,
         staging,
         carry: Carry { ledger, prev },
+        ..
     } = state;
     // Starts the last connection did not report: its registration reports those tasks running.
     ledger.started.clear();
@@ -158,7 +159,14 @@ impl Session<'_> {
                 gpus: self.config.gpus,
                 mem: self.config.mem,
                 named: self.config.named.clone(),
-                cache: None,
+                cache: self.ledger.files.as_ref().map(|c| {
+                    let c = crate::files::lock(c);
+                    CacheInfo {
+                        serves: String::new(),
+                        capacity: c.capacity(),
+                        held: c.held(),
+                    }
+                }),
                 prefetch: self.config.prefetch,
                 exec: exec.into(),
                 resume,
@@ -285,7 +293,8 @@ impl Session<'_> {
                 ids,
                 resources,
                 named,
-            } => l.local.define(job, *template, ids, resources, named),
+                store,
+            } => l.local.define(job, *template, ids, resources, named, store),
             ToWorker::Assign { tasks } => {
                 let now = now_us();
                 for run in tasks {
@@ -414,7 +423,7 @@ impl Session<'_> {
                 finished: self.ledger.finished.drain(..ends).collect(),
                 outputs: self.ledger.outputs.drain(..outs).collect(),
                 waited: std::mem::take(&mut self.ledger.waited),
-                cache: std::mem::take(&mut self.ledger.cache),
+                cache: self.ledger.take_cache_change(),
             };
             if let Err(e) = writer.send(&msg).await {
                 // The results stay for the next registration's resume report.
@@ -444,7 +453,7 @@ impl Session<'_> {
             finished: std::mem::take(&mut self.ledger.finished),
             outputs: std::mem::take(&mut self.ledger.outputs),
             waited: std::mem::take(&mut self.ledger.waited),
-            cache: std::mem::take(&mut self.ledger.cache),
+            cache: self.ledger.take_cache_change(),
         };
         let sent = writer.send(&msg).await;
         // The vectors go back for the next update, keeping their capacity (allocating them
@@ -618,6 +627,7 @@ mod tests {
                 ..Resources::NONE
             },
             named: vec![],
+            store: None,
         });
         rig.message(assign(1, 0, 4));
         // Two slots: two tasks start, reported as started; two wait in the queue.

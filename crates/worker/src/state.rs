@@ -1,11 +1,16 @@
 //! What a worker keeps from its start to its end, across connections: [`WorkerState`].
 
+use crate::cache::Cache;
 use crate::executor::{Executor, Noop};
+use crate::files::SharedCache;
 use crate::ledger::Ledger;
 use crate::pool::Pool;
 use crate::staging::Staging;
-use crate::{ExecMode, WorkerConfig, WorkerError};
+use crate::{CacheConfig, ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::WorkerId;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// Everything of a worker that outlives its connections; a session (`session::serve`) borrows
 /// it for one connection's life.
@@ -20,6 +25,10 @@ pub(crate) struct WorkerState {
     pub(crate) staging: Staging,
     /// What the next registration hands over.
     pub(crate) carry: Carry,
+    /// A cache directory made for this run alone, removed when the worker ends.
+    scratch_cache: Option<tempfile::TempDir>,
+    /// The lock on the cache directory, held while the worker lives.
+    cache_lock: Option<std::fs::File>,
 }
 
 /// What outlives a dropped connection: templates, running tasks and their buffered results,
@@ -40,11 +49,22 @@ impl Carry {
 impl WorkerState {
     /// A worker's state before its first connection, with the executor its `config` asks for.
     pub(crate) fn new(config: &WorkerConfig) -> Result<WorkerState, WorkerError> {
+        let (cache, scratch, lock) = match (&config.cache, config.exec) {
+            (Some(c), ExecMode::Process) => {
+                let (cache, scratch, lock) = open_cache(c)?;
+                (Some(cache), scratch, Some(lock))
+            }
+            _ => (None, None, None),
+        };
         let exec: Box<dyn Executor> = match config.exec {
-            ExecMode::Process => Box::new(Pool::new(config.slots.max(1))?),
+            ExecMode::Process => Box::new(Pool::new(config.slots.max(1), cache.clone())?),
             ExecMode::Noop => Box::new(Noop),
         };
-        Ok(WorkerState::with_executor(config, exec))
+        let mut state = WorkerState::with_executor(config, exec);
+        state.carry.ledger.files = cache;
+        state.scratch_cache = scratch;
+        state.cache_lock = lock;
+        Ok(state)
     }
 
     /// A worker's state before its first connection, running tasks with `exec`.
@@ -56,6 +76,8 @@ impl WorkerState {
                 ledger: Ledger::new(config),
                 prev: None,
             },
+            scratch_cache: None,
+            cache_lock: None,
         }
     }
 
@@ -65,10 +87,56 @@ impl WorkerState {
     }
 
     /// Ends the executor. Every task has ended by now: its threads are idle, and the reaper
-    /// exits.
+    /// exits. A scratch cache directory goes with it.
     pub(crate) fn close(self) {
         self.exec.close();
+        drop(self.cache_lock);
+        drop(self.scratch_cache);
     }
+}
+
+/// Opens the cache `c` asks for: in its directory, locked so that no other worker on this
+/// machine uses it at once, or in a fresh scratch directory.
+type OpenedCache = (SharedCache, Option<tempfile::TempDir>, std::fs::File);
+
+fn open_cache(c: &CacheConfig) -> Result<OpenedCache, WorkerError> {
+    let (dir, scratch) = match &c.dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("kestrel-cache-")
+                .tempdir()
+                .map_err(|e| WorkerError::Setup(format!("cannot make a cache directory: {e}")))?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    let setup =
+        |e: std::io::Error| WorkerError::Setup(format!("cache directory {}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir).map_err(setup)?;
+    let lock = lock_dir(&dir)?;
+    let cache = Cache::open(&dir, c.capacity, c.policy).map_err(setup)?;
+    Ok((Arc::new(Mutex::new(cache)), scratch, lock))
+}
+
+/// Takes an exclusive lock on `dir/lock`, held as long as the file returned is open (two
+/// workers sharing one cache directory would evict each other's files under them).
+fn lock_dir(dir: &Path) -> Result<std::fs::File, WorkerError> {
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| WorkerError::Setup(format!("cache lock {}: {e}", path.display())))?;
+    // SAFETY: flock on a descriptor this function owns; the call touches no memory.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+    if !locked {
+        return Err(WorkerError::Setup(format!(
+            "cache directory {} is in use by another worker on this machine; give each worker its own --cache-dir",
+            dir.display()
+        )));
+    }
+    Ok(file)
 }
 
 #[cfg(test)]

@@ -90,6 +90,8 @@ pub struct Engine {
     outputs: OutputLog,
     /// Microseconds since the epoch; [`now_us`] but in tests.
     clock: fn() -> u64,
+    /// The store of jobs' files for jobs that name none.
+    store: Option<String>,
 }
 
 impl Engine {
@@ -97,7 +99,7 @@ impl Engine {
     pub fn new(config: &ServerConfig, access: &Access) -> Engine {
         let heartbeat_ms = config.heartbeat.as_millis().max(1) as u64;
         let defaults = Config::default();
-        let core = Scheduler::new(Config {
+        let mut core = Scheduler::new(Config {
             heartbeat_timeout_us: heartbeat_ms * 4 * 1000,
             quarantine_failures: if config.quarantine {
                 defaults.quarantine_failures
@@ -105,8 +107,15 @@ impl Engine {
                 0
             },
             first_job: config.first_job,
+            window: config.window,
+            util_threshold_permille: config.util_threshold_permille,
             ..defaults
         });
+        core.set_dispatch_policy(kestrel_core::policy::by_name(
+            config.policy,
+            config.util_threshold_permille,
+            defaults.max_queue_skips,
+        ));
         let info = ServerInfo {
             version: env!("CARGO_PKG_VERSION").into(),
             protocol: kestrel_proto::PROTOCOL_VERSION,
@@ -134,6 +143,7 @@ impl Engine {
             keys: FxHashMap::default(),
             outputs: OutputLog::default(),
             clock: now_us,
+            store: config.store.clone(),
         }
     }
 

@@ -72,6 +72,15 @@ impl Engine {
                         ids,
                         resources: j.spec.resources,
                         named: j.spec.named.clone(),
+                        store: if j.spec.template.files.is_empty() {
+                            None
+                        } else {
+                            j.spec
+                                .placement
+                                .store
+                                .clone()
+                                .or_else(|| self.store.clone())
+                        },
                     });
                 }
                 Command::Assign { worker, runs } => {

@@ -39,6 +39,17 @@ pub struct JobDef {
     pub named: Vec<(String, u32)>,
 }
 
+impl JobDef {
+    /// What `{job}` and `{task}` stand for in `task` of this job.
+    fn ids_of(&self, task: &LocalTask) -> (String, String) {
+        let id = match &self.ids {
+            JobIds::Array(r) => r.id_at(task.index).unwrap_or(task.index),
+            JobIds::List => task.index,
+        };
+        (task.job.to_string(), id.to_string())
+    }
+}
+
 /// What a started task holds here, given back when it ends. Kept with the task because its
 /// job's definition may be forgotten first (a `ForgetJob` while a duplicate run goes on).
 #[derive(Debug, Default)]
@@ -226,11 +237,7 @@ impl Local {
             .get(&task.job)
             .ok_or_else(|| format!("job {} was never defined on this worker", task.job))?;
         let t = &def.template;
-        let id = match &def.ids {
-            JobIds::Array(r) => r.id_at(task.index).unwrap_or(task.index),
-            JobIds::List => task.index,
-        };
-        let (job_s, id_s) = (task.job.to_string(), id.to_string());
+        let (job_s, id_s) = def.ids_of(task);
         let values = Values {
             job: &job_s,
             task: &id_s,
@@ -284,11 +291,7 @@ impl Local {
         if f.is_empty() {
             return None;
         }
-        let id = match &def.ids {
-            JobIds::Array(r) => r.id_at(task.index).unwrap_or(task.index),
-            JobIds::List => task.index,
-        };
-        let (job_s, id_s) = (task.job.to_string(), id.to_string());
+        let (job_s, id_s) = def.ids_of(task);
         let values = Values {
             job: &job_s,
             task: &id_s,

@@ -295,6 +295,10 @@ pub enum WorkerCommand {
         /// Which file leaves a full cache first: lru, fifo, lfu or random
         #[arg(long, default_value = "lru", value_name = "POLICY")]
         cache_policy: String,
+        /// How many files this worker reads from a job's store at once (others wait), so that
+        /// many workers starting together do not stampede a shared store
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        store_readers: u32,
     },
     /// List connected workers (quarantined ones with the reason)
     List,
@@ -499,8 +503,9 @@ pub struct ServerStartArgs {
     #[arg(long, value_enum, default_value_t = Switch::On, value_name = "on|off")]
     pub quarantine: Switch,
     /// The shared store of jobs' logical files, for jobs that name none (`submit --store`):
-    /// a directory on a file system the workers share
-    #[arg(long, value_name = "DIR")]
+    /// a directory on a file system the workers share, or an http(s):// URL prefix (GET to
+    /// read, PUT to write outputs)
+    #[arg(long, value_name = "DIR|URL")]
     pub store: Option<String>,
     /// How tasks that read files are placed, for jobs that name no policy:
     /// first-available, first-cache-available, max-cache-hit, max-compute-util or

@@ -261,7 +261,7 @@ pub fn util_threshold(fraction: f64) -> Result<u16> {
 pub fn store_location(base_dir: &Path, text: &str) -> Result<String> {
     let lower = text.to_ascii_lowercase();
     if lower.starts_with("http://") || lower.starts_with("https://") {
-        bail!("--store {text:?}: HTTP(S) stores are not supported yet; give a directory the workers share");
+        return Ok(text.trim_end_matches('/').to_string() + "/");
     }
     if lower.contains("://") {
         bail!("--store {text:?}: a store is a directory or an http:// or https:// URL prefix");
@@ -445,7 +445,7 @@ pub fn from_flags(
             let mut spec = opts.spec(argv, &name, base_dir)?;
             placeholders::check_template(&spec.template, true)?;
             if !placeholders::uses_line(&spec.template) {
-                eprintln!("warning: --each: {{line}} appears nowhere in the command, paths or --env values, so every task runs the same command; put {{line}} where each task's line goes (GNU parallel's {{}} is {{line}} here)");
+                eprintln!("warning: --each: {{line}} appears nowhere in the command, paths, files or --env values, so every task runs the same command; put {{line}} where each task's line goes (GNU parallel's {{}} is {{line}} here)");
             }
             opts.add_env_all(&mut spec);
             let lines = each_lines(file, sizes::task_room(&spec)?)?;

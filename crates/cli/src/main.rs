@@ -107,6 +107,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             cache_dir,
             cache_size,
             cache_policy,
+            store_readers,
         }) => {
             let offer = Offer {
                 slots,
@@ -126,6 +127,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                                 "--cache-policy {cache_policy:?} is not one of lru, fifo, lfu, random"
                             )
                         })?,
+                    store_readers,
                 },
             };
             worker_start(&g, offer, exec).await

@@ -181,19 +181,22 @@ pub fn uses(text: &str, name: &str) -> bool {
     tokens(text).any(|(_, _, n)| n == name)
 }
 
-/// Whether `{line}` appears anywhere it would be replaced (a job of lines without it runs the
-/// same command for every line, which is rarely meant).
+/// Whether `{line}` appears anywhere it would be replaced, files included (a job of lines
+/// without it runs the same command on the same files for every line, which is rarely meant).
 pub fn uses_line(t: &TaskTemplate) -> bool {
     let sinks = [&t.stdout, &t.stderr].into_iter().filter_map(|s| match s {
         Sink::File(p) => Some(p.as_str()),
         Sink::Null | Sink::Stream { .. } => None,
     });
+    let f = &t.files;
+    let files = f.inputs.iter().chain(&f.outputs).chain(&f.statics);
     t.argv
         .iter()
         .map(String::as_str)
         .chain(sinks)
         .chain(t.cwd.as_deref())
         .chain(t.env.iter().map(|(_, v)| v.as_str()))
+        .chain(files.map(String::as_str))
         .any(|text| uses(text, LINE))
 }
 

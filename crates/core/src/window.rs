@@ -113,6 +113,17 @@ impl Window {
             .map(|(i, e)| (self.base + i as Seq, e))
     }
 
+    /// The tasks in the window from `from` on (in order).
+    pub fn iter_from(&self, from: Seq) -> impl Iterator<Item = (Seq, &Entry)> + '_ {
+        let skip = usize::try_from(from.saturating_sub(self.base)).unwrap_or(usize::MAX);
+        self.entries
+            .iter()
+            .enumerate()
+            .skip(skip)
+            .filter(|(_, e)| e.alive)
+            .map(|(i, e)| (self.base + i as Seq, e))
+    }
+
     /// Takes out every task for which `keep` says no (a canceled job's).
     pub fn retain(&mut self, mut keep: impl FnMut(JobId, TaskIndex) -> bool) {
         let gone: Vec<Seq> = self

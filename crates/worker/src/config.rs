@@ -53,6 +53,9 @@ pub struct CacheConfig {
     pub capacity: u64,
     /// Which file leaves a full cache first.
     pub policy: EvictionPolicy,
+    /// How many files it reads from stores at once, so that many workers do not stampede a
+    /// shared store.
+    pub store_readers: u32,
 }
 
 impl Default for CacheConfig {
@@ -61,6 +64,7 @@ impl Default for CacheConfig {
             dir: None,
             capacity: 1 << 30,
             policy: EvictionPolicy::Lru,
+            store_readers: 1,
         }
     }
 }

@@ -6,32 +6,68 @@
 //! a slot holds its task while the inputs come. Staging ahead, while the task waits in the
 //! prefetch window (see `crate::staging`), is the next step.
 //!
-//! Stores are directories on a shared file system here; files are copied through
-//! `DIR/partial` of the cache and moved into place whole, and written to the store through a
-//! hidden partial file renamed into place, so no reader sees half a file.
+//! Files come from the store ([`Store`]) into the cache through `DIR/partial` and are moved
+//! into place whole; a worker reads from the store at most `store_readers` files at once
+//! (TaskVine's bound of one reader per worker by default), so many workers starting together
+//! do not stampede it.
 
 use crate::cache::{Cache, CacheError};
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::reaper::Reaper;
+use crate::store::{Store, StoreError};
 use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
-/// The worker's cache, shared by its executor threads.
-pub type SharedCache = Arc<Mutex<Cache>>;
+/// A worker's cache and its bound on reads from the store, shared by its executor threads.
+#[derive(Debug)]
+pub struct WorkerFiles {
+    cache: Mutex<Cache>,
+    /// Reads from the store under way, and the most at once.
+    readers: (Mutex<u32>, Condvar),
+    max_readers: u32,
+}
+
+/// The worker's files, as its threads and its session hold them.
+pub type SharedFiles = Arc<WorkerFiles>;
+
+impl WorkerFiles {
+    /// `cache`, reading at most `max_readers` files from stores at once.
+    pub fn new(cache: Cache, max_readers: u32) -> WorkerFiles {
+        WorkerFiles {
+            cache: Mutex::new(cache),
+            readers: (Mutex::new(0), Condvar::new()),
+            max_readers: max_readers.max(1),
+        }
+    }
+
+    /// Runs `read` once fewer than `max_readers` other reads are under way.
+    fn reading<T>(&self, read: impl FnOnce() -> T) -> T {
+        let (count, freed) = &self.readers;
+        let mut n = count.lock().unwrap_or_else(PoisonError::into_inner);
+        while *n >= self.max_readers {
+            n = freed.wait(n).unwrap_or_else(PoisonError::into_inner);
+        }
+        *n += 1;
+        drop(n);
+        let out = read();
+        *count.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+        freed.notify_one();
+        out
+    }
+}
 
 /// The cache, also after a thread panicked holding it (its index is still whole).
-pub(crate) fn lock(cache: &SharedCache) -> MutexGuard<'_, Cache> {
-    cache.lock().unwrap_or_else(PoisonError::into_inner)
+pub(crate) fn lock(files: &WorkerFiles) -> MutexGuard<'_, Cache> {
+    files.cache.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The files of one task, their names with placeholders replaced.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FilesPlan {
-    /// The job's store directory, if it has one.
-    pub store: Option<PathBuf>,
+    /// The job's store, if it has one.
+    pub store: Option<Store>,
     /// Inputs, then the job's static inputs, by logical name.
     pub inputs: Vec<String>,
     /// Outputs the task writes under these names in `sandbox`.
@@ -54,7 +90,7 @@ pub struct Moved {
 pub fn run_with_files(
     launch: &Launch,
     plan: &FilesPlan,
-    cache: &SharedCache,
+    cache: &WorkerFiles,
     cancel: &CancelHandle,
     reaper: Option<&Reaper>,
 ) -> (Outcome, Moved) {
@@ -110,7 +146,7 @@ const STREAMED: &str = ".kestrel-streamed";
 fn stage(
     name: &str,
     plan: &FilesPlan,
-    cache: &SharedCache,
+    cache: &WorkerFiles,
     moved: &mut Moved,
 ) -> Result<(PathBuf, bool), String> {
     if let Some((path, size)) = lock(cache).pin(name) {
@@ -126,28 +162,16 @@ fn stage(
     }
     let Some(store) = &plan.store else {
         return Err(format!(
-            "input {name} is in no cache and the job has no store; give one with `--store DIR` (or `kestrel server start --store DIR`)"
+            "input {name} is in no cache and the job has no store; give one with `--store DIR|URL` (or `kestrel server start --store`)"
         ));
-    };
-    let from = store.join(name);
-    let size = match fs::metadata(&from) {
-        Ok(m) if m.is_file() => m.len(),
-        Ok(_) => return Err(format!("input {name} in {} is not a file", store.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(format!("input {name} not found in {}", store.display()))
-        }
-        Err(e) => return Err(format!("input {name} in {}: {e}", store.display())),
     };
     let partial = lock(cache).partial_path();
-    let copied = fs::copy(&from, &partial)
-        .map_err(|e| format!("reading input {name} from {}: {e}", store.display()))?;
-    if copied != size {
-        let _ = fs::remove_file(&partial);
-        return Err(format!(
-            "input {name} changed while it was read from {} ({size} bytes, then {copied})",
-            store.display()
-        ));
-    }
+    let size = cache
+        .reading(|| store.read_into(name, &partial))
+        .map_err(|e| match e {
+            StoreError::NotFound(store) => format!("input {name} not found in {store}"),
+            StoreError::Failed(why) => why,
+        })?;
     moved.store.0 += 1;
     moved.store.1 += size;
     let inserted = lock(cache).insert(name, &partial, size);
@@ -201,7 +225,7 @@ fn with_input_paths(launch: &Launch, paths: &[(String, PathBuf)]) -> Launch {
 }
 
 /// Moves the outputs a successful task wrote into the cache and writes them to the store.
-fn collect(plan: &FilesPlan, cache: &SharedCache) -> Result<(), String> {
+fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
     for name in &plan.outputs {
         let written = plan.sandbox.join(name);
         let size = match fs::metadata(&written) {
@@ -214,8 +238,7 @@ fn collect(plan: &FilesPlan, cache: &SharedCache) -> Result<(), String> {
             }
         };
         if let Some(store) = &plan.store {
-            put_in_store(store, name, &written)
-                .map_err(|e| format!("writing output {name} to {}: {e}", store.display()))?;
+            store.write_from(name, &written)?;
         }
         let partial = lock(cache).partial_path();
         if fs::copy(&written, &partial).is_ok() {
@@ -228,17 +251,6 @@ fn collect(plan: &FilesPlan, cache: &SharedCache) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Copies `from` to `store/name` through a hidden partial file renamed into place.
-fn put_in_store(store: &Path, name: &str, from: &Path) -> io::Result<()> {
-    let to = store.join(name);
-    let dir = to.parent().unwrap_or(store);
-    fs::create_dir_all(dir)?;
-    let file = to.file_name().and_then(|f| f.to_str()).unwrap_or("output");
-    let partial = dir.join(format!(".{file}.kestrel-{}", std::process::id()));
-    fs::copy(from, &partial)?;
-    fs::rename(&partial, &to)
 }
 
 fn failed(started: SystemTime, why: String) -> Outcome {

@@ -7,7 +7,7 @@
 //! them again.
 
 use crate::exec::CancelHandle;
-use crate::files::SharedCache;
+use crate::files::SharedFiles;
 use crate::local::{Held, Identity, Local, LocalTask};
 use crate::WorkerConfig;
 use kestrel_core::{Failure, Finished, JobId, RunEnd, TaskIndex};
@@ -51,7 +51,7 @@ pub(crate) struct Ledger {
     /// Summed waits for a slot of successful tasks, per job, not reported yet.
     pub(crate) waited: Vec<(JobId, u64)>,
     /// The worker's file cache, if it has one.
-    pub(crate) files: Option<SharedCache>,
+    pub(crate) files: Option<SharedFiles>,
 }
 
 impl Ledger {

@@ -36,6 +36,7 @@ pub mod reaper;
 mod session;
 mod staging;
 mod state;
+pub mod store;
 
 pub use config::{CacheConfig, ExecMode, WorkerConfig};
 pub use connected::{Connected, Handover};

@@ -5,6 +5,7 @@
 
 use crate::exec::{Launch, RemoveIfEmpty, Sink as ExecSink};
 use crate::files::FilesPlan;
+use crate::store::Store;
 use kestrel_core::placeholders::{resolve, substitute, uses, Values, JOB, TASK};
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
 use kestrel_proto::messages::{Assigned, JobIds};
@@ -304,7 +305,7 @@ impl Local {
             .as_deref()
             .map(|c| PathBuf::from(sub(&c.to_string())));
         Some(FilesPlan {
-            store: def.store.as_deref().map(PathBuf::from),
+            store: def.store.as_deref().map(Store::parse),
             inputs: f.inputs.iter().chain(&f.statics).map(sub).collect(),
             outputs: f.outputs.iter().map(sub).collect(),
             sandbox: cwd.unwrap_or_else(|| PathBuf::from(".")),

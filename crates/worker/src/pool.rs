@@ -13,7 +13,7 @@
 
 use crate::exec::{self, CancelHandle, Launch, Outcome};
 use crate::executor::{Done, Executor};
-use crate::files::{run_with_files, FilesPlan, SharedCache};
+use crate::files::{run_with_files, FilesPlan, SharedFiles};
 use crate::ledger::Follower;
 use crate::ledger::{now_us, Key, Ledger, Running};
 use crate::local::{Held, LocalTask};
@@ -75,7 +75,7 @@ fn lock(deck: &Mutex<Vec<Work>>) -> MutexGuard<'_, Vec<Work>> {
 
 impl Pool {
     /// `threads` executor threads; tasks with files go through `cache`.
-    pub(crate) fn new(threads: u32, cache: Option<SharedCache>) -> Result<Pool, WorkerError> {
+    pub(crate) fn new(threads: u32, cache: Option<SharedFiles>) -> Result<Pool, WorkerError> {
         let (tx, rx) = crossbeam_channel::unbounded::<Work>();
         let (done_tx, done) = mpsc::unbounded_channel();
         // One thread runs one task at a time: `threads` groups at most are recorded at once.

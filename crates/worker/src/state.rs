@@ -2,7 +2,7 @@
 
 use crate::cache::Cache;
 use crate::executor::{Executor, Noop};
-use crate::files::SharedCache;
+use crate::files::{SharedFiles, WorkerFiles};
 use crate::ledger::Ledger;
 use crate::pool::Pool;
 use crate::staging::Staging;
@@ -10,7 +10,7 @@ use crate::{CacheConfig, ExecMode, WorkerConfig, WorkerError};
 use kestrel_core::WorkerId;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Everything of a worker that outlives its connections; a session (`session::serve`) borrows
 /// it for one connection's life.
@@ -97,7 +97,7 @@ impl WorkerState {
 
 /// Opens the cache `c` asks for: in its directory, locked so that no other worker on this
 /// machine uses it at once, or in a fresh scratch directory.
-type OpenedCache = (SharedCache, Option<tempfile::TempDir>, std::fs::File);
+type OpenedCache = (SharedFiles, Option<tempfile::TempDir>, std::fs::File);
 
 fn open_cache(c: &CacheConfig) -> Result<OpenedCache, WorkerError> {
     let (dir, scratch) = match &c.dir {
@@ -115,7 +115,8 @@ fn open_cache(c: &CacheConfig) -> Result<OpenedCache, WorkerError> {
     std::fs::create_dir_all(&dir).map_err(setup)?;
     let lock = lock_dir(&dir)?;
     let cache = Cache::open(&dir, c.capacity, c.policy).map_err(setup)?;
-    Ok((Arc::new(Mutex::new(cache)), scratch, lock))
+    let files = WorkerFiles::new(cache, c.store_readers);
+    Ok((Arc::new(files), scratch, lock))
 }
 
 /// Takes an exclusive lock on `dir/lock`, held as long as the file returned is open (two

@@ -18,6 +18,7 @@ use crate::placeholders::{substitute, Values};
 use crate::policy::{self, DispatchPolicy};
 use crate::spec::{JobId, TaskIndex, TaskState, WorkerId};
 use crate::window::Seq;
+use rustc_hash::FxHashSet;
 
 impl Job {
     /// The inputs of task `index`, numbered by the scheduler's file index (empty for a job
@@ -188,30 +189,37 @@ impl Scheduler {
         if self.window.is_empty() {
             return;
         }
+        // One walk of the workers: the cluster's busy share, and who has room at all (a
+        // pass usually frees a few of many workers: the others cost no more than this).
         let (mut busy, mut total) = (0u64, 0u64);
+        let mut free: FxHashSet<WorkerId> = FxHashSet::default();
         for w in self.workers.values().filter(|w| w.quarantined.is_none()) {
             let cpus = w.offer.resources.cpus;
             total += u64::from(cpus);
             busy += u64::from(w.used.cpus.min(cpus));
+            if w.offer.stages_files && w.room_for(one_cpu(), w.offer.prefetch) > 0 {
+                free.insert(w.id);
+            }
         }
-        // Step 1: the workers holding the front task's inputs first, most of them first.
-        let mut order: Vec<usize> = Vec::with_capacity(ids.len());
+        if free.is_empty() {
+            return;
+        }
+        // Step 1: the free workers holding the front task's inputs first, most of them
+        // first; then the other free ones in the pass's order.
+        let mut order: Vec<usize> = Vec::with_capacity(free.len());
+        let mut front_holders: Vec<WorkerId> = Vec::new();
         if let Some((_, front)) = self.window.iter().next() {
             let mut holders = std::mem::take(&mut self.cand_buf);
             self.files.candidates(&front.files, &mut holders);
-            order.extend(
-                holders
-                    .iter()
-                    .filter_map(|(w, _)| ids.iter().position(|i| i == w)),
-            );
+            front_holders.extend(holders.iter().map(|(w, _)| *w).filter(|w| free.contains(w)));
             self.cand_buf = holders;
         }
-        let first = order.len();
-        for i in 0..ids.len() {
-            if !order[..first].contains(&i) {
-                order.push(i);
-            }
+        for w in &front_holders {
+            order.extend(ids.iter().position(|i| i == w));
         }
+        order.extend(
+            (0..ids.len()).filter(|&i| free.contains(&ids[i]) && !front_holders.contains(&ids[i])),
+        );
         for i in order {
             if self.window.is_empty() {
                 break;
@@ -269,18 +277,34 @@ impl Scheduler {
         if full_up {
             return;
         }
-        // Then from the front: tasks it holds nothing of, looking at most W deep.
-        let front: Vec<Seq> = self
-            .window
-            .iter()
-            .map(|(s, _)| s)
-            .filter(|s| held_seqs.binary_search(s).is_err())
-            .collect();
-        for seq in front {
-            if let Offered::Full =
-                self.offer_from_window(now_us, id, seq, Hits::default(), runs, busy, total)
-            {
+        // Then from the front: tasks it holds nothing of. Declined ones are looked past up
+        // to the policy's bound on skips (as spans are on the first-available path), so a
+        // window of tasks all waiting for their holders costs a pass little.
+        let mut declined = 0;
+        let mut from: Seq = 0;
+        'scan: loop {
+            let chunk: Vec<Seq> = self
+                .window
+                .iter_from(from)
+                .map(|(s, _)| s)
+                .filter(|s| held_seqs.binary_search(s).is_err())
+                .take(32)
+                .collect();
+            let Some(&last) = chunk.last() else {
                 break;
+            };
+            from = last + 1;
+            for seq in chunk {
+                match self.offer_from_window(now_us, id, seq, Hits::default(), runs, busy, total) {
+                    Offered::Full => break 'scan,
+                    Offered::Taken => {}
+                    Offered::Declined => {
+                        declined += 1;
+                        if declined > self.policy.window() {
+                            break 'scan;
+                        }
+                    }
+                }
             }
         }
     }

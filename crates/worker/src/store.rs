@@ -1,0 +1,206 @@
+//! The shared store a job's logical files live in: a directory on a shared file system, or
+//! an HTTP(S) URL prefix (GET to read, PUT to write, as nginx's WebDAV module or an object
+//! store's HTTP endpoint serve them).
+//!
+//! Reads and writes are blocking: they run on the executor thread of the task they serve.
+//! Every read is checked against the size the store announced, so a truncated transfer is an
+//! error, never a short file in the cache.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Where a job's files are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// A directory on a file system the workers share.
+    Dir(PathBuf),
+    /// A URL prefix ending in `/`; a file's URL is the prefix and its name.
+    Http(String),
+}
+
+/// Why a read from the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store has no such file (not worth retrying).
+    #[error("not found in {0}")]
+    NotFound(String),
+    /// Anything else: the store is down, slow, or the transfer broke (worth retrying later).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Store {
+    /// The store `text` names: a URL if it starts with `http://` or `https://`, else a
+    /// directory.
+    pub fn parse(text: &str) -> Store {
+        let lower = text.to_ascii_lowercase();
+        if lower.starts_with("http://") || lower.starts_with("https://") {
+            Store::Http(format!("{}/", text.trim_end_matches('/')))
+        } else {
+            Store::Dir(PathBuf::from(text))
+        }
+    }
+
+    /// The store as users named it, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Dir(d) => d.display().to_string(),
+            Store::Http(u) => u.clone(),
+        }
+    }
+
+    /// Copies file `name` to `to` (a fresh path); returns its size.
+    pub fn read_into(&self, name: &str, to: &Path) -> Result<u64, StoreError> {
+        let failed =
+            |e: String| StoreError::Failed(format!("reading {name} from {}: {e}", self.describe()));
+        match self {
+            Store::Dir(dir) => {
+                let from = dir.join(name);
+                let size = match fs::metadata(&from) {
+                    Ok(m) if m.is_file() => m.len(),
+                    Ok(_) => return Err(failed("not a file".into())),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        return Err(StoreError::NotFound(self.describe()))
+                    }
+                    Err(e) => return Err(failed(e.to_string())),
+                };
+                let copied = fs::copy(&from, to).map_err(|e| failed(e.to_string()))?;
+                if copied != size {
+                    let _ = fs::remove_file(to);
+                    return Err(failed(format!(
+                        "it changed while read ({size} bytes, then {copied})"
+                    )));
+                }
+                Ok(size)
+            }
+            Store::Http(prefix) => {
+                let url = format!("{prefix}{name}");
+                let mut resp = http().get(&url).send().map_err(|e| failed(e.to_string()))?;
+                let status = resp.status();
+                if status == reqwest::StatusCode::NOT_FOUND {
+                    return Err(StoreError::NotFound(self.describe()));
+                }
+                if !status.is_success() {
+                    return Err(failed(format!("the store answered {status}")));
+                }
+                let announced = resp.content_length();
+                let mut file = fs::File::create(to).map_err(|e| failed(e.to_string()))?;
+                let copied = copy(&mut resp, &mut file).map_err(|e| failed(e.to_string()));
+                let copied = match copied {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = fs::remove_file(to);
+                        return Err(e);
+                    }
+                };
+                if announced.is_some_and(|n| n != copied) {
+                    let _ = fs::remove_file(to);
+                    return Err(failed(format!(
+                        "truncated: {copied} of {} bytes",
+                        announced.unwrap_or_default()
+                    )));
+                }
+                Ok(copied)
+            }
+        }
+    }
+
+    /// Writes the file at `from` to the store as `name`, whole: a directory store gets it
+    /// through a hidden partial file renamed into place.
+    pub fn write_from(&self, name: &str, from: &Path) -> Result<(), String> {
+        let failed = |e: String| format!("writing output {name} to {}: {e}", self.describe());
+        match self {
+            Store::Dir(dir) => {
+                let to = dir.join(name);
+                let parent = to.parent().unwrap_or(dir);
+                fs::create_dir_all(parent).map_err(|e| failed(e.to_string()))?;
+                let file = to.file_name().and_then(|f| f.to_str()).unwrap_or("output");
+                let partial = parent.join(format!(".{file}.kestrel-{}", std::process::id()));
+                fs::copy(from, &partial).map_err(|e| failed(e.to_string()))?;
+                fs::rename(&partial, &to).map_err(|e| failed(e.to_string()))
+            }
+            Store::Http(prefix) => {
+                let body = fs::File::open(from).map_err(|e| failed(e.to_string()))?;
+                let resp = http()
+                    .put(format!("{prefix}{name}"))
+                    .body(reqwest::blocking::Body::from(body))
+                    .send()
+                    .map_err(|e| failed(e.to_string()))?;
+                if resp.status().is_success() {
+                    Ok(())
+                } else {
+                    Err(failed(format!("the store answered {}", resp.status())))
+                }
+            }
+        }
+    }
+}
+
+/// One HTTP client for the process: connections to the store are reused across tasks.
+fn http() -> &'static reqwest::blocking::Client {
+    static CLIENT: OnceLock<reqwest::blocking::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::blocking::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_keepalive(Duration::from_secs(30))
+            // The blocking client bounds a whole transfer only: generous, so a large file on a
+            // slow store still comes, yet a store that stalls does not hold a slot for ever.
+            .timeout(Duration::from_secs(1800))
+            .build()
+            .unwrap_or_else(|_| reqwest::blocking::Client::new())
+    })
+}
+
+/// `io::copy` with a larger buffer (transfers are of whole files, megabytes each).
+fn copy(from: &mut impl Read, to: &mut impl Write) -> io::Result<u64> {
+    let mut buf = vec![0u8; 256 << 10];
+    let mut n = 0u64;
+    loop {
+        let got = from.read(&mut buf)?;
+        if got == 0 {
+            return Ok(n);
+        }
+        to.write_all(&buf[..got])?;
+        n += got as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stores_are_named_as_users_give_them() {
+        assert_eq!(
+            Store::parse("http://10.0.0.2:8080"),
+            Store::Http("http://10.0.0.2:8080/".into())
+        );
+        assert_eq!(
+            Store::parse("HTTPS://s/x/"),
+            Store::Http("HTTPS://s/x/".into())
+        );
+        assert_eq!(
+            Store::parse("/data/store"),
+            Store::Dir("/data/store".into())
+        );
+    }
+
+    #[test]
+    fn a_directory_store_reads_whole_files_and_says_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("raw")).unwrap();
+        fs::write(dir.path().join("raw/a"), b"12345").unwrap();
+        let store = Store::Dir(dir.path().to_path_buf());
+        let to = dir.path().join("copy");
+        assert_eq!(store.read_into("raw/a", &to).unwrap(), 5);
+        assert!(matches!(
+            store.read_into("raw/b", &to),
+            Err(StoreError::NotFound(_))
+        ));
+        store.write_from("out/x/y", &to).unwrap();
+        assert_eq!(fs::read(dir.path().join("out/x/y")).unwrap(), b"12345");
+    }
+}

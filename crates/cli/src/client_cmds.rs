@@ -386,6 +386,44 @@ fn print_job(d: &JobDetail) {
         ("mean dispatch overhead", mean(d.timing.mean_dispatch_us)),
         ("mean run time", mean(d.timing.mean_run_us)),
     ]);
+    let f = &t.files;
+    if !f.is_empty() {
+        let list = |names: &[String]| {
+            if names.is_empty() {
+                "-".to_string()
+            } else {
+                names.join(" ")
+            }
+        };
+        rows.push(("inputs", list(&f.inputs)));
+        rows.push(("outputs", list(&f.outputs)));
+        if !f.statics.is_empty() {
+            rows.push(("static inputs", list(&f.statics)));
+        }
+        let p = &d.spec.placement;
+        rows.push((
+            "store / policy",
+            format!(
+                "{} / {}",
+                p.store.as_deref().unwrap_or("(the server's)"),
+                p.policy
+                    .map_or("(the server's)".to_string(), |p| p.to_string())
+            ),
+        ));
+        let m = &d.transfers;
+        let moved = |files: u64, bytes: u64| format!("{files} ({})", output::bytes(bytes));
+        rows.extend([
+            ("local hits", moved(m.local_files, m.local_bytes)),
+            ("peer hits", moved(m.peer_files, m.peer_bytes)),
+            ("store reads", moved(m.store_files, m.store_bytes)),
+            (
+                "hit ratio",
+                m.hit_ratio().map_or("- (no input staged yet)".into(), |r| {
+                    format!("{:.1}%", r * 100.0)
+                }),
+            ),
+        ]);
+    }
     if let Some(w) = &d.waiting {
         rows.insert(4, ("waiting", w.clone()));
     }
@@ -420,6 +458,7 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
             "slots",
             "gpus",
             "memory / resources",
+            "cache",
             "exec",
             "tasks",
             // Runs, not tasks: a task that failed, was retried and failed again counts twice.
@@ -436,6 +475,9 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
                 Cell::new(w.slots),
                 Cell::new(w.gpus),
                 Cell::new(offers(w)),
+                Cell::new(w.cache.map_or("-".into(), |(used, cap)| {
+                    format!("{} / {}", output::bytes(used), output::bytes(cap))
+                })),
                 Cell::new(&w.exec),
                 Cell::new(w.tasks),
                 Cell::new(w.finished),

@@ -137,6 +137,30 @@ pub struct JobInfoView {
     /// Why its queued tasks cannot go to any worker now; `null` when they can (or will, as
     /// slots free up).
     pub waiting: Option<String>,
+    /// Logical files each task reads (names with placeholders).
+    pub inputs: Vec<String>,
+    /// Logical files each task writes.
+    pub outputs: Vec<String>,
+    /// Files every task reads, fetched once per worker.
+    pub static_inputs: Vec<String>,
+    /// The job's own store and policy; `null` takes the server's.
+    pub store: Option<String>,
+    pub policy: Option<String>,
+    /// Where its tasks' inputs came from.
+    pub transfers: TransfersView,
+}
+
+/// Inputs staged for a job's tasks, by source.
+#[derive(Serialize)]
+pub struct TransfersView {
+    pub local_hits: u64,
+    pub local_bytes: u64,
+    pub peer_hits: u64,
+    pub peer_bytes: u64,
+    pub store_reads: u64,
+    pub store_bytes: u64,
+    /// Inputs found in a cache (own or a peer's) over all staged; `null` before any.
+    pub hit_ratio: Option<f64>,
 }
 
 impl From<&JobDetail> for JobInfoView {
@@ -167,6 +191,20 @@ impl From<&JobDetail> for JobInfoView {
                 span_us: (d.timing.tasks > 0).then_some(d.timing.span_us),
             },
             waiting: d.waiting.clone(),
+            inputs: t.files.inputs.clone(),
+            outputs: t.files.outputs.clone(),
+            static_inputs: t.files.statics.clone(),
+            store: d.spec.placement.store.clone(),
+            policy: d.spec.placement.policy.map(|p| p.name().to_string()),
+            transfers: TransfersView {
+                local_hits: d.transfers.local_files,
+                local_bytes: d.transfers.local_bytes,
+                peer_hits: d.transfers.peer_files,
+                peer_bytes: d.transfers.peer_bytes,
+                store_reads: d.transfers.store_files,
+                store_bytes: d.transfers.store_bytes,
+                hit_ratio: d.transfers.hit_ratio(),
+            },
         }
     }
 }
@@ -343,6 +381,9 @@ pub struct WorkerView {
     /// active or quarantined.
     pub state: &'static str,
     pub quarantine_reason: Option<String>,
+    /// Bytes its file cache holds (as last reported) and may hold; `null` without a cache.
+    pub cache_used: Option<u64>,
+    pub cache_capacity: Option<u64>,
 }
 
 impl From<&WorkerRow> for WorkerView {
@@ -368,6 +409,8 @@ impl From<&WorkerRow> for WorkerView {
                 "active"
             },
             quarantine_reason: w.quarantined.clone(),
+            cache_used: w.cache.map(|(u, _)| u),
+            cache_capacity: w.cache.map(|(_, c)| c),
         }
     }
 }

@@ -61,6 +61,48 @@ pub(crate) fn merge_hits<K: Ord + Copy>(pairs: &mut Vec<(K, Hits)>) {
     });
 }
 
+/// Where a job's tasks' inputs came from, summed: files and bytes found in the worker's own
+/// cache, fetched from a peer's, and read from the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Transfers {
+    /// Inputs found in the worker's own cache.
+    pub local_files: u64,
+    /// Their bytes.
+    pub local_bytes: u64,
+    /// Inputs fetched from a peer's cache.
+    pub peer_files: u64,
+    /// Their bytes.
+    pub peer_bytes: u64,
+    /// Inputs read from the store.
+    pub store_files: u64,
+    /// Their bytes.
+    pub store_bytes: u64,
+}
+
+impl Transfers {
+    /// Adds `other`, saturating (the counts come from workers).
+    pub fn add(&mut self, other: &Transfers) {
+        self.local_files = self.local_files.saturating_add(other.local_files);
+        self.local_bytes = self.local_bytes.saturating_add(other.local_bytes);
+        self.peer_files = self.peer_files.saturating_add(other.peer_files);
+        self.peer_bytes = self.peer_bytes.saturating_add(other.peer_bytes);
+        self.store_files = self.store_files.saturating_add(other.store_files);
+        self.store_bytes = self.store_bytes.saturating_add(other.store_bytes);
+    }
+
+    /// Whether nothing moved.
+    pub fn is_empty(&self) -> bool {
+        *self == Transfers::default()
+    }
+
+    /// The share of inputs found in a cache (own or a peer's), if any input was staged.
+    pub fn hit_ratio(&self) -> Option<f64> {
+        let hits = self.local_files.saturating_add(self.peer_files);
+        let all = hits.saturating_add(self.store_files);
+        (all > 0).then(|| hits as f64 / all as f64)
+    }
+}
+
 /// One file as the index knows it.
 #[derive(Debug)]
 struct FileEntry {

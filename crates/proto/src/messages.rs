@@ -6,6 +6,7 @@
 use crate::wire::{
     line_list, CountsDef, IndexRunDef, JobSpecDef, ResourcesDef, SinkDef, TaskSetDef, TaskStateDef,
 };
+use kestrel_core::files::Transfers;
 /// Task counts by state (core's own type; its wire form is [`crate::wire::CountsDef`]).
 pub use kestrel_core::Counts;
 /// A task's process started (core's own type, decoded in place through
@@ -131,7 +132,8 @@ pub struct CacheInfo {
     pub held: Vec<(String, u64)>,
 }
 
-/// What a worker's cache gained and lost, by logical file name.
+/// What a worker's data did since its last update: what its cache gained and lost, by
+/// logical file name, and where its tasks' inputs came from, per job.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheChange {
     /// Files now complete in its cache, with their sizes.
@@ -139,13 +141,24 @@ pub struct CacheChange {
     /// Files it evicted, or found missing or corrupt.
     #[serde(default)]
     pub evicted: Vec<String>,
+    /// Inputs staged per job, by source.
+    #[serde(default)]
+    pub moved: Vec<JobTransfers>,
 }
 
 impl CacheChange {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.evicted.is_empty()
+        self.added.is_empty() && self.evicted.is_empty() && self.moved.is_empty()
     }
+}
+
+/// One job's inputs staged by a worker, by source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobTransfers {
+    pub job: JobId,
+    #[serde(with = "crate::wire::TransfersDef")]
+    pub moved: Transfers,
 }
 
 /// A reconnecting worker's state, so its tasks are taken back rather than run again.
@@ -714,6 +727,13 @@ pub struct JobDetail {
     /// Why its queued tasks cannot go to any worker now, if so.
     #[serde(default)]
     pub waiting: Option<String>,
+    /// Where its tasks' inputs came from (version 8; absent for a job that staged none).
+    #[serde(
+        default,
+        skip_serializing_if = "Transfers::is_empty",
+        with = "crate::wire::TransfersDef"
+    )]
+    pub transfers: Transfers,
 }
 
 /// Means over the successful tasks of a job, from the server's timestamps.
@@ -787,6 +807,10 @@ pub struct WorkerRow {
     /// Named countable resources it offers (`licenses=4`).
     #[serde(default)]
     pub named: Vec<(String, u32)>,
+    /// Its file cache: bytes held (as last reported) and capacity (version 8; absent for a
+    /// worker without a cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<(u64, u64)>,
 }
 
 /// The result of canceling one job.

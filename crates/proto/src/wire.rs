@@ -20,6 +20,7 @@
 //! The compact forms of some messages (`messages::ends_on_wire`, the journal's task ends) are
 //! built from these definitions' parts where they are used.
 
+use kestrel_core::files::Transfers;
 use kestrel_core::{
     Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, LineList, Placement,
     PolicyName, Resources, RunEnd, Sink, Started, TaskFiles, TaskIndex, TaskSet, TaskState,
@@ -81,6 +82,19 @@ pub struct TaskFilesDef {
     pub outputs: Vec<String>,
     #[serde(default)]
     pub statics: Vec<String>,
+}
+
+/// [`Transfers`]: `[local_files, local_bytes, peer_files, peer_bytes, store_files,
+/// store_bytes]` (version 8).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Transfers")]
+pub struct TransfersDef {
+    pub local_files: u64,
+    pub local_bytes: u64,
+    pub peer_files: u64,
+    pub peer_bytes: u64,
+    pub store_files: u64,
+    pub store_bytes: u64,
 }
 
 /// [`PolicyName`]: its user-facing name, `"good-cache-compute"`.

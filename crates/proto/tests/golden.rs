@@ -4,6 +4,7 @@
 //! `PROTOCOL_VERSION`, update docs/protocol.md, and write the files again with
 //! `KESTREL_BLESS=1 cargo test -p kestrel-proto --test golden`.
 
+use kestrel_core::files::Transfers;
 use kestrel_core::{
     Failure, Finished, IdRanges, IndexRun, JobSpec, LineList, Placement, PolicyName, Resources,
     RunEnd, Sink, TaskFiles, TaskSet, TaskState, TaskTemplate,
@@ -214,6 +215,17 @@ fn worker_to_server() {
             cache: CacheChange {
                 added: vec![("raw/2.fits".into(), 1 << 20)],
                 evicted: vec!["raw/1.fits".into()],
+                moved: vec![JobTransfers {
+                    job: 7,
+                    moved: Transfers {
+                        local_files: 3,
+                        local_bytes: 3 << 20,
+                        peer_files: 1,
+                        peer_bytes: 1 << 20,
+                        store_files: 2,
+                        store_bytes: 2 << 20,
+                    },
+                }],
             },
         },
     );
@@ -475,6 +487,7 @@ fn server_answers() {
             },
             ids: Some("1-100,200-300:10".into()),
             waiting: None,
+            transfers: Default::default(),
         })),
         Answer::Tasks(TaskPage {
             rows: vec![row()],
@@ -496,6 +509,7 @@ fn server_answers() {
             quarantined: Some("10 of its last 10 tasks of job 7 failed".into()),
             mem: 8 << 30,
             named: vec![("licenses".into(), 4)],
+            cache: None,
         }]),
         Answer::Canceled(vec![
             CancelResult {

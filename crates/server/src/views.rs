@@ -114,6 +114,7 @@ pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
         },
         ids,
         waiting: stall.map(|s| s.to_string()),
+        transfers: j.transfers,
     }
 }
 
@@ -224,7 +225,13 @@ pub fn task_detail(j: &Job, index: TaskIndex, worker_host: Option<String>) -> Ta
     }
 }
 
-pub fn worker_row(w: &Worker, address: String, exec: String) -> WorkerRow {
+/// `cache` is its cache's bytes held and capacity, if it has one.
+pub fn worker_row(
+    w: &Worker,
+    address: String,
+    exec: String,
+    cache: Option<(u64, u64)>,
+) -> WorkerRow {
     WorkerRow {
         id: w.id,
         hostname: w.offer.hostname.clone(),
@@ -241,5 +248,6 @@ pub fn worker_row(w: &Worker, address: String, exec: String) -> WorkerRow {
         quarantined: w.quarantined.clone(),
         mem: w.offer.resources.mem,
         named: w.offer.named.clone(),
+        cache,
     }
 }

@@ -15,6 +15,9 @@ use crate::cache::{Cache, CacheError};
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::reaper::Reaper;
 use crate::store::{Store, StoreError};
+use kestrel_core::files::Transfers;
+use kestrel_core::JobId;
+use kestrel_proto::messages::{CacheChange, JobTransfers};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -27,6 +30,8 @@ pub struct WorkerFiles {
     /// Reads from the store under way, and the most at once.
     readers: (Mutex<u32>, Condvar),
     max_readers: u32,
+    /// Where staged inputs came from, per job, since the last report.
+    moved: Mutex<Vec<JobTransfers>>,
 }
 
 /// The worker's files, as its threads and its session hold them.
@@ -39,6 +44,27 @@ impl WorkerFiles {
             cache: Mutex::new(cache),
             readers: (Mutex::new(0), Condvar::new()),
             max_readers: max_readers.max(1),
+            moved: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// What the cache gained and lost and where inputs came from, since the last call: for
+    /// the next update to the server.
+    pub fn take_change(&self) -> CacheChange {
+        let mut change = lock(self).take_delta();
+        change.moved =
+            std::mem::take(&mut *self.moved.lock().unwrap_or_else(PoisonError::into_inner));
+        change
+    }
+
+    fn note_moved(&self, job: JobId, moved: &Transfers) {
+        if moved.is_empty() {
+            return;
+        }
+        let mut all = self.moved.lock().unwrap_or_else(PoisonError::into_inner);
+        match all.iter_mut().find(|t| t.job == job) {
+            Some(t) => t.moved.add(moved),
+            None => all.push(JobTransfers { job, moved: *moved }),
         }
     }
 
@@ -76,26 +102,18 @@ pub struct FilesPlan {
     pub sandbox: PathBuf,
 }
 
-/// Where each input came from, for the task's report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Moved {
-    /// Inputs found in this worker's cache, and their bytes.
-    pub local: (u32, u64),
-    /// Inputs read from the store, and their bytes.
-    pub store: (u32, u64),
-}
-
 /// Stages `plan`'s inputs, runs `launch` with `{input:NAME}`, `{input:N}`, `{inputs}` and
 /// `KESTREL_INPUTS` naming their paths, and collects its outputs if it succeeds.
 pub fn run_with_files(
+    job: JobId,
     launch: &Launch,
     plan: &FilesPlan,
     cache: &WorkerFiles,
     cancel: &CancelHandle,
     reaper: Option<&Reaper>,
-) -> (Outcome, Moved) {
+) -> Outcome {
     let started = SystemTime::now();
-    let mut moved = Moved::default();
+    let mut moved = Transfers::default();
     let mut pinned: Vec<String> = Vec::new();
     let mut paths: Vec<(String, PathBuf)> = Vec::with_capacity(plan.inputs.len());
     let mut fail = None;
@@ -136,7 +154,8 @@ pub fn run_with_files(
             let _ = fs::remove_file(path);
         }
     }
-    (outcome, moved)
+    cache.note_moved(job, &moved);
+    outcome
 }
 
 /// Inputs too large for the cache are copied here, under the task's directory, for its run.
@@ -147,12 +166,12 @@ fn stage(
     name: &str,
     plan: &FilesPlan,
     cache: &WorkerFiles,
-    moved: &mut Moved,
+    moved: &mut Transfers,
 ) -> Result<(PathBuf, bool), String> {
     if let Some((path, size)) = lock(cache).pin(name) {
         if path.is_file() {
-            moved.local.0 += 1;
-            moved.local.1 += size;
+            moved.local_files += 1;
+            moved.local_bytes += size;
             return Ok((path, true));
         }
         // Gone from the disk under the cache: forget it and fetch it again.
@@ -172,8 +191,8 @@ fn stage(
             StoreError::NotFound(store) => format!("input {name} not found in {store}"),
             StoreError::Failed(why) => why,
         })?;
-    moved.store.0 += 1;
-    moved.store.1 += size;
+    moved.store_files += 1;
+    moved.store_bytes += size;
     let inserted = lock(cache).insert(name, &partial, size);
     match inserted {
         Ok(path) => Ok((path, true)),

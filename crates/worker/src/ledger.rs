@@ -77,7 +77,7 @@ impl Ledger {
     pub(crate) fn take_cache_change(&mut self) -> CacheChange {
         self.files
             .as_ref()
-            .map(|c| crate::files::lock(c).take_delta())
+            .map(|f| f.take_change())
             .unwrap_or_default()
     }
 

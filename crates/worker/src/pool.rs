@@ -100,16 +100,14 @@ impl Pool {
                         let mut work = first;
                         loop {
                             let outcome = match (&work.files, &cache) {
-                                (Some(plan), Some(cache)) => {
-                                    run_with_files(
-                                        &work.launch,
-                                        plan,
-                                        cache,
-                                        &work.cancel,
-                                        reaper.as_deref(),
-                                    )
-                                    .0
-                                }
+                                (Some(plan), Some(cache)) => run_with_files(
+                                    work.key.0,
+                                    &work.launch,
+                                    plan,
+                                    cache,
+                                    &work.cancel,
+                                    reaper.as_deref(),
+                                ),
                                 _ => exec::run_with(&work.launch, &work.cancel, reaper.as_deref()),
                             };
                             let next = take_follower(&deck, work.key.0);

@@ -7,6 +7,7 @@
 //! on its sockets, and both see the same outputs.
 
 use super::{Resumed, SchedError, Scheduler, WorkerOffer};
+use crate::files::Transfers;
 use crate::outcome::{Failure, Finished, Started};
 use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, WorkerId};
 
@@ -145,6 +146,14 @@ pub enum Event {
         added: Vec<(String, u64)>,
         /// Files it evicted (or found missing or corrupt).
         evicted: Vec<String>,
+    },
+    /// Where the inputs of `job`'s tasks a worker staged came from, summed since its last
+    /// report.
+    DataMoved {
+        /// The job.
+        job: JobId,
+        /// The files and bytes by source.
+        moved: Transfers,
     },
     /// Time passed: workers silent past the heartbeat timeout are lost, retries whose backoff
     /// has passed are queued.
@@ -289,6 +298,12 @@ impl Scheduler {
                 evicted,
             } => {
                 self.cache_changed(worker, &added, &evicted);
+                Reply::Done
+            }
+            Event::DataMoved { job, moved } => {
+                if let Some(j) = self.jobs.get_mut(&job) {
+                    j.transfers.add(&moved);
+                }
                 Reply::Done
             }
             Event::Tick => {

@@ -1,7 +1,7 @@
 //! A job as the scheduler holds it: its tasks' records, counts and timing.
 
 use super::Worker;
-use crate::files::FileId;
+use crate::files::{FileId, Transfers};
 use crate::outcome::Failure;
 use crate::policy::DispatchPolicy;
 use crate::quarantine::JobOutcomes;
@@ -106,6 +106,8 @@ pub struct Job {
     pub(super) windowed: bool,
     /// Its own policy, when it names one; else the scheduler's places it.
     pub(super) policy: Option<Box<dyn DispatchPolicy>>,
+    /// Where its tasks' inputs came from, as workers reported.
+    pub transfers: Transfers,
 }
 
 impl Job {
@@ -142,6 +144,7 @@ impl Job {
             has_files: false,
             windowed: false,
             policy: None,
+            transfers: Transfers::default(),
         }
     }
 

@@ -122,10 +122,14 @@ impl Engine {
                     .workers()
                     .map(|w| {
                         let c = self.conns.workers.get(&w.id);
+                        let cache = c
+                            .and_then(|c| c.cache_capacity)
+                            .map(|capacity| (self.core.files().cached_bytes(w.id), capacity));
                         views::worker_row(
                             w,
                             c.map(|c| c.peer.to_string()).unwrap_or_default(),
                             c.map(|c| c.exec.clone()).unwrap_or_default(),
+                            cache,
                         )
                     })
                     .collect(),

@@ -14,6 +14,8 @@ pub(super) struct WorkerConn {
     pub(super) peer: SocketAddr,
     /// Its executor (`process`, `noop`), for `worker list`.
     pub(super) exec: String,
+    /// Its file cache's capacity in bytes, if it has one.
+    pub(super) cache_capacity: Option<u64>,
 }
 
 /// The open connections: registered workers by id, clients by connection.

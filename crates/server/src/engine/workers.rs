@@ -49,6 +49,7 @@ impl Engine {
         if let Some(resume) = r.resume {
             self.resume(now, id, resume);
         }
+        let cache_capacity = r.cache.as_ref().map(|c| c.capacity);
         if let Some(cache) = r.cache {
             // A cache that survived a restart: what it holds is placed by again at once.
             let (added, evicted) = (cache.held, Vec::new());
@@ -65,6 +66,7 @@ impl Engine {
             outbox,
             peer,
             exec: r.exec,
+            cache_capacity,
         };
         self.conns.workers.insert(id, conn);
         let _ = reply.send(id);
@@ -81,8 +83,12 @@ impl Engine {
                 waited,
                 cache,
             } => {
-                if !cache.is_empty() {
-                    let CacheChange { added, evicted } = cache;
+                for t in &cache.moved {
+                    let (job, moved) = (t.job, t.moved);
+                    self.event(now, Event::DataMoved { job, moved });
+                }
+                if !cache.added.is_empty() || !cache.evicted.is_empty() {
+                    let CacheChange { added, evicted, .. } = cache;
                     self.event(
                         now,
                         Event::CacheChanged {

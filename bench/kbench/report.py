@@ -532,6 +532,12 @@ def report(res: dict, doc: Path, png: Path) -> None:
         a(f"Result of this run: `{ch['summary']}`\n")
         a("![completed tasks over time through the chaos test](chaos.png)\n")
     _ab_section(a, doc.with_name("benchmarks-ab.md"))
+    _copied_section(
+        a,
+        doc.with_name("benchmarks-diffusion.md"),
+        "Data diffusion on a slow shared store (issue 12)",
+        "bench/diffusion.py",
+    )
     a("## How each figure was measured\n")
     a(
         "- Everything runs on this one machine with 2 task slots; every server listens on "
@@ -600,11 +606,17 @@ def report(res: dict, doc: Path, png: Path) -> None:
 def _ab_section(a, ab: Path) -> None:
     """The last A/B against an earlier build (`bench/ab.py` writes it), so that this report,
     rewritten by every suite run, keeps it."""
-    if not ab.exists():
+    _copied_section(a, ab, "A/B against an earlier build (`bench/ab.py`)", "bench/ab.py")
+
+
+def _copied_section(a, part: Path, title: str, writer: str) -> None:
+    """A report another script writes (`part`), copied in under `title`, so that this report,
+    rewritten by every suite run, keeps it."""
+    if not part.exists():
         return
-    body = ab.read_text().split("\n", 1)[-1].strip()
-    a("## A/B against an earlier build (`bench/ab.py`)\n")
-    a(f"Copied from [{ab.name}]({ab.name}), which `bench/ab.py` writes.\n")
+    body = part.read_text().split("\n", 1)[-1].strip()
+    a(f"## {title}\n")
+    a(f"Copied from [{part.name}]({part.name}), which `{writer}` writes.\n")
     # Its headings sit one level under this section's.
     a("\n".join("#" + line if line.startswith("#") else line for line in body.split("\n")) + "\n")
 

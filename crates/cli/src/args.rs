@@ -289,7 +289,7 @@ pub enum WorkerCommand {
         #[arg(long, value_name = "DIR")]
         cache_dir: Option<PathBuf>,
         /// How much the file cache may hold, e.g. 500M, 20G; a file larger than this is
-        /// streamed to its task, not cached [default: 1G]
+        /// streamed to its task, not cached (0 caches nothing) [default: 1G]
         #[arg(long, value_name = "SIZE")]
         cache_size: Option<String>,
         /// Which file leaves a full cache first: lru, fifo, lfu or random

@@ -117,8 +117,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 prefetch,
                 cache: kestrel_worker::CacheConfig {
                     dir: cache_dir,
-                    capacity: match &cache_size {
-                        Some(s) => jobs::parse_size(s).with_context(|| format!("--cache-size {s:?}"))?,
+                    capacity: match cache_size.as_deref().map(str::trim) {
+                        // No caching: every input is streamed to its task from the store.
+                        Some("0") => 0,
+                        Some(s) => jobs::parse_size(s)
+                            .with_context(|| format!("--cache-size {s:?}"))?,
                         None => kestrel_worker::CacheConfig::default().capacity,
                     },
                     policy: kestrel_worker::cache::EvictionPolicy::parse(&cache_policy)

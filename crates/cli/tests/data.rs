@@ -64,6 +64,23 @@ fn inputs_come_through_the_caches_and_outputs_reach_the_store() {
         cached >= 4,
         "every input is in some cache ({cached} copies)"
     );
+    // The job says where its inputs came from: each of the 8 staged once, from a cache or
+    // the store, and every distinct file read from the store at least once.
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    let t = &info["transfers"];
+    let (local, store) = (t["local_hits"].as_u64(), t["store_reads"].as_u64());
+    assert_eq!(local.zip(store).map(|(l, s)| l + s), Some(8), "{t}");
+    assert!(
+        store >= Some(4) && t["store_bytes"].as_u64() >= Some(28),
+        "{t}"
+    );
+    assert_eq!(info["inputs"][0], "raw/{line}.dat");
+    let workers = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    let workers = workers["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 2);
+    for w in workers {
+        assert_eq!(w["cache_capacity"], 1 << 20, "{w}");
+    }
 }
 
 #[test]

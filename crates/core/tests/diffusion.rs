@@ -217,6 +217,10 @@ fn tasks_with_files_go_only_to_workers_with_a_cache() {
     let mut got = assigned(&mut s);
     got.sort_unstable();
     assert_eq!(got, vec![(old, plain, 2), (new, reads, 2)]);
+    // Without a worker that has a cache, the job says why it does not move.
+    s.handle(2, Event::WorkerLost { worker: new }).unwrap();
+    assert_eq!(s.stall(reads), Some(Stall::NoCache));
+    assert_eq!(s.stall(plain), None);
     assert!(s.audit().is_empty(), "{:?}", s.audit());
 }
 

@@ -16,10 +16,10 @@ use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::reaper::Reaper;
 use crate::store::{Store, StoreError};
 use kestrel_core::files::Transfers;
-use kestrel_core::JobId;
+use kestrel_core::{JobId, TaskIndex};
 use kestrel_proto::messages::{CacheChange, JobTransfers};
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
@@ -105,7 +105,7 @@ pub struct FilesPlan {
 /// Stages `plan`'s inputs, runs `launch` with `{input:NAME}`, `{input:N}`, `{inputs}` and
 /// `KESTREL_INPUTS` naming their paths, and collects its outputs if it succeeds.
 pub fn run_with_files(
-    job: JobId,
+    (job, index): (JobId, TaskIndex),
     launch: &Launch,
     plan: &FilesPlan,
     cache: &WorkerFiles,
@@ -117,8 +117,14 @@ pub fn run_with_files(
     let mut pinned: Vec<String> = Vec::new();
     let mut paths: Vec<(String, PathBuf)> = Vec::with_capacity(plan.inputs.len());
     let mut fail = None;
+    // This run's own directory for inputs streamed past the cache: tasks of other workers
+    // and of this one may share the sandbox and read the same file at once.
+    let streamed = plan
+        .sandbox
+        .join(STREAMED)
+        .join(format!("{}-{job}-{index}", std::process::id()));
     for name in &plan.inputs {
-        match stage(name, plan, cache, &mut moved) {
+        match stage(name, plan, &streamed, cache, &mut moved) {
             Ok((path, pin)) => {
                 if pin {
                     pinned.push(name.clone());
@@ -148,11 +154,12 @@ pub fn run_with_files(
     for name in &pinned {
         c.unpin(name);
     }
+    drop(c);
     // Streamed copies belong to this run alone.
-    for (name, path) in &paths {
-        if !pinned.contains(name) && path.starts_with(plan.sandbox.join(STREAMED)) {
-            let _ = fs::remove_file(path);
-        }
+    if streamed.exists() {
+        let _ = fs::remove_dir_all(&streamed);
+        // The shared parent goes when the last run's directory has.
+        let _ = fs::remove_dir(plan.sandbox.join(STREAMED));
     }
     cache.note_moved(job, &moved);
     outcome
@@ -165,6 +172,7 @@ const STREAMED: &str = ".kestrel-streamed";
 fn stage(
     name: &str,
     plan: &FilesPlan,
+    streamed: &Path,
     cache: &WorkerFiles,
     moved: &mut Transfers,
 ) -> Result<(PathBuf, bool), String> {
@@ -198,7 +206,7 @@ fn stage(
         Ok(path) => Ok((path, true)),
         // Larger than the cache, or the cache is full of files in use: streamed to the task.
         Err(CacheError::TooLarge { .. } | CacheError::Pinned { .. }) => {
-            let to = plan.sandbox.join(STREAMED).join(name);
+            let to = streamed.join(name);
             let placed = to
                 .parent()
                 .map_or(Ok(()), fs::create_dir_all)
@@ -280,5 +288,81 @@ fn failed(started: SystemTime, why: String) -> Outcome {
         stderr_tail: None,
         stdout: None,
         stderr: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::EvictionPolicy;
+
+    /// A task reading `raw/a` through a cache of `capacity` bytes, in `sandbox`.
+    fn setup(capacity: u64) -> (tempfile::TempDir, SharedFiles, FilesPlan) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        fs::create_dir_all(store.join("raw")).unwrap();
+        fs::write(store.join("raw/a"), vec![b'a'; 4096]).unwrap();
+        let sandbox = dir.path().join("work");
+        fs::create_dir_all(&sandbox).unwrap();
+        let cache = Cache::open(&dir.path().join("cache"), capacity, EvictionPolicy::Lru).unwrap();
+        let plan = FilesPlan {
+            store: Some(Store::Dir(store)),
+            inputs: vec!["raw/a".into()],
+            outputs: vec![],
+            sandbox,
+        };
+        (dir, Arc::new(WorkerFiles::new(cache, 2)), plan)
+    }
+
+    fn reads_its_input(plan: &FilesPlan) -> Launch {
+        Launch {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "test $(wc -c < {input:raw/a}) = 4096 && sleep 0.05 && test -f {input:0}".into(),
+            ],
+            cwd: Some(plan.sandbox.clone()),
+            ..Launch::default()
+        }
+    }
+
+    #[test]
+    fn runs_streaming_one_file_at_once_do_not_trip_over_each_other() {
+        // A cache of 0 bytes: every run streams its own copy into the shared sandbox.
+        let (_dir, files, plan) = setup(0);
+        let launch = reads_its_input(&plan);
+        let runs: Vec<_> = (0..4)
+            .map(|i| {
+                let (files, plan, launch) = (files.clone(), plan.clone(), launch.clone());
+                std::thread::spawn(move || {
+                    run_with_files((1, i), &launch, &plan, &files, &CancelHandle::new(), None)
+                })
+            })
+            .collect();
+        for r in runs {
+            let outcome = r.join().unwrap();
+            assert!(outcome.status.is_success(), "{:?}", outcome.status);
+        }
+        assert!(
+            !plan.sandbox.join(STREAMED).exists(),
+            "streamed copies are removed"
+        );
+        let change = files.take_change();
+        assert_eq!(change.moved[0].moved.store_files, 4);
+        assert!(change.added.is_empty(), "nothing was cached");
+    }
+
+    #[test]
+    fn a_second_run_finds_its_input_in_the_cache() {
+        let (_dir, files, plan) = setup(1 << 20);
+        let launch = reads_its_input(&plan);
+        for i in 0..2 {
+            let out = run_with_files((1, i), &launch, &plan, &files, &CancelHandle::new(), None);
+            assert!(out.status.is_success(), "{:?}", out.status);
+        }
+        let change = files.take_change();
+        let t = change.moved[0].moved;
+        assert_eq!((t.store_files, t.local_files), (1, 1));
+        assert_eq!(change.added, vec![("raw/a".to_string(), 4096)]);
     }
 }

@@ -101,7 +101,7 @@ impl Pool {
                         loop {
                             let outcome = match (&work.files, &cache) {
                                 (Some(plan), Some(cache)) => run_with_files(
-                                    work.key.0,
+                                    work.key,
                                     &work.launch,
                                     plan,
                                     cache,

@@ -21,6 +21,9 @@ pub enum Stall {
         /// The quarantined workers.
         workers: Vec<WorkerId>,
     },
+    /// The tasks read or write files, and no connected worker has a cache (all are of an
+    /// older version, or were started without one).
+    NoCache,
 }
 
 impl fmt::Display for Stall {
@@ -32,6 +35,9 @@ impl fmt::Display for Stall {
                 f.write_str("no worker is connected; start one with `kestrel worker start`")
             }
             Stall::TooBig { what } => write!(f, "each task needs {what}"),
+            Stall::NoCache => f.write_str(
+                "the tasks read or write files, and no connected worker has a file cache; start workers of this version (`kestrel worker start`)",
+            ),
             Stall::Quarantined { workers } => {
                 let ids: Vec<String> = workers.iter().map(u32::to_string).collect();
                 let n = workers.len() as u32;
@@ -58,7 +64,14 @@ impl Scheduler {
             return Some(Stall::NoWorkers);
         }
         let need = j.need;
-        let able = || self.workers.values().filter(|w| w.can_ever_run(need));
+        if j.has_files && !self.workers.values().any(|w| w.offer.stages_files) {
+            return Some(Stall::NoCache);
+        }
+        let able = || {
+            self.workers
+                .values()
+                .filter(|w| w.can_ever_run(need) && (w.offer.stages_files || !j.has_files))
+        };
         if able().any(|w| w.quarantined.is_none()) {
             return None;
         }

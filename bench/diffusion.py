@@ -1,0 +1,446 @@
+#!/usr/bin/env python3
+"""Data diffusion on a slow shared store (issue 12): Falkon's policies side by side, and a sweep
+of cache sizes, in the shape of the dissertation's MI workload, scaled to one machine.
+
+    sudo python3 bench/diffusion.py [--rate 500mbit] [--tasks 5000] [--runs 1] [--no-build]
+                                    [--only policies,sweep] [--out bench/results/diffusion.json]
+    python3 bench/diffusion.py --report bench/results/diffusion.json   # only rewrite the doc
+
+The store is `../shared/store/slow-store` (nginx in its own network namespace behind a veth
+whose bandwidth the kernel limits), holding 200 files of 1 MB; its own byte counter
+(`slow-store stats`) is what the tables report as store traffic, beside Kestrel's counts.
+Every run starts a fresh server (`--store URL`) and 4 workers of 2 slots with caches of the
+size the run asks for; the job is `--each` over a list of file names, one input per task,
+each task reading its input and computing 10 ms (`cat IN > /dev/null && sleep 0.01`).
+
+Workloads: `uniform` (every file equally likely) and `skewed` (half the tasks read a tenth of
+the files). Policies: first-available without caches (`--cache-size 0`: every input read from
+the store, as the dissertation's FA read GPFS), first-available with caches, and the four
+others with caches large enough for the working set. Sweep: good-cache-compute with aggregate
+caches of 25% to 200% of the working set (the dissertation's MI table: 1 / 1.5 / 2 / 4 GB per
+node). Writes the raw results as JSON, docs/benchmarks-diffusion.md (which docs/benchmarks.md
+copies when the suite rewrites it) and docs/diffusion.png (with matplotlib: the benchmark
+venv's, see bench/run.py, when this Python has none). Needs root (the store's namespace);
+standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STORE = REPO.parent / "shared" / "store" / "slow-store"
+FILES = 200
+FILE_BYTES = 1_000_000
+WORKERS = 4
+SLOTS = 2
+
+
+def log(msg: str) -> None:
+    print(f"[diffusion] {msg}", file=sys.stderr, flush=True)
+
+
+def sh(argv: list[str], **kw) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def store_bytes() -> int:
+    out = sh([str(STORE), "stats"])
+    fields = dict(f.split("=") for f in out.split())
+    return int(fields["sent_bytes"])
+
+
+def picks(tasks: int, skewed: bool, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(tasks):
+        if skewed and rng.random() < 0.5:
+            out.append(f"f{rng.randrange(FILES // 10)}")
+        else:
+            out.append(f"f{rng.randrange(FILES)}")
+    return out
+
+
+class Run:
+    """A server and its workers in a fresh directory; stopped on exit."""
+
+    def __init__(self, kestrel: str, url: str, policy: str, cache_bytes: int):
+        self.k = kestrel
+        self.root = Path(tempfile.mkdtemp(prefix="kdiff-"))
+        self.srv = self.root / "server"
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+        logs = self.root / "logs"
+        logs.mkdir()
+        self.spawn(
+            [
+                kestrel,
+                "--server-dir",
+                str(self.srv),
+                "server",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--no-journal",
+                "--store",
+                url,
+                "--policy",
+                policy,
+            ],
+            logs / "server.log",
+        )
+        deadline = time.time() + 20
+        while not (self.srv / "access.json").exists():
+            if time.time() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        for i in range(WORKERS):
+            self.spawn(
+                [
+                    kestrel,
+                    "--server-dir",
+                    str(self.srv),
+                    "worker",
+                    "start",
+                    "--slots",
+                    str(SLOTS),
+                    "--cache-dir",
+                    str(self.root / f"cache-{i}"),
+                    "--cache-size",
+                    str(cache_bytes),
+                ],
+                logs / f"worker-{i}.log",
+            )
+        deadline = time.time() + 20
+        while True:
+            out = self.cli(["worker", "list", "--output", "json"])
+            if len(json.loads(out)["workers"]) == WORKERS:
+                break
+            if time.time() > deadline:
+                raise RuntimeError("the workers did not register")
+            time.sleep(0.1)
+
+    def spawn(self, argv: list[str], log_file: Path) -> None:
+        out = log_file.open("w")
+        self.logs.append(out)
+        self.procs.append(
+            subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+
+    def cli(self, args: list[str]) -> str:
+        return sh([self.k, "--server-dir", str(self.srv), *args], cwd=self.root)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        for f in self.logs:
+            f.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def one(kestrel: str, url: str, policy: str, cache_bytes: int, lines: list[str]) -> dict:
+    run = Run(kestrel, url, policy, cache_bytes)
+    try:
+        (run.root / "picks.txt").write_text("\n".join(lines) + "\n")
+        before = store_bytes()
+        t0 = time.time()
+        run.cli(
+            [
+                "submit",
+                "--each",
+                "picks.txt",
+                "--input",
+                "raw/{line}",
+                "--stdout",
+                "none",
+                "--stderr",
+                "none",
+                "--wait",
+                "--",
+                "sh",
+                "-c",
+                "cat {input:0} > /dev/null && sleep 0.01",
+            ]
+        )
+        took = time.time() - t0
+        sent = store_bytes() - before
+        info = json.loads(run.cli(["job", "info", "1", "--output", "json"]))
+        t = info["transfers"]
+        busy = len(lines) * 0.010
+        return {
+            "policy": policy,
+            "cache_bytes": cache_bytes,
+            "tasks": len(lines),
+            "seconds": took,
+            "store_sent_bytes": sent,
+            "local_hits": t["local_hits"],
+            "peer_hits": t["peer_hits"],
+            "store_reads": t["store_reads"],
+            "store_bytes": t["store_bytes"],
+            "peer_bytes": t["peer_bytes"],
+            "hit_ratio": t["hit_ratio"],
+            # Share of the slots' time spent in the tasks' 10 ms of compute.
+            "cpu_util": busy / (took * WORKERS * SLOTS),
+            "finished": info["counts"]["finished"],
+        }
+    finally:
+        run.stop()
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def grouped(rows: list[dict], key) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
+def med_row(rows: list[dict]) -> dict:
+    """The medians over a group of runs of one configuration."""
+    keys = (
+        "seconds",
+        "store_sent_bytes",
+        "store_bytes",
+        "peer_bytes",
+        "cpu_util",
+        "local_hits",
+        "peer_hits",
+        "store_reads",
+    )
+    m = {k: median([r[k] for r in rows]) for k in keys}
+    m["hit_ratio"] = median([r["hit_ratio"] or 0.0 for r in rows])
+    m["runs"] = len(rows)
+    return m
+
+
+def write_doc(res: dict, doc: Path, png: Path) -> None:
+    L: list[str] = []
+    a = L.append
+
+    def mb(b: float) -> str:
+        return f"{b / 1e6:,.0f}"
+
+    a("# Data diffusion on a slow shared store (`bench/diffusion.py`)\n")
+    a(
+        f"{res['tasks']:,} tasks, each reading one of {res['files']} files of "
+        f"{res['file_bytes'] / 1e6:.0f} MB ({res['files'] * res['file_bytes'] / 1e6:.0f} MB working "
+        f"set) and computing 10 ms; {res['workers']} workers of {res['slots']} slots on this "
+        f"machine; the store is `../shared/store/slow-store` limited to **{res['rate']}** "
+        f"({_rate_mb(res['rate'])} MB/s), so that first-available without caches is bound by it "
+        "(its 5,000 reads alone take longer than the tasks' compute). \"store MB\" is the store's "
+        "own count of bytes sent (`slow-store stats`), not Kestrel's. Medians over "
+        f"{max([r.get('run', 0) for r in res['policies']] + [0]) + 1} run(s).\n"
+    )
+    pol = grouped(res["policies"], lambda r: (r["workload"], r["label"]))
+    for shape in ("uniform", "skewed"):
+        rows = [(label, med_row(rs)) for (w, label), rs in pol.items() if w == shape]
+        if not rows:
+            continue
+        base = dict(rows).get("first-available, no caches")
+        gcc = dict(rows).get("good-cache-compute")
+        a(f"## {shape.capitalize()} choice of file\n")
+        if base and gcc:
+            speed = base["seconds"] / gcc["seconds"]
+            fewer = 1 - gcc["store_sent_bytes"] / max(base["store_sent_bytes"], 1)
+            ok = speed >= 5 and fewer >= 0.9
+            a(
+                f"good-cache-compute against first-available without caches: **{speed:.1f}x faster**, "
+                f"**{fewer * 100:.1f}% fewer bytes** from the store (target: 5x and 90%: "
+                f"{'met' if ok else 'NOT met'}).\n"
+            )
+        a(
+            "| policy | time s | cpu util | hit ratio | local hits | store reads | store MB (slow-store) | peer MB |"
+        )
+        a("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for label, m in rows:
+            a(
+                f"| {label} | {m['seconds']:.2f} | {m['cpu_util'] * 100:.0f}% | {m['hit_ratio'] * 100:.1f}% "
+                f"| {m['local_hits']:,.0f} | {m['store_reads']:,.0f} | {mb(m['store_sent_bytes'])} | {mb(m['peer_bytes'])} |"
+            )
+        a("")
+    sweep = grouped(res.get("sweep", []), lambda r: r["share"])
+    if sweep:
+        a("## Cache size sweep (good-cache-compute, uniform)\n")
+        a(
+            "Aggregate cache over the working set, the shape of the dissertation's MI table "
+            "(1 / 1.5 / 2 / 4 GB per node): the knee should sit where the aggregate cache holds "
+            "the working set.\n"
+        )
+        a(
+            "| aggregate cache / working set | per worker MB | time s | hit ratio | store MB (slow-store) |"
+        )
+        a("|---:|---:|---:|---:|---:|")
+        for share in sorted(sweep):
+            m = med_row(sweep[share])
+            per = sweep[share][0]["cache_bytes"] / 1e6
+            a(
+                f"| {share:.2f} | {per:.0f} | {m['seconds']:.2f} | {m['hit_ratio'] * 100:.1f}% | {mb(m['store_sent_bytes'])} |"
+            )
+        a("")
+        if _plot(res, png):
+            a(f"![time and hit ratio against cache size]({png.name})\n")
+    a(
+        "Peer transfers are not built yet: workers read what their own cache lacks from the store, "
+        "so first-cache-available places and reads as first-available does, and peer MB is 0.\n"
+    )
+    doc.write_text("\n".join(L).rstrip() + "\n")
+    log(f"wrote {doc}")
+
+
+def _rate_mb(rate: str) -> str:
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for u, f in units.items():
+        if rate.endswith(u):
+            return f"{float(rate[: -len(u)]) * f / 8 / 1e6:.1f}"
+    return "?"
+
+
+def _plot(res: dict, png: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        venv = Path(os.environ.get("KESTREL_BENCH_VENV", "~/.cache/kestrel-bench")).expanduser()
+        py = venv / "bin" / "python"
+        if py.exists() and not os.environ.get("KESTREL_DIFFUSION_PLOT"):
+            tmp = Path(tempfile.mkstemp(suffix=".json")[1])
+            tmp.write_text(json.dumps(res))
+            env = dict(os.environ, KESTREL_DIFFUSION_PLOT="1")
+            cmd = [str(py), __file__, "--plot-only", str(tmp), str(png)]
+            r = subprocess.run(cmd, env=env, check=False)
+            tmp.unlink()
+            return r.returncode == 0
+        log("no matplotlib: the sweep goes without its plot")
+        return False
+    sweep = grouped(res["sweep"], lambda r: r["share"])
+    xs = sorted(sweep)
+    secs = [med_row(sweep[x])["seconds"] for x in xs]
+    hits = [med_row(sweep[x])["hit_ratio"] * 100 for x in xs]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, secs, "o-", color="tab:blue", label="completion time")
+    ax.set_xlabel("aggregate cache / working set")
+    ax.set_ylabel("completion time (s)", color="tab:blue")
+    ax.set_ylim(0, max(secs) * 1.1)
+    ax2 = ax.twinx()
+    ax2.plot(xs, hits, "s--", color="tab:red", label="hit ratio")
+    ax2.set_ylabel("hit ratio (%)", color="tab:red")
+    ax2.set_ylim(0, 100)
+    ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_title(f"good-cache-compute, {res['tasks']:,} tasks, store at {res['rate']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    return True
+
+
+def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--plot-only":
+        return 0 if _plot(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])) else 1
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--report", help="only rewrite the doc from this raw results file")
+    ap.add_argument("--rate", default="500mbit")
+    ap.add_argument("--tasks", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--only", default="policies,sweep")
+    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "diffusion.json"))
+    a = ap.parse_args()
+    doc, png = REPO / "docs" / "benchmarks-diffusion.md", REPO / "docs" / "diffusion.png"
+    if a.report:
+        write_doc(json.loads(Path(a.report).read_text()), doc, png)
+        return 0
+    if os.geteuid() != 0:
+        log("needs root: the slow store lives in its own network namespace")
+        return 2
+    if not a.no_build:
+        log("building the release binary")
+        subprocess.run(["cargo", "build", "--release", "-p", "kestrel-cli"], cwd=REPO, check=True)
+    kestrel = str(REPO / "target" / "release" / "kestrel")
+    data = Path.home() / ".cache" / "kestrel-bench" / "diffusion-store"
+    (data / "raw").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(7)
+    for i in range(FILES):
+        f = data / "raw" / f"f{i}"
+        if not f.exists() or f.stat().st_size != FILE_BYTES:
+            f.write_bytes(rng.randbytes(FILE_BYTES))
+    sh([str(STORE), "start", str(data), a.rate])
+    url = sh([str(STORE), "url"]).strip()
+    working_set = FILES * FILE_BYTES
+    big = working_set  # per worker: each cache could hold the whole working set
+    results: dict = {
+        "rate": a.rate,
+        "tasks": a.tasks,
+        "files": FILES,
+        "file_bytes": FILE_BYTES,
+        "workers": WORKERS,
+        "slots": SLOTS,
+        "policies": [],
+        "sweep": [],
+    }
+    try:
+        for r in range(a.runs):
+            for skewed in (False, True):
+                lines = picks(a.tasks, skewed, seed=r)
+                shape = "skewed" if skewed else "uniform"
+                if "policies" in a.only:
+                    plan = [
+                        ("first-available", 0, "first-available, no caches"),
+                        ("first-available", big, "first-available"),
+                        ("first-cache-available", big, "first-cache-available"),
+                        ("max-cache-hit", big, "max-cache-hit"),
+                        ("max-compute-util", big, "max-compute-util"),
+                        ("good-cache-compute", big, "good-cache-compute"),
+                    ]
+                    for policy, cache, label in plan:
+                        res = one(kestrel, url, policy, cache, lines)
+                        res.update(label=label, workload=shape, run=r)
+                        log(
+                            f"{shape:8} {label:28} {res['seconds']:7.2f} s  store {res['store_sent_bytes'] / 1e6:8.1f} MB  hit {res['hit_ratio']}"
+                        )
+                        results["policies"].append(res)
+                if "sweep" in a.only and not skewed:
+                    for share in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0):
+                        cache = int(working_set * share / WORKERS)
+                        res = one(kestrel, url, "good-cache-compute", cache, lines)
+                        res.update(share=share, workload=shape, run=r)
+                        log(
+                            f"sweep {share:4.2f}x  {res['seconds']:7.2f} s  store {res['store_sent_bytes'] / 1e6:8.1f} MB  hit {res['hit_ratio']}"
+                        )
+                        results["sweep"].append(res)
+    finally:
+        subprocess.run([str(STORE), "stop"], capture_output=True, check=False)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(results, indent=1))
+    log(f"raw results in {a.out}")
+    write_doc(results, doc, png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,7 @@ mod run_dirs;
 mod session;
 mod sizes;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use args::{Cli, Command, Exec, Global, ServerCommand, WorkerCommand};
 use clap::Parser;
 use kestrel_proto::default_server_dir;
@@ -194,7 +194,10 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         store,
         policy: jobs::parse_policy(&policy)?,
         util_threshold_permille: jobs::util_threshold(util_threshold)?,
-        window,
+        window: match window {
+            Some(0) => bail!("--window 0 would place no task by its data; give at least 1 (the default is 100 per worker)"),
+            w => w,
+        },
     };
     let server = kestrel_server::start(config).await?;
     if let Some((r, took)) = &server.restored {

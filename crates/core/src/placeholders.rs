@@ -166,7 +166,7 @@ pub fn check_template(t: &TaskTemplate, lines: bool) -> Result<(), PlaceholderEr
     let f = &t.files;
     for (names, flag) in [
         (&f.inputs, "--input"),
-        (&f.outputs, "--output"),
+        (&f.outputs, "--output-file"),
         (&f.statics, "--input-static"),
     ] {
         for name in names {

@@ -172,8 +172,8 @@ pub struct TaskFiles {
     pub inputs: Vec<String>,
     /// Written by each task into its sandbox (`--output`).
     pub outputs: Vec<String>,
-    /// Read by every task (`--input-static`: a program, a database): fetched once per worker
-    /// and kept for its life, so they do not steer placement.
+    /// Read by every task (`--input-static`: a program, a database): staged like inputs (kept
+    /// in the worker's cache), but they do not steer placement.
     pub statics: Vec<String>,
 }
 
@@ -187,7 +187,7 @@ impl TaskFiles {
     pub fn validate(&self) -> Result<(), SpecError> {
         for (names, flag) in [
             (&self.inputs, "--input"),
-            (&self.outputs, "--output"),
+            (&self.outputs, "--output-file"),
             (&self.statics, "--input-static"),
         ] {
             if names.len() > MAX_TASK_FILES {

@@ -25,6 +25,8 @@ pub struct Entry {
     /// Its inputs (numbered by the [`FileIndex`]).
     pub files: Box<[FileId]>,
     alive: bool,
+    /// How many tasks had left the window when it came in (see [`Window::age`]).
+    born: u64,
 }
 
 /// A window position: entries are numbered in the order they came in.
@@ -39,8 +41,13 @@ pub struct Window {
     live: usize,
     /// How many (task, input) pairs the live entries hold.
     live_files: usize,
-    /// Entries reading each file, possibly with some that left (skipped and dropped when met).
+    /// Entries reading each file, possibly with some that left (skipped when met, dropped
+    /// by [`Window::maintain`]).
     by_file: FxHashMap<FileId, Vec<Seq>>,
+    /// How many (seq, file) pairs of `by_file` name entries that left.
+    stale: usize,
+    /// How many tasks have left the window, ever.
+    left: u64,
 }
 
 impl Window {
@@ -70,6 +77,7 @@ impl Window {
             index,
             files: files.into(),
             alive: true,
+            born: self.left,
         });
         self.live += 1;
         self.live_files += files.len();
@@ -96,12 +104,48 @@ impl Window {
         e.alive = false;
         self.live -= 1;
         self.live_files -= e.files.len();
+        self.stale += e.files.len();
+        self.left += 1;
         // Entries that left at the front are dropped; their seqs in `by_file` are skipped
         // (they fall below `base`) and dropped when next met.
         while self.entries.front().is_some_and(|e| !e.alive) {
             self.entries.pop_front();
             self.base += 1;
         }
+    }
+
+    /// How many tasks left the window since the task at `seq` came in: once that passes W,
+    /// the task has waited its turn, and any worker with room takes it (so that a policy
+    /// that waits for data holders cannot starve it).
+    pub fn age(&self, seq: Seq) -> Option<u64> {
+        self.get(seq).map(|e| self.left - e.born)
+    }
+
+    /// Drops what entries that left still cost: their seqs in the file map, and the dead
+    /// entries behind the front. Call between decisions, not during one: it renumbers the
+    /// entries (old numbers then name nothing).
+    pub fn maintain(&mut self) {
+        let dead = self.entries.len() - self.live;
+        if self.stale <= self.live_files + 1024 && dead <= self.live + 1024 {
+            return;
+        }
+        let old_end = self.base + self.entries.len() as Seq;
+        let kept: VecDeque<Entry> = std::mem::take(&mut self.entries)
+            .into_iter()
+            .filter(|e| e.alive)
+            .collect();
+        self.base = old_end;
+        self.entries = kept;
+        self.by_file.clear();
+        for (i, e) in self.entries.iter().enumerate() {
+            for &f in e.files.iter() {
+                self.by_file
+                    .entry(f)
+                    .or_default()
+                    .push(self.base + i as Seq);
+            }
+        }
+        self.stale = 0;
     }
 
     /// The tasks in the window, front first.
@@ -157,13 +201,16 @@ impl Window {
                     files: 1,
                 };
                 let entries = &self.entries;
+                let before = seqs.len();
                 seqs.retain(|&s| {
-                    let alive = s >= base && entries[(s - base) as usize].alive;
+                    let alive =
+                        s >= base && entries.get((s - base) as usize).is_some_and(|e| e.alive);
                     if alive {
                         out.push((s, hit));
                     }
                     alive
                 });
+                self.stale = self.stale.saturating_sub(before - seqs.len());
                 if seqs.is_empty() {
                     self.by_file.remove(&f);
                 }
@@ -205,6 +252,13 @@ impl Window {
         }
         if self.entries.front().is_some_and(|e| !e.alive) {
             bad.push("a dead entry is at the front".into());
+        }
+        let listed: usize = self.by_file.values().map(Vec::len).sum();
+        if listed != self.live_files + self.stale {
+            bad.push(format!(
+                "the file map lists {listed} pairs, {} live and {} stale counted",
+                self.live_files, self.stale
+            ));
         }
         bad
     }
@@ -290,6 +344,32 @@ mod tests {
     }
 
     #[test]
+    fn what_left_costs_nothing_after_maintenance_and_ages_count_departures() {
+        let mut w = Window::new();
+        // One distinct input per task, all but the first placed: the map would keep them all.
+        let first = w.push(1, 0, &[0]);
+        let seqs: Vec<Seq> = (1..5_000).map(|i| w.push(1, i, &[i])).collect();
+        for &s in &seqs {
+            w.remove(s);
+        }
+        assert_eq!(
+            w.age(first),
+            Some(4_999),
+            "4,999 tasks left after it came in"
+        );
+        w.maintain();
+        assert!(w.audit().is_empty(), "{:?}", w.audit());
+        assert_eq!(w.by_file.len(), 1, "only the live task's file is mapped");
+        // Renumbered: the live task is found again by walking, its old number names nothing.
+        let (now, e) = w.iter().next().expect("the live task");
+        assert_eq!(
+            (e.job, e.index, w.get(first).is_none()),
+            (1, 0, now != first)
+        );
+        assert_eq!(w.age(now), Some(4_999));
+    }
+
+    #[test]
     fn removed_tasks_leave_the_counts_and_the_map() {
         let ix = index_with(&[(1, &[(0, 1)])], 2);
         let mut w = Window::new();
@@ -306,6 +386,8 @@ mod tests {
         assert!(out.is_empty(), "the tasks reading file 0 left");
         w.retain(|job, _| job != 2);
         assert!(w.is_empty());
+        assert!(w.audit().is_empty(), "{:?}", w.audit());
+        w.maintain();
         assert!(w.audit().is_empty(), "{:?}", w.audit());
         // Numbers go on after the window empties.
         let d = w.push(3, 0, &[]);

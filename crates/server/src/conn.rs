@@ -210,11 +210,14 @@ fn pre_auth_reader(r: ConnRead) -> FrameReader<ConnRead> {
 }
 
 /// TLS (when configured) and the handshake.
+/// An authenticated connection: its halves, who connected, and the version it speaks.
+type Opened = (FrameReader<ConnRead>, FrameWriter<ConnWrite>, Role, u32);
+
 async fn open(
     stream: TcpStream,
     secret: &[u8],
     tls: Option<TlsAcceptor>,
-) -> Result<(FrameReader<ConnRead>, FrameWriter<ConnWrite>, Role), ProtoError> {
+) -> Result<Opened, ProtoError> {
     let (r, w) = match tls {
         None => split_plain(stream),
         Some(acceptor) => {
@@ -245,12 +248,11 @@ async fn open(
     };
     let mut reader = pre_auth_reader(r);
     let mut writer = FrameWriter::new(w);
-    // Versions 6 and 7 encode every message alike, so the version chosen changes nothing yet.
-    let role = accept_handshake(&mut reader, &mut writer, secret)
-        .await?
-        .role;
+    // Versions 6 and 7 encode every message alike; 8 adds fields that answers to an older
+    // client leave out (see `Outbox::reply`).
+    let hs = accept_handshake(&mut reader, &mut writer, secret).await?;
     reader.set_max_frame(kestrel_proto::MAX_FRAME_BYTES);
-    Ok((reader, writer, role))
+    Ok((reader, writer, hs.role, hs.version))
 }
 
 async fn serve(
@@ -264,7 +266,7 @@ async fn serve(
 ) {
     let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, open(stream, &secret, tls));
     // Returning drops the halves, which closes the connection.
-    let (reader, writer, role) = match hs.await {
+    let (reader, writer, role, version) = match hs.await {
         Ok(Ok(opened)) => opened,
         // Connected and left without a word: a port probe (workers do this when reconnecting).
         Ok(Err(ProtoError::Closed)) => return,
@@ -278,7 +280,11 @@ async fn serve(
     let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Bytes>();
     let writer_task = tokio::spawn(write_loop(writer, out_rx));
-    let outbox = Outbox { conn, tx: out_tx };
+    let outbox = Outbox {
+        conn,
+        tx: out_tx,
+        version,
+    };
     match role {
         Role::Worker => serve_worker(reader, peer, outbox, engine).await,
         Role::Client => serve_client(reader, peer, outbox, engine).await,

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use kestrel_core::IndexRun;
 use kestrel_proto::messages::{Answer, Assigned, Refusal, ToClient, ToWorker};
-use kestrel_proto::{encode, ProtoError, MAX_FRAME_BYTES};
+use kestrel_proto::{encode, ProtoError, FILES_VERSION, MAX_FRAME_BYTES};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -36,6 +36,9 @@ pub type ConnId = u64;
 pub struct Outbox {
     pub conn: ConnId,
     pub tx: mpsc::UnboundedSender<Bytes>,
+    /// The protocol version the connection negotiated: answers to an older client leave out
+    /// what it cannot read.
+    pub version: u32,
 }
 
 impl Outbox {
@@ -55,7 +58,12 @@ impl Outbox {
 
     /// Answers request `id`. An answer too big for a frame (a task list asked with a huge
     /// limit) becomes an error the client can act on, so the client never waits forever.
-    pub fn reply(&self, id: u64, result: Result<Answer, Refusal>) {
+    pub fn reply(&self, id: u64, mut result: Result<Answer, Refusal>) {
+        if self.version < FILES_VERSION {
+            if let Ok(answer) = &mut result {
+                for_older_client(answer);
+            }
+        }
         match encode(&ToClient::Reply { id, result }) {
             Ok(frame) => self.queue(frame),
             Err(e) => {
@@ -121,14 +129,90 @@ impl Outbox {
     }
 }
 
+/// Leaves out of `answer` the fields of version 8 (files, placement, transfers, caches), which
+/// a client of version 7 or older refuses as longer arrays: it sees the job or worker as it
+/// would have before.
+fn for_older_client(answer: &mut Answer) {
+    match answer {
+        Answer::Job(d) => {
+            d.spec.template.files = Default::default();
+            d.spec.placement = Default::default();
+            d.transfers = Default::default();
+        }
+        Answer::Workers(rows) => {
+            for r in rows {
+                r.cache = None;
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use kestrel_core::{JobSpec, Placement, PolicyName};
+
+    #[test]
+    fn an_older_client_gets_answers_without_the_fields_it_cannot_read() {
+        let (mut out, mut rx) = outbox();
+        out.version = FILES_VERSION - 1;
+        let mut spec = JobSpec::command("reads", vec!["cat".into()]);
+        spec.template.files.inputs = vec!["raw/{task}".into()];
+        spec.placement = Placement {
+            policy: Some(PolicyName::MaxCacheHit),
+            ..Placement::default()
+        };
+        let mut plain = spec.clone();
+        plain.template.files = Default::default();
+        plain.placement = Default::default();
+        let mut answer = Answer::Job(Box::new(kestrel_proto::messages::JobDetail {
+            summary: kestrel_proto::messages::JobSummary {
+                id: 1,
+                name: "reads".into(),
+                state: "queued".into(),
+                counts: Default::default(),
+                submitted_us: 0,
+                finished_us: None,
+            },
+            spec,
+            tasks: String::new(),
+            timing: Default::default(),
+            ids: None,
+            waiting: None,
+            transfers: kestrel_core::files::Transfers {
+                store_files: 1,
+                ..Default::default()
+            },
+        }));
+        out.reply(1, Ok(answer.clone()));
+        let frame = rx.try_recv().expect("a reply");
+        // What was sent is the answer as version 7 wrote it.
+        for_older_client(&mut answer);
+        let Answer::Job(d) = &answer else {
+            unreachable!()
+        };
+        assert_eq!((&d.spec, d.transfers.is_empty()), (&plain, true));
+        let want = encode(&ToClient::Reply {
+            id: 1,
+            result: Ok(answer),
+        })
+        .unwrap();
+        assert_eq!(&frame[..], &want[..]);
+    }
+
     use super::*;
     use kestrel_proto::decode;
 
     fn outbox() -> (Outbox, mpsc::UnboundedReceiver<Bytes>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Outbox { conn: 1, tx }, rx)
+        (
+            Outbox {
+                conn: 1,
+                tx,
+                version: kestrel_proto::PROTOCOL_VERSION,
+            },
+            rx,
+        )
     }
 
     fn long_task(bytes: usize) -> Vec<String> {

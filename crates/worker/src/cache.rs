@@ -200,6 +200,13 @@ impl Cache {
     /// evicting others if need be, and pins it. Write-once: if `name` is already cached the
     /// new copy is dropped and the cached one pinned.
     pub fn insert(&mut self, name: &str, partial: &Path, size: u64) -> Result<PathBuf, CacheError> {
+        if !is_plain_name(name) {
+            let _ = fs::remove_file(partial);
+            return Err(CacheError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name:?} is not a plain relative name"),
+            )));
+        }
         if self.entries.contains_key(name) {
             let _ = fs::remove_file(partial);
             return Ok(self
@@ -298,6 +305,17 @@ impl Cache {
         };
         pick.map(|(n, _)| n.clone())
     }
+}
+
+/// Whether `name` is a relative path of plain parts (no `..`, `.`, empty part or leading
+/// `/`): a name that cannot reach outside the directory it is joined to.
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('/')
+        && !name.contains('\0')
+        && name
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
 /// Every regular file under `dir`, named relative to `root`, with its size and mtime.

@@ -68,8 +68,17 @@ impl WorkerFiles {
         }
     }
 
-    /// Runs `read` once fewer than `max_readers` other reads are under way.
+    /// Runs `read` once fewer than `max_readers` other reads are under way (the slot is
+    /// given back even if `read` panics).
     fn reading<T>(&self, read: impl FnOnce() -> T) -> T {
+        struct Slot<'a>(&'a (Mutex<u32>, Condvar));
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                let (count, freed) = self.0;
+                *count.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+                freed.notify_one();
+            }
+        }
         let (count, freed) = &self.readers;
         let mut n = count.lock().unwrap_or_else(PoisonError::into_inner);
         while *n >= self.max_readers {
@@ -77,10 +86,8 @@ impl WorkerFiles {
         }
         *n += 1;
         drop(n);
-        let out = read();
-        *count.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
-        freed.notify_one();
-        out
+        let _slot = Slot(&self.readers);
+        read()
     }
 }
 
@@ -100,6 +107,9 @@ pub struct FilesPlan {
     pub outputs: Vec<String>,
     /// Where the task runs and writes its outputs.
     pub sandbox: PathBuf,
+    /// A name that, its placeholders replaced, is not a plain relative path (`../x`): the
+    /// task fails with it rather than touch anything outside the store or the cache.
+    pub bad_name: Option<String>,
 }
 
 /// Stages `plan`'s inputs, runs `launch` with `{input:NAME}`, `{input:N}`, `{inputs}` and
@@ -116,14 +126,21 @@ pub fn run_with_files(
     let mut moved = Transfers::default();
     let mut pinned: Vec<String> = Vec::new();
     let mut paths: Vec<(String, PathBuf)> = Vec::with_capacity(plan.inputs.len());
-    let mut fail = None;
+    let mut fail = plan.bad_name.as_ref().map(|n| {
+        format!("file name {n:?} (its placeholders replaced) is not a plain path inside the store: no `..`, `.`, empty parts or leading `/`")
+    });
     // This run's own directory for inputs streamed past the cache: tasks of other workers
     // and of this one may share the sandbox and read the same file at once.
     let streamed = plan
         .sandbox
         .join(STREAMED)
         .join(format!("{}-{job}-{index}", std::process::id()));
-    for name in &plan.inputs {
+    let names = if fail.is_none() {
+        &plan.inputs[..]
+    } else {
+        &[]
+    };
+    for name in names {
         match stage(name, plan, &streamed, cache, &mut moved) {
             Ok((path, pin)) => {
                 if pin {
@@ -165,6 +182,21 @@ pub fn run_with_files(
     outcome
 }
 
+/// Pins `name` if the cache holds it (and it is still on disk: one gone from under the cache
+/// is forgotten, to be fetched again), counting a local hit.
+fn pin_cached(name: &str, cache: &WorkerFiles, moved: &mut Transfers) -> Option<PathBuf> {
+    let mut c = lock(cache);
+    let (path, size) = c.pin(name)?;
+    if !path.is_file() {
+        c.unpin(name);
+        c.discard(name);
+        return None;
+    }
+    moved.local_files += 1;
+    moved.local_bytes += size;
+    Some(path)
+}
+
 /// Inputs too large for the cache are copied here, under the task's directory, for its run.
 const STREAMED: &str = ".kestrel-streamed";
 
@@ -176,16 +208,8 @@ fn stage(
     cache: &WorkerFiles,
     moved: &mut Transfers,
 ) -> Result<(PathBuf, bool), String> {
-    if let Some((path, size)) = lock(cache).pin(name) {
-        if path.is_file() {
-            moved.local_files += 1;
-            moved.local_bytes += size;
-            return Ok((path, true));
-        }
-        // Gone from the disk under the cache: forget it and fetch it again.
-        let mut c = lock(cache);
-        c.unpin(name);
-        c.discard(name);
+    if let Some(path) = pin_cached(name, cache, moved) {
+        return Ok((path, true));
     }
     let Some(store) = &plan.store else {
         return Err(format!(
@@ -193,12 +217,26 @@ fn stage(
         ));
     };
     let partial = lock(cache).partial_path();
-    let size = cache
-        .reading(|| store.read_into(name, &partial))
-        .map_err(|e| match e {
-            StoreError::NotFound(store) => format!("input {name} not found in {store}"),
-            StoreError::Failed(why) => why,
-        })?;
+    // Another run of this worker may have brought the file while this one waited for a
+    // reader's slot: one read from the store per file, not one per run that misses.
+    let read = cache.reading(|| match pin_cached(name, cache, moved) {
+        Some(path) => Ok(Err(path)),
+        None => store.read_into(name, &partial).map(Ok),
+    });
+    let size = match read {
+        Ok(Ok(size)) => size,
+        Ok(Err(cached)) => return Ok((cached, true)),
+        Err(StoreError::NotFound(store)) => {
+            let _ = fs::remove_file(&partial);
+            return Err(format!(
+                "input {name} not found in {store}; check the name, or put the file there"
+            ));
+        }
+        Err(StoreError::Failed(why)) => {
+            let _ = fs::remove_file(&partial);
+            return Err(why);
+        }
+    };
     moved.store_files += 1;
     moved.store_bytes += size;
     let inserted = lock(cache).insert(name, &partial, size);
@@ -310,6 +348,7 @@ mod tests {
             inputs: vec!["raw/a".into()],
             outputs: vec![],
             sandbox,
+            bad_name: None,
         };
         (dir, Arc::new(WorkerFiles::new(cache, 2)), plan)
     }
@@ -350,6 +389,45 @@ mod tests {
         let change = files.take_change();
         assert_eq!(change.moved[0].moved.store_files, 4);
         assert!(change.added.is_empty(), "nothing was cached");
+    }
+
+    #[test]
+    fn a_cached_file_gone_from_disk_is_fetched_again_without_a_hang() {
+        let (_dir, files, plan) = setup(1 << 20);
+        let launch = reads_its_input(&plan);
+        let run = |i| {
+            let (files, plan, launch) = (files.clone(), plan.clone(), launch.clone());
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let out =
+                    run_with_files((1, i), &launch, &plan, &files, &CancelHandle::new(), None);
+                let _ = tx.send(out);
+            });
+            rx.recv_timeout(std::time::Duration::from_secs(30))
+                .expect("the run ended (no deadlock on the cache)")
+        };
+        assert!(run(0).status.is_success());
+        fs::remove_file(lock(&files).path_of("raw/a")).unwrap();
+        let out = run(1);
+        assert!(out.status.is_success(), "{:?}", out.status);
+        let t = files.take_change().moved[0].moved;
+        assert_eq!((t.store_files, t.local_files), (2, 0));
+    }
+
+    #[test]
+    fn a_name_that_leaves_the_store_once_filled_in_fails_the_task() {
+        let (dir, files, mut plan) = setup(1 << 20);
+        plan.bad_name = Some("../../etc/passwd".into());
+        let launch = reads_its_input(&plan);
+        let out = run_with_files((1, 0), &launch, &plan, &files, &CancelHandle::new(), None);
+        match out.status {
+            ExitKind::SpawnFailed(why) => assert!(why.contains("not a plain path"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            !dir.path().join("cache/files/raw/a").exists(),
+            "nothing was staged"
+        );
     }
 
     #[test]

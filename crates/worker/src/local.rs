@@ -3,6 +3,7 @@
 //!
 //! Pure data; the session loop in `session.rs` drives it.
 
+use crate::cache::is_plain_name;
 use crate::exec::{Launch, RemoveIfEmpty, Sink as ExecSink};
 use crate::files::FilesPlan;
 use crate::store::Store;
@@ -304,11 +305,21 @@ impl Local {
             .cwd
             .as_deref()
             .map(|c| PathBuf::from(sub(&c.to_string())));
+        let inputs: Vec<String> = f.inputs.iter().chain(&f.statics).map(sub).collect();
+        let outputs: Vec<String> = f.outputs.iter().map(sub).collect();
+        // Checked again with the placeholders replaced: a line such as `../x` must not make
+        // a name that leaves the store, the cache or the task's directory.
+        let bad = inputs
+            .iter()
+            .chain(&outputs)
+            .find(|n| !is_plain_name(n))
+            .cloned();
         Some(FilesPlan {
             store: def.store.as_deref().map(Store::parse),
-            inputs: f.inputs.iter().chain(&f.statics).map(sub).collect(),
-            outputs: f.outputs.iter().map(sub).collect(),
+            inputs,
+            outputs,
             sandbox: cwd.unwrap_or_else(|| PathBuf::from(".")),
+            bad_name: bad,
         })
     }
 }

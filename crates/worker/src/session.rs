@@ -10,7 +10,8 @@ use crate::state::{Carry, WorkerState};
 use crate::{Connected, Handover, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
 use kestrel_proto::client::connect_as;
-use kestrel_proto::messages::{CacheInfo, FromWorker, Registration, Resume, ToWorker};
+use kestrel_proto::messages::{CacheChange, CacheInfo, FromWorker, Registration, Resume, ToWorker};
+use kestrel_proto::FILES_VERSION;
 use kestrel_proto::{
     Access, ClientError, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
 };
@@ -59,7 +60,7 @@ pub(crate) async fn serve(
     access: &Access,
     state: &mut WorkerState,
 ) -> Result<SessionEnd, WorkerError> {
-    let (mut reader, mut writer, _) = connect_as(access, Role::Worker, SPOKEN_VERSIONS)
+    let (mut reader, mut writer, version) = connect_as(access, Role::Worker, SPOKEN_VERSIONS)
         .await
         // A handshake cut short is the protocol's error, as a lost connection is later.
         .map_err(|e| match e {
@@ -75,6 +76,7 @@ pub(crate) async fn serve(
     // Starts the last connection did not report: its registration reports those tasks running.
     ledger.started.clear();
     let mut session = Session {
+        version,
         config,
         exec: &mut **exec,
         staging,
@@ -114,6 +116,9 @@ pub(crate) async fn serve(
 }
 
 struct Session<'a> {
+    /// The protocol version of the connection: below [`FILES_VERSION`] the server reads no
+    /// cache, so none is reported (and it gives no task with files).
+    version: u32,
     config: &'a WorkerConfig,
     exec: &'a mut dyn Executor,
     staging: &'a mut Staging,
@@ -122,7 +127,33 @@ struct Session<'a> {
     revoked: Vec<Vec<Key>>,
 }
 
+/// The cached files a registration lists: as many as fit in 8 MiB of names, so that a huge
+/// cache never makes the registration larger than a frame (the rest are reported as they are
+/// used again: a hit pins and reports nothing, so they are only missed for placement).
+fn reportable(held: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    let mut left: usize = 8 << 20;
+    held.into_iter()
+        .take_while(|(name, _)| {
+            let cost = name.len() + 12;
+            let fits = cost <= left;
+            left = left.saturating_sub(cost);
+            fits
+        })
+        .collect()
+}
+
 impl Session<'_> {
+    /// What to report of the cache in the next update: nothing to a server that cannot read
+    /// it (the changes are dropped; a later registration at version 8 reports the cache whole).
+    fn cache_change(&mut self) -> CacheChange {
+        let change = self.ledger.take_cache_change();
+        if self.version >= FILES_VERSION {
+            change
+        } else {
+            CacheChange::default()
+        }
+    }
+
     /// Sends the registration (with what survived the last connection, and `prev`, the last
     /// registration) and waits for the answer; tells [`WorkerConfig::on_connect`]. Returns the
     /// worker id and heartbeat interval.
@@ -159,14 +190,19 @@ impl Session<'_> {
                 gpus: self.config.gpus,
                 mem: self.config.mem,
                 named: self.config.named.clone(),
-                cache: self.ledger.files.as_ref().map(|c| {
-                    let c = crate::files::lock(c);
-                    CacheInfo {
-                        serves: String::new(),
-                        capacity: c.capacity(),
-                        held: c.held(),
-                    }
-                }),
+                cache: self
+                    .ledger
+                    .files
+                    .as_ref()
+                    .filter(|_| self.version >= FILES_VERSION)
+                    .map(|c| {
+                        let c = crate::files::lock(c);
+                        CacheInfo {
+                            serves: String::new(),
+                            capacity: c.capacity(),
+                            held: reportable(c.held()),
+                        }
+                    }),
                 prefetch: self.config.prefetch,
                 exec: exec.into(),
                 resume,
@@ -423,7 +459,7 @@ impl Session<'_> {
                 finished: self.ledger.finished.drain(..ends).collect(),
                 outputs: self.ledger.outputs.drain(..outs).collect(),
                 waited: std::mem::take(&mut self.ledger.waited),
-                cache: self.ledger.take_cache_change(),
+                cache: self.cache_change(),
             };
             if let Err(e) = writer.send(&msg).await {
                 // The results stay for the next registration's resume report.
@@ -453,7 +489,7 @@ impl Session<'_> {
             finished: std::mem::take(&mut self.ledger.finished),
             outputs: std::mem::take(&mut self.ledger.outputs),
             waited: std::mem::take(&mut self.ledger.waited),
-            cache: self.ledger.take_cache_change(),
+            cache: self.cache_change(),
         };
         let sent = writer.send(&msg).await;
         // The vectors go back for the next update, keeping their capacity (allocating them
@@ -565,6 +601,7 @@ mod tests {
 
         fn session(&mut self) -> Session<'_> {
             Session {
+                version: kestrel_proto::PROTOCOL_VERSION,
                 config: &self.config,
                 exec: &mut self.exec,
                 staging: &mut self.staging,

@@ -9,6 +9,7 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -67,7 +68,10 @@ impl Store {
                     }
                     Err(e) => return Err(failed(e.to_string())),
                 };
-                let copied = fs::copy(&from, to).map_err(|e| failed(e.to_string()))?;
+                let copied = fs::copy(&from, to).map_err(|e| {
+                    let _ = fs::remove_file(to);
+                    failed(e.to_string())
+                })?;
                 if copied != size {
                     let _ = fs::remove_file(to);
                     return Err(failed(format!(
@@ -77,8 +81,8 @@ impl Store {
                 Ok(size)
             }
             Store::Http(prefix) => {
-                let url = format!("{prefix}{name}");
-                let mut resp = http().get(&url).send().map_err(|e| failed(e.to_string()))?;
+                let url = url_of(prefix, name).map_err(failed)?;
+                let mut resp = http().get(url).send().map_err(|e| failed(e.to_string()))?;
                 let status = resp.status();
                 if status == reqwest::StatusCode::NOT_FOUND {
                     return Err(StoreError::NotFound(self.describe()));
@@ -118,14 +122,21 @@ impl Store {
                 let parent = to.parent().unwrap_or(dir);
                 fs::create_dir_all(parent).map_err(|e| failed(e.to_string()))?;
                 let file = to.file_name().and_then(|f| f.to_str()).unwrap_or("output");
-                let partial = parent.join(format!(".{file}.kestrel-{}", std::process::id()));
-                fs::copy(from, &partial).map_err(|e| failed(e.to_string()))?;
-                fs::rename(&partial, &to).map_err(|e| failed(e.to_string()))
+                // Unique per write: two runs may write one name at once (the last one wins).
+                static WRITES: AtomicU64 = AtomicU64::new(0);
+                let n = WRITES.fetch_add(1, Ordering::Relaxed);
+                let partial = parent.join(format!(".{file}.kestrel-{}-{n}", std::process::id()));
+                let placed = fs::copy(from, &partial).and_then(|_| fs::rename(&partial, &to));
+                placed.map_err(|e| {
+                    let _ = fs::remove_file(&partial);
+                    failed(e.to_string())
+                })
             }
             Store::Http(prefix) => {
+                let url = url_of(prefix, name).map_err(failed)?;
                 let body = fs::File::open(from).map_err(|e| failed(e.to_string()))?;
                 let resp = http()
-                    .put(format!("{prefix}{name}"))
+                    .put(url)
                     .body(reqwest::blocking::Body::from(body))
                     .send()
                     .map_err(|e| failed(e.to_string()))?;
@@ -137,6 +148,17 @@ impl Store {
             }
         }
     }
+}
+
+/// The URL of file `name` under `prefix`, each part of the name percent-encoded (a `#` or
+/// `?` in a name is part of the name, not of the URL).
+fn url_of(prefix: &str, name: &str) -> Result<reqwest::Url, String> {
+    let mut url = reqwest::Url::parse(prefix).map_err(|e| format!("bad store URL: {e}"))?;
+    url.path_segments_mut()
+        .map_err(|()| "the store URL cannot take a path".to_string())?
+        .pop_if_empty()
+        .extend(name.split('/'));
+    Ok(url)
 }
 
 /// One HTTP client for the process: connections to the store are reused across tasks.
@@ -186,6 +208,12 @@ mod tests {
             Store::parse("/data/store"),
             Store::Dir("/data/store".into())
         );
+    }
+
+    #[test]
+    fn names_are_encoded_into_urls_part_by_part() {
+        let u = url_of("http://s:8080/data/", "raw/a b#1?.fits").unwrap();
+        assert_eq!(u.as_str(), "http://s:8080/data/raw/a%20b%231%3F.fits");
     }
 
     #[test]

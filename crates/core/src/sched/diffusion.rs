@@ -148,11 +148,13 @@ impl Scheduler {
         self.config
             .window
             .unwrap_or_else(|| (100 * self.workers.len()).max(100))
+            .max(1)
     }
 
     /// Moves ready tasks of windowed jobs from the queue into the window, in queue order,
     /// until it holds W.
     fn top_up_window(&mut self) {
+        self.window.maintain();
         let cap = self.window_size();
         if self.windowed_jobs.is_empty() || self.window.len() >= cap {
             return;
@@ -270,7 +272,7 @@ impl Scheduler {
                     full_up = true;
                     break;
                 }
-                Offered::Taken | Offered::Declined => {}
+                Offered::Taken | Offered::Declined | Offered::Unfit => {}
             }
         }
         self.hit_buf = hits;
@@ -297,7 +299,7 @@ impl Scheduler {
             for seq in chunk {
                 match self.offer_from_window(now_us, id, seq, Hits::default(), runs, busy, total) {
                     Offered::Full => break 'scan,
-                    Offered::Taken => {}
+                    Offered::Taken | Offered::Unfit => {}
                     Offered::Declined => {
                         declined += 1;
                         if declined > self.policy.window() {
@@ -340,7 +342,7 @@ impl Scheduler {
         if !w.can_ever_run(need)
             || w.room_for(need, j.prefetch_for(w, self.config.prefetch_horizon_us)) == 0
         {
-            return Offered::Declined;
+            return Offered::Unfit;
         }
         let util = if total == 0 {
             1.0
@@ -365,7 +367,12 @@ impl Scheduler {
                 .max()
                 .unwrap_or_default()
         };
-        if !j.policy(&*self.policy).accepts(here, &best, util) {
+        // A task that waited while W others left is taken by any worker with room.
+        let waited_its_turn = self
+            .window
+            .age(seq)
+            .is_some_and(|a| a >= self.window_size() as u64);
+        if !waited_its_turn && !j.policy(&*self.policy).accepts(here, &best, util) {
             return Offered::Declined;
         }
         self.window.remove(seq);
@@ -401,8 +408,12 @@ impl Scheduler {
 enum Offered {
     /// The worker took it.
     Taken,
-    /// Not this task: the next may do.
+    /// The policy would not have this worker take it (or it left): the next may do.
     Declined,
+    /// The worker cannot run its shape, or has no room for it: not the policy's doing, so not
+    /// counted against the scan's bound (a job this worker can never run must not hide the
+    /// tasks behind it).
+    Unfit,
     /// The worker has no room left for anything.
     Full,
 }

@@ -28,7 +28,7 @@ impl Scheduler {
         if self.workers.is_empty() {
             return;
         }
-        if !self.ready.is_empty() || !self.windowed_jobs.is_empty() {
+        if !self.ready.is_empty() || !self.window.is_empty() {
             let mut ids: Vec<WorkerId> = self.workers.keys().copied().collect();
             self.policy.order_workers(&mut ids);
             // With more queued than all workers can hold, every window fills whatever the
@@ -216,7 +216,16 @@ impl Scheduler {
                 |job| {
                     worth.memo(job, || {
                         jobs.get(&job).is_some_and(|j| {
-                            j.policy(policy).steals()
+                            // A data-aware policy keeps home only the tasks it placed by their
+                            // data (the others are first-available's whatever the policy);
+                            // any other policy says for all its jobs.
+                            let p = j.policy(policy);
+                            let steals = if p.data_aware() {
+                                !j.windowed || p.steals()
+                            } else {
+                                p.steals()
+                            };
+                            steals
                                 && j.worth_stealing(min_run)
                                 && thieves.iter().any(|t| j.need.fits_in(t))
                         })

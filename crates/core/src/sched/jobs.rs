@@ -230,6 +230,10 @@ impl Scheduler {
             j.finished_us = Some(now_us);
             self.live_jobs.remove(&job);
             self.windowed_jobs.remove(&job);
+            if self.windowed_jobs.is_empty() && !self.window.is_empty() {
+                // What is left names tasks that moved on (a resumed worker took them back).
+                self.window = crate::window::Window::new();
+            }
             self.commands.push(Command::JobDone { job });
             for w in self.workers.values_mut() {
                 if w.known_jobs.remove(&job) {

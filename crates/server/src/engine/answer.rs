@@ -52,6 +52,14 @@ impl Engine {
                     }
                 } else if let Err(e) = self.durable.accepting_work() {
                     Err(e.into())
+                } else if !spec.template.files.is_empty()
+                    && spec.placement.store.is_none()
+                    && self.store.is_none()
+                {
+                    // Every task would fail staging, and outputs would reach no store.
+                    Err(Refusal::from(
+                        "the job declares files, but neither it nor the server names a store; give one with `--store DIR|URL` (or start the server with `--store`)".to_string(),
+                    ))
                 } else {
                     let name = spec.name.clone();
                     let n = tasks.len();

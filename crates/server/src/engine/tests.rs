@@ -95,7 +95,14 @@ impl Server {
         let conn = self.next_conn;
         self.next_conn += 1;
         let (tx, rx) = mpsc::unbounded_channel();
-        (Peer { conn, rx }, Outbox { conn, tx })
+        (
+            Peer { conn, rx },
+            Outbox {
+                conn,
+                tx,
+                version: kestrel_proto::PROTOCOL_VERSION,
+            },
+        )
     }
 
     /// A worker with `slots` slots and no prefetch, registered; its welcome is read.

@@ -91,6 +91,17 @@ pub struct IndexRun {
     pub count: u32,
 }
 
+impl IndexRun {
+    /// Appends `run` to `runs`, joining the last run when it continues it (same job, next
+    /// index), so that consecutive tasks travel as one run.
+    pub(crate) fn append(runs: &mut Vec<IndexRun>, run: IndexRun) {
+        match runs.last_mut() {
+            Some(l) if l.job == run.job && l.first + l.count == run.first => l.count += run.count,
+            _ => runs.push(run),
+        }
+    }
+}
+
 /// What the scheduler asks its driver to carry out, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {

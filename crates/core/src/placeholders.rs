@@ -6,6 +6,11 @@
 //! [`check_template`] refuses a placeholder that does not apply (`{line}` without `--each`) or that
 //! looks like a mistyped one (`{tsk}`, `{TASK}`, `{lines}`), and lets any other text in braces
 //! through untouched (`awk '{print $1}'`, `find -exec rm {} +`, `{x}`).
+//!
+//! A task that reads files also has `{input:NAME}` (the path its input NAME was staged at),
+//! `{input:N}` (the Nth input's, from 0) and `{inputs}` (all of them, space-separated). Their
+//! paths are known only once the worker has staged the inputs, so these are replaced after
+//! the others, by [`substitute_inputs`].
 
 use crate::spec::{Sink, TaskTemplate};
 use std::borrow::Cow;
@@ -125,6 +130,52 @@ fn meant(name: &str) -> Option<&'static str> {
         .find(|n| strsim::osa_distance(&lower, n) <= 1)
 }
 
+/// `text` with `{input:NAME}`, `{input:N}` and `{inputs}` replaced by the paths of `inputs`
+/// (name, path: the task's inputs in the order declared, their names with placeholders
+/// already replaced); borrowed when there is nothing to replace. One pass, so a path that
+/// itself holds `{input` is not replaced again; an `{input:X}` naming no input stays as it is.
+pub fn substitute_inputs<'a>(text: &'a str, inputs: &[(String, String)]) -> Cow<'a, str> {
+    const OPEN: &str = "{input";
+    if !text.contains(OPEN) {
+        return Cow::Borrowed(text);
+    }
+    let path_of = |key: &str| {
+        inputs
+            .iter()
+            .find(|(name, _)| name == key)
+            .or_else(|| key.parse::<usize>().ok().and_then(|i| inputs.get(i)))
+            .map(|(_, path)| path.as_str())
+    };
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut rest = text;
+    while let Some(at) = rest.find(OPEN) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + OPEN.len()..];
+        if let Some(r) = after.strip_prefix("s}") {
+            let all: Vec<&str> = inputs.iter().map(|(_, p)| p.as_str()).collect();
+            out.push_str(&all.join(" "));
+            rest = r;
+            continue;
+        }
+        let named = after.strip_prefix(':').and_then(|r| {
+            let end = r.find('}')?;
+            Some((path_of(&r[..end])?, &r[end + 1..]))
+        });
+        match named {
+            Some((path, r)) => {
+                out.push_str(path);
+                rest = r;
+            }
+            None => {
+                out.push_str(OPEN);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
 /// Checks the placeholders of one piece of text (see the module's rule); `place` names it in
 /// the error, `lines` says whether `{line}` applies.
 pub fn check(text: &str, place: &str, lines: bool) -> Result<(), PlaceholderError> {
@@ -226,6 +277,32 @@ pub fn output_path(template: &TaskTemplate, sink: &Sink, v: &Values) -> Option<P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn input_placeholders_name_the_staged_paths() {
+        let inputs = vec![
+            ("raw/7.fits".to_string(), "/c/files/raw/7.fits".to_string()),
+            ("db".to_string(), "/c/files/db".to_string()),
+        ];
+        let sub = |t: &str| substitute_inputs(t, &inputs).into_owned();
+        assert_eq!(
+            sub("cat {input:raw/7.fits} {input:1}"),
+            "cat /c/files/raw/7.fits /c/files/db"
+        );
+        assert_eq!(sub("ls {inputs}"), "ls /c/files/raw/7.fits /c/files/db");
+        // Unknown names and other braces stay; text without any is borrowed.
+        assert_eq!(
+            sub("{input:nope} {input:9} {inputx}"),
+            "{input:nope} {input:9} {inputx}"
+        );
+        assert!(matches!(
+            substitute_inputs("plain {task}", &inputs),
+            Cow::Borrowed(_)
+        ));
+        // A path holding `{input` is not replaced again.
+        let odd = vec![("a".to_string(), "/p/{inputs}".to_string())];
+        assert_eq!(substitute_inputs("{input:a}", &odd), "/p/{inputs}");
+    }
 
     fn values(line: Option<&str>) -> Values<'_> {
         Values {

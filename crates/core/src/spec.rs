@@ -84,6 +84,12 @@ impl Resources {
         named: [0; MAX_NAMED],
     };
 
+    /// One cpu and nothing else: the smallest task, to ask whether a worker has room at all.
+    pub const ONE_CPU: Resources = Resources {
+        cpus: 1,
+        ..Resources::NONE
+    };
+
     /// Whether `self` fits in `room`, resource by resource.
     pub fn fits_in(&self, room: &Resources) -> bool {
         self.cpus <= room.cpus

@@ -14,6 +14,7 @@
 //! millions, and an eviction is followed by a file transfer that costs far more.
 
 use kestrel_proto::messages::CacheChange;
+use rand::seq::IteratorRandom;
 use rustc_hash::FxHashMap;
 use std::fs;
 use std::io;
@@ -70,8 +71,6 @@ pub struct Cache {
     clock: u64,
     /// What changed since the last report to the server.
     delta: CacheChange,
-    /// For random eviction (xorshift; no need for a cryptographic generator).
-    rng: u64,
     next_partial: u64,
 }
 
@@ -117,7 +116,6 @@ impl Cache {
             used_bytes: 0,
             clock: 0,
             delta: CacheChange::default(),
-            rng: 0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()),
             next_partial: 0,
         };
         let mut found = Vec::new();
@@ -284,24 +282,13 @@ impl Cache {
     }
 
     /// The unpinned file the policy evicts first.
-    fn victim(&mut self) -> Option<String> {
+    fn victim(&self) -> Option<String> {
         let unpinned = self.entries.iter().filter(|(_, e)| e.pins == 0);
         let pick = match self.policy {
             EvictionPolicy::Lru => unpinned.min_by_key(|(n, e)| (e.used, *n)),
             EvictionPolicy::Fifo => unpinned.min_by_key(|(n, e)| (e.added, *n)),
             EvictionPolicy::Lfu => unpinned.min_by_key(|(n, e)| (e.uses, e.used, *n)),
-            EvictionPolicy::Random => {
-                let mut all: Vec<_> = unpinned.map(|(n, _)| n).collect();
-                if all.is_empty() {
-                    return None;
-                }
-                all.sort();
-                self.rng ^= self.rng << 13;
-                self.rng ^= self.rng >> 7;
-                self.rng ^= self.rng << 17;
-                let n = all[(self.rng % all.len() as u64) as usize].clone();
-                return Some(n);
-            }
+            EvictionPolicy::Random => unpinned.choose(&mut rand::thread_rng()),
         };
         pick.map(|(n, _)| n.clone())
     }

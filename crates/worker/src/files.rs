@@ -16,8 +16,10 @@ use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::reaper::Reaper;
 use crate::store::{Store, StoreError};
 use kestrel_core::files::Transfers;
+use kestrel_core::placeholders::substitute_inputs;
 use kestrel_core::{JobId, TaskIndex};
 use kestrel_proto::messages::{CacheChange, JobTransfers};
+use std::borrow::Cow;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -264,28 +266,23 @@ fn stage(
     }
 }
 
-/// `launch` with the input placeholders replaced and `KESTREL_INPUTS` set.
+/// `launch` with the input placeholders replaced ([`substitute_inputs`]) and
+/// `KESTREL_INPUTS` set.
 fn with_input_paths(launch: &Launch, paths: &[(String, PathBuf)]) -> Launch {
-    let all: Vec<String> = paths.iter().map(|(_, p)| p.display().to_string()).collect();
-    let joined = all.join(" ");
-    let replace = |text: &str| -> String {
-        if !text.contains("{input") {
-            return text.to_string();
+    let paths: Vec<(String, String)> = paths
+        .iter()
+        .map(|(n, p)| (n.clone(), p.display().to_string()))
+        .collect();
+    let replace = |text: &mut String| {
+        if let Cow::Owned(done) = substitute_inputs(text, &paths) {
+            *text = done;
         }
-        let mut out = text.replace("{inputs}", &joined);
-        for (i, (name, path)) in paths.iter().enumerate() {
-            let p = path.display().to_string();
-            out = out.replace(&format!("{{input:{name}}}"), &p);
-            out = out.replace(&format!("{{input:{i}}}"), &p);
-        }
-        out
     };
     let mut l = launch.clone();
-    l.argv = l.argv.iter().map(|a| replace(a)).collect();
-    for (_, v) in &mut l.env {
-        *v = replace(v);
-    }
-    l.env.push(("KESTREL_INPUTS".into(), joined));
+    l.argv.iter_mut().for_each(replace);
+    l.env.iter_mut().for_each(|(_, v)| replace(v));
+    let all: Vec<&str> = paths.iter().map(|(_, p)| p.as_str()).collect();
+    l.env.push(("KESTREL_INPUTS".into(), all.join(" ")));
     l
 }
 

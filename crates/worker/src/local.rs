@@ -33,8 +33,8 @@ pub struct LocalTask {
 #[derive(Debug)]
 pub struct JobDef {
     pub template: TaskTemplate,
-    /// The store its files are in (a directory), if it declares files.
-    pub store: Option<String>,
+    /// The store its files are in, if it declares files.
+    pub store: Option<Store>,
     pub ids: JobIds,
     pub resources: Resources,
     /// Named resources each task holds.
@@ -110,7 +110,7 @@ impl Local {
             job,
             JobDef {
                 template,
-                store,
+                store: store.as_deref().map(Store::parse),
                 ids,
                 resources,
                 named,
@@ -232,8 +232,15 @@ impl Local {
         removed
     }
 
-    /// Builds the launch of a task: placeholders substituted, environment set.
-    pub fn launch(&self, task: &LocalTask, gpus: &[u32], me: &Identity) -> Result<Launch, String> {
+    /// Builds the launch of a task (placeholders substituted, environment set) and, if its
+    /// job declares files, their plan (names with placeholders replaced, the store, the
+    /// directory it writes its outputs in).
+    pub fn launch(
+        &self,
+        task: &LocalTask,
+        gpus: &[u32],
+        me: &Identity,
+    ) -> Result<(Launch, Option<Box<FilesPlan>>), String> {
         let def = self
             .jobs
             .get(&task.job)
@@ -269,7 +276,26 @@ impl Local {
             env.push(("CUDA_VISIBLE_DEVICES".to_string(), list.join(",")));
         }
         env.extend(t.env.iter().map(|(k, v)| (k.clone(), sub(v))));
-        Ok(Launch {
+        let files = (!t.files.is_empty()).then(|| {
+            let f = &t.files;
+            let inputs: Vec<String> = f.inputs.iter().chain(&f.statics).map(|n| sub(n)).collect();
+            let outputs: Vec<String> = f.outputs.iter().map(|n| sub(n)).collect();
+            // Checked again with the placeholders replaced: a line such as `../x` must not
+            // make a name that leaves the store, the cache or the task's directory.
+            let bad_name = inputs
+                .iter()
+                .chain(&outputs)
+                .find(|n| !is_plain_name(n))
+                .cloned();
+            Box::new(FilesPlan {
+                store: def.store.clone(),
+                inputs,
+                outputs,
+                sandbox: cwd.clone().unwrap_or_else(|| PathBuf::from(".")),
+                bad_name,
+            })
+        });
+        let launch = Launch {
             argv,
             env,
             stdout: sink(&t.stdout),
@@ -280,47 +306,8 @@ impl Local {
                 stdout: names_one_task(t.cwd.as_deref(), &t.stdout),
                 stderr: names_one_task(t.cwd.as_deref(), &t.stderr),
             },
-        })
-    }
-}
-
-impl Local {
-    /// The files of `task`, if its job declares any: names with placeholders replaced, the
-    /// store, and the directory the task runs in (where it writes its outputs).
-    pub fn files_plan(&self, task: &LocalTask) -> Option<FilesPlan> {
-        let def = self.jobs.get(&task.job)?;
-        let f = &def.template.files;
-        if f.is_empty() {
-            return None;
-        }
-        let (job_s, id_s) = def.ids_of(task);
-        let values = Values {
-            job: &job_s,
-            task: &id_s,
-            line: task.line.as_deref(),
         };
-        let sub = |s: &String| substitute(s, &values).into_owned();
-        let cwd = def
-            .template
-            .cwd
-            .as_deref()
-            .map(|c| PathBuf::from(sub(&c.to_string())));
-        let inputs: Vec<String> = f.inputs.iter().chain(&f.statics).map(sub).collect();
-        let outputs: Vec<String> = f.outputs.iter().map(sub).collect();
-        // Checked again with the placeholders replaced: a line such as `../x` must not make
-        // a name that leaves the store, the cache or the task's directory.
-        let bad = inputs
-            .iter()
-            .chain(&outputs)
-            .find(|n| !is_plain_name(n))
-            .cloned();
-        Some(FilesPlan {
-            store: def.store.as_deref().map(Store::parse),
-            inputs,
-            outputs,
-            sandbox: cwd.unwrap_or_else(|| PathBuf::from(".")),
-            bad_name: bad,
-        })
+        Ok((launch, files))
     }
 }
 
@@ -384,7 +371,7 @@ mod tests {
             arrived_us: 0,
             line: None,
         };
-        let launch = l.launch(&t, &[], &me()).unwrap();
+        let launch = l.launch(&t, &[], &me()).unwrap().0;
         assert_eq!(launch.argv, vec!["sim", "--seed", "20", "j3"]);
         assert_eq!(launch.cwd.as_deref(), Some(Path::new("/data/run-3")));
         assert_eq!(
@@ -444,7 +431,7 @@ mod tests {
         let (t, held) = l.next_startable().unwrap();
         assert_eq!((t.index, held.gpus.clone()), (0, vec![0]));
         assert!(l.next_startable().is_none(), "the only GPU is taken");
-        let launch = l.launch(&t, &held.gpus, &me()).unwrap();
+        let launch = l.launch(&t, &held.gpus, &me()).unwrap().0;
         assert_eq!(launch.argv, vec!["a"]);
         assert!(launch
             .env
@@ -533,7 +520,7 @@ mod tests {
             0,
         );
         let (first, held) = l.next_startable().unwrap();
-        let launch = l.launch(&first, &[], &me()).unwrap();
+        let launch = l.launch(&first, &[], &me()).unwrap().0;
         assert_eq!(launch.argv, vec!["sha1sum", "a.dat"]);
         assert_eq!(
             launch.stdout,
@@ -547,7 +534,7 @@ mod tests {
         assert!(launch.env.contains(&("IN".into(), "a.dat-4".into())));
         l.release(held);
         let (second, _) = l.next_startable().unwrap();
-        let launch = l.launch(&second, &[], &me()).unwrap();
+        let launch = l.launch(&second, &[], &me()).unwrap().0;
         // A line is put in as it is, never read for placeholders itself.
         assert_eq!(launch.argv, vec!["sha1sum", "b {task}.dat"]);
     }

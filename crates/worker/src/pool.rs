@@ -155,7 +155,7 @@ impl Pool {
         let now = now_us();
         let waited_us = now.saturating_sub(task.arrived_us);
         match ledger.local.launch(&task, &held.gpus, &ledger.me) {
-            Ok(launch) => {
+            Ok((launch, files)) => {
                 let key = (task.job, task.index);
                 let cancel = CancelHandle::new();
                 let run = Running {
@@ -164,7 +164,6 @@ impl Pool {
                     waited_us,
                 };
                 ledger.start_running(key, run, now);
-                let files = ledger.local.files_plan(&task).map(Box::new);
                 self.run(key, launch, files, cancel);
             }
             Err(reason) => {
@@ -190,10 +189,7 @@ impl Pool {
                 return;
             };
             match ledger.local.launch(&task, &[], &ledger.me) {
-                Ok(launch) => {
-                    let files = ledger.local.files_plan(&task).map(Box::new);
-                    self.put_on_deck(task, launch, files, CancelHandle::new())
-                }
+                Ok((launch, files)) => self.put_on_deck(task, launch, files, CancelHandle::new()),
                 Err(reason) => ledger.cannot_launch(&task, now_us(), reason),
             }
         }

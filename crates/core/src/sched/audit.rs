@@ -124,7 +124,7 @@ impl Scheduler {
             }
         }
         for (&id, j) in &self.jobs {
-            let want = j.len() as usize * j.inputs_per_task as usize;
+            let want = j.len() as usize * j.inputs_per_task();
             if j.inputs.len() != want {
                 bad.push(format!(
                     "job {id}: {} inputs numbered, its tasks have {want}",

@@ -16,7 +16,7 @@ use crate::files::{CacheDelta, FileId, FileIndex, Hits};
 use crate::outcome::{Command, IndexRun};
 use crate::placeholders::{substitute, Values};
 use crate::policy::{self, DispatchPolicy};
-use crate::spec::{JobId, TaskIndex, TaskState, WorkerId};
+use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
 use crate::window::Seq;
 use rustc_hash::FxHashSet;
 
@@ -24,7 +24,7 @@ impl Job {
     /// The inputs of task `index`, numbered by the scheduler's file index (empty for a job
     /// without inputs).
     pub fn inputs_of(&self, index: TaskIndex) -> &[FileId] {
-        let k = self.inputs_per_task as usize;
+        let k = self.inputs_per_task();
         let from = index as usize * k;
         self.inputs.get(from..from + k).unwrap_or(&[])
     }
@@ -60,9 +60,6 @@ impl Scheduler {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
-        let files = &j.spec.template.files;
-        j.has_files = !files.is_empty();
-        j.inputs_per_task = files.inputs.len() as u32;
         let p = &j.spec.placement;
         if p.policy.is_some() || p.util_threshold_permille.is_some() {
             let name = p.policy.unwrap_or(self.policy.name());
@@ -78,7 +75,7 @@ impl Scheduler {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
-        j.windowed = j.inputs_per_task > 0 && j.policy(&*self.policy).data_aware();
+        j.windowed = j.inputs_per_task() > 0 && j.policy(&*self.policy).data_aware();
         if j.windowed && !j.is_done() {
             self.windowed_jobs.insert(job);
         } else {
@@ -100,7 +97,7 @@ impl Scheduler {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
         };
-        if j.inputs_per_task == 0 {
+        if j.inputs_per_task() == 0 {
             return;
         }
         let patterns = &j.spec.template.files.inputs;
@@ -199,7 +196,7 @@ impl Scheduler {
             let cpus = w.offer.resources.cpus;
             total += u64::from(cpus);
             busy += u64::from(w.used.cpus.min(cpus));
-            if w.offer.stages_files && w.room_for(one_cpu(), w.offer.prefetch) > 0 {
+            if w.offer.stages_files && w.room_for(Resources::ONE_CPU, w.offer.prefetch) > 0 {
                 free.insert(w.id);
             }
         }
@@ -245,7 +242,7 @@ impl Scheduler {
         };
         if w.quarantined.is_some()
             || !w.offer.stages_files
-            || w.room_for(one_cpu(), w.offer.prefetch) == 0
+            || w.room_for(Resources::ONE_CPU, w.offer.prefetch) == 0
         {
             return;
         }
@@ -335,7 +332,7 @@ impl Scheduler {
         let Some(w) = self.workers.get(&id) else {
             return Offered::Full;
         };
-        if w.room_for(one_cpu(), w.offer.prefetch) == 0 {
+        if w.room_for(Resources::ONE_CPU, w.offer.prefetch) == 0 {
             return Offered::Full;
         }
         let need = j.need;
@@ -380,11 +377,7 @@ impl Scheduler {
         let w = self.workers.get_mut(&id).expect("checked above");
         let free = w.offer.resources.cpus.saturating_sub(w.used.cpus);
         *busy += u64::from(need.cpus.min(free));
-        let rec = j.set_state(index, TaskState::Assigned);
-        rec.assigned_us = now_us;
-        rec.started_us = 0;
-        rec.finished_us = 0;
-        rec.worker = id;
+        j.assign(index, id, now_us);
         w.held += 1;
         w.used = w.used.plus(&need, 1);
         let run = IndexRun {
@@ -393,10 +386,7 @@ impl Scheduler {
             count: 1,
         };
         w.ledger.push_run(run);
-        match runs.last_mut() {
-            Some(l) if l.job == job && l.first + l.count == index => l.count += 1,
-            _ => runs.push(run),
-        }
+        IndexRun::append(runs, run);
         if w.known_jobs.insert(job) {
             self.commands.push(Command::DefineJob { worker: id, job });
         }
@@ -416,11 +406,4 @@ enum Offered {
     Unfit,
     /// The worker has no room left for anything.
     Full,
-}
-
-fn one_cpu() -> crate::spec::Resources {
-    crate::spec::Resources {
-        cpus: 1,
-        ..crate::spec::Resources::NONE
-    }
 }

@@ -95,7 +95,7 @@ impl Scheduler {
             };
             let need = j.need;
             // Windowed jobs are placed from the window; a job with files needs a cache.
-            if !w.can_ever_run(need) || j.windowed || (j.has_files && !w.offer.stages_files) {
+            if !w.can_ever_run(need) || j.windowed || (j.has_files() && !w.offer.stages_files) {
                 return Some(0);
             }
             let prefetch = match depth {
@@ -105,11 +105,7 @@ impl Scheduler {
             let room = w.room_for(need, prefetch);
             if room == 0 {
                 // Out of credit for this shape; smaller tasks further down may still fit.
-                let one_cpu = Resources {
-                    cpus: 1,
-                    ..Resources::NONE
-                };
-                return if w.room_for(one_cpu, most_prefetch) == 0 {
+                return if w.room_for(Resources::ONE_CPU, most_prefetch) == 0 {
                     None
                 } else {
                     Some(0)
@@ -129,20 +125,14 @@ impl Scheduler {
                 if j.table.get(index).state != TaskState::Ready {
                     continue;
                 }
-                let rec = j.set_state(index, TaskState::Assigned);
-                rec.assigned_us = now_us;
-                rec.started_us = 0;
-                rec.finished_us = 0;
-                rec.worker = id;
+                j.assign(index, id, now_us);
                 given += 1;
-                match mine.last_mut() {
-                    Some(r) if r.job == span.job && r.first + r.count == index => r.count += 1,
-                    _ => mine.push(IndexRun {
-                        job: span.job,
-                        first: index,
-                        count: 1,
-                    }),
-                }
+                let run = IndexRun {
+                    job: span.job,
+                    first: index,
+                    count: 1,
+                };
+                IndexRun::append(&mut mine, run);
             }
             w.held += given;
             w.used = w.used.plus(&need, given);
@@ -154,10 +144,7 @@ impl Scheduler {
         for r in mine {
             w.ledger.push_run(r);
             // A run that continues one of the first pass joins it.
-            match runs.last_mut() {
-                Some(l) if l.job == r.job && l.first + l.count == r.first => l.count += r.count,
-                _ => runs.push(r),
-            }
+            IndexRun::append(runs, r);
         }
         for job in defines {
             self.commands.push(Command::DefineJob { worker: id, job });

@@ -95,12 +95,9 @@ pub struct Job {
     pub(super) outcomes: JobOutcomes,
     pub(super) table: TaskTable,
     pub(super) failures: FxHashMap<TaskIndex, Failure>,
-    /// Each task's inputs, numbered by the file index: `inputs_per_task` per task, in index
-    /// order (see [`Job::inputs_of`]).
+    /// Each task's inputs, numbered by the file index: as many per task as the template
+    /// names, in index order (see [`Job::inputs_of`]).
     pub(super) inputs: Vec<FileId>,
-    pub(super) inputs_per_task: u32,
-    /// Whether its tasks read or write files: only workers with a cache take them.
-    pub(super) has_files: bool,
     /// Whether its tasks go through the scheduling window (they read files and its policy
     /// places by data).
     pub(super) windowed: bool,
@@ -140,8 +137,6 @@ impl Job {
             outcomes: JobOutcomes::default(),
             failures: FxHashMap::default(),
             inputs: Vec::new(),
-            inputs_per_task: 0,
-            has_files: false,
             windowed: false,
             policy: None,
             transfers: Transfers::default(),
@@ -263,6 +258,26 @@ impl Job {
             let r = self.table.get(index);
             r.worker == worker && matches!(r.state, TaskState::Assigned | TaskState::Running)
         }
+    }
+
+    /// How many inputs each task reads.
+    pub(super) fn inputs_per_task(&self) -> usize {
+        self.spec.template.files.inputs.len()
+    }
+
+    /// Whether its tasks read or write files: only workers with a cache take them.
+    pub(super) fn has_files(&self) -> bool {
+        !self.spec.template.files.is_empty()
+    }
+
+    /// Hands ready task `index` to `worker` at `now_us`: its record says so (the caller
+    /// accounts for it on the worker).
+    pub(super) fn assign(&mut self, index: TaskIndex, worker: WorkerId, now_us: u64) {
+        let rec = self.set_state(index, TaskState::Assigned);
+        rec.assigned_us = now_us;
+        rec.started_us = 0;
+        rec.finished_us = 0;
+        rec.worker = worker;
     }
 
     pub(super) fn set_state(&mut self, index: TaskIndex, to: TaskState) -> &mut TaskRecord {

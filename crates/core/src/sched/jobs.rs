@@ -81,7 +81,7 @@ impl Scheduler {
         j.tasks.append(more, already);
         let end = j.tasks.len();
         j.table.extend_to(end);
-        let numbered = j.inputs_per_task > 0;
+        let numbered = j.inputs_per_task() > 0;
         if j.canceled {
             j.counts.canceled += end - start;
         } else {

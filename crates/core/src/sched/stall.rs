@@ -64,13 +64,13 @@ impl Scheduler {
             return Some(Stall::NoWorkers);
         }
         let need = j.need;
-        if j.has_files && !self.workers.values().any(|w| w.offer.stages_files) {
+        if j.has_files() && !self.workers.values().any(|w| w.offer.stages_files) {
             return Some(Stall::NoCache);
         }
         let able = || {
             self.workers
                 .values()
-                .filter(|w| w.can_ever_run(need) && (w.offer.stages_files || !j.has_files))
+                .filter(|w| w.can_ever_run(need) && (w.offer.stages_files || !j.has_files()))
         };
         if able().any(|w| w.quarantined.is_none()) {
             return None;

@@ -143,6 +143,10 @@ pub fn run_with_files(
         &[]
     };
     for name in names {
+        // Canceled while staging: stop fetching; the run below ends as canceled at once.
+        if cancel.is_canceled() {
+            break;
+        }
         match stage(name, plan, &streamed, cache, &mut moved) {
             Ok((path, pin)) => {
                 if pin {
@@ -425,6 +429,23 @@ mod tests {
             !dir.path().join("cache/files/raw/a").exists(),
             "nothing was staged"
         );
+    }
+
+    #[test]
+    fn a_run_canceled_before_staging_reads_nothing_and_ends_canceled() {
+        let (_dir, files, plan) = setup(1 << 20);
+        let cancel = CancelHandle::new();
+        cancel.cancel();
+        let out = run_with_files(
+            (1, 0),
+            &reads_its_input(&plan),
+            &plan,
+            &files,
+            &cancel,
+            None,
+        );
+        assert_eq!(out.status, ExitKind::Canceled);
+        assert!(files.take_change().moved.is_empty(), "no input was staged");
     }
 
     #[test]

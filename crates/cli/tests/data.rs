@@ -52,12 +52,16 @@ fn inputs_come_through_the_caches_and_outputs_reach_the_store() {
     // Each cached input is the store's file, and each worker's cache holds what it read.
     let mut cached = 0;
     for i in 0..2 {
-        let raw = c.root().join(format!("cache-{i}/files/raw"));
-        for entry in fs::read_dir(&raw).into_iter().flatten().flatten() {
-            let name = entry.file_name().into_string().unwrap();
-            let want = fs::read_to_string(format!("{store}/raw/{name}")).unwrap();
-            assert_eq!(fs::read_to_string(entry.path()).unwrap(), want);
-            cached += 1;
+        // Files sit under a key of their store (`files/KEY/raw/N.dat`).
+        let files = c.root().join(format!("cache-{i}/files"));
+        let keys = fs::read_dir(&files).into_iter().flatten().flatten();
+        for raw in keys.map(|k| k.path().join("raw")) {
+            for entry in fs::read_dir(&raw).into_iter().flatten().flatten() {
+                let name = entry.file_name().into_string().unwrap();
+                let want = fs::read_to_string(format!("{store}/raw/{name}")).unwrap();
+                assert_eq!(fs::read_to_string(entry.path()).unwrap(), want);
+                cached += 1;
+            }
         }
     }
     assert!(

@@ -15,6 +15,27 @@ use rustc_hash::{FxHashMap, FxHashSet};
 /// A logical file's number, given by the index the first time it sees the name.
 pub type FileId = u32;
 
+/// The name a file of store `store` goes by in caches and in the index: `KEY/NAME`, where
+/// KEY is a short digest of the store's location. Two stores may both hold `raw/1.fits`;
+/// qualified, the two are different files, and a typo in a job's store is a miss, not
+/// another store's file. Workers and the scheduler both name files so.
+pub fn cached_name(store: Option<&str>, name: &str) -> String {
+    format!("{}/{name}", store_key(store.unwrap_or("")))
+}
+
+/// 16 hex digits of the 64-bit FNV-1a digest of `store`. Written out here because the key
+/// must stay the same across builds and machines (a cache survives a worker's upgrade), which
+/// std's hashers do not promise; collisions between the few stores of one cluster are not a
+/// concern at 64 bits.
+fn store_key(store: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in store.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 /// What one worker's cache gained and lost since its last report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CacheDelta {
@@ -340,6 +361,16 @@ mod tests {
             added: added.to_vec(),
             evicted: evicted.to_vec(),
         }
+    }
+
+    #[test]
+    fn files_of_two_stores_are_two_files() {
+        let a = cached_name(Some("/data/store"), "raw/1.fits");
+        let b = cached_name(Some("http://s:8080/"), "raw/1.fits");
+        assert_ne!(a, b);
+        assert!(a.ends_with("/raw/1.fits") && a.len() == 16 + 1 + 10);
+        // Stable: the same store gives the same key in every build.
+        assert_eq!(cached_name(None, "x"), "cbf29ce484222325/x");
     }
 
     #[test]

@@ -237,7 +237,13 @@ fn inputs_are_numbered_as_workers_name_them() {
             false,
         )
         .unwrap();
-    let id = |s: &Scheduler, n: &str| s.files().id(n).unwrap_or_else(|| panic!("{n} numbered"));
+    // Names are qualified by the job's store (none here), as workers name their files.
+    let id = |s: &Scheduler, n: &str| {
+        let name = kestrel_core::files::cached_name(None, n);
+        s.files()
+            .id(&name)
+            .unwrap_or_else(|| panic!("{name} numbered"))
+    };
     let j = s.job(job).unwrap();
     assert_eq!(j.inputs_of(1), &[id(&s, "raw/6.fits"), id(&s, "db/ref")]);
     assert_eq!(
@@ -256,6 +262,32 @@ fn inputs_are_numbered_as_workers_name_them() {
     assert_eq!(l.inputs_of(2), &[id(&s, "raw/2.fits"), id(&s, "db/ref")]);
     assert!(l.inputs_of(3).is_empty());
     assert!(s.audit().is_empty(), "{:?}", s.audit());
+}
+
+#[test]
+fn files_of_two_stores_are_two_files() {
+    // One name in two stores: two files for the index, so a worker caching one store's copy
+    // is no hit for the other's tasks.
+    let mut s = Scheduler::new(Config {
+        store: Some("/data/a".into()),
+        ..Config::default()
+    });
+    let mut in_a = JobSpec::command("a", vec!["cat".into()]);
+    in_a.template.files.inputs = vec!["raw/1".into()];
+    let mut in_b = in_a.clone();
+    in_b.placement.store = Some("/data/b".into());
+    let a = s.submit(0, in_a, common::array(1), false).unwrap();
+    let b = s.submit(0, in_b, common::array(1), false).unwrap();
+    let (ia, ib) = (
+        s.job(a).unwrap().inputs_of(0),
+        s.job(b).unwrap().inputs_of(0),
+    );
+    assert_ne!(ia, ib);
+    let name = |f: &[kestrel_core::files::FileId]| s.files().name(f[0]).unwrap().to_string();
+    assert_eq!(
+        name(ia),
+        kestrel_core::files::cached_name(Some("/data/a"), "raw/1")
+    );
 }
 
 #[test]

@@ -103,6 +103,9 @@ pub(crate) fn lock(files: &WorkerFiles) -> MutexGuard<'_, Cache> {
 pub struct FilesPlan {
     /// The job's store, if it has one.
     pub store: Option<Store>,
+    /// What the cache names this store's files by, before their names (`KEY/`, see
+    /// [`kestrel_core::files::cached_name`]).
+    pub cache_prefix: String,
     /// Inputs, then the job's static inputs, by logical name.
     pub inputs: Vec<String>,
     /// Outputs the task writes under these names in `sandbox`.
@@ -150,7 +153,7 @@ pub fn run_with_files(
         match stage(name, plan, &streamed, cache, &mut moved) {
             Ok((path, pin)) => {
                 if pin {
-                    pinned.push(name.clone());
+                    pinned.push(plan.cached(name));
                 }
                 paths.push((name.clone(), path));
             }
@@ -188,6 +191,13 @@ pub fn run_with_files(
     outcome
 }
 
+impl FilesPlan {
+    /// What the cache calls file `name` of this job's store.
+    fn cached(&self, name: &str) -> String {
+        format!("{}{name}", self.cache_prefix)
+    }
+}
+
 /// Pins `name` if the cache holds it (and it is still on disk: one gone from under the cache
 /// is forgotten, to be fetched again), counting a local hit.
 fn pin_cached(name: &str, cache: &WorkerFiles, moved: &mut Transfers) -> Option<PathBuf> {
@@ -214,7 +224,8 @@ fn stage(
     cache: &WorkerFiles,
     moved: &mut Transfers,
 ) -> Result<(PathBuf, bool), String> {
-    if let Some(path) = pin_cached(name, cache, moved) {
+    let key = plan.cached(name);
+    if let Some(path) = pin_cached(&key, cache, moved) {
         return Ok((path, true));
     }
     let Some(store) = &plan.store else {
@@ -225,7 +236,7 @@ fn stage(
     let partial = lock(cache).partial_path();
     // Another run of this worker may have brought the file while this one waited for a
     // reader's slot: one read from the store per file, not one per run that misses.
-    let read = cache.reading(|| match pin_cached(name, cache, moved) {
+    let read = cache.reading(|| match pin_cached(&key, cache, moved) {
         Some(path) => Ok(Err(path)),
         None => store.read_into(name, &partial).map(Ok),
     });
@@ -245,7 +256,7 @@ fn stage(
     };
     moved.store_files += 1;
     moved.store_bytes += size;
-    let inserted = lock(cache).insert(name, &partial, size);
+    let inserted = lock(cache).insert(&key, &partial, size);
     match inserted {
         Ok(path) => Ok((path, true)),
         // Larger than the cache, or the cache is full of files in use: streamed to the task.
@@ -308,9 +319,10 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
         }
         let partial = lock(cache).partial_path();
         if fs::copy(&written, &partial).is_ok() {
+            let key = plan.cached(name);
             let mut c = lock(cache);
-            if c.insert(name, &partial, size).is_ok() {
-                c.unpin(name);
+            if c.insert(&key, &partial, size).is_ok() {
+                c.unpin(&key);
             } else {
                 let _ = fs::remove_file(&partial);
             }
@@ -334,6 +346,7 @@ fn failed(started: SystemTime, why: String) -> Outcome {
 mod tests {
     use super::*;
     use crate::cache::EvictionPolicy;
+    use kestrel_core::files::cached_name;
 
     /// A task reading `raw/a` through a cache of `capacity` bytes, in `sandbox`.
     fn setup(capacity: u64) -> (tempfile::TempDir, SharedFiles, FilesPlan) {
@@ -345,6 +358,7 @@ mod tests {
         fs::create_dir_all(&sandbox).unwrap();
         let cache = Cache::open(&dir.path().join("cache"), capacity, EvictionPolicy::Lru).unwrap();
         let plan = FilesPlan {
+            cache_prefix: cached_name(Some(&store.display().to_string()), ""),
             store: Some(Store::Dir(store)),
             inputs: vec!["raw/a".into()],
             outputs: vec![],
@@ -408,7 +422,7 @@ mod tests {
                 .expect("the run ended (no deadlock on the cache)")
         };
         assert!(run(0).status.is_success());
-        fs::remove_file(lock(&files).path_of("raw/a")).unwrap();
+        fs::remove_file(lock(&files).path_of(&plan.cached("raw/a"))).unwrap();
         let out = run(1);
         assert!(out.status.is_success(), "{:?}", out.status);
         let t = files.take_change().moved[0].moved;
@@ -417,7 +431,7 @@ mod tests {
 
     #[test]
     fn a_name_that_leaves_the_store_once_filled_in_fails_the_task() {
-        let (dir, files, mut plan) = setup(1 << 20);
+        let (_dir, files, mut plan) = setup(1 << 20);
         plan.bad_name = Some("../../etc/passwd".into());
         let launch = reads_its_input(&plan);
         let out = run_with_files((1, 0), &launch, &plan, &files, &CancelHandle::new(), None);
@@ -425,10 +439,7 @@ mod tests {
             ExitKind::SpawnFailed(why) => assert!(why.contains("not a plain path"), "{why}"),
             other => panic!("{other:?}"),
         }
-        assert!(
-            !dir.path().join("cache/files/raw/a").exists(),
-            "nothing was staged"
-        );
+        assert!(lock(&files).held().is_empty(), "nothing was staged");
     }
 
     #[test]
@@ -459,6 +470,6 @@ mod tests {
         let change = files.take_change();
         let t = change.moved[0].moved;
         assert_eq!((t.store_files, t.local_files), (1, 1));
-        assert_eq!(change.added, vec![("raw/a".to_string(), 4096)]);
+        assert_eq!(change.added, vec![(plan.cached("raw/a"), 4096)]);
     }
 }

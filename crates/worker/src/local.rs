@@ -7,6 +7,7 @@ use crate::cache::is_plain_name;
 use crate::exec::{Launch, RemoveIfEmpty, Sink as ExecSink};
 use crate::files::FilesPlan;
 use crate::store::Store;
+use kestrel_core::files::cached_name;
 use kestrel_core::placeholders::{resolve, substitute, uses, Values, JOB, TASK};
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
 use kestrel_proto::messages::{Assigned, JobIds};
@@ -35,6 +36,8 @@ pub struct JobDef {
     pub template: TaskTemplate,
     /// The store its files are in, if it declares files.
     pub store: Option<Store>,
+    /// What the cache names that store's files by, before their names.
+    pub cache_prefix: String,
     pub ids: JobIds,
     pub resources: Resources,
     /// Named resources each task holds.
@@ -110,6 +113,7 @@ impl Local {
             job,
             JobDef {
                 template,
+                cache_prefix: cached_name(store.as_deref(), ""),
                 store: store.as_deref().map(Store::parse),
                 ids,
                 resources,
@@ -289,6 +293,7 @@ impl Local {
                 .cloned();
             Box::new(FilesPlan {
                 store: def.store.clone(),
+                cache_prefix: def.cache_prefix.clone(),
                 inputs,
                 outputs,
                 sandbox: cwd.clone().unwrap_or_else(|| PathBuf::from(".")),

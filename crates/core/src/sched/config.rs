@@ -41,6 +41,9 @@ pub struct Config {
     /// Good-cache-compute's threshold of busy cpus, in thousandths, for jobs that name the
     /// policy without one.
     pub util_threshold_permille: u16,
+    /// The store of jobs that name none (files are known by store and name, see
+    /// [`crate::files::cached_name`]).
+    pub store: Option<String>,
 }
 
 impl Default for Config {
@@ -58,6 +61,7 @@ impl Default for Config {
             first_job: 1,
             window: None,
             util_threshold_permille: crate::policy::DEFAULT_UTIL_THRESHOLD_PERMILLE,
+            store: None,
         }
     }
 }

@@ -12,7 +12,7 @@
 //! util any, good-cache-compute as one or the other by the share of busy cpus.
 
 use super::{Job, Scheduler};
-use crate::files::{CacheDelta, FileId, FileIndex, Hits};
+use crate::files::{cached_name, CacheDelta, FileId, FileIndex, Hits};
 use crate::outcome::{Command, IndexRun};
 use crate::placeholders::{substitute, Values};
 use crate::policy::{self, DispatchPolicy};
@@ -92,7 +92,8 @@ impl Scheduler {
     }
 
     /// Numbers the inputs of `job`'s tasks from index `from` on (after a submission or an
-    /// extension): each name with its placeholders replaced, as the worker will.
+    /// extension): each name with its placeholders replaced and qualified by the job's store,
+    /// as the worker names it in its cache.
     pub(super) fn number_inputs(&mut self, job: JobId, from: TaskIndex) {
         let Some(j) = self.jobs.get_mut(&job) else {
             return;
@@ -101,6 +102,12 @@ impl Scheduler {
             return;
         }
         let patterns = &j.spec.template.files.inputs;
+        let store = j
+            .spec
+            .placement
+            .store
+            .as_deref()
+            .or(self.config.store.as_deref());
         let job_s = job.to_string();
         let end = j.len();
         j.inputs
@@ -113,7 +120,8 @@ impl Scheduler {
                 line: j.tasks.line(index),
             };
             for p in patterns {
-                j.inputs.push(self.files.intern(&substitute(p, &values)));
+                let name = cached_name(store, &substitute(p, &values));
+                j.inputs.push(self.files.intern(&name));
             }
         }
     }

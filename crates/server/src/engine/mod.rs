@@ -109,6 +109,7 @@ impl Engine {
             first_job: config.first_job,
             window: config.window,
             util_threshold_permille: config.util_threshold_permille,
+            store: config.store.clone(),
             ..defaults
         });
         core.set_dispatch_policy(kestrel_core::policy::by_name(

@@ -299,6 +299,12 @@ pub enum WorkerCommand {
         /// many workers starting together do not stampede a shared store
         #[arg(long, default_value_t = 1, value_name = "N")]
         store_readers: u32,
+        /// Where this worker serves its cache to the other workers (who fetch inputs from it
+        /// rather than from the store): HOST:PORT, or `off` [default: the address it reaches
+        /// the server from, on a port the system picks]. Requests are signed with the
+        /// server's secret; at most 10 are served at once
+        #[arg(long, value_name = "HOST:PORT|off")]
+        peer_listen: Option<String>,
     },
     /// List connected workers (quarantined ones with the reason)
     List,

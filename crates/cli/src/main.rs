@@ -108,6 +108,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             cache_size,
             cache_policy,
             store_readers,
+            peer_listen,
         }) => {
             let offer = Offer {
                 slots,
@@ -131,6 +132,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                             )
                         })?,
                     store_readers,
+                    peers: parse_peer_listen(peer_listen.as_deref())?,
                 },
             };
             worker_start(&g, offer, exec).await
@@ -289,4 +291,24 @@ pub fn cpus() -> u32 {
     std::thread::available_parallelism()
         .map(|n| n.get() as u32)
         .unwrap_or(1)
+}
+
+/// `--peer-listen`: `off`, or an address and port to serve the cache to peers on.
+fn parse_peer_listen(text: Option<&str>) -> anyhow::Result<kestrel_worker::PeerListen> {
+    use kestrel_worker::PeerListen;
+    let Some(text) = text.map(str::trim) else {
+        return Ok(PeerListen::Auto);
+    };
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(PeerListen::Off);
+    }
+    std::net::ToSocketAddrs::to_socket_addrs(text)
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(PeerListen::At)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--peer-listen {text:?} is not HOST:PORT (e.g. 10.0.0.5:7100, or 0.0.0.0:0 for any port) nor `off`"
+            )
+        })
 }

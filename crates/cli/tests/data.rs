@@ -113,3 +113,144 @@ fn a_missing_input_or_output_fails_its_task_by_name() {
         .one_line_error()
         .contains("--input \"../etc/passwd\""));
 }
+
+/// A store of `raw/1.dat` … `raw/4.dat` and a server using it, with worker 0 offering
+/// resource `a` and worker 1 resource `b` (so that a job can be sent to one of them), both
+/// with caches served to peers.
+fn two_sided_cluster() -> (Cluster, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a store directory");
+    fs::create_dir_all(dir.path().join("raw")).unwrap();
+    for i in 1..=4 {
+        fs::write(
+            dir.path().join(format!("raw/{i}.dat")),
+            format!("file {i}\n"),
+        )
+        .unwrap();
+    }
+    let store = dir.path().display().to_string();
+    let mut c = Cluster::with_server_args(&["--store", &store]);
+    for side in ["a", "b"] {
+        let cache = c.root().join(format!("cache-{side}")).display().to_string();
+        let resource = format!("{side}=2");
+        c.add_worker_with(
+            2,
+            &[
+                "--cache-dir",
+                &cache,
+                "--cache-size",
+                "1M",
+                "--resource",
+                &resource,
+            ],
+        );
+    }
+    c.wait_workers(2);
+    fs::write(c.work.join("picks.txt"), "1\n2\n3\n4\n").unwrap();
+    (c, store, dir)
+}
+
+/// Runs every line of picks.txt on the side offering `resource`, each task copying its input
+/// to out/JOB-TASK.txt in the store; returns the job's transfers.
+fn read_on(c: &Cluster, resource: &str) -> serde_json::Value {
+    let out = c.run(&[
+        "submit",
+        "--each",
+        "picks.txt",
+        "--resource",
+        resource,
+        "--input",
+        "raw/{line}.dat",
+        "--output-file",
+        "out/{job}-{task}.txt",
+        "--output",
+        "json",
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p out && cat {input:0} > out/{job}-{task}.txt",
+    ]);
+    let job = out.ok().json()["jobs"][0].as_u64().expect("a job id");
+    c.run(&["job", "wait", &job.to_string()]).ok();
+    let info = c.run(&["job", "info", &job.to_string(), "--output", "json"]);
+    info.ok().json()["transfers"].clone()
+}
+
+/// The outputs of job `job`'s four tasks, as the store holds them.
+fn outputs_of(store: &str, job: u64) -> Vec<String> {
+    (0..4)
+        .map(|t| fs::read_to_string(format!("{store}/out/{job}-{t}.txt")).unwrap_or_default())
+        .collect()
+}
+
+fn want_outputs() -> Vec<String> {
+    (1..=4).map(|i| format!("file {i}\n")).collect()
+}
+
+#[test]
+fn inputs_come_from_a_peer_that_caches_them_not_from_the_store() {
+    let (c, store, _dir) = two_sided_cluster();
+    let first = read_on(&c, "a=1");
+    assert_eq!(first["store_reads"], 4, "{first}");
+    // The same files on the other worker: each fetched from the first worker's cache.
+    let second = read_on(&c, "b=1");
+    assert_eq!(
+        (second["peer_hits"].as_u64(), second["store_reads"].as_u64()),
+        (Some(4), Some(0)),
+        "{second}"
+    );
+    assert_eq!(second["peer_bytes"], 28, "{second}");
+    assert_eq!(outputs_of(&store, 2), want_outputs());
+    let workers = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    for w in workers["workers"].as_array().expect("workers") {
+        // Its four inputs and the four outputs its tasks wrote, 7 bytes each.
+        assert_eq!(w["cache_used"], 56, "{w}");
+    }
+}
+
+#[test]
+fn a_peer_serving_a_corrupt_file_is_skipped_for_the_store() {
+    let (c, store, _dir) = two_sided_cluster();
+    read_on(&c, "a=1");
+    // Worker a's copy of raw/2.dat rots on its disk (same size, other bytes).
+    let cached: Vec<_> = fs::read_dir(c.root().join("cache-a/files"))
+        .unwrap()
+        .map(|k| k.unwrap().path().join("raw/2.dat"))
+        .filter(|p| p.is_file())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    fs::write(&cached[0], "file X\n").unwrap();
+    let second = read_on(&c, "b=1");
+    assert_eq!(
+        (second["peer_hits"].as_u64(), second["store_reads"].as_u64()),
+        (Some(3), Some(1)),
+        "{second}"
+    );
+    assert_eq!(
+        outputs_of(&store, 2),
+        want_outputs(),
+        "no task read the bad copy"
+    );
+    assert!(
+        c.worker_log().contains("corrupt"),
+        "the worker says why it skipped the peer"
+    );
+}
+
+#[test]
+fn a_peer_that_stalls_is_given_up_on_and_the_store_serves() {
+    let (mut c, store, _dir) = two_sided_cluster();
+    read_on(&c, "a=1");
+    // Worker a freezes: alive to the kernel (connections are accepted), answering nothing.
+    let a = c.worker_pid(0) as i32;
+    unsafe { libc::kill(a, libc::SIGSTOP) };
+    let second = read_on(&c, "b=1");
+    unsafe { libc::kill(a, libc::SIGCONT) };
+    assert_eq!(second["store_reads"], 4, "{second}");
+    assert_eq!(outputs_of(&store, 2), want_outputs());
+    // Once found unreachable it is skipped: the four inputs cost one wait per slot (the two
+    // first fetches run at once), not one per input.
+    let log = c.worker_log();
+    let waits = log.matches("peer unreachable").count();
+    assert!((1..=2).contains(&waits), "{log}");
+    c.kill_worker(0);
+}

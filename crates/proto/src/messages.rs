@@ -144,12 +144,35 @@ pub struct CacheChange {
     /// Inputs staged per job, by source.
     #[serde(default)]
     pub moved: Vec<JobTransfers>,
+    /// Files a peer was named as holding but did not serve whole (it answered that it has
+    /// no such file, or sent bytes that fail the check): the server drops them from its index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unheld: Vec<Unheld>,
+}
+
+/// A file a peer did not serve whole, and the peer, by the URL it serves its cache at.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unheld {
+    pub file: String,
+    pub peer: String,
+}
+
+/// Peers that hold a file, by the URL each serves its cache at: where a worker fetches it
+/// from before it falls back to the store.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSources {
+    /// The file's name as caches know it (`KEY/NAME`, see `kestrel_core::files::cached_name`).
+    pub file: String,
+    pub peers: Vec<String>,
 }
 
 impl CacheChange {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.evicted.is_empty() && self.moved.is_empty()
+        self.added.is_empty()
+            && self.evicted.is_empty()
+            && self.moved.is_empty()
+            && self.unheld.is_empty()
     }
 }
 
@@ -261,6 +284,9 @@ pub enum ToWorker {
     ForgetJob { job: JobId },
     /// The server is going away (stop); do not reconnect.
     Shutdown { reason: String },
+    /// Where the inputs of the tasks assigned next are cached on peers (version 8; sent just
+    /// before the `Assign` it serves, only for files the worker is not known to hold).
+    Sources { files: Vec<FileSources> },
 }
 
 /// How a worker turns a task index into the user-visible task id.

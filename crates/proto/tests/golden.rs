@@ -226,6 +226,23 @@ fn worker_to_server() {
                         store_bytes: 2 << 20,
                     },
                 }],
+                unheld: vec![],
+            },
+        },
+    );
+    golden(
+        "update-v8-unheld",
+        FromWorker::Update {
+            started: vec![],
+            finished: vec![],
+            outputs: vec![],
+            waited: vec![],
+            cache: CacheChange {
+                unheld: vec![Unheld {
+                    file: "6b1c0a3f2d9e8b74/raw/1.fits".into(),
+                    peer: "http://node2:7100/".into(),
+                }],
+                ..CacheChange::default()
             },
         },
     );
@@ -324,6 +341,15 @@ fn server_to_worker() {
         "shutdown",
         ToWorker::Shutdown {
             reason: "the server is stopping".into(),
+        },
+    );
+    golden(
+        "sources-v8",
+        ToWorker::Sources {
+            files: vec![FileSources {
+                file: "6b1c0a3f2d9e8b74/raw/1.fits".into(),
+                peers: vec!["http://node2:7100/".into(), "http://node3:7100/".into()],
+            }],
         },
     );
     golden("job_ids_list", JobIds::List);

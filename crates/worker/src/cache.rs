@@ -57,6 +57,19 @@ struct Entry {
     uses: u64,
     /// Tasks using it now: it is not evicted while any does.
     pins: u32,
+    /// Its BLAKE3 digest, taken as it came in (or when first served, for a file found at
+    /// start): peers check what they fetch against it.
+    hash: Option<Digest>,
+}
+
+/// A file's BLAKE3 digest.
+pub type Digest = [u8; 32];
+
+/// The BLAKE3 digest of the file at `path`.
+pub fn digest_of(path: &Path) -> io::Result<Digest> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update_reader(fs::File::open(path)?)?;
+    Ok(*hasher.finalize().as_bytes())
 }
 
 /// A size-bounded directory of logical files.
@@ -133,6 +146,7 @@ impl Cache {
                     used: cache.clock,
                     uses: 0,
                     pins: 0,
+                    hash: None,
                 },
             );
         }
@@ -194,10 +208,31 @@ impl Cache {
         }
     }
 
-    /// Moves the complete file at `partial` (of `size` bytes) into the cache as `name`,
-    /// evicting others if need be, and pins it. Write-once: if `name` is already cached the
-    /// new copy is dropped and the cached one pinned.
-    pub fn insert(&mut self, name: &str, partial: &Path, size: u64) -> Result<PathBuf, CacheError> {
+    /// Opens cached file `name` for a peer: the open file (which stays readable if the file
+    /// is evicted meanwhile), its size and its digest if known.
+    pub fn open_for_peer(&self, name: &str) -> Option<(fs::File, u64, Option<Digest>)> {
+        let e = self.entries.get(name)?;
+        let file = fs::File::open(self.path_of(name)).ok()?;
+        Some((file, e.size, e.hash))
+    }
+
+    /// Records the digest of `name`, taken after it came in.
+    pub fn set_digest(&mut self, name: &str, hash: Digest) {
+        if let Some(e) = self.entries.get_mut(name) {
+            e.hash.get_or_insert(hash);
+        }
+    }
+
+    /// Moves the complete file at `partial` (of `size` bytes, digest `hash`) into the cache
+    /// as `name`, evicting others if need be, and pins it. Write-once: if `name` is already
+    /// cached the new copy is dropped and the cached one pinned.
+    pub fn insert(
+        &mut self,
+        name: &str,
+        partial: &Path,
+        size: u64,
+        hash: Option<Digest>,
+    ) -> Result<PathBuf, CacheError> {
         if !is_plain_name(name) {
             let _ = fs::remove_file(partial);
             return Err(CacheError::Io(io::Error::new(
@@ -234,6 +269,7 @@ impl Cache {
                 used: self.clock,
                 uses: 1,
                 pins: 1,
+                hash,
             },
         );
         self.delta.added.retain(|(n, _)| n != name);
@@ -338,7 +374,7 @@ mod tests {
     fn put(c: &mut Cache, name: &str, size: usize) -> Result<PathBuf, CacheError> {
         let p = c.partial_path();
         fs::write(&p, vec![b'x'; size]).unwrap();
-        c.insert(name, &p, size as u64)
+        c.insert(name, &p, size as u64, None)
     }
 
     fn names(c: &Cache) -> Vec<String> {
@@ -413,7 +449,7 @@ mod tests {
             put(&mut c, "raw/1.fits", 10).unwrap();
             let p = c.partial_path();
             fs::write(&p, b"other").unwrap();
-            c.insert("raw/1.fits", &p, 5).unwrap();
+            c.insert("raw/1.fits", &p, 5, None).unwrap();
             assert_eq!(
                 fs::read(c.path_of("raw/1.fits")).unwrap().len(),
                 10,

@@ -56,6 +56,21 @@ pub struct CacheConfig {
     /// How many files it reads from stores at once, so that many workers do not stampede a
     /// shared store.
     pub store_readers: u32,
+    /// Where it serves its cache to peers.
+    pub peers: PeerListen,
+}
+
+/// Where a worker serves its cache to the other workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PeerListen {
+    /// On the address it reaches the server from (the network its peers share), on a port
+    /// the system picks.
+    #[default]
+    Auto,
+    /// Not at all: peers fetch nothing from it (it still fetches from them).
+    Off,
+    /// On this address and port.
+    At(std::net::SocketAddr),
 }
 
 impl Default for CacheConfig {
@@ -65,6 +80,7 @@ impl Default for CacheConfig {
             capacity: 1 << 30,
             policy: EvictionPolicy::Lru,
             store_readers: 1,
+            peers: PeerListen::Auto,
         }
     }
 }

@@ -11,19 +11,21 @@
 //! (TaskVine's bound of one reader per worker by default), so many workers starting together
 //! do not stampede it.
 
-use crate::cache::{Cache, CacheError};
+use crate::cache::{digest_of, Cache, CacheError, Digest};
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
+use crate::peer::{Fetched, Peers};
 use crate::reaper::Reaper;
 use crate::store::{Store, StoreError};
 use kestrel_core::files::Transfers;
 use kestrel_core::placeholders::substitute_inputs;
 use kestrel_core::{JobId, TaskIndex};
 use kestrel_proto::messages::{CacheChange, JobTransfers};
+use rustc_hash::FxHashSet;
 use std::borrow::Cow;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// A worker's cache and its bound on reads from the store, shared by its executor threads.
 #[derive(Debug)]
@@ -34,6 +36,11 @@ pub struct WorkerFiles {
     max_readers: u32,
     /// Where staged inputs came from, per job, since the last report.
     moved: Mutex<Vec<JobTransfers>>,
+    /// Files being fetched by some run now: another run that needs one waits for it rather
+    /// than fetch it again (one download per file per worker).
+    fetching: (Mutex<FxHashSet<String>>, Condvar),
+    /// The other workers, as sources of files and askers for this one's.
+    pub peers: Peers,
 }
 
 /// The worker's files, as its threads and its session hold them.
@@ -47,6 +54,8 @@ impl WorkerFiles {
             readers: (Mutex::new(0), Condvar::new()),
             max_readers: max_readers.max(1),
             moved: Mutex::new(Vec::new()),
+            fetching: (Mutex::new(FxHashSet::default()), Condvar::new()),
+            peers: Peers::default(),
         }
     }
 
@@ -56,6 +65,7 @@ impl WorkerFiles {
         let mut change = lock(self).take_delta();
         change.moved =
             std::mem::take(&mut *self.moved.lock().unwrap_or_else(PoisonError::into_inner));
+        change.unheld = self.peers.take_unheld();
         change
     }
 
@@ -68,6 +78,23 @@ impl WorkerFiles {
             Some(t) => t.moved.add(moved),
             None => all.push(JobTransfers { job, moved: *moved }),
         }
+    }
+
+    /// Claims the fetch of `key` for this run: `None` once some other run's fetch of it has
+    /// ended (look in the cache again), or if the run is canceled meanwhile.
+    fn claim<'a>(&'a self, key: &'a str, cancel: &CancelHandle) -> Option<Claim<'a>> {
+        let (fetching, ended) = &self.fetching;
+        let mut now = fetching.lock().unwrap_or_else(PoisonError::into_inner);
+        if now.insert(key.to_string()) {
+            return Some(Claim { files: self, key });
+        }
+        while now.contains(key) && !cancel.is_canceled() {
+            now = ended
+                .wait_timeout(now, Duration::from_millis(200))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        None
     }
 
     /// Runs `read` once fewer than `max_readers` other reads are under way (the slot is
@@ -90,6 +117,24 @@ impl WorkerFiles {
         drop(n);
         let _slot = Slot(&self.readers);
         read()
+    }
+}
+
+/// A run's claim on fetching one file, given up (waking the runs that wait for it) when
+/// dropped, also by a panic.
+struct Claim<'a> {
+    files: &'a WorkerFiles,
+    key: &'a str,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let (fetching, ended) = &self.files.fetching;
+        fetching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(self.key);
+        ended.notify_all();
     }
 }
 
@@ -150,7 +195,7 @@ pub fn run_with_files(
         if cancel.is_canceled() {
             break;
         }
-        match stage(name, plan, &streamed, cache, &mut moved) {
+        match stage(name, plan, &streamed, cache, cancel, &mut moved) {
             Ok((path, pin)) => {
                 if pin {
                     pinned.push(plan.cached(name));
@@ -216,47 +261,58 @@ fn pin_cached(name: &str, cache: &WorkerFiles, moved: &mut Transfers) -> Option<
 /// Inputs too large for the cache are copied here, under the task's directory, for its run.
 const STREAMED: &str = ".kestrel-streamed";
 
-/// Brings input `name` here: its path, and whether it is pinned in the cache.
+/// Brings input `name` here: its path, and whether it is pinned in the cache. From this
+/// worker's cache if it holds it; else fetched once (runs that need it meanwhile wait for
+/// that fetch): from the peers the server named as holding it, then from the store.
 fn stage(
     name: &str,
     plan: &FilesPlan,
     streamed: &Path,
     cache: &WorkerFiles,
+    cancel: &CancelHandle,
     moved: &mut Transfers,
 ) -> Result<(PathBuf, bool), String> {
     let key = plan.cached(name);
+    let claim = loop {
+        if let Some(path) = pin_cached(&key, cache, moved) {
+            return Ok((path, true));
+        }
+        if let Some(claim) = cache.claim(&key, cancel) {
+            break claim;
+        }
+        if cancel.is_canceled() {
+            return Err("canceled while its inputs were staged".into());
+        }
+    };
+    // Looked at again under the claim: the fetch that ended just before may have cached it.
     if let Some(path) = pin_cached(&key, cache, moved) {
         return Ok((path, true));
     }
-    let Some(store) = &plan.store else {
-        return Err(format!(
-            "input {name} is in no cache and the job has no store; give one with `--store DIR|URL` (or `kestrel server start --store`)"
-        ));
-    };
     let partial = lock(cache).partial_path();
-    // Another run of this worker may have brought the file while this one waited for a
-    // reader's slot: one read from the store per file, not one per run that misses.
-    let read = cache.reading(|| match pin_cached(&key, cache, moved) {
-        Some(path) => Ok(Err(path)),
-        None => store.read_into(name, &partial).map(Ok),
-    });
-    let size = match read {
-        Ok(Ok(size)) => size,
-        Ok(Err(cached)) => return Ok((cached, true)),
-        Err(StoreError::NotFound(store)) => {
-            let _ = fs::remove_file(&partial);
-            return Err(format!(
-                "input {name} not found in {store}; check the name, or put the file there"
-            ));
+    let mut fetched = None;
+    for peer in cache.peers.sources_of(&key) {
+        if cancel.is_canceled() {
+            break;
         }
-        Err(StoreError::Failed(why)) => {
-            let _ = fs::remove_file(&partial);
-            return Err(why);
+        if let Fetched::Got(size, digest) = cache.peers.fetch(&peer, &key, &partial) {
+            moved.peer_files += 1;
+            moved.peer_bytes += size;
+            fetched = Some((size, Some(digest)));
+            break;
+        }
+    }
+    let (size, digest) = match fetched {
+        Some(got) => got,
+        None => {
+            let read = read_from_store(name, plan, &partial, cache)?;
+            moved.store_files += 1;
+            moved.store_bytes += read.0;
+            read
         }
     };
-    moved.store_files += 1;
-    moved.store_bytes += size;
-    let inserted = lock(cache).insert(&key, &partial, size);
+    cache.peers.forget_sources(&key);
+    let inserted = lock(cache).insert(&key, &partial, size, digest);
+    drop(claim);
     match inserted {
         Ok(path) => Ok((path, true)),
         // Larger than the cache, or the cache is full of files in use: streamed to the task.
@@ -279,6 +335,37 @@ fn stage(
             Err(format!("input {name}: the cache directory failed: {e}"))
         }
     }
+}
+
+/// Reads input `name` from the job's store into `partial`, within the worker's bound on
+/// store readers: its size and digest.
+fn read_from_store(
+    name: &str,
+    plan: &FilesPlan,
+    partial: &Path,
+    cache: &WorkerFiles,
+) -> Result<(u64, Option<Digest>), String> {
+    let Some(store) = &plan.store else {
+        return Err(format!(
+            "input {name} is in no cache and the job has no store; give one with `--store DIR|URL` (or `kestrel server start --store`)"
+        ));
+    };
+    let read = cache.reading(|| store.read_into(name, partial));
+    let size = match read {
+        Ok(size) => size,
+        Err(StoreError::NotFound(store)) => {
+            let _ = fs::remove_file(partial);
+            return Err(format!(
+                "input {name} not found in {store}; check the name, or put the file there"
+            ));
+        }
+        Err(StoreError::Failed(why)) => {
+            let _ = fs::remove_file(partial);
+            return Err(why);
+        }
+    };
+    // Taken now, while the file is fresh in memory, so that peers can check what they fetch.
+    Ok((size, digest_of(partial).ok()))
 }
 
 /// `launch` with the input placeholders replaced ([`substitute_inputs`]) and
@@ -320,8 +407,9 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
         let partial = lock(cache).partial_path();
         if fs::copy(&written, &partial).is_ok() {
             let key = plan.cached(name);
+            let digest = digest_of(&partial).ok();
             let mut c = lock(cache);
-            if c.insert(&key, &partial, size).is_ok() {
+            if c.insert(&key, &partial, size, digest).is_ok() {
                 c.unpin(&key);
             } else {
                 let _ = fs::remove_file(&partial);
@@ -380,11 +468,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn runs_streaming_one_file_at_once_do_not_trip_over_each_other() {
-        // A cache of 0 bytes: every run streams its own copy into the shared sandbox.
-        let (_dir, files, plan) = setup(0);
-        let launch = reads_its_input(&plan);
+    /// Runs four tasks reading `raw/a` at once, each on a thread of its own; all succeed.
+    fn run_four_at_once(files: &SharedFiles, plan: &FilesPlan) {
+        let launch = reads_its_input(plan);
         let runs: Vec<_> = (0..4)
             .map(|i| {
                 let (files, plan, launch) = (files.clone(), plan.clone(), launch.clone());
@@ -397,6 +483,13 @@ mod tests {
             let outcome = r.join().unwrap();
             assert!(outcome.status.is_success(), "{:?}", outcome.status);
         }
+    }
+
+    #[test]
+    fn runs_streaming_one_file_at_once_do_not_trip_over_each_other() {
+        // A cache of 0 bytes: every run streams its own copy into the shared sandbox.
+        let (_dir, files, plan) = setup(0);
+        run_four_at_once(&files, &plan);
         assert!(
             !plan.sandbox.join(STREAMED).exists(),
             "streamed copies are removed"
@@ -404,6 +497,14 @@ mod tests {
         let change = files.take_change();
         assert_eq!(change.moved[0].moved.store_files, 4);
         assert!(change.added.is_empty(), "nothing was cached");
+    }
+
+    #[test]
+    fn runs_needing_one_file_at_once_share_one_download() {
+        let (_dir, files, plan) = setup(1 << 20);
+        run_four_at_once(&files, &plan);
+        let t = files.take_change().moved[0].moved;
+        assert_eq!((t.store_files, t.local_files), (1, 3), "{t:?}");
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod host;
 mod ledger;
 pub mod local;
 mod outputs;
+pub mod peer;
 mod pool;
 pub mod reaper;
 mod session;
@@ -38,7 +39,7 @@ mod staging;
 mod state;
 pub mod store;
 
-pub use config::{CacheConfig, ExecMode, WorkerConfig};
+pub use config::{CacheConfig, ExecMode, PeerListen, WorkerConfig};
 pub use connected::{Connected, Handover};
 pub use error::WorkerError;
 pub use host::{hostname, memory};
@@ -57,10 +58,64 @@ pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError
     let mut state = tokio::task::spawn_blocking(move || WorkerState::new(&setup))
         .await
         .map_err(|e| WorkerError::Setup(format!("the worker's set-up failed: {e}")))??;
+    let peer_server = serve_peers(&config, &access, state.carry.ledger.files.clone()).await;
     let result = serve_until_done(&config, access, &mut state).await;
+    if let Some(server) = peer_server {
+        server.abort();
+    }
     // Every task has ended by now.
     state.close();
     result
+}
+
+/// Starts serving the worker's cache to its peers, where its configuration says (see
+/// [`PeerListen`]); a worker that cannot still runs tasks, and peers fetch nothing from it.
+async fn serve_peers(
+    config: &WorkerConfig,
+    access: &Access,
+    files: Option<files::SharedFiles>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let files = files?;
+    let addr = match config.cache.as_ref()?.peers {
+        PeerListen::Off => return None,
+        PeerListen::At(addr) => addr,
+        PeerListen::Auto => match local_ip_toward(access).await {
+            Ok(ip) => std::net::SocketAddr::new(ip, 0),
+            Err(e) => {
+                tracing::warn!("cannot tell which address peers reach this worker at ({e}); its cache is not served to them (give one with --peer-listen)");
+                return None;
+            }
+        },
+    };
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => Some(tokio::spawn(async move {
+            if let Err(e) = peer::serve(files, listener).await {
+                tracing::warn!("serving the cache to peers stopped: {e}");
+            }
+        })),
+        Err(e) => {
+            tracing::warn!("cannot serve the cache to peers at {addr}: {e}; peers will read from the store instead (give another address with --peer-listen)");
+            None
+        }
+    }
+}
+
+/// The local address this machine reaches the server from: the interface its peers, which
+/// reach the same server, most likely reach it on.
+async fn local_ip_toward(access: &Access) -> std::io::Result<std::net::IpAddr> {
+    let server = tokio::net::lookup_host(access.address())
+        .await?
+        .next()
+        .ok_or_else(|| std::io::Error::other("the server's name resolves to nothing"))?;
+    let unspecified: std::net::SocketAddr = if server.is_ipv6() {
+        "[::]:0".parse().expect("a literal address")
+    } else {
+        "0.0.0.0:0".parse().expect("a literal address")
+    };
+    // Connecting a UDP socket sends nothing: it only asks the kernel for the route.
+    let probe = tokio::net::UdpSocket::bind(unspecified).await?;
+    probe.connect(server).await?;
+    Ok(probe.local_addr()?.ip())
 }
 
 /// Serves connection after connection until the server says stop or cannot be reached.

@@ -195,10 +195,12 @@ impl Session<'_> {
                     .files
                     .as_ref()
                     .filter(|_| self.version >= FILES_VERSION)
-                    .map(|c| {
-                        let c = crate::files::lock(c);
+                    .map(|files| {
+                        // Peers sign their requests with this server's secret.
+                        files.peers.set_key(access.secret_bytes());
+                        let c = crate::files::lock(files);
                         CacheInfo {
-                            serves: String::new(),
+                            serves: files.peers.url().unwrap_or_default().to_string(),
                             capacity: c.capacity(),
                             held: reportable(c.held()),
                         }
@@ -364,6 +366,11 @@ impl Session<'_> {
                 l.local.jobs.remove(&job);
             }
             ToWorker::Shutdown { reason } => return Some(SessionEnd::Shutdown(reason)),
+            ToWorker::Sources { files } => {
+                if let Some(f) = &l.files {
+                    f.peers.note_sources(files);
+                }
+            }
         }
         None
     }

@@ -4,8 +4,8 @@
 
 use super::{ConnId, Engine, Outbox};
 use kestrel_core::{Command, Event, TaskSet, WorkerId};
-use kestrel_proto::messages::{Answer, Assigned, JobIds, Refusal, ToClient, ToWorker};
-use rustc_hash::FxHashMap;
+use kestrel_proto::messages::{Answer, Assigned, FileSources, JobIds, Refusal, ToClient, ToWorker};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::net::SocketAddr;
 
 /// A registered worker's connection.
@@ -16,7 +16,15 @@ pub(super) struct WorkerConn {
     pub(super) exec: String,
     /// Its file cache's capacity in bytes, if it has one.
     pub(super) cache_capacity: Option<u64>,
+    /// The URL it serves its cache to peers at, if it does.
+    pub(super) serves: Option<String>,
 }
+
+/// At most this many peers are named per file: the first to answer serves it.
+const PEERS_PER_FILE: usize = 3;
+/// At most this many files' sources go with one assignment (a huge run of a job with files
+/// fetches the rest from the store rather than make a message of megabytes).
+const SOURCES_PER_ASSIGN: usize = 4096;
 
 /// The open connections: registered workers by id, clients by connection.
 #[derive(Default)]
@@ -89,7 +97,7 @@ impl Engine {
                     let Some(c) = self.conns.workers.get(&worker) else {
                         continue;
                     };
-                    let tasks = runs
+                    let tasks: Vec<Assigned> = runs
                         .into_iter()
                         .map(|run| {
                             let mut a = Assigned::run(run);
@@ -105,6 +113,10 @@ impl Engine {
                             a
                         })
                         .collect();
+                    let sources = self.sources_for(worker, &tasks);
+                    if !sources.is_empty() {
+                        c.outbox.send(&ToWorker::Sources { files: sources });
+                    }
                     unsendable.extend(c.outbox.assign(tasks).into_iter().map(|t| (worker, t)));
                 }
                 Command::Cancel { worker, tasks } => {
@@ -153,6 +165,50 @@ impl Engine {
         if !unsendable.is_empty() {
             self.fail_unsendable(unsendable);
         }
+    }
+
+    /// Where `worker` can fetch the inputs of `tasks` it does not hold from: the peers whose
+    /// caches hold them and serve them, a few per file, each file's list starting at a place
+    /// of its own so that one popular file's askers spread over its holders. Empty for jobs
+    /// without inputs, at no cost beyond a lookup per run.
+    fn sources_for(&self, worker: WorkerId, tasks: &[Assigned]) -> Vec<FileSources> {
+        let index = self.core.files();
+        let mut seen = FxHashSet::default();
+        let mut sources = Vec::new();
+        for a in tasks {
+            let Some(job) = self.core.job(a.run.job) else {
+                continue;
+            };
+            if job.inputs_of(a.run.first).is_empty() {
+                continue;
+            }
+            for i in a.run.first..a.run.first + a.run.count {
+                for &file in job.inputs_of(i) {
+                    if sources.len() >= SOURCES_PER_ASSIGN {
+                        return sources;
+                    }
+                    if index.holds(worker, file) || !seen.insert(file) {
+                        continue;
+                    }
+                    let holders = index.holders(file);
+                    let start = file as usize % holders.len().max(1);
+                    let peers: Vec<String> = holders[start..]
+                        .iter()
+                        .chain(&holders[..start])
+                        .filter(|&&w| w != worker)
+                        .filter_map(|w| self.conns.workers.get(w)?.serves.clone())
+                        .take(PEERS_PER_FILE)
+                        .collect();
+                    if let (false, Some(name)) = (peers.is_empty(), index.name(file)) {
+                        sources.push(FileSources {
+                            file: name.to_string(),
+                            peers,
+                        });
+                    }
+                }
+            }
+        }
+        sources
     }
 
     /// Fails tasks whose command line alone is too long for a message to a worker: they can

@@ -6,7 +6,7 @@ use super::route::WorkerConn;
 use super::{Engine, Outbox};
 use kestrel_core::{Event, Reply, Resources, WorkerId, WorkerOffer};
 use kestrel_proto::messages::{
-    CacheChange, FromWorker, Registration, Resume, TaskOutput, ToWorker,
+    CacheChange, FromWorker, Registration, Resume, TaskOutput, ToWorker, Unheld,
 };
 use std::net::SocketAddr;
 use tokio::sync::oneshot;
@@ -50,6 +50,19 @@ impl Engine {
             self.resume(now, id, resume);
         }
         let cache_capacity = r.cache.as_ref().map(|c| c.capacity);
+        let serves = r
+            .cache
+            .as_ref()
+            .map(|c| c.serves.as_str())
+            .filter(|url| !url.is_empty())
+            .and_then(|url| {
+                let plausible = url.len() <= 512
+                    && (url.starts_with("http://") || url.starts_with("https://"));
+                if !plausible {
+                    tracing::warn!(worker = id, %peer, "worker's cache URL {url:?} is not an http(s) URL; not named to peers");
+                }
+                plausible.then(|| url.to_string())
+            });
         if let Some(cache) = r.cache {
             // A cache that survived a restart: what it holds is placed by again at once.
             let (added, evicted) = (cache.held, Vec::new());
@@ -67,6 +80,7 @@ impl Engine {
             peer,
             exec: r.exec,
             cache_capacity,
+            serves,
         };
         self.conns.workers.insert(id, conn);
         let _ = reply.send(id);
@@ -87,6 +101,7 @@ impl Engine {
                     let (job, moved) = (t.job, t.moved);
                     self.event(now, Event::DataMoved { job, moved });
                 }
+                self.peers_did_not_hold(now, &cache.unheld);
                 if !cache.added.is_empty() || !cache.evicted.is_empty() {
                     let CacheChange { added, evicted, .. } = cache;
                     self.event(
@@ -112,6 +127,30 @@ impl Engine {
             FromWorker::Heartbeat => {}
             FromWorker::Register(_) => {
                 tracing::warn!(worker, "worker registered twice; ignored");
+            }
+        }
+    }
+
+    /// Peers that were named as holding files and did not serve them whole: the index stops
+    /// naming them for those files (until they report them again).
+    fn peers_did_not_hold(&mut self, now: u64, unheld: &[Unheld]) {
+        for u in unheld {
+            let holder = self
+                .conns
+                .workers
+                .iter()
+                .find(|(_, c)| c.serves.as_deref() == Some(u.peer.as_str()))
+                .map(|(&id, _)| id);
+            if let Some(worker) = holder {
+                tracing::debug!(worker, file = %u.file, "a peer did not serve a file it was listed for");
+                self.event(
+                    now,
+                    Event::CacheChanged {
+                        worker,
+                        added: Vec::new(),
+                        evicted: vec![u.file.clone()],
+                    },
+                );
             }
         }
     }

@@ -90,11 +90,28 @@ fn inputs_come_through_the_caches_and_outputs_reach_the_store() {
 #[test]
 fn a_missing_input_or_output_fails_its_task_by_name() {
     let (c, store, _dir) = cluster("first-available");
-    let out = c.run(&["submit", "--input", "raw/nope.dat", "--wait", "--", "true"]);
+    let out = c.run(&[
+        "submit",
+        "--input",
+        "raw/nope.dat",
+        "--retries",
+        "3",
+        "--wait",
+        "--",
+        "true",
+    ]);
     let err = format!("{}{}", out.failed().stdout, out.stderr);
     assert!(
         err.contains(&format!("input raw/nope.dat not found in {store}")),
         "{err}"
+    );
+    // Not retried: running it again would not make the file appear.
+    let tasks = task_rows(&c, "1");
+    assert_eq!(
+        (tasks[0]["attempts"].as_u64(), tasks[0]["failures"].as_u64()),
+        (Some(1), Some(1)),
+        "{}",
+        tasks[0]
     );
     let out = c.run(&[
         "submit",

@@ -480,6 +480,7 @@ impl Harness {
                         signal: None,
                         reason: "exit code 1".into(),
                         stderr_tail: String::new(),
+                        permanent: false,
                     }))
                 };
                 let f = Finished {

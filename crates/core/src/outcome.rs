@@ -25,6 +25,9 @@ pub struct Failure {
     pub reason: String,
     /// The last bytes of the task's stderr, when it went to a file.
     pub stderr_tail: String,
+    /// Running it again cannot help (an input its store does not have): not retried, and
+    /// not counted against the worker.
+    pub permanent: bool,
 }
 
 impl Failure {
@@ -36,6 +39,7 @@ impl Failure {
             signal: None,
             reason: reason.into(),
             stderr_tail: String::new(),
+            permanent: false,
         }
     }
 }

@@ -55,6 +55,7 @@ fn finished(job: JobId, index: u32, kind: u8, at: u64) -> Finished {
             signal: None,
             reason: "exit code 3".into(),
             stderr_tail: String::new(),
+            permanent: false,
         })),
         _ => RunEnd::Canceled,
     };

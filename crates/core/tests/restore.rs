@@ -19,6 +19,7 @@ fn failure() -> RunEnd {
         signal: None,
         reason: "exit code 3".into(),
         stderr_tail: "boom".into(),
+        permanent: false,
     }))
 }
 

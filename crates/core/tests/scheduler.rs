@@ -416,6 +416,7 @@ fn an_undeliverable_task_fails_for_good_without_blaming_its_worker() {
         signal: None,
         reason: "its command line is 17 MiB".into(),
         stderr_tail: String::new(),
+        permanent: false,
     };
     s.task_undeliverable(5, w, job, 0, failure.clone());
     let j = s.job(job).unwrap();
@@ -429,6 +430,52 @@ fn an_undeliverable_task_fails_for_good_without_blaming_its_worker() {
     // Reported again (or for a task it does not hold): ignored.
     s.task_undeliverable(6, w, job, 0, failure);
     assert!(s.take_records().is_empty());
+}
+
+#[test]
+fn a_permanent_failure_spends_no_retries_and_blames_no_worker() {
+    let mut s = Scheduler::new(Config::default());
+    let mut sp = spec("x");
+    sp.retries = 3;
+    let job = s.submit(0, sp, array(1), false).unwrap();
+    let offer = WorkerOffer {
+        hostname: "h".into(),
+        resources: Resources {
+            cpus: 1,
+            gpus: 0,
+            ..Resources::NONE
+        },
+        prefetch: 0,
+        named: Vec::new(),
+        stages_files: true,
+    };
+    let w = s.worker_joined(0, offer);
+    s.schedule(0);
+    s.take_commands();
+    let missing = Failure {
+        permanent: true,
+        ..Failure::because("input raw/7 not found in /store (not retried)")
+    };
+    let end = Finished {
+        job,
+        index: 0,
+        started_us: 1,
+        finished_us: 2,
+        end: RunEnd::Failed(Box::new(missing.clone())),
+    };
+    s.handle(
+        3,
+        Event::TasksEnded {
+            worker: w,
+            ends: vec![end],
+        },
+    )
+    .unwrap();
+    let j = s.job(job).unwrap();
+    assert_eq!(j.record(0).state, TaskState::Failed, "not queued again");
+    assert_eq!(j.failure(0), Some(&missing));
+    assert!(j.is_done());
+    assert!(s.worker(w).unwrap().quarantined.is_none());
 }
 
 /// A worker that took 60,000 tasks through a window of 128, finishing them out of order and

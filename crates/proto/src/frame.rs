@@ -279,6 +279,7 @@ mod tests {
                             signal,
                             reason,
                             stderr_tail,
+                            permanent: false,
                         }))
                     }),
             ],
@@ -361,6 +362,7 @@ mod tests {
             signal: None,
             reason: "exit code 3".into(),
             stderr_tail: "boom".into(),
+            permanent: false,
         };
         let old = [
             (OldRunEnd::Success, RunEnd::Success),
@@ -463,6 +465,7 @@ mod tests {
                     signal: None,
                     reason: "x".repeat(MAX_FRAME_BYTES),
                     stderr_tail: String::new(),
+                    permanent: false,
                 })),
             }],
             outputs: vec![],

@@ -198,7 +198,7 @@ pub enum RunEndDef {
     Canceled,
 }
 
-/// [`Failure`]: `[exit_code, signal, reason, stderr_tail]`.
+/// [`Failure`]: `[exit_code, signal, reason, stderr_tail, permanent?]`.
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "Failure")]
 pub struct FailureDef {
@@ -206,6 +206,9 @@ pub struct FailureDef {
     pub signal: Option<i32>,
     pub reason: String,
     pub stderr_tail: String,
+    /// Version 8; absent when false (nearly always), so older readers see four fields.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub permanent: bool,
 }
 
 /// [`Finished`] in full, `[job, index, started_us, finished_us, end]`: the journal's form.

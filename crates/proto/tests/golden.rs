@@ -57,6 +57,7 @@ fn failure() -> Failure {
         signal: None,
         reason: "exit code 3".into(),
         stderr_tail: "boom".into(),
+        permanent: false,
     }
 }
 

@@ -127,6 +127,9 @@ pub enum ExitKind {
     /// the child, e.g. because `SIGCHLD` is ignored, could not be waited for). The text is
     /// a one-line message naming the program or path and what to do.
     SpawnFailed(String),
+    /// The task cannot run as given, however often it is tried (an input missing from its
+    /// store): it fails without retries.
+    Unrunnable(String),
 }
 
 impl ExitKind {
@@ -145,6 +148,7 @@ impl fmt::Display for ExitKind {
             ExitKind::TimedOut => f.write_str("timed out"),
             ExitKind::Canceled => f.write_str("canceled"),
             ExitKind::SpawnFailed(msg) => write!(f, "failed to start: {msg}"),
+            ExitKind::Unrunnable(msg) => write!(f, "cannot run: {msg}"),
         }
     }
 }
@@ -298,7 +302,7 @@ pub fn run_with(launch: &Launch, cancel: &CancelHandle, reaper: Option<&Reaper>)
     let finished = SystemTime::now();
     let (stdout, stderr) = captures.finish();
     let stderr_tail = match (&status, &launch.stderr) {
-        (ExitKind::SpawnFailed(_), _) | (_, Sink::Null) => None,
+        (ExitKind::SpawnFailed(_) | ExitKind::Unrunnable(_), _) | (_, Sink::Null) => None,
         (s, _) if s.is_success() => None,
         (_, Sink::File(path)) => read_tail(path, STDERR_TAIL_BYTES),
         (_, Sink::Capture(_)) => stderr

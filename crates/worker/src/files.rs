@@ -177,7 +177,7 @@ pub fn run_with_files(
     let mut pinned: Vec<String> = Vec::new();
     let mut paths: Vec<(String, PathBuf)> = Vec::with_capacity(plan.inputs.len());
     let mut fail = plan.bad_name.as_ref().map(|n| {
-        format!("file name {n:?} (its placeholders replaced) is not a plain path inside the store: no `..`, `.`, empty parts or leading `/`")
+        ExitKind::Unrunnable(format!("file name {n:?} (its placeholders replaced) is not a plain path inside the store: no `..`, `.`, empty parts or leading `/`"))
     });
     // This run's own directory for inputs streamed past the cache: tasks of other workers
     // and of this one may share the sandbox and read the same file at once.
@@ -271,7 +271,7 @@ fn stage(
     cache: &WorkerFiles,
     cancel: &CancelHandle,
     moved: &mut Transfers,
-) -> Result<(PathBuf, bool), String> {
+) -> Result<(PathBuf, bool), ExitKind> {
     let key = plan.cached(name);
     let claim = loop {
         if let Some(path) = pin_cached(&key, cache, moved) {
@@ -281,7 +281,7 @@ fn stage(
             break claim;
         }
         if cancel.is_canceled() {
-            return Err("canceled while its inputs were staged".into());
+            return Err(ExitKind::Canceled);
         }
     };
     // Looked at again under the claim: the fetch that ended just before may have cached it.
@@ -326,13 +326,17 @@ fn stage(
                 Ok(()) => Ok((to, false)),
                 Err(e) => {
                     let _ = fs::remove_file(&partial);
-                    Err(format!("input {name}: cannot place it for the task: {e}"))
+                    Err(ExitKind::SpawnFailed(format!(
+                        "input {name}: cannot place it for the task: {e}"
+                    )))
                 }
             }
         }
         Err(CacheError::Io(e)) => {
             let _ = fs::remove_file(&partial);
-            Err(format!("input {name}: the cache directory failed: {e}"))
+            Err(ExitKind::SpawnFailed(format!(
+                "input {name}: the cache directory failed: {e}"
+            )))
         }
     }
 }
@@ -344,24 +348,25 @@ fn read_from_store(
     plan: &FilesPlan,
     partial: &Path,
     cache: &WorkerFiles,
-) -> Result<(u64, Option<Digest>), String> {
+) -> Result<(u64, Option<Digest>), ExitKind> {
     let Some(store) = &plan.store else {
-        return Err(format!(
+        return Err(ExitKind::Unrunnable(format!(
             "input {name} is in no cache and the job has no store; give one with `--store DIR|URL` (or `kestrel server start --store`)"
-        ));
+        )));
     };
     let read = cache.reading(|| store.read_into(name, partial));
     let size = match read {
         Ok(size) => size,
         Err(StoreError::NotFound(store)) => {
             let _ = fs::remove_file(partial);
-            return Err(format!(
-                "input {name} not found in {store}; check the name, or put the file there"
-            ));
+            // Not retried: running the task again would not make the file appear.
+            return Err(ExitKind::Unrunnable(format!(
+                "input {name} not found in {store}; check the name, or put the file there (not retried)"
+            )));
         }
         Err(StoreError::Failed(why)) => {
             let _ = fs::remove_file(partial);
-            return Err(why);
+            return Err(ExitKind::SpawnFailed(why));
         }
     };
     // Taken now, while the file is fresh in memory, so that peers can check what they fetch.
@@ -419,11 +424,11 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
     Ok(())
 }
 
-fn failed(started: SystemTime, why: String) -> Outcome {
+fn failed(started: SystemTime, why: ExitKind) -> Outcome {
     Outcome {
         started,
         finished: SystemTime::now(),
-        status: ExitKind::SpawnFailed(why),
+        status: why,
         stderr_tail: None,
         stdout: None,
         stderr: None,
@@ -537,7 +542,7 @@ mod tests {
         let launch = reads_its_input(&plan);
         let out = run_with_files((1, 0), &launch, &plan, &files, &CancelHandle::new(), None);
         match out.status {
-            ExitKind::SpawnFailed(why) => assert!(why.contains("not a plain path"), "{why}"),
+            ExitKind::Unrunnable(why) => assert!(why.contains("not a plain path"), "{why}"),
             other => panic!("{other:?}"),
         }
         assert!(lock(&files).held().is_empty(), "nothing was staged");

@@ -34,6 +34,7 @@ fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
             signal,
             reason,
             stderr_tail: outcome.stderr_tail.clone().unwrap_or_default(),
+            permanent: false,
         }))
     };
     match &outcome.status {
@@ -50,6 +51,10 @@ fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
         ),
         ExitKind::Canceled => RunEnd::Canceled,
         ExitKind::SpawnFailed(msg) => fail(None, None, msg.clone()),
+        ExitKind::Unrunnable(msg) => RunEnd::Failed(Box::new(Failure {
+            permanent: true,
+            ..Failure::because(msg.clone())
+        })),
     }
 }
 

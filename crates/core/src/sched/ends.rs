@@ -245,7 +245,12 @@ impl Scheduler {
                 rec.runs = rec.runs.saturating_add(unreported_run);
                 rec.failures = rec.failures.saturating_add(1);
                 let failures = rec.failures;
-                let again = !j.canceled && (failures as u32) <= j.spec.retries;
+                let again =
+                    !j.canceled && !failure.permanent && (failures as u32) <= j.spec.retries;
+                if failure.permanent {
+                    // The task's own fault (an input that is not there), not the worker's.
+                    judged = None;
+                }
                 j.failures.insert(f.index, (**failure).clone());
                 let priority = j.spec.priority;
                 if again {

@@ -496,6 +496,7 @@ mod tests {
             signal: None,
             reason: "exit code 3".into(),
             stderr_tail: "boom".into(),
+            permanent: false,
         };
         let end = |end| Finished { end, ..ok.clone() };
         p.task_end(end(RunEnd::Failed(Box::new(failed.clone()))), 1_950);

@@ -210,6 +210,7 @@ mod tests {
                 signal: None,
                 reason: "exit code 1".into(),
                 stderr_tail: String::new(),
+                permanent: false,
             })),
         }
     }

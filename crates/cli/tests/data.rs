@@ -271,3 +271,66 @@ fn a_peer_that_stalls_is_given_up_on_and_the_store_serves() {
     assert!((1..=2).contains(&waits), "{log}");
     c.kill_worker(0);
 }
+
+/// Serves `body` at every path on `listener` over plain HTTP/1.1, one request per connection,
+/// until the test ends.
+fn serve_http(listener: std::net::TcpListener, body: &'static str) {
+    use std::io::{BufRead, BufReader, Write};
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+}
+
+#[test]
+fn tasks_wait_for_a_store_that_is_down_and_say_so() {
+    // A port where nothing listens yet: the store is down.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/");
+    let mut c = Cluster::with_server_args(&["--store", &url, "--heartbeat", "500ms"]);
+    let cache = c.root().join("cache").display().to_string();
+    c.add_worker_with(1, &["--cache-dir", &cache]);
+    c.wait_workers(1);
+    c.run(&[
+        "submit",
+        "--input",
+        "raw/1.dat",
+        "--",
+        "sh",
+        "-c",
+        "cat {input:0}",
+    ])
+    .ok();
+    let waiting = poll("job info to say the tasks wait", COMMAND_LIMIT, || {
+        let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+        info["waiting"].as_str().map(str::to_string)
+    });
+    assert!(
+        waiting.contains("tasks wait for the store") && waiting.contains("raw/1.dat"),
+        "{waiting}"
+    );
+    // The store comes back: the task reads it and succeeds, and the job stops saying so.
+    serve_http(
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap(),
+        "file 1\n",
+    );
+    c.run(&["job", "wait", "1"]).ok();
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    assert!(info["waiting"].is_null(), "{info}");
+    assert_eq!(info["transfers"]["store_reads"], 1, "{info}");
+}

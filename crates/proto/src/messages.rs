@@ -177,11 +177,14 @@ impl CacheChange {
 }
 
 /// One job's inputs staged by a worker, by source.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobTransfers {
     pub job: JobId,
     #[serde(with = "crate::wire::TransfersDef")]
     pub moved: Transfers,
+    /// Why the job's store failed, if reads from it are being retried now (tasks wait).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub store_trouble: String,
 }
 
 /// A reconnecting worker's state, so its tasks are taken back rather than run again.

@@ -226,6 +226,7 @@ fn worker_to_server() {
                         store_files: 2,
                         store_bytes: 2 << 20,
                     },
+                    store_trouble: String::new(),
                 }],
                 unheld: vec![],
             },
@@ -239,6 +240,12 @@ fn worker_to_server() {
             outputs: vec![],
             waited: vec![],
             cache: CacheChange {
+                moved: vec![JobTransfers {
+                    job: 8,
+                    moved: Transfers::default(),
+                    store_trouble: "reading raw/3.fits from http://store/: connection refused"
+                        .into(),
+                }],
                 unheld: vec![Unheld {
                     file: "6b1c0a3f2d9e8b74/raw/1.fits".into(),
                     peer: "http://node2:7100/".into(),

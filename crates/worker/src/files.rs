@@ -25,7 +25,7 @@ use std::borrow::Cow;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A worker's cache and its bound on reads from the store, shared by its executor threads.
 #[derive(Debug)]
@@ -70,14 +70,41 @@ impl WorkerFiles {
     }
 
     fn note_moved(&self, job: JobId, moved: &Transfers) {
-        if moved.is_empty() {
-            return;
+        if !moved.is_empty() {
+            self.of_job(job, |t| t.moved.add(moved));
         }
+    }
+
+    /// Reads of `job`'s store are failing and being retried, for `why`: the server shows it
+    /// in `job info` until reads succeed again.
+    fn note_store_trouble(&self, job: JobId, why: &str) {
+        self.of_job(job, |t| t.store_trouble = why.to_string());
+    }
+
+    /// Changes `job`'s entry of what to report.
+    fn of_job(&self, job: JobId, change: impl FnOnce(&mut JobTransfers)) {
         let mut all = self.moved.lock().unwrap_or_else(PoisonError::into_inner);
-        match all.iter_mut().find(|t| t.job == job) {
-            Some(t) => t.moved.add(moved),
-            None => all.push(JobTransfers { job, moved: *moved }),
-        }
+        let at = match all.iter().position(|t| t.job == job) {
+            Some(at) => at,
+            None => {
+                all.push(JobTransfers {
+                    job,
+                    ..JobTransfers::default()
+                });
+                all.len() - 1
+            }
+        };
+        change(&mut all[at]);
+    }
+
+    /// Whether anything waits to be reported (checked at each heartbeat, so that a worker
+    /// whose tasks all wait for a store still says so).
+    pub fn has_change(&self) -> bool {
+        !self
+            .moved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
     }
 
     /// Claims the fetch of `key` for this run: `None` once some other run's fetch of it has
@@ -195,7 +222,7 @@ pub fn run_with_files(
         if cancel.is_canceled() {
             break;
         }
-        match stage(name, plan, &streamed, cache, cancel, &mut moved) {
+        match stage((job, name), plan, &streamed, cache, cancel, &mut moved) {
             Ok((path, pin)) => {
                 if pin {
                     pinned.push(plan.cached(name));
@@ -265,7 +292,7 @@ const STREAMED: &str = ".kestrel-streamed";
 /// worker's cache if it holds it; else fetched once (runs that need it meanwhile wait for
 /// that fetch): from the peers the server named as holding it, then from the store.
 fn stage(
-    name: &str,
+    (job, name): (JobId, &str),
     plan: &FilesPlan,
     streamed: &Path,
     cache: &WorkerFiles,
@@ -304,7 +331,7 @@ fn stage(
     let (size, digest) = match fetched {
         Some(got) => got,
         None => {
-            let read = read_from_store(name, plan, &partial, cache)?;
+            let read = read_from_store((job, name), plan, &partial, cache, cancel)?;
             moved.store_files += 1;
             moved.store_bytes += read.0;
             read
@@ -341,32 +368,66 @@ fn stage(
     }
 }
 
-/// Reads input `name` from the job's store into `partial`, within the worker's bound on
-/// store readers: its size and digest.
+/// How long a task waits for a failing store (reading again with backoff) before it fails.
+const STORE_PATIENCE: Duration = Duration::from_secs(300);
+/// The longest wait between two reads of a failing store.
+const MAX_STORE_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Sleeps `delay`, or less if the run is canceled meanwhile: whether it was not.
+fn sleep_unless_canceled(delay: Duration, cancel: &CancelHandle) -> bool {
+    let until = Instant::now() + delay;
+    while Instant::now() < until {
+        if cancel.is_canceled() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
+    }
+    !cancel.is_canceled()
+}
+
+/// Reads input `name` of `job` from its store into `partial`, within the worker's bound on
+/// store readers: its size and digest. A store that fails (down, overloaded: anything but
+/// "no such file") is read again with backoff for up to [`STORE_PATIENCE`], and the job is
+/// told why its tasks wait.
 fn read_from_store(
-    name: &str,
+    (job, name): (JobId, &str),
     plan: &FilesPlan,
     partial: &Path,
     cache: &WorkerFiles,
+    cancel: &CancelHandle,
 ) -> Result<(u64, Option<Digest>), ExitKind> {
     let Some(store) = &plan.store else {
         return Err(ExitKind::Unrunnable(format!(
             "input {name} is in no cache and the job has no store; give one with `--store DIR|URL` (or `kestrel server start --store`)"
         )));
     };
-    let read = cache.reading(|| store.read_into(name, partial));
-    let size = match read {
-        Ok(size) => size,
-        Err(StoreError::NotFound(store)) => {
-            let _ = fs::remove_file(partial);
-            // Not retried: running the task again would not make the file appear.
-            return Err(ExitKind::Unrunnable(format!(
-                "input {name} not found in {store}; check the name, or put the file there (not retried)"
-            )));
-        }
-        Err(StoreError::Failed(why)) => {
-            let _ = fs::remove_file(partial);
-            return Err(ExitKind::SpawnFailed(why));
+    let patience = Instant::now() + STORE_PATIENCE;
+    let mut delay = Duration::from_millis(500);
+    let size = loop {
+        match cache.reading(|| store.read_into(name, partial)) {
+            Ok(size) => break size,
+            Err(StoreError::NotFound(store)) => {
+                let _ = fs::remove_file(partial);
+                // Not retried: running the task again would not make the file appear.
+                return Err(ExitKind::Unrunnable(format!(
+                    "input {name} not found in {store}; check the name, or put the file there (not retried)"
+                )));
+            }
+            Err(StoreError::Failed(why)) => {
+                let _ = fs::remove_file(partial);
+                if Instant::now() + delay > patience {
+                    return Err(ExitKind::SpawnFailed(format!(
+                        "{why} (the store failed for {}s; gave up)",
+                        STORE_PATIENCE.as_secs()
+                    )));
+                }
+                tracing::warn!(job, "{why}; reading again in {:.1}s", delay.as_secs_f64());
+                cache.note_store_trouble(job, &why);
+                if !sleep_unless_canceled(delay, cancel) {
+                    return Err(ExitKind::Canceled);
+                }
+                delay = (delay * 2).min(MAX_STORE_BACKOFF);
+            }
         }
     };
     // Taken now, while the file is fresh in memory, so that peers can check what they fetch.

@@ -87,9 +87,12 @@ async fn serve_peers(
             }
         },
     };
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => Some(tokio::spawn(async move {
-            if let Err(e) = peer::serve(files, listener).await {
+    match tokio::net::TcpListener::bind(addr)
+        .await
+        .and_then(|l| peer::serve(files, l))
+    {
+        Ok(serving) => Some(tokio::spawn(async move {
+            if let Err(e) = serving.await {
                 tracing::warn!("serving the cache to peers stopped: {e}");
             }
         })),

@@ -310,11 +310,19 @@ struct Serving {
     permits: Arc<Semaphore>,
 }
 
-/// Serves `files`' cache to peers on `listener` until the task is aborted, and records the
-/// URL it serves at (`http://ADDR/`).
-pub async fn serve(files: SharedFiles, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+/// Serves `files`' cache to peers on `listener` until the task is aborted. Records the URL
+/// it serves at (`http://ADDR/`) at once, before the first poll, so that a registration sent
+/// right after names it.
+pub fn serve(
+    files: SharedFiles,
+    listener: tokio::net::TcpListener,
+) -> std::io::Result<impl std::future::Future<Output = std::io::Result<()>>> {
     let addr = listener.local_addr()?;
     let _ = files.peers.url.set(url_of(addr));
+    Ok(serve_on(files, listener))
+}
+
+async fn serve_on(files: SharedFiles, listener: tokio::net::TcpListener) -> std::io::Result<()> {
     let state = Serving {
         files,
         permits: Arc::new(Semaphore::new(MAX_SERVING)),
@@ -459,7 +467,7 @@ mod tests {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let url = url_of(listener.local_addr().unwrap());
-        rt.spawn(serve(files.clone(), listener));
+        rt.spawn(serve(files.clone(), listener).unwrap());
         (dir, files, url, rt)
     }
 

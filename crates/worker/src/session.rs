@@ -307,7 +307,12 @@ impl Session<'_> {
                     self.take_done();
                 }
                 _ = heartbeat.tick() => {
-                    if !sent_since_tick {
+                    // What staging has to say (a store that fails) goes out even while no
+                    // task starts or ends.
+                    let staged = self.ledger.files.as_ref().is_some_and(|f| f.has_change());
+                    if staged {
+                        self.send_update(writer).await?;
+                    } else if !sent_since_tick {
                         writer.send(&FromWorker::Heartbeat).await?;
                     }
                     sent_since_tick = false;

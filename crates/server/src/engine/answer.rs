@@ -115,10 +115,13 @@ impl Engine {
                 self.core.jobs().map(views::job_summary).collect(),
             )),
             Ask::JobInfo { job } => match self.core.job(job) {
-                Some(j) => Ok(Answer::Job(Box::new(views::job_detail(
-                    j,
-                    self.core.stall(job),
-                )))),
+                Some(j) => {
+                    let mut detail = views::job_detail(j, self.core.stall(job));
+                    if detail.waiting.is_none() {
+                        detail.waiting = self.store_waiting(job, now);
+                    }
+                    Ok(Answer::Job(Box::new(detail)))
+                }
                 None => Err(no_such_job(job)),
             },
             Ask::TaskList { job, state, limit } => match self.core.job(job) {
@@ -176,7 +179,7 @@ impl Engine {
                         last_us: now,
                     };
                     if self.wait_done(&w) {
-                        Ok(Answer::WaitDone(self.progress_of(&w.jobs)))
+                        Ok(Answer::WaitDone(self.progress_of(&w.jobs, now)))
                     } else {
                         self.waiters.push(w);
                         return;
@@ -374,8 +377,18 @@ impl Engine {
         }
     }
 
+    /// Why `job`'s tasks wait for its store, if a worker said so lately (within three
+    /// heartbeats: a worker whose reads fail says so at each) and the job is not done.
+    fn store_waiting(&self, job: JobId, now: u64) -> Option<String> {
+        let (why, at) = self.store_trouble.get(&job)?;
+        let recent = now.saturating_sub(*at) <= 3 * self.heartbeat_ms * 1000;
+        let live = self.core.job(job).is_some_and(|j| !j.is_done());
+        (recent && live)
+            .then(|| format!("tasks wait for the store, reading it again with backoff: {why}"))
+    }
+
     /// How far the jobs of a wait are.
-    fn progress_of(&self, jobs: &[JobId]) -> WaitProgress {
+    fn progress_of(&self, jobs: &[JobId], now: u64) -> WaitProgress {
         let mut p = WaitProgress {
             jobs: jobs.len() as u32,
             ..Default::default()
@@ -385,7 +398,9 @@ impl Engine {
             if j.is_done() {
                 p.jobs_done += 1;
             } else if p.waiting.is_none() {
-                p.waiting = self.core.stall(j.id).map(|s| format!("job {}: {s}", j.id));
+                p.waiting = (self.core.stall(j.id).map(|s| s.to_string()))
+                    .or_else(|| self.store_waiting(j.id, now))
+                    .map(|why| format!("job {}: {why}", j.id));
             }
         }
         p
@@ -405,7 +420,7 @@ impl Engine {
             if now.saturating_sub(w.last_us) < w.every_us {
                 continue;
             }
-            let progress = self.progress_of(&w.jobs);
+            let progress = self.progress_of(&w.jobs, now);
             let msg = ToClient::Progress {
                 id: w.request,
                 progress,
@@ -427,7 +442,7 @@ impl Engine {
         while i < self.waiters.len() {
             if self.wait_done(&self.waiters[i]) {
                 let w = self.waiters.swap_remove(i);
-                let progress = self.progress_of(&w.jobs);
+                let progress = self.progress_of(&w.jobs, self.now());
                 self.reply(w.conn, w.request, Ok(Answer::WaitDone(progress)));
             } else {
                 i += 1;

@@ -92,6 +92,9 @@ pub struct Engine {
     clock: fn() -> u64,
     /// The store of jobs' files for jobs that name none.
     store: Option<String>,
+    /// Jobs whose tasks wait for a failing store, with the latest reason a worker gave and
+    /// when (see [`Engine::store_waiting`]).
+    store_trouble: FxHashMap<JobId, (String, u64)>,
 }
 
 impl Engine {
@@ -138,6 +141,7 @@ impl Engine {
             heartbeat_ms,
             stopping: false,
             ignored_reports: 0,
+            store_trouble: FxHashMap::default(),
             server_id: crate::journal::new_server_id(),
             epoch: rand::random(),
             durable: Durability::default(),

@@ -99,7 +99,16 @@ impl Engine {
             } => {
                 for t in &cache.moved {
                     let (job, moved) = (t.job, t.moved);
-                    self.event(now, Event::DataMoved { job, moved });
+                    if !t.store_trouble.is_empty() {
+                        let why = t.store_trouble.chars().take(500).collect();
+                        self.store_trouble.insert(job, (why, now));
+                    } else if moved.store_files > 0 {
+                        // Reads from the store succeed again.
+                        self.store_trouble.remove(&job);
+                    }
+                    if !moved.is_empty() {
+                        self.event(now, Event::DataMoved { job, moved });
+                    }
                 }
                 self.peers_did_not_hold(now, &cache.unheld);
                 if !cache.added.is_empty() || !cache.evicted.is_empty() {

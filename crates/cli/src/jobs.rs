@@ -88,9 +88,9 @@ pub struct TaskOptions {
     #[arg(long = "output-file", value_name = "NAME")]
     #[serde(default, rename = "outputs")]
     pub output_files: Vec<String>,
-    /// A file every task reads (a program, a database), staged like an input (kept in the
-    /// worker's cache, so fetched once per worker while it fits) but not steering placement
-    /// [in job files: inputs_static = [...]]
+    /// A file every task reads (a program, a database), staged like an input but kept in
+    /// the worker's cache for the worker's life (never evicted), so fetched once per worker;
+    /// it does not steer placement [in job files: inputs_static = [...]]
     #[arg(long = "input-static", value_name = "NAME")]
     #[serde(default, rename = "inputs_static")]
     pub input_static: Vec<String>,

@@ -57,6 +57,8 @@ struct Entry {
     uses: u64,
     /// Tasks using it now: it is not evicted while any does.
     pins: u32,
+    /// A job's static input (`--input-static`): kept for the worker's life, never evicted.
+    kept: bool,
     /// Its BLAKE3 digest, taken as it came in (or when first served, for a file found at
     /// start): peers check what they fetch against it.
     hash: Option<Digest>,
@@ -146,6 +148,7 @@ impl Cache {
                     used: cache.clock,
                     uses: 0,
                     pins: 0,
+                    kept: false,
                     hash: None,
                 },
             );
@@ -199,6 +202,14 @@ impl Cache {
         e.used = self.clock;
         let size = e.size;
         Some((self.path_of(name), size))
+    }
+
+    /// Keeps `name` for the worker's life: a static input, which every task of its job
+    /// reads (SC08's binaries and shared databases). Not kept across a restart.
+    pub fn keep(&mut self, name: &str) {
+        if let Some(e) = self.entries.get_mut(name) {
+            e.kept = true;
+        }
     }
 
     /// A task is done with `name`.
@@ -269,6 +280,7 @@ impl Cache {
                 used: self.clock,
                 uses: 1,
                 pins: 1,
+                kept: false,
                 hash,
             },
         );
@@ -319,7 +331,7 @@ impl Cache {
 
     /// The unpinned file the policy evicts first.
     fn victim(&self) -> Option<String> {
-        let unpinned = self.entries.iter().filter(|(_, e)| e.pins == 0);
+        let unpinned = self.entries.iter().filter(|(_, e)| e.pins == 0 && !e.kept);
         let pick = match self.policy {
             EvictionPolicy::Lru => unpinned.min_by_key(|(n, e)| (e.used, *n)),
             EvictionPolicy::Fifo => unpinned.min_by_key(|(n, e)| (e.added, *n)),
@@ -419,6 +431,20 @@ mod tests {
             c.unpin(n);
         }
         assert_eq!((c.held().len(), c.used_bytes()), (2, 20));
+    }
+
+    #[test]
+    fn kept_files_are_never_evicted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Cache::open(dir.path(), 20, EvictionPolicy::Lru).unwrap();
+        put(&mut c, "static/db", 10).unwrap();
+        c.keep("static/db");
+        c.unpin("static/db");
+        for n in ["a", "b", "c"] {
+            put(&mut c, n, 10).unwrap();
+            c.unpin(n);
+        }
+        assert_eq!(names(&c), vec!["c", "static/db"]);
     }
 
     #[test]

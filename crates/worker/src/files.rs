@@ -180,6 +180,9 @@ pub struct FilesPlan {
     pub cache_prefix: String,
     /// Inputs, then the job's static inputs, by logical name.
     pub inputs: Vec<String>,
+    /// How many of `inputs`, at their end, are static: kept in the cache for the worker's
+    /// life once staged.
+    pub statics: usize,
     /// Outputs the task writes under these names in `sandbox`.
     pub outputs: Vec<String>,
     /// Where the task runs and writes its outputs.
@@ -217,15 +220,20 @@ pub fn run_with_files(
     } else {
         &[]
     };
-    for name in names {
+    for (i, name) in names.iter().enumerate() {
         // Canceled while staging: stop fetching; the run below ends as canceled at once.
         if cancel.is_canceled() {
             break;
         }
+        let is_static = i >= plan.inputs.len() - plan.statics;
         match stage((job, name), plan, &streamed, cache, cancel, &mut moved) {
             Ok((path, pin)) => {
                 if pin {
-                    pinned.push(plan.cached(name));
+                    let key = plan.cached(name);
+                    if is_static {
+                        lock(cache).keep(&key);
+                    }
+                    pinned.push(key);
                 }
                 paths.push((name.clone(), path));
             }
@@ -515,6 +523,7 @@ mod tests {
             cache_prefix: cached_name(Some(&store.display().to_string()), ""),
             store: Some(Store::Dir(store)),
             inputs: vec!["raw/a".into()],
+            statics: 0,
             outputs: vec![],
             sandbox,
             bad_name: None,
@@ -624,6 +633,33 @@ mod tests {
         );
         assert_eq!(out.status, ExitKind::Canceled);
         assert!(files.take_change().moved.is_empty(), "no input was staged");
+    }
+
+    #[test]
+    fn a_static_input_stays_in_the_cache_for_good() {
+        // A cache exactly the size of the static input.
+        let (_dir, files, mut plan) = setup(4096);
+        plan.statics = 1;
+        let out = run_with_files(
+            (1, 0),
+            &reads_its_input(&plan),
+            &plan,
+            &files,
+            &CancelHandle::new(),
+            None,
+        );
+        assert!(out.status.is_success(), "{:?}", out.status);
+        let mut c = lock(&files);
+        let p = c.partial_path();
+        fs::write(&p, [b'b'; 10]).unwrap();
+        assert!(
+            matches!(
+                c.insert("other", &p, 10, None),
+                Err(CacheError::Pinned { .. })
+            ),
+            "the static input is not evicted for another file"
+        );
+        assert_eq!(c.held(), vec![(plan.cached("raw/a"), 4096)]);
     }
 
     #[test]

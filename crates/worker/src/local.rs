@@ -295,6 +295,7 @@ impl Local {
                 store: def.store.clone(),
                 cache_prefix: def.cache_prefix.clone(),
                 inputs,
+                statics: f.statics.len(),
                 outputs,
                 sandbox: cwd.clone().unwrap_or_else(|| PathBuf::from(".")),
                 bad_name,

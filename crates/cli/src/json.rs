@@ -8,6 +8,7 @@
 //! These views are built from the protocol's answers, so the wire and journal types keep their
 //! own (compact, positional) representation.
 
+use kestrel_core::files::Transfers;
 use kestrel_core::{Sink, TaskState};
 use kestrel_proto::messages::{
     Counts, JobDetail, JobSummary, ServerInfo, TaskDetail, TaskRow, WaitProgress, WorkerRow,
@@ -163,6 +164,20 @@ pub struct TransfersView {
     pub hit_ratio: Option<f64>,
 }
 
+impl From<&Transfers> for TransfersView {
+    fn from(t: &Transfers) -> TransfersView {
+        TransfersView {
+            local_hits: t.local_files,
+            local_bytes: t.local_bytes,
+            peer_hits: t.peer_files,
+            peer_bytes: t.peer_bytes,
+            store_reads: t.store_files,
+            store_bytes: t.store_bytes,
+            hit_ratio: t.hit_ratio(),
+        }
+    }
+}
+
 impl From<&JobDetail> for JobInfoView {
     fn from(d: &JobDetail) -> JobInfoView {
         let t = &d.spec.template;
@@ -196,15 +211,7 @@ impl From<&JobDetail> for JobInfoView {
             static_inputs: t.files.statics.clone(),
             store: d.spec.placement.store.clone(),
             policy: d.spec.placement.policy.map(|p| p.name().to_string()),
-            transfers: TransfersView {
-                local_hits: d.transfers.local_files,
-                local_bytes: d.transfers.local_bytes,
-                peer_hits: d.transfers.peer_files,
-                peer_bytes: d.transfers.peer_bytes,
-                store_reads: d.transfers.store_files,
-                store_bytes: d.transfers.store_bytes,
-                hit_ratio: d.transfers.hit_ratio(),
-            },
+            transfers: (&d.transfers).into(),
         }
     }
 }
@@ -234,6 +241,8 @@ pub struct TaskView {
     /// Why its last failed run failed (kept after a successful retry).
     pub reason: Option<String>,
     pub stderr_tail: Option<String>,
+    /// Where its inputs came from, over all its runs; `null` for a task that staged none.
+    pub transfers: Option<TransfersView>,
 }
 
 impl TaskView {
@@ -253,6 +262,7 @@ impl TaskView {
             exit_code: exit_code(r),
             reason: r.reason.clone(),
             stderr_tail: r.stderr_tail.clone(),
+            transfers: (!r.transfers.is_empty()).then(|| (&r.transfers).into()),
         }
     }
 }

@@ -6,16 +6,23 @@ mod common;
 use common::*;
 use std::fs;
 
-/// A cluster whose server uses a store holding `raw/1.dat` … `raw/4.dat` (each holding its
-/// own name) and `policy`, with two workers of 2 slots with caches of 1 MB.
-fn cluster(policy: &str) -> (Cluster, String, tempfile::TempDir) {
+/// A store directory holding `raw/1.dat` … `raw/N.dat`, each holding its own name
+/// (`file N`, 7 bytes for N < 10), and its path.
+fn store_of(n: u32) -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("a store directory");
     fs::create_dir_all(dir.path().join("raw")).unwrap();
-    for i in 1..=4 {
+    for i in 1..=n {
         let file = dir.path().join(format!("raw/{i}.dat"));
         fs::write(file, format!("file {i}\n")).unwrap();
     }
     let store = dir.path().display().to_string();
+    (dir, store)
+}
+
+/// A cluster whose server uses a store holding `raw/1.dat` … `raw/4.dat` (each holding its
+/// own name) and `policy`, with two workers of 2 slots with caches of 1 MB.
+fn cluster(policy: &str) -> (Cluster, String, tempfile::TempDir) {
+    let (dir, store) = store_of(4);
     let mut c = Cluster::with_server_args(&["--store", &store, "--policy", policy]);
     for i in 0..2 {
         let cache = c.root().join(format!("cache-{i}")).display().to_string();
@@ -131,20 +138,11 @@ fn a_missing_input_or_output_fails_its_task_by_name() {
         .contains("--input \"../etc/passwd\""));
 }
 
-/// A store of `raw/1.dat` … `raw/4.dat` and a server using it, with worker 0 offering
+/// A store of `raw/1.dat` … `raw/N.dat` and a server using it, with worker 0 offering
 /// resource `a` and worker 1 resource `b` (so that a job can be sent to one of them), both
-/// with caches served to peers.
-fn two_sided_cluster() -> (Cluster, String, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("a store directory");
-    fs::create_dir_all(dir.path().join("raw")).unwrap();
-    for i in 1..=4 {
-        fs::write(
-            dir.path().join(format!("raw/{i}.dat")),
-            format!("file {i}\n"),
-        )
-        .unwrap();
-    }
-    let store = dir.path().display().to_string();
+/// with caches served to peers; picks.txt lists the N files.
+fn two_sided_cluster(n: u32) -> (Cluster, String, tempfile::TempDir) {
+    let (dir, store) = store_of(n);
     let mut c = Cluster::with_server_args(&["--store", &store]);
     for side in ["a", "b"] {
         let cache = c.root().join(format!("cache-{side}")).display().to_string();
@@ -162,7 +160,8 @@ fn two_sided_cluster() -> (Cluster, String, tempfile::TempDir) {
         );
     }
     c.wait_workers(2);
-    fs::write(c.work.join("picks.txt"), "1\n2\n3\n4\n").unwrap();
+    let picks: String = (1..=n).map(|i| format!("{i}\n")).collect();
+    fs::write(c.work.join("picks.txt"), picks).unwrap();
     (c, store, dir)
 }
 
@@ -192,20 +191,20 @@ fn read_on(c: &Cluster, resource: &str) -> serde_json::Value {
     info.ok().json()["transfers"].clone()
 }
 
-/// The outputs of job `job`'s four tasks, as the store holds them.
-fn outputs_of(store: &str, job: u64) -> Vec<String> {
-    (0..4)
+/// The outputs of job `job`'s `n` tasks, as the store holds them.
+fn outputs_of(store: &str, job: u64, n: u32) -> Vec<String> {
+    (0..n)
         .map(|t| fs::read_to_string(format!("{store}/out/{job}-{t}.txt")).unwrap_or_default())
         .collect()
 }
 
-fn want_outputs() -> Vec<String> {
-    (1..=4).map(|i| format!("file {i}\n")).collect()
+fn want_outputs(n: u32) -> Vec<String> {
+    (1..=n).map(|i| format!("file {i}\n")).collect()
 }
 
 #[test]
 fn inputs_come_from_a_peer_that_caches_them_not_from_the_store() {
-    let (c, store, _dir) = two_sided_cluster();
+    let (c, store, _dir) = two_sided_cluster(4);
     let first = read_on(&c, "a=1");
     assert_eq!(first["store_reads"], 4, "{first}");
     // The same files on the other worker: each fetched from the first worker's cache.
@@ -216,7 +215,16 @@ fn inputs_come_from_a_peer_that_caches_them_not_from_the_store() {
         "{second}"
     );
     assert_eq!(second["peer_bytes"], 28, "{second}");
-    assert_eq!(outputs_of(&store, 2), want_outputs());
+    assert_eq!(outputs_of(&store, 2, 4), want_outputs(4));
+    // Task by task, too.
+    for task in task_rows(&c, "2") {
+        let t = &task["transfers"];
+        assert_eq!(
+            (t["peer_hits"].as_u64(), t["peer_bytes"].as_u64()),
+            (Some(1), Some(7)),
+            "{task}"
+        );
+    }
     let workers = c.run(&["worker", "list", "--output", "json"]).ok().json();
     for w in workers["workers"].as_array().expect("workers") {
         // Its four inputs and the four outputs its tasks wrote, 7 bytes each.
@@ -226,7 +234,7 @@ fn inputs_come_from_a_peer_that_caches_them_not_from_the_store() {
 
 #[test]
 fn a_peer_serving_a_corrupt_file_is_skipped_for_the_store() {
-    let (c, store, _dir) = two_sided_cluster();
+    let (c, store, _dir) = two_sided_cluster(4);
     read_on(&c, "a=1");
     // Worker a's copy of raw/2.dat rots on its disk (same size, other bytes).
     let cached: Vec<_> = fs::read_dir(c.root().join("cache-a/files"))
@@ -243,8 +251,8 @@ fn a_peer_serving_a_corrupt_file_is_skipped_for_the_store() {
         "{second}"
     );
     assert_eq!(
-        outputs_of(&store, 2),
-        want_outputs(),
+        outputs_of(&store, 2, 4),
+        want_outputs(4),
         "no task read the bad copy"
     );
     assert!(
@@ -255,20 +263,20 @@ fn a_peer_serving_a_corrupt_file_is_skipped_for_the_store() {
 
 #[test]
 fn a_peer_that_stalls_is_given_up_on_and_the_store_serves() {
-    let (mut c, store, _dir) = two_sided_cluster();
+    let (mut c, store, _dir) = two_sided_cluster(12);
     read_on(&c, "a=1");
     // Worker a freezes: alive to the kernel (connections are accepted), answering nothing.
     let a = c.worker_pid(0) as i32;
     unsafe { libc::kill(a, libc::SIGSTOP) };
     let second = read_on(&c, "b=1");
     unsafe { libc::kill(a, libc::SIGCONT) };
-    assert_eq!(second["store_reads"], 4, "{second}");
-    assert_eq!(outputs_of(&store, 2), want_outputs());
-    // Once found unreachable it is skipped: the four inputs cost one wait per slot (the two
-    // first fetches run at once), not one per input.
+    assert_eq!(second["store_reads"], 12, "{second}");
+    assert_eq!(outputs_of(&store, 2, 12), want_outputs(12));
+    // Once found unreachable it is skipped: the twelve inputs cost one wait per fetch under
+    // way when it froze (two slots and two prefetch threads at most), not one per input.
     let log = c.worker_log();
     let waits = log.matches("peer unreachable").count();
-    assert!((1..=2).contains(&waits), "{log}");
+    assert!((1..=4).contains(&waits), "{waits} waits: {log}");
     c.kill_worker(0);
 }
 
@@ -333,4 +341,81 @@ fn tasks_wait_for_a_store_that_is_down_and_say_so() {
     let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
     assert!(info["waiting"].is_null(), "{info}");
     assert_eq!(info["transfers"]["store_reads"], 1, "{info}");
+}
+
+#[test]
+fn a_holder_killed_leaves_its_files_to_the_store_without_a_hang() {
+    let (mut c, store, _dir) = two_sided_cluster(4);
+    read_on(&c, "a=1");
+    // Worker a dies (SIGKILL): the server drops it and its cache from the index.
+    c.kill_worker(0);
+    c.wait_workers(1);
+    let second = read_on(&c, "b=1");
+    assert_eq!(
+        (second["store_reads"].as_u64(), second["peer_hits"].as_u64()),
+        (Some(4), Some(0)),
+        "{second}"
+    );
+    assert_eq!(outputs_of(&store, 2, 4), want_outputs(4));
+}
+
+#[test]
+fn a_cache_smaller_than_the_inputs_evicts_under_each_policy() {
+    for policy in ["lru", "fifo", "lfu", "random"] {
+        let (dir, store) = store_of(6);
+        let mut c = Cluster::with_server_args(&["--store", &store]);
+        let cache = c.root().join("cache").display().to_string();
+        // Room for two of the six 7-byte files.
+        c.add_worker_with(
+            1,
+            &[
+                "--cache-dir",
+                &cache,
+                "--cache-size",
+                "14",
+                "--cache-policy",
+                policy,
+            ],
+        );
+        c.wait_workers(1);
+        fs::write(c.work.join("picks.txt"), "1\n2\n3\n4\n5\n6\n1\n2\n").unwrap();
+        let out = c.run(&[
+            "submit",
+            "--each",
+            "picks.txt",
+            "--input",
+            "raw/{line}.dat",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "grep -q 'file {line}' {input:0}",
+        ]);
+        out.ok();
+        let workers = c.run(&["worker", "list", "--output", "json"]).ok().json();
+        let used = workers["workers"][0]["cache_used"].as_u64();
+        assert!(used.is_some_and(|u| u <= 14), "{policy}: {workers}");
+        let on_disk = walk_files(&c.root().join("cache/files"));
+        assert!(
+            on_disk <= 2,
+            "{policy}: {on_disk} files left in the cache directory"
+        );
+    }
+}
+
+/// How many regular files are under `dir`.
+fn walk_files(dir: &std::path::Path) -> usize {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                walk_files(&p)
+            } else {
+                usize::from(p.is_file())
+            }
+        })
+        .sum()
 }

@@ -183,8 +183,19 @@ pub struct JobTransfers {
     #[serde(with = "crate::wire::TransfersDef")]
     pub moved: Transfers,
     /// Why the job's store failed, if reads from it are being retried now (tasks wait).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default)]
     pub store_trouble: String,
+    /// The same transfers task by task (they add up to `moved`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskTransfers>,
+}
+
+/// One task's inputs staged by a worker, by source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskTransfers {
+    pub index: TaskIndex,
+    #[serde(with = "crate::wire::TransfersDef")]
+    pub moved: Transfers,
 }
 
 /// A reconnecting worker's state, so its tasks are taken back rather than run again.
@@ -809,6 +820,14 @@ pub struct TaskRow {
     /// Runs that started (a task that failed once and then succeeded made 2).
     #[serde(default)]
     pub attempts: u32,
+    /// Where its inputs came from, over all its runs (version 8; absent for a task that
+    /// staged none).
+    #[serde(
+        default,
+        with = "crate::wire::TransfersDef",
+        skip_serializing_if = "Transfers::is_empty"
+    )]
+    pub transfers: Transfers,
 }
 
 /// One line of `kestrel worker list`.

@@ -227,6 +227,14 @@ fn worker_to_server() {
                         store_bytes: 2 << 20,
                     },
                     store_trouble: String::new(),
+                    tasks: vec![TaskTransfers {
+                        index: 3,
+                        moved: Transfers {
+                            peer_files: 1,
+                            peer_bytes: 1 << 20,
+                            ..Transfers::default()
+                        },
+                    }],
                 }],
                 unheld: vec![],
             },
@@ -245,6 +253,7 @@ fn worker_to_server() {
                     moved: Transfers::default(),
                     store_trouble: "reading raw/3.fits from http://store/: connection refused"
                         .into(),
+                    tasks: vec![],
                 }],
                 unheld: vec![Unheld {
                     file: "6b1c0a3f2d9e8b74/raw/1.fits".into(),
@@ -358,6 +367,19 @@ fn server_to_worker() {
                 file: "6b1c0a3f2d9e8b74/raw/1.fits".into(),
                 peers: vec!["http://node2:7100/".into(), "http://node3:7100/".into()],
             }],
+        },
+    );
+    golden(
+        "task_row-v8-transfers",
+        TaskRow {
+            transfers: Transfers {
+                local_files: 1,
+                local_bytes: 1 << 20,
+                store_files: 1,
+                store_bytes: 1 << 20,
+                ..Transfers::default()
+            },
+            ..row()
         },
     );
     golden("job_ids_list", JobIds::List);
@@ -484,6 +506,7 @@ fn row() -> TaskRow {
         reason: Some("exit code 3".into()),
         stderr_tail: Some("boom".into()),
         attempts: 2,
+        transfers: Transfers::default(),
     }
 }
 

@@ -144,6 +144,16 @@ fn for_older_client(answer: &mut Answer) {
                 r.cache = None;
             }
         }
+        Answer::Tasks(page) => page
+            .rows
+            .iter_mut()
+            .for_each(|r| r.transfers = Default::default()),
+        Answer::TaskRange(range) => {
+            range
+                .rows
+                .iter_mut()
+                .for_each(|r| r.transfers = Default::default());
+        }
         _ => {}
     }
 }

@@ -205,6 +205,7 @@ pub fn task_row(j: &Job, index: TaskIndex) -> TaskRow {
             .map(|f| f.stderr_tail.clone())
             .filter(|s| !s.is_empty()),
         attempts: r.runs.into(),
+        transfers: j.task_transfers(index),
     }
 }
 

@@ -13,14 +13,16 @@
 
 use crate::cache::{digest_of, Cache, CacheError, Digest};
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
+use crate::ledger::Key;
 use crate::peer::{Fetched, Peers};
+use crate::prefetch::Prefetched;
 use crate::reaper::Reaper;
 use crate::store::{Store, StoreError};
 use kestrel_core::files::Transfers;
 use kestrel_core::placeholders::substitute_inputs;
 use kestrel_core::{JobId, TaskIndex};
-use kestrel_proto::messages::{CacheChange, JobTransfers};
-use rustc_hash::FxHashSet;
+use kestrel_proto::messages::{CacheChange, JobTransfers, TaskTransfers};
+use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -38,9 +40,11 @@ pub struct WorkerFiles {
     moved: Mutex<Vec<JobTransfers>>,
     /// Files being fetched by some run now: another run that needs one waits for it rather
     /// than fetch it again (one download per file per worker).
-    fetching: (Mutex<FxHashSet<String>>, Condvar),
+    fetching: (Mutex<FxHashMap<String, Key>>, Condvar),
     /// The other workers, as sources of files and askers for this one's.
     pub peers: Peers,
+    /// Inputs staged ahead for queued tasks (see `crate::prefetch`).
+    pub(crate) ahead: Prefetched,
 }
 
 /// The worker's files, as its threads and its session hold them.
@@ -54,8 +58,9 @@ impl WorkerFiles {
             readers: (Mutex::new(0), Condvar::new()),
             max_readers: max_readers.max(1),
             moved: Mutex::new(Vec::new()),
-            fetching: (Mutex::new(FxHashSet::default()), Condvar::new()),
+            fetching: (Mutex::new(FxHashMap::default()), Condvar::new()),
             peers: Peers::default(),
+            ahead: Prefetched::default(),
         }
     }
 
@@ -69,10 +74,21 @@ impl WorkerFiles {
         change
     }
 
-    fn note_moved(&self, job: JobId, moved: &Transfers) {
-        if !moved.is_empty() {
-            self.of_job(job, |t| t.moved.add(moved));
+    /// Records where task `index` of `job`'s inputs came from, for the next report.
+    pub(crate) fn note_moved(&self, (job, index): Key, moved: &Transfers) {
+        if moved.is_empty() {
+            return;
         }
+        self.of_job(job, |t| {
+            t.moved.add(moved);
+            match t.tasks.iter_mut().find(|t| t.index == index) {
+                Some(task) => task.moved.add(moved),
+                None => t.tasks.push(TaskTransfers {
+                    index,
+                    moved: *moved,
+                }),
+            }
+        });
     }
 
     /// Reads of `job`'s store are failing and being retried, for `why`: the server shows it
@@ -107,21 +123,31 @@ impl WorkerFiles {
             .is_empty()
     }
 
-    /// Claims the fetch of `key` for this run: `None` once some other run's fetch of it has
-    /// ended (look in the cache again), or if the run is canceled meanwhile.
-    fn claim<'a>(&'a self, key: &'a str, cancel: &CancelHandle) -> Option<Claim<'a>> {
+    /// Claims the fetch of `key` for task `task`: `Err` once another fetch of it has ended
+    /// (look in the cache again), or if the run is canceled meanwhile; `Err(true)` if that
+    /// fetch was for the same task (its prefetch), whose transfer it counted.
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        task: (JobId, TaskIndex),
+        cancel: &CancelHandle,
+    ) -> Result<Claim<'a>, bool> {
         let (fetching, ended) = &self.fetching;
         let mut now = fetching.lock().unwrap_or_else(PoisonError::into_inner);
-        if now.insert(key.to_string()) {
-            return Some(Claim { files: self, key });
-        }
-        while now.contains(key) && !cancel.is_canceled() {
+        let owner = match now.get(key) {
+            Some(&owner) => owner,
+            None => {
+                now.insert(key.to_string(), task);
+                return Ok(Claim { files: self, key });
+            }
+        };
+        while now.contains_key(key) && !cancel.is_canceled() {
             now = ended
                 .wait_timeout(now, Duration::from_millis(200))
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        None
+        Err(owner == task)
     }
 
     /// Runs `read` once fewer than `max_readers` other reads are under way (the slot is
@@ -226,7 +252,14 @@ pub fn run_with_files(
             break;
         }
         let is_static = i >= plan.inputs.len() - plan.statics;
-        match stage((job, name), plan, &streamed, cache, cancel, &mut moved) {
+        match stage(
+            (job, index, name),
+            plan,
+            &streamed,
+            cache,
+            cancel,
+            &mut moved,
+        ) {
             Ok((path, pin)) => {
                 if pin {
                     let key = plan.cached(name);
@@ -256,6 +289,8 @@ pub fn run_with_files(
             outcome
         }
     };
+    // With the pins the prefetcher took for this task.
+    pinned.extend(cache.take_prefetched((job, index)));
     let mut c = lock(cache);
     for name in &pinned {
         c.unpin(name);
@@ -267,20 +302,20 @@ pub fn run_with_files(
         // The shared parent goes when the last run's directory has.
         let _ = fs::remove_dir(plan.sandbox.join(STREAMED));
     }
-    cache.note_moved(job, &moved);
+    cache.note_moved((job, index), &moved);
     outcome
 }
 
 impl FilesPlan {
     /// What the cache calls file `name` of this job's store.
-    fn cached(&self, name: &str) -> String {
+    pub(crate) fn cached(&self, name: &str) -> String {
         format!("{}{name}", self.cache_prefix)
     }
 }
 
 /// Pins `name` if the cache holds it (and it is still on disk: one gone from under the cache
-/// is forgotten, to be fetched again), counting a local hit.
-fn pin_cached(name: &str, cache: &WorkerFiles, moved: &mut Transfers) -> Option<PathBuf> {
+/// is forgotten, to be fetched again): its path and size.
+fn pin_cached(name: &str, cache: &WorkerFiles) -> Option<(PathBuf, u64)> {
     let mut c = lock(cache);
     let (path, size) = c.pin(name)?;
     if !path.is_file() {
@@ -288,40 +323,65 @@ fn pin_cached(name: &str, cache: &WorkerFiles, moved: &mut Transfers) -> Option<
         c.discard(name);
         return None;
     }
-    moved.local_files += 1;
-    moved.local_bytes += size;
-    Some(path)
+    Some((path, size))
 }
 
 /// Inputs too large for the cache are copied here, under the task's directory, for its run.
 const STREAMED: &str = ".kestrel-streamed";
 
-/// Brings input `name` here: its path, and whether it is pinned in the cache. From this
-/// worker's cache if it holds it; else fetched once (runs that need it meanwhile wait for
-/// that fetch): from the peers the server named as holding it, then from the store.
-fn stage(
-    (job, name): (JobId, &str),
+/// What fetching one file came to.
+pub(crate) enum Fetch {
+    /// It is in the cache, pinned for the caller, at this path; whether this call fetched it.
+    Cached(PathBuf, bool),
+    /// It came, but the cache cannot hold it (larger than the cache, or full of files in use):
+    /// the whole file is at this partial path, the caller's to place or remove.
+    Uncached(PathBuf),
+}
+
+/// Brings input `name` of task `index` of `job` into this worker's cache, or finds it there:
+/// fetched once (runs that need it meanwhile wait for that fetch), from the peers the server
+/// named as holding it, then from the store. Peer and store transfers are counted in `moved`;
+/// a local hit too, unless `prefetching` (the task's run counts it, or not: see below).
+///
+/// Each transfer is counted once, for the task it was made for: a prefetch records what it
+/// fetched for its task (`WorkerFiles::pinned_for`) before it lets go of the file's claim, so
+/// the task's run, which either waited on that claim or looks after it, counts no hit.
+pub(crate) fn fetch_once(
+    (job, index, name): (JobId, TaskIndex, &str),
     plan: &FilesPlan,
-    streamed: &Path,
     cache: &WorkerFiles,
     cancel: &CancelHandle,
     moved: &mut Transfers,
-) -> Result<(PathBuf, bool), ExitKind> {
+    prefetching: bool,
+) -> Result<Fetch, ExitKind> {
     let key = plan.cached(name);
-    let claim = loop {
-        if let Some(path) = pin_cached(&key, cache, moved) {
-            return Ok((path, true));
+    let task = (job, index);
+    let mut count_hit = !prefetching;
+    // A hit is counted when it happens, unless this task's prefetch fetched the file.
+    let hit = |moved: &mut Transfers, count_hit: bool| {
+        let (path, size) = pin_cached(&key, cache)?;
+        if count_hit && !cache.fetched_ahead(task, &key) {
+            moved.local_files += 1;
+            moved.local_bytes += size;
         }
-        if let Some(claim) = cache.claim(&key, cancel) {
-            break claim;
+        Some(path)
+    };
+    let claim = loop {
+        if let Some(path) = hit(moved, count_hit) {
+            return Ok(Fetch::Cached(path, false));
+        }
+        match cache.claim(&key, task, cancel) {
+            Ok(claim) => break claim,
+            // This task's own prefetch brought it (and counted it): not a hit as well.
+            Err(same_task) => count_hit &= !same_task,
         }
         if cancel.is_canceled() {
             return Err(ExitKind::Canceled);
         }
     };
     // Looked at again under the claim: the fetch that ended just before may have cached it.
-    if let Some(path) = pin_cached(&key, cache, moved) {
-        return Ok((path, true));
+    if let Some(path) = hit(moved, count_hit) {
+        return Ok(Fetch::Cached(path, false));
     }
     let partial = lock(cache).partial_path();
     let mut fetched = None;
@@ -346,12 +406,44 @@ fn stage(
         }
     };
     cache.peers.forget_sources(&key);
+    // A prefetch records the file as fetched for its task before it is in the cache, so that
+    // the task's run, finding it there, never counts it as a hit as well.
+    let recorded = prefetching && cache.record_fetched(task, &key);
     let inserted = lock(cache).insert(&key, &partial, size, digest);
+    match (&inserted, prefetching, recorded) {
+        // The task has ended or gone: nobody holds the pin the insert took.
+        (Ok(_), true, false) => lock(cache).unpin(&key),
+        (Err(_), true, true) => cache.unrecord_fetched(task, &key),
+        _ => {}
+    }
     drop(claim);
     match inserted {
-        Ok(path) => Ok((path, true)),
-        // Larger than the cache, or the cache is full of files in use: streamed to the task.
+        Ok(path) => Ok(Fetch::Cached(path, true)),
         Err(CacheError::TooLarge { .. } | CacheError::Pinned { .. }) => {
+            Ok(Fetch::Uncached(partial))
+        }
+        Err(CacheError::Io(e)) => {
+            let _ = fs::remove_file(&partial);
+            Err(ExitKind::SpawnFailed(format!(
+                "input {name}: the cache directory failed: {e}"
+            )))
+        }
+    }
+}
+
+/// Brings input `name` here for a run: its path, and whether it is pinned in the cache. A
+/// file the cache cannot hold is streamed: moved into the run's own `streamed` directory.
+fn stage(
+    (job, index, name): (JobId, TaskIndex, &str),
+    plan: &FilesPlan,
+    streamed: &Path,
+    cache: &WorkerFiles,
+    cancel: &CancelHandle,
+    moved: &mut Transfers,
+) -> Result<(PathBuf, bool), ExitKind> {
+    match fetch_once((job, index, name), plan, cache, cancel, moved, false)? {
+        Fetch::Cached(path, _) => Ok((path, true)),
+        Fetch::Uncached(partial) => {
             let to = streamed.join(name);
             let placed = to
                 .parent()
@@ -366,12 +458,6 @@ fn stage(
                     )))
                 }
             }
-        }
-        Err(CacheError::Io(e)) => {
-            let _ = fs::remove_file(&partial);
-            Err(ExitKind::SpawnFailed(format!(
-                "input {name}: the cache directory failed: {e}"
-            )))
         }
     }
 }

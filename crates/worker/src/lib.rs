@@ -33,6 +33,7 @@ pub mod local;
 mod outputs;
 pub mod peer;
 mod pool;
+mod prefetch;
 pub mod reaper;
 mod session;
 mod staging;

@@ -280,27 +280,7 @@ impl Local {
             env.push(("CUDA_VISIBLE_DEVICES".to_string(), list.join(",")));
         }
         env.extend(t.env.iter().map(|(k, v)| (k.clone(), sub(v))));
-        let files = (!t.files.is_empty()).then(|| {
-            let f = &t.files;
-            let inputs: Vec<String> = f.inputs.iter().chain(&f.statics).map(|n| sub(n)).collect();
-            let outputs: Vec<String> = f.outputs.iter().map(|n| sub(n)).collect();
-            // Checked again with the placeholders replaced: a line such as `../x` must not
-            // make a name that leaves the store, the cache or the task's directory.
-            let bad_name = inputs
-                .iter()
-                .chain(&outputs)
-                .find(|n| !is_plain_name(n))
-                .cloned();
-            Box::new(FilesPlan {
-                store: def.store.clone(),
-                cache_prefix: def.cache_prefix.clone(),
-                inputs,
-                statics: f.statics.len(),
-                outputs,
-                sandbox: cwd.clone().unwrap_or_else(|| PathBuf::from(".")),
-                bad_name,
-            })
-        });
+        let files = files_plan(def, &values, cwd.as_deref());
         let launch = Launch {
             argv,
             env,
@@ -315,6 +295,56 @@ impl Local {
         };
         Ok((launch, files))
     }
+}
+
+impl Local {
+    /// The files plan of `task`, if its job declares files (for staging its inputs before it
+    /// launches; see `WorkerFiles::prefetch`).
+    pub fn files_plan(&self, task: &LocalTask) -> Option<Box<FilesPlan>> {
+        let def = self.jobs.get(&task.job)?;
+        if def.template.files.is_empty() {
+            return None;
+        }
+        let (job_s, id_s) = def.ids_of(task);
+        let values = Values {
+            job: &job_s,
+            task: &id_s,
+            line: task.line.as_deref(),
+        };
+        let cwd = def
+            .template
+            .cwd
+            .as_deref()
+            .map(|c| PathBuf::from(substitute(c, &values).into_owned()));
+        files_plan(def, &values, cwd.as_deref())
+    }
+}
+
+/// The files of a task of job `def` whose placeholders stand for `values`, running in `cwd`.
+fn files_plan(def: &JobDef, values: &Values, cwd: Option<&Path>) -> Option<Box<FilesPlan>> {
+    let f = &def.template.files;
+    if f.is_empty() {
+        return None;
+    }
+    let sub = |s: &str| substitute(s, values).into_owned();
+    let inputs: Vec<String> = f.inputs.iter().chain(&f.statics).map(|n| sub(n)).collect();
+    let outputs: Vec<String> = f.outputs.iter().map(|n| sub(n)).collect();
+    // Checked again with the placeholders replaced: a line such as `../x` must not make a
+    // name that leaves the store, the cache or the task's directory.
+    let bad_name = inputs
+        .iter()
+        .chain(&outputs)
+        .find(|n| !is_plain_name(n))
+        .cloned();
+    Some(Box::new(FilesPlan {
+        store: def.store.clone(),
+        cache_prefix: def.cache_prefix.clone(),
+        inputs,
+        statics: f.statics.len(),
+        outputs,
+        sandbox: cwd.map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        bad_name,
+    }))
 }
 
 /// Whether a sink's path template names one task of one job (`{job}` and `{task}`, the

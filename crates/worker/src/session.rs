@@ -107,6 +107,9 @@ pub(crate) async fn serve(
     // Tasks only queued here go back to the server's queue when it drops this registration.
     exec.take_back_all();
     ledger.local.queue.clear();
+    if let Some(files) = &ledger.files {
+        files.forget_all_prefetched();
+    }
     // The next registration is sent a job's template again before its first task; it tells
     // this worker to forget only the templates of jobs whose tasks it still runs then.
     let running = &ledger.running;
@@ -346,8 +349,12 @@ impl Session<'_> {
             ToWorker::Assign { tasks } => {
                 let now = now_us();
                 for run in tasks {
+                    let r = run.run;
                     match self.staging.stage(&run) {
                         Staged::Ready => l.local.enqueue(run, now),
+                    }
+                    if let Some(files) = &l.files {
+                        crate::staging::prefetch(&l.local, files, r);
                     }
                 }
             }
@@ -355,6 +362,9 @@ impl Session<'_> {
                 // Those still waiting for a slot go back; those started run on.
                 let mut given = l.local.unqueue(&tasks);
                 given.extend(self.exec.take_back(&tasks).iter().map(|t| (t.job, t.index)));
+                if let Some(files) = &l.files {
+                    files.forget_prefetched(&given);
+                }
                 self.revoked.push(given);
             }
             ToWorker::Cancel { tasks } => {
@@ -362,6 +372,9 @@ impl Session<'_> {
                 let mut canceled = l.local.unqueue(&tasks);
                 // Those the executor took but has not started; those it started end as canceled.
                 canceled.extend(self.exec.cancel(&tasks).iter().map(|t| (t.job, t.index)));
+                if let Some(files) = &l.files {
+                    files.forget_prefetched(&canceled);
+                }
                 for (job, index) in canceled {
                     l.finished
                         .push(Finished::at_once(job, index, now, RunEnd::Canceled));

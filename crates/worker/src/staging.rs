@@ -6,13 +6,15 @@
 //! nothing that Kestrel moves, and every run is ready at once: `stage` is an inlined function
 //! that looks at nothing, with no allocation, clock read or await, once per run (not per task).
 //!
-//! Input files go here (data diffusion, peer transfers): `stage` will look each of a run's
-//! inputs up in the worker's cache and start the fetches of those missing, and answer that the
-//! run (or the part of it whose inputs are missing) waits. It then waits beside the queue,
-//! holding no slot, until its fetches end, which the session's select loop hears of as it
-//! hears of ended runs; revokes, cancels and a dropped connection take such tasks back like
-//! queued ones. The prefetch window gives fetches the time a task spends queued.
+//! Input files: once a run of a job with files is queued, [`prefetch`] starts fetching its
+//! tasks' inputs (`crate::prefetch`), so they come while the task waits in the prefetch
+//! window. Next step: `stage` answering that such a run waits beside the queue, holding no
+//! slot, until its fetches end (today a task whose fetch is still under way when a slot takes
+//! it waits for that fetch on the slot).
 
+use crate::files::WorkerFiles;
+use crate::local::Local;
+use kestrel_core::IndexRun;
 use kestrel_proto::messages::Assigned;
 
 /// Brings assigned tasks' inputs to this worker. It outlives connections (it is part of
@@ -33,6 +35,25 @@ impl Staging {
     #[inline]
     pub(crate) fn stage(&mut self, _run: &Assigned) -> Staged {
         Staged::Ready
+    }
+}
+
+/// Starts fetching the inputs of `run`'s tasks, just queued in `local`, if their job declares
+/// files (see `crate::prefetch`): they come while the slots run earlier tasks. A job without
+/// files costs one lookup per run.
+pub(crate) fn prefetch(local: &Local, files: &WorkerFiles, run: IndexRun) {
+    let has_files = local
+        .jobs
+        .get(&run.job)
+        .is_some_and(|d| !d.template.files.is_empty());
+    if !has_files {
+        return;
+    }
+    let queued = local.queue.iter().rev().take(run.count as usize);
+    for task in queued.filter(|t| t.job == run.job) {
+        if let Some(plan) = local.files_plan(task) {
+            files.prefetch((task.job, task.index), plan);
+        }
     }
 }
 

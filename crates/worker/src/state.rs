@@ -115,8 +115,11 @@ fn open_cache(c: &CacheConfig) -> Result<OpenedCache, WorkerError> {
     std::fs::create_dir_all(&dir).map_err(setup)?;
     let lock = lock_dir(&dir)?;
     let cache = Cache::open(&dir, c.capacity, c.policy).map_err(setup)?;
-    let files = WorkerFiles::new(cache, c.store_readers);
-    Ok((Arc::new(files), scratch, lock))
+    let files = Arc::new(WorkerFiles::new(cache, c.store_readers));
+    files
+        .start_prefetch()
+        .map_err(|e| WorkerError::Setup(format!("cannot start prefetch threads: {e}")))?;
+    Ok((files, scratch, lock))
 }
 
 /// Takes an exclusive lock on `dir/lock`, held as long as the file returned is open (two

@@ -154,6 +154,8 @@ pub enum Event {
         job: JobId,
         /// The files and bytes by source.
         moved: Transfers,
+        /// The same, task by task (adding up to `moved`).
+        tasks: Vec<(TaskIndex, Transfers)>,
     },
     /// Time passed: workers silent past the heartbeat timeout are lost, retries whose backoff
     /// has passed are queued.
@@ -300,9 +302,13 @@ impl Scheduler {
                 self.cache_changed(worker, &added, &evicted);
                 Reply::Done
             }
-            Event::DataMoved { job, moved } => {
+            Event::DataMoved { job, moved, tasks } => {
                 if let Some(j) = self.jobs.get_mut(&job) {
                     j.transfers.add(&moved);
+                    let len = j.len();
+                    for (index, t) in tasks.into_iter().filter(|(i, _)| *i < len) {
+                        j.task_transfers.entry(index).or_default().add(&t);
+                    }
                 }
                 Reply::Done
             }

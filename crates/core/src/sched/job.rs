@@ -105,6 +105,8 @@ pub struct Job {
     pub(super) policy: Option<Box<dyn DispatchPolicy>>,
     /// Where its tasks' inputs came from, as workers reported.
     pub transfers: Transfers,
+    /// The same per task, for the tasks that staged any (jobs without files keep none).
+    pub(super) task_transfers: FxHashMap<TaskIndex, Transfers>,
 }
 
 impl Job {
@@ -140,6 +142,7 @@ impl Job {
             windowed: false,
             policy: None,
             transfers: Transfers::default(),
+            task_transfers: FxHashMap::default(),
         }
     }
 
@@ -172,7 +175,12 @@ impl Job {
         self.failures.get(&index)
     }
 
-    /// The user-visible id of a task.
+    /// Where task `index`'s inputs came from, over all its runs.
+    pub fn task_transfers(&self, index: TaskIndex) -> Transfers {
+        self.task_transfers.get(&index).copied().unwrap_or_default()
+    }
+
+    /// The user-visible id of task `index`.
     pub fn task_id(&self, index: TaskIndex) -> u32 {
         match &self.tasks {
             TaskSet::Array(r) => r.id_at(index).unwrap_or(index),

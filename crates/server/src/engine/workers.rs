@@ -107,7 +107,8 @@ impl Engine {
                         self.store_trouble.remove(&job);
                     }
                     if !moved.is_empty() {
-                        self.event(now, Event::DataMoved { job, moved });
+                        let tasks = t.tasks.iter().map(|t| (t.index, t.moved)).collect();
+                        self.event(now, Event::DataMoved { job, moved, tasks });
                     }
                 }
                 self.peers_did_not_hold(now, &cache.unheld);

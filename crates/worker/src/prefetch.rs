@@ -1,0 +1,276 @@
+//! Prefetch: the inputs of tasks waiting in this worker's queue (its prefetch window) are
+//! fetched while its slots run earlier tasks, so that a slot does not wait for a transfer it
+//! could have overlapped.
+//!
+//! When a run of tasks of a job with files is assigned ([`WorkerFiles::prefetch`], from the
+//! staging step), each task's file plan goes to a few prefetch threads. They bring each input
+//! into the cache the way a run would ([`fetch_once`]: once per file, from peers, then the
+//! store) and pin it for the task, so it is not evicted before the task starts. The task's run
+//! finds its inputs cached, or waits for the fetch still under way instead of starting another,
+//! and gives the pins back when it ends ([`WorkerFiles::take_prefetched`]). A task revoked,
+//! canceled or taken back before it starts gives its pins back ([`WorkerFiles::forget_prefetched`]).
+//!
+//! A fetch that fails here is not reported: the task's run meets the same failure and reports
+//! it with the task. Transfers are counted once: by the prefetcher for what it fetched, and not
+//! again as local hits when the run finds those files.
+
+use crate::exec::CancelHandle;
+use crate::files::{fetch_once, lock, Fetch, FilesPlan, WorkerFiles};
+use crate::ledger::Key;
+use crossbeam_channel::{Receiver, Sender};
+use kestrel_core::files::Transfers;
+use rustc_hash::FxHashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+
+/// How many files a worker prefetches at once (each waits its turn for a store reader
+/// beside the runs' own reads).
+pub const PREFETCH_THREADS: usize = 2;
+
+/// What the prefetcher holds for queued tasks.
+#[derive(Debug, Default)]
+pub(crate) struct Prefetched {
+    /// Per task not ended: the files pinned for it, and whether the prefetcher fetched each
+    /// (else it was cached already). A task's entry exists from its assignment to the end of
+    /// its run; a task without one is not prefetched for.
+    pinned: Mutex<FxHashMap<Key, Vec<(String, bool)>>>,
+    /// Where file plans go to the prefetch threads, once they run.
+    tx: OnceLock<Sender<(Key, Box<FilesPlan>)>>,
+}
+
+impl Prefetched {
+    fn pinned(&self) -> MutexGuard<'_, FxHashMap<Key, Vec<(String, bool)>>> {
+        self.pinned.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl WorkerFiles {
+    /// Starts the prefetch threads. They hold the files weakly: they end when the worker's
+    /// files are dropped (the channel closes with them).
+    pub(crate) fn start_prefetch(self: &Arc<Self>) -> std::io::Result<()> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        if self.ahead.tx.set(tx).is_err() {
+            return Ok(());
+        }
+        for i in 0..PREFETCH_THREADS {
+            let (files, rx) = (Arc::downgrade(self), rx.clone());
+            std::thread::Builder::new()
+                .name(format!("kestrel-prefetch-{i}"))
+                .spawn(move || prefetch_loop(&files, &rx))?;
+        }
+        Ok(())
+    }
+
+    /// Fetches the inputs of queued task `key` ahead of its start, as `plan` names them.
+    pub(crate) fn prefetch(&self, key: Key, plan: Box<FilesPlan>) {
+        let Some(tx) = self.ahead.tx.get() else {
+            return;
+        };
+        self.ahead.pinned().insert(key, Vec::new());
+        let _ = tx.send((key, plan));
+    }
+
+    /// What was pinned for task `key`, now that its run has ended: the run unpins them.
+    pub(crate) fn take_prefetched(&self, key: Key) -> Vec<String> {
+        let names = self.ahead.pinned().remove(&key).unwrap_or_default();
+        names.into_iter().map(|(name, _)| name).collect()
+    }
+
+    /// Whether the prefetcher fetched `name` for task `key` (and counted the transfer).
+    pub(crate) fn fetched_ahead(&self, key: Key, name: &str) -> bool {
+        self.ahead
+            .pinned()
+            .get(&key)
+            .is_some_and(|v| v.iter().any(|(n, fetched)| *fetched && n == name))
+    }
+
+    /// Tasks that will not start here (revoked, canceled, taken back): their pins go.
+    pub(crate) fn forget_prefetched(&self, keys: &[Key]) {
+        let dropped: Vec<String> = {
+            let mut pinned = self.ahead.pinned();
+            keys.iter()
+                .filter_map(|k| pinned.remove(k))
+                .flatten()
+                .map(|(name, _)| name)
+                .collect()
+        };
+        self.unpin_all(&dropped);
+    }
+
+    /// Every task not started yet will not start here (the connection dropped).
+    pub(crate) fn forget_all_prefetched(&self) {
+        let all: Vec<Key> = self.ahead.pinned().keys().copied().collect();
+        self.forget_prefetched(&all);
+    }
+
+    fn unpin_all(&self, names: &[String]) {
+        if names.is_empty() {
+            return;
+        }
+        let mut c = lock(self);
+        for name in names {
+            c.unpin(name);
+        }
+    }
+
+    /// Records `name`, pinned for task `key` (`fetched` for it, if so); unpins it if the
+    /// task has ended or gone meanwhile.
+    pub(crate) fn pinned_for(&self, key: Key, name: String, fetched: bool) {
+        let mut pinned = self.ahead.pinned();
+        match pinned.get_mut(&key) {
+            Some(names) => names.push((name, fetched)),
+            None => {
+                drop(pinned);
+                self.unpin_all(&[name]);
+            }
+        }
+    }
+
+    /// Records `name` as fetched (and pinned) for task `key`, if the task has not ended:
+    /// whether it was recorded.
+    pub(crate) fn record_fetched(&self, key: Key, name: &str) -> bool {
+        match self.ahead.pinned().get_mut(&key) {
+            Some(names) => {
+                names.push((name.to_string(), true));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes back [`Self::record_fetched`] (the file did not go into the cache).
+    pub(crate) fn unrecord_fetched(&self, key: Key, name: &str) {
+        if let Some(names) = self.ahead.pinned().get_mut(&key) {
+            if let Some(at) = names.iter().position(|(n, f)| *f && n == name) {
+                names.remove(at);
+            }
+        }
+    }
+
+    fn wanted(&self, key: Key) -> bool {
+        self.ahead.pinned().contains_key(&key)
+    }
+}
+
+fn prefetch_loop(files: &Weak<WorkerFiles>, rx: &Receiver<(Key, Box<FilesPlan>)>) {
+    while let Ok((key, plan)) = rx.recv() {
+        let Some(files) = files.upgrade() else {
+            return;
+        };
+        prefetch_one(&files, key, &plan);
+    }
+}
+
+/// Brings task `key`'s inputs into the cache and pins them for it, while it is still queued.
+fn prefetch_one(files: &WorkerFiles, key: Key, plan: &FilesPlan) {
+    if plan.bad_name.is_some() {
+        return;
+    }
+    // Never canceled: a task canceled meanwhile loses its entry, and the loop stops.
+    let never = CancelHandle::new();
+    let mut moved = Transfers::default();
+    for name in &plan.inputs {
+        if !files.wanted(key) {
+            break;
+        }
+        match fetch_once((key.0, key.1, name), plan, files, &never, &mut moved, true) {
+            // Recorded by `fetch_once` under the file's claim.
+            Ok(Fetch::Cached(_, true)) => {}
+            Ok(Fetch::Cached(_, false)) => files.pinned_for(key, plan.cached(name), false),
+            // The run streams it itself.
+            Ok(Fetch::Uncached(partial)) => {
+                let _ = std::fs::remove_file(partial);
+            }
+            // The run meets the same failure, and reports it with the task.
+            Err(_) => break,
+        }
+    }
+    files.note_moved(key, &moved);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{Cache, EvictionPolicy};
+    use crate::store::Store;
+    use kestrel_core::files::cached_name;
+    use std::fs;
+    use std::time::{Duration, Instant};
+
+    fn files_with_store() -> (tempfile::TempDir, Arc<WorkerFiles>, Box<FilesPlan>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        fs::create_dir_all(&store).unwrap();
+        for n in ["a", "b"] {
+            fs::write(store.join(n), n.repeat(100)).unwrap();
+        }
+        let cache = Cache::open(&dir.path().join("cache"), 1 << 20, EvictionPolicy::Lru).unwrap();
+        let files = Arc::new(WorkerFiles::new(cache, 1));
+        files.start_prefetch().unwrap();
+        let plan = Box::new(FilesPlan {
+            cache_prefix: cached_name(Some(&store.display().to_string()), ""),
+            store: Some(Store::Dir(store)),
+            inputs: vec!["a".into(), "b".into()],
+            statics: 0,
+            outputs: vec![],
+            sandbox: dir.path().to_path_buf(),
+            bad_name: None,
+        });
+        (dir, files, plan)
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_queued_tasks_inputs_are_fetched_pinned_and_counted_once() {
+        let (_dir, files, plan) = files_with_store();
+        let (a, b) = (plan.cached("a"), plan.cached("b"));
+        files.prefetch((1, 0), plan);
+        wait_until("both inputs pinned for the task", || {
+            files
+                .ahead
+                .pinned()
+                .get(&(1, 0))
+                .is_some_and(|v| v.len() == 2)
+        });
+        assert!(files.fetched_ahead((1, 0), &a) && files.fetched_ahead((1, 0), &b));
+        let taken = files.take_prefetched((1, 0));
+        assert_eq!(taken, vec![a.clone(), b.clone()]);
+        let t = files.take_change().moved[0].moved;
+        assert_eq!((t.store_files, t.store_bytes), (2, 200));
+        // Pinned for the task: a full cache cannot evict them.
+        let mut c = lock(&files);
+        c.unpin(&a);
+        c.unpin(&b);
+        assert_eq!(c.held().len(), 2);
+    }
+
+    #[test]
+    fn a_task_that_goes_before_its_prefetch_gives_its_pins_back() {
+        let (_dir, files, plan) = files_with_store();
+        let a = plan.cached("a");
+        files.prefetch((1, 0), plan);
+        wait_until("the first input pinned", || {
+            files
+                .ahead
+                .pinned()
+                .get(&(1, 0))
+                .is_some_and(|v| !v.is_empty())
+        });
+        files.forget_prefetched(&[(1, 0)]);
+        assert!(files.take_prefetched((1, 0)).is_empty());
+        // Nothing stays pinned (a fetch under way at the forget lets go when it ends): a file
+        // as large as the whole cache gets in, evicting everything.
+        let p = lock(&files).partial_path();
+        fs::write(&p, vec![b'x'; 1 << 20]).unwrap();
+        wait_until("the cache to take a file needing all of it", || {
+            lock(&files).insert("big", &p, 1 << 20, None).is_ok()
+        });
+        assert!(lock(&files).held().iter().all(|(n, _)| n != &a));
+    }
+}

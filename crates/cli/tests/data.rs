@@ -362,7 +362,7 @@ fn a_holder_killed_leaves_its_files_to_the_store_without_a_hang() {
 #[test]
 fn a_cache_smaller_than_the_inputs_evicts_under_each_policy() {
     for policy in ["lru", "fifo", "lfu", "random"] {
-        let (dir, store) = store_of(6);
+        let (_dir, store) = store_of(6);
         let mut c = Cluster::with_server_args(&["--store", &store]);
         let cache = c.root().join("cache").display().to_string();
         // Room for two of the six 7-byte files.

@@ -65,6 +65,10 @@ impl WorkerFiles {
         let Some(tx) = self.ahead.tx.get() else {
             return;
         };
+        // A worker that caches nothing would fetch each input twice: ahead, then for the run.
+        if lock(self).capacity() == 0 {
+            return;
+        }
         self.ahead.pinned().insert(key, Vec::new());
         let _ = tx.send((key, plan));
     }
@@ -176,9 +180,11 @@ fn prefetch_one(files: &WorkerFiles, key: Key, plan: &FilesPlan) {
             // Recorded by `fetch_once` under the file's claim.
             Ok(Fetch::Cached(_, true)) => {}
             Ok(Fetch::Cached(_, false)) => files.pinned_for(key, plan.cached(name), false),
-            // The run streams it itself.
+            // Too large for the cache, or it is full of files in use: the run streams it
+            // itself, and the rest waits for it too (each such fetch here is one too many).
             Ok(Fetch::Uncached(partial)) => {
                 let _ = std::fs::remove_file(partial);
+                break;
             }
             // The run meets the same failure, and reports it with the task.
             Err(_) => break,
@@ -248,6 +254,18 @@ mod tests {
         c.unpin(&a);
         c.unpin(&b);
         assert_eq!(c.held().len(), 2);
+    }
+
+    #[test]
+    fn a_worker_that_caches_nothing_fetches_nothing_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path(), 0, EvictionPolicy::Lru).unwrap();
+        let files = Arc::new(WorkerFiles::new(cache, 1));
+        files.start_prefetch().unwrap();
+        let (_store, _, plan) = files_with_store();
+        files.prefetch((1, 0), plan);
+        // Not even queued for the prefetch threads (an entry is made before a plan is sent).
+        assert!(!files.wanted((1, 0)));
     }
 
     #[test]

@@ -144,6 +144,7 @@ fn for_older_client(answer: &mut Answer) {
                 r.cache = None;
             }
         }
+        Answer::Task(d) => d.task.transfers = Default::default(),
         Answer::Tasks(page) => page
             .rows
             .iter_mut()

@@ -396,6 +396,10 @@ pub(crate) fn fetch_once(
             break;
         }
     }
+    if fetched.is_none() && cancel.is_canceled() {
+        let _ = fs::remove_file(&partial);
+        return Err(ExitKind::Canceled);
+    }
     let (size, digest) = match fetched {
         Some(got) => got,
         None => {
@@ -406,16 +410,17 @@ pub(crate) fn fetch_once(
         }
     };
     cache.peers.forget_sources(&key);
-    // A prefetch records the file as fetched for its task before it is in the cache, so that
-    // the task's run, finding it there, never counts it as a hit as well.
-    let recorded = prefetching && cache.record_fetched(task, &key);
-    let inserted = lock(cache).insert(&key, &partial, size, digest);
-    match (&inserted, prefetching, recorded) {
-        // The task has ended or gone: nobody holds the pin the insert took.
-        (Ok(_), true, false) => lock(cache).unpin(&key),
-        (Err(_), true, true) => cache.unrecord_fetched(task, &key),
-        _ => {}
-    }
+    let inserted = {
+        let mut c = lock(cache);
+        let inserted = c.insert(&key, &partial, size, digest);
+        // A prefetch records the file as fetched for its task under the cache's lock, as it
+        // goes in: the task's run, which finds it only under that lock, never counts it as a
+        // hit as well, and a task that ended or went meanwhile leaves no pin behind.
+        if prefetching && inserted.is_ok() && !cache.record_fetched(task, &key) {
+            c.unpin(&key);
+        }
+        inserted
+    };
     drop(claim);
     match inserted {
         Ok(path) => Ok(Fetch::Cached(path, true)),

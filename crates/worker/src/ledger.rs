@@ -106,6 +106,9 @@ impl Ledger {
 
     /// Reports a task failed whose launch could not be built.
     pub(crate) fn cannot_launch(&mut self, task: &LocalTask, now: u64, reason: String) {
+        if let Some(files) = &self.files {
+            files.forget_prefetched(&[(task.job, task.index)]);
+        }
         let failed = RunEnd::Failed(Box::new(Failure::because(reason)));
         self.finished
             .push(Finished::at_once(task.job, task.index, now, failed));

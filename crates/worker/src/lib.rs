@@ -77,20 +77,23 @@ async fn serve_peers(
     files: Option<files::SharedFiles>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let files = files?;
-    let addr = match config.cache.as_ref()?.peers {
-        PeerListen::Off => return None,
-        PeerListen::At(addr) => addr,
-        PeerListen::Auto => match local_ip_toward(access).await {
-            Ok(ip) => std::net::SocketAddr::new(ip, 0),
-            Err(e) => {
-                tracing::warn!("cannot tell which address peers reach this worker at ({e}); its cache is not served to them (give one with --peer-listen)");
-                return None;
-            }
-        },
+    let listen = config.cache.as_ref()?.peers;
+    if listen == PeerListen::Off {
+        return None;
+    }
+    // The address peers reach this worker at: the one it reaches the server from.
+    let toward = local_ip_toward(access).await;
+    let addr = match (listen, &toward) {
+        (PeerListen::At(addr), _) => addr,
+        (_, Ok(ip)) => std::net::SocketAddr::new(*ip, 0),
+        (_, Err(e)) => {
+            tracing::warn!("cannot tell which address peers reach this worker at ({e}); its cache is not served to them (give one with --peer-listen)");
+            return None;
+        }
     };
     match tokio::net::TcpListener::bind(addr)
         .await
-        .and_then(|l| peer::serve(files, l))
+        .and_then(|l| peer::serve(files, l, toward.ok()))
     {
         Ok(serving) => Some(tokio::spawn(async move {
             if let Err(e) = serving.await {

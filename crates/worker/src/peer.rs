@@ -297,7 +297,10 @@ pub fn verify(key: &[u8], path: &str, signature: &str, now: u64) -> bool {
     let (Ok(expires), Ok(tag)) = (expires.parse::<u64>(), hex::decode(tag)) else {
         return false;
     };
-    if expires < now || expires > now + SIGNED_FOR_S + CLOCK_SLACK_S || key.is_empty() {
+    // Either clock may be off by up to CLOCK_SLACK_S: late or early, within that.
+    let expired = expires.saturating_add(CLOCK_SLACK_S) < now;
+    let too_far = expires > now + SIGNED_FOR_S + CLOCK_SLACK_S;
+    if expired || too_far || key.is_empty() {
         return false;
     }
     // Constant time: `verify_slice` compares without an early exit.
@@ -312,12 +315,22 @@ struct Serving {
 
 /// Serves `files`' cache to peers on `listener` until the task is aborted. Records the URL
 /// it serves at (`http://ADDR/`) at once, before the first poll, so that a registration sent
-/// right after names it.
+/// right after names it: the listener's address, or `advertise` with its port when it listens
+/// on every interface (`0.0.0.0`, which no peer can dial).
 pub fn serve(
     files: SharedFiles,
     listener: tokio::net::TcpListener,
+    advertise: Option<std::net::IpAddr>,
 ) -> std::io::Result<impl std::future::Future<Output = std::io::Result<()>>> {
-    let addr = listener.local_addr()?;
+    let mut addr = listener.local_addr()?;
+    if addr.ip().is_unspecified() {
+        let ip = advertise.ok_or_else(|| {
+            std::io::Error::other(format!(
+                "it listens on {addr}, and the address peers reach it at is unknown"
+            ))
+        })?;
+        addr.set_ip(ip);
+    }
     let _ = files.peers.url.set(url_of(addr));
     Ok(serve_on(files, listener))
 }
@@ -415,7 +428,14 @@ mod tests {
             !verify(b"other", "/files/k/raw/1", &sig, 990),
             "another key"
         );
-        assert!(!verify(&key, "/files/k/raw/1", &sig, 1_001), "expired");
+        assert!(
+            verify(&key, "/files/k/raw/1", &sig, 1_001),
+            "a clock a little ahead"
+        );
+        assert!(
+            !verify(&key, "/files/k/raw/1", &sig, 1_000 + CLOCK_SLACK_S + 1),
+            "expired"
+        );
         assert!(!verify(&key, "/files/k/raw/1", &sig, 1), "too far ahead");
         assert!(!verify(&key, "/files/k/raw/1", "garbage", 990));
         assert!(!verify(
@@ -467,7 +487,7 @@ mod tests {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let url = url_of(listener.local_addr().unwrap());
-        rt.spawn(serve(files.clone(), listener).unwrap());
+        rt.spawn(serve(files.clone(), listener, None).unwrap());
         (dir, files, url, rt)
     }
 

@@ -32,14 +32,33 @@ pub(crate) struct Prefetched {
     /// Per task not ended: the files pinned for it, and whether the prefetcher fetched each
     /// (else it was cached already). A task's entry exists from its assignment to the end of
     /// its run; a task without one is not prefetched for.
-    pinned: Mutex<FxHashMap<Key, Vec<(String, bool)>>>,
+    pinned: Mutex<FxHashMap<Key, Ahead>>,
     /// Where file plans go to the prefetch threads, once they run.
-    tx: OnceLock<Sender<(Key, Box<FilesPlan>)>>,
+    tx: OnceLock<Sender<(Key, Box<FilesPlan>, CancelHandle)>>,
+}
+
+/// What is fetched ahead for one task.
+#[derive(Debug, Default)]
+struct Ahead {
+    /// Canceled when the task ends or goes: its prefetch stops (also a wait for a failing
+    /// store).
+    cancel: CancelHandle,
+    /// The files pinned for it, and whether the prefetcher fetched each.
+    names: Vec<(String, bool)>,
 }
 
 impl Prefetched {
-    fn pinned(&self) -> MutexGuard<'_, FxHashMap<Key, Vec<(String, bool)>>> {
+    fn pinned(&self) -> MutexGuard<'_, FxHashMap<Key, Ahead>> {
         self.pinned.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes task `key`'s entry, stopping its prefetch.
+    fn take(&self, key: Key) -> Vec<String> {
+        let Some(ahead) = self.pinned().remove(&key) else {
+            return Vec::new();
+        };
+        ahead.cancel.cancel();
+        ahead.names.into_iter().map(|(name, _)| name).collect()
     }
 }
 
@@ -69,14 +88,15 @@ impl WorkerFiles {
         if lock(self).capacity() == 0 {
             return;
         }
-        self.ahead.pinned().insert(key, Vec::new());
-        let _ = tx.send((key, plan));
+        let ahead = Ahead::default();
+        let cancel = ahead.cancel.clone();
+        self.ahead.pinned().insert(key, ahead);
+        let _ = tx.send((key, plan, cancel));
     }
 
     /// What was pinned for task `key`, now that its run has ended: the run unpins them.
     pub(crate) fn take_prefetched(&self, key: Key) -> Vec<String> {
-        let names = self.ahead.pinned().remove(&key).unwrap_or_default();
-        names.into_iter().map(|(name, _)| name).collect()
+        self.ahead.take(key)
     }
 
     /// Whether the prefetcher fetched `name` for task `key` (and counted the transfer).
@@ -84,26 +104,14 @@ impl WorkerFiles {
         self.ahead
             .pinned()
             .get(&key)
-            .is_some_and(|v| v.iter().any(|(n, fetched)| *fetched && n == name))
+            .is_some_and(|a| a.names.iter().any(|(n, fetched)| *fetched && n == name))
     }
 
-    /// Tasks that will not start here (revoked, canceled, taken back): their pins go.
+    /// Tasks that will not run here (revoked, canceled, taken back, not launchable): their
+    /// prefetch stops and their pins go.
     pub(crate) fn forget_prefetched(&self, keys: &[Key]) {
-        let dropped: Vec<String> = {
-            let mut pinned = self.ahead.pinned();
-            keys.iter()
-                .filter_map(|k| pinned.remove(k))
-                .flatten()
-                .map(|(name, _)| name)
-                .collect()
-        };
+        let dropped: Vec<String> = keys.iter().flat_map(|&k| self.ahead.take(k)).collect();
         self.unpin_all(&dropped);
-    }
-
-    /// Every task not started yet will not start here (the connection dropped).
-    pub(crate) fn forget_all_prefetched(&self) {
-        let all: Vec<Key> = self.ahead.pinned().keys().copied().collect();
-        self.forget_prefetched(&all);
     }
 
     fn unpin_all(&self, names: &[String]) {
@@ -121,7 +129,7 @@ impl WorkerFiles {
     pub(crate) fn pinned_for(&self, key: Key, name: String, fetched: bool) {
         let mut pinned = self.ahead.pinned();
         match pinned.get_mut(&key) {
-            Some(names) => names.push((name, fetched)),
+            Some(ahead) => ahead.names.push((name, fetched)),
             None => {
                 drop(pinned);
                 self.unpin_all(&[name]);
@@ -133,50 +141,41 @@ impl WorkerFiles {
     /// whether it was recorded.
     pub(crate) fn record_fetched(&self, key: Key, name: &str) -> bool {
         match self.ahead.pinned().get_mut(&key) {
-            Some(names) => {
-                names.push((name.to_string(), true));
+            Some(ahead) => {
+                ahead.names.push((name.to_string(), true));
                 true
             }
             None => false,
         }
     }
 
-    /// Takes back [`Self::record_fetched`] (the file did not go into the cache).
-    pub(crate) fn unrecord_fetched(&self, key: Key, name: &str) {
-        if let Some(names) = self.ahead.pinned().get_mut(&key) {
-            if let Some(at) = names.iter().position(|(n, f)| *f && n == name) {
-                names.remove(at);
-            }
-        }
-    }
-
+    #[cfg(test)]
     fn wanted(&self, key: Key) -> bool {
         self.ahead.pinned().contains_key(&key)
     }
 }
 
-fn prefetch_loop(files: &Weak<WorkerFiles>, rx: &Receiver<(Key, Box<FilesPlan>)>) {
-    while let Ok((key, plan)) = rx.recv() {
+fn prefetch_loop(files: &Weak<WorkerFiles>, rx: &Receiver<(Key, Box<FilesPlan>, CancelHandle)>) {
+    while let Ok((key, plan, cancel)) = rx.recv() {
         let Some(files) = files.upgrade() else {
             return;
         };
-        prefetch_one(&files, key, &plan);
+        prefetch_one(&files, key, &plan, &cancel);
     }
 }
 
-/// Brings task `key`'s inputs into the cache and pins them for it, while it is still queued.
-fn prefetch_one(files: &WorkerFiles, key: Key, plan: &FilesPlan) {
+/// Brings task `key`'s inputs into the cache and pins them for it, while it is still queued;
+/// `cancel` stops it when the task ends or goes.
+fn prefetch_one(files: &WorkerFiles, key: Key, plan: &FilesPlan, cancel: &CancelHandle) {
     if plan.bad_name.is_some() {
         return;
     }
-    // Never canceled: a task canceled meanwhile loses its entry, and the loop stops.
-    let never = CancelHandle::new();
     let mut moved = Transfers::default();
     for name in &plan.inputs {
-        if !files.wanted(key) {
+        if cancel.is_canceled() {
             break;
         }
-        match fetch_once((key.0, key.1, name), plan, files, &never, &mut moved, true) {
+        match fetch_once((key.0, key.1, name), plan, files, cancel, &mut moved, true) {
             // Recorded by `fetch_once` under the file's claim.
             Ok(Fetch::Cached(_, true)) => {}
             Ok(Fetch::Cached(_, false)) => files.pinned_for(key, plan.cached(name), false),
@@ -242,7 +241,7 @@ mod tests {
                 .ahead
                 .pinned()
                 .get(&(1, 0))
-                .is_some_and(|v| v.len() == 2)
+                .is_some_and(|a| a.names.len() == 2)
         });
         assert!(files.fetched_ahead((1, 0), &a) && files.fetched_ahead((1, 0), &b));
         let taken = files.take_prefetched((1, 0));
@@ -278,7 +277,7 @@ mod tests {
                 .ahead
                 .pinned()
                 .get(&(1, 0))
-                .is_some_and(|v| !v.is_empty())
+                .is_some_and(|a| !a.names.is_empty())
         });
         files.forget_prefetched(&[(1, 0)]);
         assert!(files.take_prefetched((1, 0)).is_empty());

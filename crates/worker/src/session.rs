@@ -105,10 +105,16 @@ pub(crate) async fn serve(
     };
     let Session { exec, ledger, .. } = session;
     // Tasks only queued here go back to the server's queue when it drops this registration.
-    exec.take_back_all();
+    let mut not_started: Vec<Key> = exec
+        .take_back_all()
+        .iter()
+        .map(|t| (t.job, t.index))
+        .collect();
+    not_started.extend(ledger.local.queue.iter().map(|t| (t.job, t.index)));
     ledger.local.queue.clear();
+    // Their prefetch stops; running tasks keep theirs.
     if let Some(files) = &ledger.files {
-        files.forget_all_prefetched();
+        files.forget_prefetched(&not_started);
     }
     // The next registration is sent a job's template again before its first task; it tells
     // this worker to forget only the templates of jobs whose tasks it still runs then.

@@ -169,7 +169,8 @@ impl Engine {
 
     /// Where `worker` can fetch the inputs of `tasks` it does not hold from: the peers whose
     /// caches hold them and serve them, a few per file, each file's list starting at a place
-    /// of its own so that one popular file's askers spread over its holders. Empty for jobs
+    /// of its own for each file and asker, so that one popular file's askers spread over its
+    /// holders. Empty for jobs
     /// without inputs, at no cost beyond a lookup per run.
     fn sources_for(&self, worker: WorkerId, tasks: &[Assigned]) -> Vec<FileSources> {
         let index = self.core.files();
@@ -191,7 +192,8 @@ impl Engine {
                         continue;
                     }
                     let holders = index.holders(file);
-                    let start = file as usize % holders.len().max(1);
+                    let start =
+                        (file as usize).wrapping_add(worker as usize) % holders.len().max(1);
                     let peers: Vec<String> = holders[start..]
                         .iter()
                         .chain(&holders[..start])

@@ -56,12 +56,11 @@ impl Engine {
             .map(|c| c.serves.as_str())
             .filter(|url| !url.is_empty())
             .and_then(|url| {
-                let plausible = url.len() <= 512
-                    && (url.starts_with("http://") || url.starts_with("https://"));
-                if !plausible {
-                    tracing::warn!(worker = id, %peer, "worker's cache URL {url:?} is not an http(s) URL; not named to peers");
+                let usable = peer_url_usable(url, peer);
+                if !usable {
+                    tracing::warn!(worker = id, %peer, "worker's cache URL {url:?} is not an http(s) URL its peers can dial; not named to them (see `worker start --peer-listen`)");
                 }
-                plausible.then(|| url.to_string())
+                usable.then(|| url.to_string())
             });
         if let Some(cache) = r.cache {
             // A cache that survived a restart: what it holds is placed by again at once.
@@ -230,5 +229,46 @@ impl Engine {
             self.ignored_reports += u64::from(ignored);
         }
         self.journal_ends_with(now, OutputsOf::new(outputs));
+    }
+}
+
+/// Whether `url`, where a worker connected from `peer` serves its cache, is one other workers
+/// can dial: http(s), not a wildcard address, and not a loopback one unless the worker itself
+/// is on the server's machine (then its peers there are too).
+fn peer_url_usable(url: &str, peer: SocketAddr) -> bool {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    if url.len() > 512 {
+        return false;
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    match authority.parse::<SocketAddr>() {
+        Ok(a) => !a.ip().is_unspecified() && (!a.ip().is_loopback() || peer.ip().is_loopback()),
+        // A host name: taken as given.
+        Err(_) => !authority.is_empty(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_url_usable;
+
+    #[test]
+    fn only_urls_peers_can_dial_are_named() {
+        let remote = "10.0.0.7:40000".parse().unwrap();
+        let local = "127.0.0.1:40000".parse().unwrap();
+        assert!(peer_url_usable("http://10.0.0.7:7100/", remote));
+        assert!(peer_url_usable("http://node7:7100/", remote));
+        assert!(peer_url_usable("http://[fd00::7]:7100/", remote));
+        assert!(!peer_url_usable("http://0.0.0.0:7100/", remote));
+        assert!(!peer_url_usable("http://[::]:7100/", remote));
+        assert!(!peer_url_usable("http://127.0.0.1:7100/", remote));
+        assert!(peer_url_usable("http://127.0.0.1:7100/", local));
+        assert!(!peer_url_usable("ftp://10.0.0.7/", remote));
+        assert!(!peer_url_usable("http:///", remote));
     }
 }

@@ -105,6 +105,8 @@ Placeholders, replaced in the command, --stdout, --stderr, --cwd and --env value
   {job}    the job's id
   {task}   the task's id (the array id, or the position in a list, from 0)
   {line}   with --each: the task's line, as it is
+  {line:N} with --each: the Nth whitespace-separated field of the line, from 1
+           (All-Pairs: a line `a.fits b.fits` gives --input {line:1} --input {line:2})
 A {name} preceded by $ is left alone (${HOME}, ${line} belong to the shell), and so is any
 other text in braces (awk '{print $1}', find -exec ... {} +). A placeholder that does not
 apply ({line} without --each) or that looks mistyped ({tsk}, {TASK}, {lines}: a letter off,
@@ -119,6 +121,7 @@ Examples:
   kestrel submit --array 1-1000 --cpus 2 --retries 2 -- ./sim --seed {task}
   kestrel submit --each inputs.txt --stdout sums/{line}.sha -- sha1sum {line}
   find data -name '*.fits' | kestrel submit --each - -- ./process {line}
+  kestrel submit --each pairs.txt --input {line:1} --input {line:2} -- ./cmp {input:0} {input:1}
   kestrel submit --array 0-98:2 --timeout 10m --wait -- ./step {task}
   kestrel submit --file sweep.toml --wait
   job=$(kestrel submit --parsable --key nightly-$(date +%F) --env-all -- ./report)

@@ -419,3 +419,38 @@ fn walk_files(dir: &std::path::Path) -> usize {
         })
         .sum()
 }
+
+#[test]
+fn pairs_of_inputs_come_from_the_fields_of_each_line() {
+    let (c, store, _dir) = cluster("good-cache-compute");
+    // All-Pairs over three files: each line names the two inputs of its task.
+    fs::write(c.work.join("pairs.txt"), "1 2\n1 3\n2 3\n").unwrap();
+    let out = c.run(&[
+        "submit",
+        "--each",
+        "pairs.txt",
+        "--input",
+        "raw/{line:1}.dat",
+        "--input",
+        "raw/{line:2}.dat",
+        "--output-file",
+        "pairs/{line:1}-{line:2}.txt",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p pairs && cat {input:0} {input:1} > pairs/{line:1}-{line:2}.txt",
+    ]);
+    out.ok();
+    for (a, b) in [(1, 2), (1, 3), (2, 3)] {
+        let got = fs::read_to_string(format!("{store}/pairs/{a}-{b}.txt")).unwrap_or_default();
+        assert_eq!(got, format!("file {a}\nfile {b}\n"));
+    }
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    let t = &info["transfers"];
+    let staged = ["local_hits", "peer_hits", "store_reads"]
+        .iter()
+        .map(|k| t[k].as_u64().unwrap_or(0))
+        .sum::<u64>();
+    assert_eq!(staged, 6, "two inputs for each of three tasks: {t}");
+}

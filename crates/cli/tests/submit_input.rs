@@ -107,12 +107,12 @@ fn a_mistyped_or_misplaced_placeholder_is_refused_at_submit() {
     let out = c.run(&["submit", "--array", "1-3", "--", "echo", "{tsk}"]);
     assert_eq!(
         out.one_line_error(),
-        "error: unknown placeholder {tsk} in the command (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line}"
+        "error: unknown placeholder {tsk} in the command (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)"
     );
     let out = c.run(&["submit", "--stdout", "out/{line}.txt", "--", "true"]);
     assert_eq!(
         out.one_line_error(),
-        "error: placeholder {line} in --stdout works only with --each; placeholders are {job}, {task} and, with --each, {line}"
+        "error: placeholder {line} in --stdout works only with --each; placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)"
     );
     // A job file names the job.
     fs::write(

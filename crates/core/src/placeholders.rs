@@ -1,7 +1,8 @@
 //! Placeholders in a job's command, output paths, directory and environment values.
 //!
 //! `{job}` is the job's id, `{task}` the task's id and, in a job made of the lines of a file
-//! (`--each`), `{line}` the task's line. A placeholder is `{name}` not preceded by `$`, so
+//! (`--each`), `{line}` the task's line and `{line:N}` its Nth whitespace-separated field, from
+//! 1 (All-Pairs: a line `a.fits b.fits` names both inputs of its task). A placeholder is `{name}` not preceded by `$`, so
 //! `${line}` stays the shell's variable. Workers replace them ([`substitute`]); at submission,
 //! [`check_template`] refuses a placeholder that does not apply (`{line}` without `--each`) or that
 //! looks like a mistyped one (`{tsk}`, `{TASK}`, `{lines}`), and lets any other text in braces
@@ -49,7 +50,17 @@ fn tokens(text: &str) -> impl Iterator<Item = (usize, usize, &str)> + '_ {
                 .iter()
                 .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
                 .count();
-            let close = from + len;
+            let mut close = from + len;
+            // `{line:N}`: the Nth field of the line.
+            if &text[from..close] == LINE && bytes.get(close) == Some(&b':') {
+                let digits = bytes[close + 1..]
+                    .iter()
+                    .take_while(|c| c.is_ascii_digit())
+                    .count();
+                if digits > 0 {
+                    close += 1 + digits;
+                }
+            }
             let dollar = open > 0 && bytes[open - 1] == b'$';
             if len > 0 && bytes.get(close) == Some(&b'}') && !dollar {
                 from = close + 1;
@@ -70,6 +81,11 @@ pub fn substitute<'a>(text: &'a str, v: &Values) -> Cow<'a, str> {
             (JOB, _) => v.job,
             (TASK, _) => v.task,
             (LINE, Some(line)) => line,
+            (_, Some(line)) => match field_number(name) {
+                // A line with fewer fields gives an empty one.
+                Some(n) => line.split_whitespace().nth(n - 1).unwrap_or(""),
+                None => continue,
+            },
             _ => continue,
         };
         let o = out.get_or_insert_with(|| String::with_capacity(text.len() + value.len()));
@@ -84,6 +100,12 @@ pub fn substitute<'a>(text: &'a str, v: &Values) -> Cow<'a, str> {
             Cow::Owned(o)
         }
     }
+}
+
+/// N of a `{line:N}` placeholder's name (`line:N`), if it is one with N ≥ 1.
+fn field_number(name: &str) -> Option<usize> {
+    let n: usize = name.strip_prefix("line:")?.parse().ok()?;
+    (n >= 1).then_some(n)
 }
 
 /// A placeholder refused at submission.
@@ -102,7 +124,8 @@ pub struct PlaceholderError {
 impl fmt::Display for PlaceholderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (found, place, meant) = (&self.found, &self.place, self.meant);
-        if found.trim_matches(['{', '}']) == LINE && !self.lines {
+        let name = found.trim_matches(['{', '}']);
+        if (name == LINE || field_number(name).is_some()) && !self.lines {
             write!(f, "placeholder {found} in {place} works only with --each")?;
         } else if meant == LINE && !self.lines {
             write!(
@@ -115,7 +138,9 @@ impl fmt::Display for PlaceholderError {
                 "unknown placeholder {found} in {place} (did you mean {{{meant}}}?)"
             )?;
         }
-        f.write_str("; placeholders are {job}, {task} and, with --each, {line}")
+        f.write_str(
+            "; placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)",
+        )
     }
 }
 
@@ -180,11 +205,17 @@ pub fn substitute_inputs<'a>(text: &'a str, inputs: &[(String, String)]) -> Cow<
 /// the error, `lines` says whether `{line}` applies.
 pub fn check(text: &str, place: &str, lines: bool) -> Result<(), PlaceholderError> {
     for (_, _, name) in tokens(text) {
-        let fine = name == JOB || name == TASK || (name == LINE && lines);
+        let of_line = name == LINE || field_number(name).is_some();
+        let fine = name == JOB || name == TASK || (of_line && lines);
         if fine {
             continue;
         }
-        if let Some(meant) = meant(name) {
+        // `{line:0}` (fields count from 1), or a line placeholder without --each.
+        let meant = match of_line || name.starts_with("line:") {
+            true => Some(LINE),
+            false => meant(name),
+        };
+        if let Some(meant) = meant {
             return Err(PlaceholderError {
                 found: format!("{{{name}}}"),
                 place: place.to_string(),
@@ -248,7 +279,7 @@ pub fn uses_line(t: &TaskTemplate) -> bool {
         .chain(t.cwd.as_deref())
         .chain(t.env.iter().map(|(_, v)| v.as_str()))
         .chain(files.map(String::as_str))
-        .any(|text| uses(text, LINE))
+        .any(|text| tokens(text).any(|(_, _, n)| n == LINE || field_number(n).is_some()))
 }
 
 /// `p` relative to the task's working directory, when it has one and `p` is relative.
@@ -333,11 +364,29 @@ mod tests {
     }
 
     #[test]
+    fn line_fields_name_the_pairs_of_all_pairs() {
+        let v = values(Some("  a.fits\tb.fits "));
+        assert_eq!(
+            substitute("cmp {line:1} {line:2} > {task}-{line:3}.out", &v),
+            "cmp a.fits b.fits > 17-.out"
+        );
+        assert!(check("raw/{line:2}", "--input", true).is_ok());
+        let e = check("raw/{line:2}", "--input", false).unwrap_err();
+        assert!(e.to_string().contains("works only with --each"), "{e}");
+        let e = check("raw/{line:0}", "--input", true).unwrap_err();
+        assert!(e.to_string().contains("its Nth field from 1"), "{e}");
+        // Not placeholders: kept as they are.
+        for kept in ["{line:}", "{line:x}", "${line:2}", "{lines:2}"] {
+            assert!(matches!(substitute(kept, &v), Cow::Borrowed(_)), "{kept}");
+        }
+    }
+
+    #[test]
     fn near_misses_are_refused_and_other_braces_pass() {
         let e = check("out/{tsk}.txt", "--stdout", false).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown placeholder {tsk} in --stdout (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line}"
+            "unknown placeholder {tsk} in --stdout (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)"
         );
         for typo in [
             "{TASK}", "{Job}", "{jobs}", "{tasks}", "{lien}", "{lines}", "{ob}",

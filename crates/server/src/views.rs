@@ -1,6 +1,6 @@
 //! Scheduler state rendered as the protocol's answers.
 
-use kestrel_core::{Job, Stall, TaskIndex, TaskSet, TaskState, Worker};
+use kestrel_core::{Job, TaskIndex, TaskSet, TaskState, Worker};
 use kestrel_proto::messages::*;
 
 /// Where a job is in its life.
@@ -73,8 +73,8 @@ pub fn job_summary(j: &Job) -> JobSummary {
     }
 }
 
-/// `stall` is why its queued tasks cannot go to any worker now, if so.
-pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
+/// A job in full; `waiting` says why its tasks cannot go on now, if so.
+pub fn job_detail(j: &Job, waiting: Option<String>) -> JobDetail {
     let t = j.timing();
     let mean = |sum: u64| {
         if t.tasks == 0 {
@@ -113,7 +113,7 @@ pub fn job_detail(j: &Job, stall: Option<Stall>) -> JobDetail {
             mean_waited_us: mean(t.waited_us),
         },
         ids,
-        waiting: stall.map(|s| s.to_string()),
+        waiting,
         transfers: j.transfers,
     }
 }

@@ -2,12 +2,13 @@
 //! streamed past it), the command run with their paths, its outputs collected into the cache
 //! and written to the store.
 //!
-//! This runs on the executor thread that runs the task, just before and after the process, so
-//! a slot holds its task while the inputs come. Staging ahead, while the task waits in the
-//! prefetch window (see `crate::staging`), is the next step.
+//! This runs on the executor thread that runs the task, just before and after the process.
+//! Inputs of queued tasks are usually in the cache by then, fetched ahead (`crate::prefetch`);
+//! a run whose input is still on its way waits for that fetch on its slot.
 //!
-//! Files come from the store ([`Store`]) into the cache through `DIR/partial` and are moved
-//! into place whole; a worker reads from the store at most `store_readers` files at once
+//! Files come from peers' caches ([`crate::peer`]) or the store ([`Store`]) into the cache
+//! through `DIR/partial` and are moved into place whole, each fetched once per worker however
+//! many runs need it; a worker reads from the store at most `store_readers` files at once
 //! (TaskVine's bound of one reader per worker by default), so many workers starting together
 //! do not stampede it.
 
@@ -79,15 +80,14 @@ impl WorkerFiles {
         if moved.is_empty() {
             return;
         }
+        // One entry per note (a task's prefetch and run may note one each): the server adds
+        // them up per task, so no search here.
         self.of_job(job, |t| {
             t.moved.add(moved);
-            match t.tasks.iter_mut().find(|t| t.index == index) {
-                Some(task) => task.moved.add(moved),
-                None => t.tasks.push(TaskTransfers {
-                    index,
-                    moved: *moved,
-                }),
-            }
+            t.tasks.push(TaskTransfers {
+                index,
+                moved: *moved,
+            });
         });
     }
 
@@ -246,6 +246,8 @@ pub fn run_with_files(
     } else {
         &[]
     };
+    // Whether the streamed directory may exist: most runs stream nothing and need no look.
+    let mut may_have_streamed = false;
     for (i, name) in names.iter().enumerate() {
         // Canceled while staging: stop fetching; the run below ends as canceled at once.
         if cancel.is_canceled() {
@@ -261,6 +263,7 @@ pub fn run_with_files(
             &mut moved,
         ) {
             Ok((path, pin)) => {
+                may_have_streamed |= !pin;
                 if pin {
                     let key = plan.cached(name);
                     if is_static {
@@ -271,6 +274,7 @@ pub fn run_with_files(
                 paths.push((name.clone(), path));
             }
             Err(why) => {
+                may_have_streamed = true;
                 fail = Some(why);
                 break;
             }
@@ -297,7 +301,7 @@ pub fn run_with_files(
     }
     drop(c);
     // Streamed copies belong to this run alone.
-    if streamed.exists() {
+    if may_have_streamed && streamed.exists() {
         let _ = fs::remove_dir_all(&streamed);
         // The shared parent goes when the last run's directory has.
         let _ = fs::remove_dir(plan.sandbox.join(STREAMED));
@@ -316,9 +320,10 @@ impl FilesPlan {
 /// Pins `name` if the cache holds it (and it is still on disk: one gone from under the cache
 /// is forgotten, to be fetched again): its path and size.
 fn pin_cached(name: &str, cache: &WorkerFiles) -> Option<(PathBuf, u64)> {
-    let mut c = lock(cache);
-    let (path, size) = c.pin(name)?;
+    let (path, size) = lock(cache).pin(name)?;
+    // Looked at without the lock: the other slots' lookups do not wait on this disk access.
     if !path.is_file() {
+        let mut c = lock(cache);
         c.unpin(name);
         c.discard(name);
         return None;
@@ -502,9 +507,9 @@ fn read_from_store(
     };
     let patience = Instant::now() + STORE_PATIENCE;
     let mut delay = Duration::from_millis(500);
-    let size = loop {
+    let (size, digest) = loop {
         match cache.reading(|| store.read_into(name, partial)) {
-            Ok(size) => break size,
+            Ok(read) => break read,
             Err(StoreError::NotFound(store)) => {
                 let _ = fs::remove_file(partial);
                 // Not retried: running the task again would not make the file appear.
@@ -529,8 +534,9 @@ fn read_from_store(
             }
         }
     };
-    // Taken now, while the file is fresh in memory, so that peers can check what they fetch.
-    Ok((size, digest_of(partial).ok()))
+    // Peers check what they fetch against it: taken on the way in, or now, while the file is
+    // fresh in memory.
+    Ok((size, digest.or_else(|| digest_of(partial).ok())))
 }
 
 /// `launch` with the input placeholders replaced ([`substitute_inputs`]) and

@@ -22,6 +22,7 @@
 
 use crate::cache::{is_plain_name, Digest};
 use crate::files::{lock, SharedFiles};
+use crate::store::{copy_digesting, CopyError};
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -32,7 +33,6 @@ use kestrel_proto::messages::{FileSources, Unheld};
 use rustc_hash::FxHashMap;
 use sha2::Sha256;
 use std::fs;
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -202,29 +202,21 @@ impl Peers {
             Ok(f) => f,
             Err(e) => return Fetched::Declined(format!("cannot write {}: {e}", to.display())),
         };
-        let mut hasher = blake3::Hasher::new();
-        let mut buf = vec![0u8; 256 << 10];
-        let mut size = 0u64;
-        loop {
-            let n = match resp.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                // Stalled or cut off mid-file: what came is not the file.
-                Err(e) => return Fetched::Unreachable(format!("transfer broke: {e}")),
-            };
-            if let Err(e) = out.write_all(&buf[..n]) {
-                return Fetched::Declined(format!("cannot write {}: {e}", to.display()));
+        let (size, got) = match copy_digesting(&mut resp, &mut out) {
+            Ok(copied) => copied,
+            // Stalled or cut off mid-file: what came is not the file.
+            Err(e @ CopyError::Read(_)) => return Fetched::Unreachable(e.to_string()),
+            Err(e @ CopyError::Write(_)) => {
+                return Fetched::Declined(format!("{}: {e}", to.display()))
             }
-            hasher.update(&buf[..n]);
-            size += n as u64;
-        }
+        };
         if announced.is_some_and(|a| a != size) {
             return Fetched::Unheld(format!(
                 "truncated: {size} of {} bytes",
                 announced.unwrap_or_default()
             ));
         }
-        if *hasher.finalize().as_bytes() != digest {
+        if got != digest {
             return Fetched::Unheld("its bytes do not match its digest (corrupt)".into());
         }
         Fetched::Got(size, digest)
@@ -457,7 +449,7 @@ mod tests {
 
     use crate::cache::{Cache, EvictionPolicy};
     use crate::files::WorkerFiles;
-    use std::io::{BufRead, BufReader};
+    use std::io::{BufRead, BufReader, Write};
 
     /// A worker's files holding `k/raw/a` (4096 bytes), served on loopback by a runtime of
     /// its own; the files, the URL, and the runtime (serving while it lives).

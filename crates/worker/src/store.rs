@@ -6,6 +6,7 @@
 //! Every read is checked against the size the store announced, so a truncated transfer is an
 //! error, never a short file in the cache.
 
+use crate::cache::Digest;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -53,8 +54,9 @@ impl Store {
         }
     }
 
-    /// Copies file `name` to `to` (a fresh path); returns its size.
-    pub fn read_into(&self, name: &str, to: &Path) -> Result<u64, StoreError> {
+    /// Copies file `name` to `to` (a fresh path); returns its size, and its digest when the
+    /// copy passed through this process (an HTTP read; a directory's is copied by the kernel).
+    pub fn read_into(&self, name: &str, to: &Path) -> Result<(u64, Option<Digest>), StoreError> {
         let failed =
             |e: String| StoreError::Failed(format!("reading {name} from {}: {e}", self.describe()));
         match self {
@@ -78,7 +80,7 @@ impl Store {
                         "it changed while read ({size} bytes, then {copied})"
                     )));
                 }
-                Ok(size)
+                Ok((size, None))
             }
             Store::Http(prefix) => {
                 let url = url_of(prefix, name).map_err(failed)?;
@@ -92,12 +94,11 @@ impl Store {
                 }
                 let announced = resp.content_length();
                 let mut file = fs::File::create(to).map_err(|e| failed(e.to_string()))?;
-                let copied = copy(&mut resp, &mut file).map_err(|e| failed(e.to_string()));
-                let copied = match copied {
-                    Ok(n) => n,
+                let (copied, digest) = match copy_digesting(&mut resp, &mut file) {
+                    Ok(got) => got,
                     Err(e) => {
                         let _ = fs::remove_file(to);
-                        return Err(e);
+                        return Err(failed(e.to_string()));
                     }
                 };
                 if announced.is_some_and(|n| n != copied) {
@@ -107,7 +108,7 @@ impl Store {
                         announced.unwrap_or_default()
                     )));
                 }
-                Ok(copied)
+                Ok((copied, Some(digest)))
             }
         }
     }
@@ -176,16 +177,35 @@ fn http() -> &'static reqwest::blocking::Client {
     })
 }
 
-/// `io::copy` with a larger buffer (transfers are of whole files, megabytes each).
-fn copy(from: &mut impl Read, to: &mut impl Write) -> io::Result<u64> {
+/// Why a copy of a whole file stopped: the side that failed matters (a peer that breaks off
+/// is skipped; a full local disk is not the peer's doing).
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("the transfer broke: {0}")]
+    Read(io::Error),
+    #[error("cannot write the file here: {0}")]
+    Write(io::Error),
+}
+
+/// Copies `from` to its end into `to`, digesting what passes: the bytes copied and their
+/// BLAKE3 digest. `io::copy` with a buffer for whole files (megabytes each), and the digest
+/// taken on the way instead of by reading the file again.
+pub fn copy_digesting(
+    from: &mut impl Read,
+    to: &mut impl Write,
+) -> Result<(u64, Digest), CopyError> {
     let mut buf = vec![0u8; 256 << 10];
+    let mut hasher = blake3::Hasher::new();
     let mut n = 0u64;
     loop {
-        let got = from.read(&mut buf)?;
-        if got == 0 {
-            return Ok(n);
-        }
-        to.write_all(&buf[..got])?;
+        let got = match from.read(&mut buf) {
+            Ok(0) => return Ok((n, *hasher.finalize().as_bytes())),
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(CopyError::Read(e)),
+        };
+        to.write_all(&buf[..got]).map_err(CopyError::Write)?;
+        hasher.update(&buf[..got]);
         n += got as u64;
     }
 }
@@ -223,7 +243,7 @@ mod tests {
         fs::write(dir.path().join("raw/a"), b"12345").unwrap();
         let store = Store::Dir(dir.path().to_path_buf());
         let to = dir.path().join("copy");
-        assert_eq!(store.read_into("raw/a", &to).unwrap(), 5);
+        assert_eq!(store.read_into("raw/a", &to).unwrap(), (5, None));
         assert!(matches!(
             store.read_into("raw/b", &to),
             Err(StoreError::NotFound(_))

@@ -115,13 +115,10 @@ impl Engine {
                 self.core.jobs().map(views::job_summary).collect(),
             )),
             Ask::JobInfo { job } => match self.core.job(job) {
-                Some(j) => {
-                    let mut detail = views::job_detail(j, self.core.stall(job));
-                    if detail.waiting.is_none() {
-                        detail.waiting = self.store_waiting(job, now);
-                    }
-                    Ok(Answer::Job(Box::new(detail)))
-                }
+                Some(j) => Ok(Answer::Job(Box::new(views::job_detail(
+                    j,
+                    self.waiting(job, now),
+                )))),
                 None => Err(no_such_job(job)),
             },
             Ask::TaskList { job, state, limit } => match self.core.job(job) {
@@ -377,9 +374,13 @@ impl Engine {
         }
     }
 
-    /// Why `job`'s tasks wait for its store, if a worker said so lately (within three
-    /// heartbeats: a worker whose reads fail says so at each) and the job is not done.
-    fn store_waiting(&self, job: JobId, now: u64) -> Option<String> {
+    /// Why `job`'s queued or staging tasks wait, if they do: no worker can take them (the
+    /// scheduler's stall), or their store fails, as a worker said lately (within three
+    /// heartbeats: a worker whose reads fail says so at each) of a job not done.
+    fn waiting(&self, job: JobId, now: u64) -> Option<String> {
+        if let Some(stall) = self.core.stall(job) {
+            return Some(stall.to_string());
+        }
         let (why, at) = self.store_trouble.get(&job)?;
         let recent = now.saturating_sub(*at) <= 3 * self.heartbeat_ms * 1000;
         let live = self.core.job(job).is_some_and(|j| !j.is_done());
@@ -398,8 +399,8 @@ impl Engine {
             if j.is_done() {
                 p.jobs_done += 1;
             } else if p.waiting.is_none() {
-                p.waiting = (self.core.stall(j.id).map(|s| s.to_string()))
-                    .or_else(|| self.store_waiting(j.id, now))
+                p.waiting = self
+                    .waiting(j.id, now)
                     .map(|why| format!("job {}: {why}", j.id));
             }
         }

@@ -52,6 +52,8 @@ const DIGEST_HEADER: &str = "x-kestrel-blake3";
 /// expiry may be (clocks of a cluster's nodes differ a little).
 const SIGNED_FOR_S: u64 = 60;
 const CLOCK_SLACK_S: u64 = 300;
+/// Why a peer that answered 404 did not serve a file.
+const NO_SUCH_FILE: &str = "it has no such file";
 /// At most this many files' sources are kept: they are hints, dropped when there are more.
 const MAX_SOURCES: usize = 100_000;
 
@@ -144,7 +146,13 @@ impl Peers {
         match &fetched {
             Fetched::Got(..) => {}
             Fetched::Unheld(why) => {
-                tracing::warn!(peer, file, "peer did not serve the file whole: {why}");
+                // Evicted since the server named it: routine when caches are tight. A file
+                // that fails the check is not.
+                if why == NO_SUCH_FILE {
+                    tracing::debug!(peer, file, "peer did not serve the file: {why}");
+                } else {
+                    tracing::warn!(peer, file, "peer did not serve the file whole: {why}");
+                }
                 self.unheld
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -185,7 +193,7 @@ impl Peers {
         };
         match resp.status() {
             s if s.is_success() => {}
-            StatusCode::NOT_FOUND => return Fetched::Unheld("it has no such file".into()),
+            StatusCode::NOT_FOUND => return Fetched::Unheld(NO_SUCH_FILE.into()),
             s => return Fetched::Declined(format!("it answered {s}")),
         }
         let announced = resp.content_length();

@@ -454,3 +454,101 @@ fn pairs_of_inputs_come_from_the_fields_of_each_line() {
         .sum::<u64>();
     assert_eq!(staged, 6, "two inputs for each of three tasks: {t}");
 }
+
+/// `kestrel` run by `unshare` with a private tmpfs of `size` mounted at `dir` first: a
+/// worker whose cache disk is smaller than its `--cache-size`. `None` where this system
+/// does not let a process make its own mount namespace.
+fn kestrel_on_small_disk(dir: &std::path::Path, size: &str) -> Option<std::process::Command> {
+    fs::create_dir_all(dir).unwrap();
+    let can = std::process::Command::new("unshare")
+        .args(["-rm", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !can {
+        return None;
+    }
+    let mut c = std::process::Command::new("unshare");
+    c.args([
+        "-rm",
+        "sh",
+        "-c",
+        r#"mount -t tmpfs -o "size=$1" tmpfs "$2" && shift 2 && exec "$@""#,
+        "sh",
+        size,
+    ])
+    .arg(dir)
+    .arg(BIN)
+    .env_remove("KESTREL_SERVER_DIR")
+    .env_remove("RUST_LOG")
+    .stdin(std::process::Stdio::null());
+    Some(c)
+}
+
+#[test]
+fn a_full_cache_disk_evicts_or_streams_and_no_task_fails() {
+    // Eight files of 16 KiB, and one of 96 KiB, in a store; the worker's cache is a 64 KiB
+    // disk while it was told 1 MiB.
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("raw")).unwrap();
+    for i in 1..=8u8 {
+        fs::write(
+            dir.path().join(format!("raw/{i}.dat")),
+            vec![b'a' + i; 16 << 10],
+        )
+        .unwrap();
+    }
+    fs::write(dir.path().join("raw/big.dat"), vec![b'z'; 96 << 10]).unwrap();
+    let store = dir.path().display().to_string();
+    let mut c = Cluster::with_server_args(&["--store", &store]);
+    let cache = c.root().join("cache");
+    let Some(worker) = kestrel_on_small_disk(&cache, "64k") else {
+        eprintln!("skipped: `unshare -rm` is not permitted here, so no small disk can be made");
+        return;
+    };
+    let cache = cache.display().to_string();
+    c.add_worker_as(worker, 1, &["--cache-dir", &cache, "--cache-size", "1M"]);
+    c.wait_workers(1);
+    // A task of five files first: four fill the disk and are pinned, so the fifth, meeting
+    // the full disk with nothing to evict, is streamed into the task's directory.
+    let five: Vec<String> = (1..=5).map(|i| format!("raw/{i}.dat")).collect();
+    let mut submit = vec!["submit", "--retries", "0", "--wait"];
+    for f in &five {
+        submit.extend(["--input", f]);
+    }
+    submit.extend([
+        "--",
+        "sh",
+        "-c",
+        "test \"$(cat {inputs} | wc -c)\" -eq 81920",
+    ]);
+    c.run(&submit).ok();
+    // Then one file per task: the disk fills up again and files are evicted; the big one,
+    // larger than the shrunk cache, is streamed past it.
+    fs::write(
+        c.work.join("picks.txt"),
+        "1 16384\n2 16384\n3 16384\n4 16384\n5 16384\n6 16384\n7 16384\n8 16384\nbig 98304\n",
+    )
+    .unwrap();
+    c.run(&[
+        "submit",
+        "--each",
+        "picks.txt",
+        "--retries",
+        "0",
+        "--input",
+        "raw/{line:1}.dat",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "test \"$(wc -c < {input:0})\" -eq {line:2}",
+    ])
+    .ok();
+    let workers = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    let w = &workers["workers"][0];
+    let (used, capacity) = (w["cache_used"].as_u64(), w["cache_capacity"].as_u64());
+    assert!(
+        capacity.is_some_and(|c| c < 64 << 10) && used <= capacity,
+        "the cache shrank to what its disk holds: {w}"
+    );
+}

@@ -146,8 +146,13 @@ pub struct CacheChange {
     pub moved: Vec<JobTransfers>,
     /// Files a peer was named as holding but did not serve whole (it answered that it has
     /// no such file, or sent bytes that fail the check): the server drops them from its index.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Always written: `capacity` follows it in the array.
+    #[serde(default)]
     pub unheld: Vec<Unheld>,
+    /// The cache's new capacity, when it shrank (its disk filled up before the capacity the
+    /// worker started with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
 }
 
 /// A file a peer did not serve whole, and the peer, by the URL it serves its cache at.
@@ -173,6 +178,7 @@ impl CacheChange {
             && self.evicted.is_empty()
             && self.moved.is_empty()
             && self.unheld.is_empty()
+            && self.capacity.is_none()
     }
 }
 

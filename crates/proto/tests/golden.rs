@@ -237,6 +237,21 @@ fn worker_to_server() {
                     }],
                 }],
                 unheld: vec![],
+                capacity: None,
+            },
+        },
+    );
+    golden(
+        "update-v8-capacity",
+        FromWorker::Update {
+            started: vec![],
+            finished: vec![],
+            outputs: vec![],
+            waited: vec![],
+            cache: CacheChange {
+                evicted: vec!["6b1c0a3f2d9e8b74/raw/1.fits".into()],
+                capacity: Some(3 << 20),
+                ..CacheChange::default()
             },
         },
     );

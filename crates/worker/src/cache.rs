@@ -290,6 +290,52 @@ impl Cache {
         Ok(to)
     }
 
+    /// The disk under the cache ran out of space (it is smaller than the cache's capacity, or
+    /// shared) after `written` bytes of a file of `size` (if known; that partial file is
+    /// gone): evicts unpinned files until the file fits beside the other files coming in, and
+    /// lowers the capacity to what the disk held less room for one such file, so that later
+    /// files are placed without the disk filling up. Whether the file may fit now (if not,
+    /// it goes past the cache).
+    pub fn disk_full(&mut self, written: u64, size: Option<u64>) -> bool {
+        // Other fetches' partial files hold disk space the cache does not count.
+        let coming = self.partial_bytes();
+        let disk = self.used_bytes + coming + written;
+        let size = size.unwrap_or(written + 1);
+        if size > disk.saturating_sub(coming) {
+            // More than the disk could hold with every cached file gone: stream it, and leave
+            // the capacity be (a file this large says nothing about the others).
+            return false;
+        }
+        let capacity = disk - size;
+        if capacity < self.capacity {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                "the cache's disk is full at {disk} bytes: the cache now holds at most {capacity} (it was {})",
+                self.capacity
+            );
+            self.capacity = capacity;
+            self.delta.capacity = Some(capacity);
+        }
+        // Evicted until this file fits beside what is cached and coming in.
+        while self.used_bytes + coming + size > disk {
+            let Some(victim) = self.victim() else {
+                return false;
+            };
+            self.evict(&victim);
+        }
+        true
+    }
+
+    /// Bytes in files being fetched now.
+    fn partial_bytes(&self) -> u64 {
+        let partials = fs::read_dir(self.dir.join("partial")).into_iter().flatten();
+        partials
+            .flatten()
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
     /// Drops `name` (found corrupt or missing on disk): it is evicted even if pinned.
     pub fn discard(&mut self, name: &str) {
         if let Some(e) = self.entries.remove(name) {
@@ -320,13 +366,17 @@ impl Cache {
                     capacity: self.capacity,
                 });
             };
-            if let Some(e) = self.entries.remove(&victim) {
-                self.used_bytes -= e.size;
-            }
-            let _ = fs::remove_file(self.path_of(&victim));
-            self.note_evicted(&victim);
+            self.evict(&victim);
         }
         Ok(())
+    }
+
+    fn evict(&mut self, victim: &str) {
+        if let Some(e) = self.entries.remove(victim) {
+            self.used_bytes -= e.size;
+        }
+        let _ = fs::remove_file(self.path_of(victim));
+        self.note_evicted(victim);
     }
 
     /// The unpinned file the policy evicts first.
@@ -431,6 +481,43 @@ mod tests {
             c.unpin(n);
         }
         assert_eq!((c.held().len(), c.used_bytes()), (2, 20));
+    }
+
+    #[test]
+    fn a_full_disk_shrinks_the_cache_and_evicts_for_the_file_at_hand() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Cache::open(dir.path(), 1000, EvictionPolicy::Lru).unwrap();
+        for n in ["a", "b", "c"] {
+            put(&mut c, n, 10).unwrap();
+        }
+        c.unpin("a");
+        c.unpin("b");
+        // Another fetch has 5 bytes on the way in.
+        let coming = c.partial_path();
+        fs::write(&coming, [0; 5]).unwrap();
+        c.take_delta();
+        // The disk filled after 3 bytes of a 10-byte file: it holds 30 + 5 + 3. The cache
+        // keeps room for one such file beside it (38 - 10), and a goes so that this one fits.
+        assert!(c.disk_full(3, Some(10)));
+        assert_eq!(names(&c), vec!["b", "c"]);
+        assert_eq!(c.capacity(), 28);
+        let delta = c.take_delta();
+        assert_eq!(delta.capacity, Some(28));
+        assert_eq!(delta.evicted, vec!["a".to_string()]);
+        // A file larger than the disk could ever hold changes nothing: it is streamed.
+        assert!(!c.disk_full(8, Some(100)));
+        assert_eq!((c.capacity(), names(&c).len()), (28, 2));
+        // The disk filled again after 13 bytes of 18 (it holds 20 + 5 + 13): b goes too.
+        assert!(c.disk_full(13, Some(18)));
+        assert_eq!((names(&c), c.capacity()), (vec!["c".to_string()], 20));
+        // Then after 5 bytes of 12: the disk holds 20, c (in use) cannot go, no room for 12.
+        assert!(!c.disk_full(5, Some(12)));
+        // Later files are placed within the new capacity, or go past the cache.
+        assert_eq!(c.capacity(), 8);
+        assert!(matches!(
+            put(&mut c, "d", 9),
+            Err(CacheError::TooLarge { .. })
+        ));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::ledger::Key;
 use crate::peer::{Fetched, Peers};
 use crate::prefetch::Prefetched;
 use crate::reaper::Reaper;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, WriteFailed};
 use kestrel_core::files::Transfers;
 use kestrel_core::placeholders::substitute_inputs;
 use kestrel_core::{JobId, TaskIndex};
@@ -341,6 +341,53 @@ pub(crate) enum Fetch {
     /// It came, but the cache cannot hold it (larger than the cache, or full of files in use):
     /// the whole file is at this partial path, the caller's to place or remove.
     Uncached(PathBuf),
+    /// It did not come: the disk under the cache is full and nothing in the cache can leave.
+    /// The caller fetches it elsewhere (streams it) or leaves it to the task's run.
+    NoRoom,
+}
+
+/// Why a file did not come.
+enum NotFetched {
+    /// The task ends so (canceled, or the file cannot be had).
+    Exit(ExitKind),
+    /// This worker could not write it.
+    Local(WriteFailed),
+}
+
+/// Fetches file `name` of `job` (`key` in the cache) to `to`: from the peers the server named
+/// as holding it, then from the store, counting the transfer in `moved`.
+fn fetch_to(
+    (job, name): (JobId, &str),
+    key: &str,
+    plan: &FilesPlan,
+    to: &Path,
+    cache: &WorkerFiles,
+    cancel: &CancelHandle,
+    moved: &mut Transfers,
+) -> Result<(u64, Digest), NotFetched> {
+    for peer in cache.peers.sources_of(key) {
+        if cancel.is_canceled() {
+            break;
+        }
+        match cache.peers.fetch(&peer, key, to) {
+            Fetched::Got(size, digest) => {
+                moved.peer_files += 1;
+                moved.peer_bytes += size;
+                return Ok((size, digest));
+            }
+            // The next peer would fail the same way.
+            Fetched::Local(w) => return Err(NotFetched::Local(w)),
+            _ => {}
+        }
+    }
+    if cancel.is_canceled() {
+        let _ = fs::remove_file(to);
+        return Err(NotFetched::Exit(ExitKind::Canceled));
+    }
+    let (size, digest) = read_from_store((job, name), plan, to, cache, cancel)?;
+    moved.store_files += 1;
+    moved.store_bytes += size;
+    Ok((size, digest))
 }
 
 /// Brings input `name` of task `index` of `job` into this worker's cache, or finds it there:
@@ -389,35 +436,33 @@ pub(crate) fn fetch_once(
         return Ok(Fetch::Cached(path, false));
     }
     let partial = lock(cache).partial_path();
-    let mut fetched = None;
-    for peer in cache.peers.sources_of(&key) {
-        if cancel.is_canceled() {
-            break;
-        }
-        if let Fetched::Got(size, digest) = cache.peers.fetch(&peer, &key, &partial) {
-            moved.peer_files += 1;
-            moved.peer_bytes += size;
-            fetched = Some((size, Some(digest)));
-            break;
-        }
-    }
-    if fetched.is_none() && cancel.is_canceled() {
-        let _ = fs::remove_file(&partial);
-        return Err(ExitKind::Canceled);
-    }
-    let (size, digest) = match fetched {
-        Some(got) => got,
-        None => {
-            let read = read_from_store((job, name), plan, &partial, cache, cancel)?;
-            moved.store_files += 1;
-            moved.store_bytes += read.0;
-            read
+    // A full disk under the cache: evict to make room and fetch again, a few times at most
+    // (other fetches fill the room made); then the caller streams the file past the cache.
+    let mut room_made = 0;
+    let (size, digest) = loop {
+        match fetch_to((job, name), &key, plan, &partial, cache, cancel, moved) {
+            Ok(got) => break got,
+            Err(NotFetched::Exit(why)) => return Err(why),
+            Err(NotFetched::Local(w)) if w.is_no_space() => {
+                let _ = fs::remove_file(&partial);
+                if room_made < 3 && lock(cache).disk_full(w.written, w.size) {
+                    room_made += 1;
+                    continue;
+                }
+                return Ok(Fetch::NoRoom);
+            }
+            Err(NotFetched::Local(w)) => {
+                let _ = fs::remove_file(&partial);
+                return Err(ExitKind::SpawnFailed(format!(
+                    "input {name}: the cache directory failed: {w}"
+                )));
+            }
         }
     };
     cache.peers.forget_sources(&key);
     let inserted = {
         let mut c = lock(cache);
-        let inserted = c.insert(&key, &partial, size, digest);
+        let inserted = c.insert(&key, &partial, size, Some(digest));
         // A prefetch records the file as fetched for its task under the cache's lock, as it
         // goes in: the task's run, which finds it only under that lock, never counts it as a
         // hit as well, and a task that ended or went meanwhile leaves no pin behind.
@@ -451,25 +496,36 @@ fn stage(
     cancel: &CancelHandle,
     moved: &mut Transfers,
 ) -> Result<(PathBuf, bool), ExitKind> {
-    match fetch_once((job, index, name), plan, cache, cancel, moved, false)? {
-        Fetch::Cached(path, _) => Ok((path, true)),
+    let to = streamed.join(name);
+    let fetch = fetch_once((job, index, name), plan, cache, cancel, moved, false)?;
+    let cannot = |why: String| ExitKind::SpawnFailed(format!("input {name}: {why}"));
+    if let Fetch::Cached(path, _) = fetch {
+        return Ok((path, true));
+    }
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent)
+            .map_err(|e| cannot(format!("cannot place it for the task: {e}")))?;
+    }
+    match fetch {
+        Fetch::Cached(..) => unreachable!("returned above"),
+        // Moved, or copied if the task's directory is on another disk than the cache.
         Fetch::Uncached(partial) => {
-            let to = streamed.join(name);
-            let placed = to
-                .parent()
-                .map_or(Ok(()), fs::create_dir_all)
-                .and_then(|()| fs::rename(&partial, &to));
-            match placed {
-                Ok(()) => Ok((to, false)),
-                Err(e) => {
-                    let _ = fs::remove_file(&partial);
-                    Err(ExitKind::SpawnFailed(format!(
-                        "input {name}: cannot place it for the task: {e}"
-                    )))
-                }
+            let placed = fs::rename(&partial, &to).or_else(|_| fs::copy(&partial, &to).map(drop));
+            let _ = fs::remove_file(&partial);
+            placed.map_err(|e| cannot(format!("cannot place it for the task: {e}")))?;
+        }
+        // Fetched again, straight into the task's directory.
+        Fetch::NoRoom => {
+            match fetch_to((job, name), &plan.cached(name), plan, &to, cache, cancel, moved) {
+                Ok(_) => {}
+                Err(NotFetched::Exit(why)) => return Err(why),
+                Err(NotFetched::Local(w)) => return Err(cannot(format!(
+                    "no room for it: the cache's disk is full of files in use, and the task's directory failed too ({w})"
+                ))),
             }
         }
     }
+    Ok((to, false))
 }
 
 /// How long a task waits for a failing store (reading again with backoff) before it fails.
@@ -499,28 +555,31 @@ fn read_from_store(
     partial: &Path,
     cache: &WorkerFiles,
     cancel: &CancelHandle,
-) -> Result<(u64, Option<Digest>), ExitKind> {
+) -> Result<(u64, Digest), NotFetched> {
+    let exit = |why| Err(NotFetched::Exit(why));
     let Some(store) = &plan.store else {
-        return Err(ExitKind::Unrunnable(format!(
+        return exit(ExitKind::Unrunnable(format!(
             "input {name} is in no cache and the job has no store; give one with `--store DIR|URL` (or `kestrel server start --store`)"
         )));
     };
     let patience = Instant::now() + STORE_PATIENCE;
     let mut delay = Duration::from_millis(500);
-    let (size, digest) = loop {
+    loop {
         match cache.reading(|| store.read_into(name, partial)) {
-            Ok(read) => break read,
+            Ok(read) => return Ok(read),
             Err(StoreError::NotFound(store)) => {
                 let _ = fs::remove_file(partial);
                 // Not retried: running the task again would not make the file appear.
-                return Err(ExitKind::Unrunnable(format!(
+                return exit(ExitKind::Unrunnable(format!(
                     "input {name} not found in {store}; check the name, or put the file there (not retried)"
                 )));
             }
+            // Not the store's doing: no backoff, no "store trouble".
+            Err(StoreError::Local(w)) => return Err(NotFetched::Local(w)),
             Err(StoreError::Failed(why)) => {
                 let _ = fs::remove_file(partial);
                 if Instant::now() + delay > patience {
-                    return Err(ExitKind::SpawnFailed(format!(
+                    return exit(ExitKind::SpawnFailed(format!(
                         "{why} (the store failed for {}s; gave up)",
                         STORE_PATIENCE.as_secs()
                     )));
@@ -528,15 +587,12 @@ fn read_from_store(
                 tracing::warn!(job, "{why}; reading again in {:.1}s", delay.as_secs_f64());
                 cache.note_store_trouble(job, &why);
                 if !sleep_unless_canceled(delay, cancel) {
-                    return Err(ExitKind::Canceled);
+                    return exit(ExitKind::Canceled);
                 }
                 delay = (delay * 2).min(MAX_STORE_BACKOFF);
             }
         }
-    };
-    // Peers check what they fetch against it: taken on the way in, or now, while the file is
-    // fresh in memory.
-    Ok((size, digest.or_else(|| digest_of(partial).ok())))
+    }
 }
 
 /// `launch` with the input placeholders replaced ([`substitute_inputs`]) and
@@ -575,6 +631,7 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
         if let Some(store) = &plan.store {
             store.write_from(name, &written)?;
         }
+        // Kept for the tasks that read it next, if there is room: the store has it anyway.
         let partial = lock(cache).partial_path();
         if fs::copy(&written, &partial).is_ok() {
             let key = plan.cached(name);
@@ -585,6 +642,9 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
             } else {
                 let _ = fs::remove_file(&partial);
             }
+        } else {
+            // A full disk leaves a partial copy behind.
+            let _ = fs::remove_file(&partial);
         }
     }
     Ok(())

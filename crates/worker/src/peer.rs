@@ -22,7 +22,7 @@
 
 use crate::cache::{is_plain_name, Digest};
 use crate::files::{lock, SharedFiles};
-use crate::store::{copy_digesting, CopyError};
+use crate::store::{copy_digesting, CopyError, WriteFailed};
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -69,7 +69,7 @@ pub struct Peers {
 }
 
 /// How a fetch from one peer ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Fetched {
     /// The whole file, checked: its size and digest.
     Got(u64, Digest),
@@ -79,6 +79,8 @@ pub enum Fetched {
     Unreachable(String),
     /// The peer answered but could not serve now (busy, refused): try another.
     Declined(String),
+    /// This worker could not write the file (its disk is full, say): no peer is to blame.
+    Local(WriteFailed),
 }
 
 impl Peers {
@@ -173,6 +175,7 @@ impl Peers {
                     .insert(peer.to_string(), Instant::now() + UNREACHABLE_FOR);
             }
             Fetched::Declined(why) => tracing::debug!(peer, file, "peer declined: {why}"),
+            Fetched::Local(_) => {}
         }
         if !matches!(fetched, Fetched::Got(..)) {
             let _ = fs::remove_file(to);
@@ -206,17 +209,23 @@ impl Peers {
         let Some(digest) = digest else {
             return Fetched::Declined(format!("no valid {DIGEST_HEADER} header"));
         };
+        let local = |error, written| {
+            Fetched::Local(WriteFailed {
+                path: to.to_path_buf(),
+                error,
+                size: announced,
+                written,
+            })
+        };
         let mut out = match fs::File::create(to) {
             Ok(f) => f,
-            Err(e) => return Fetched::Declined(format!("cannot write {}: {e}", to.display())),
+            Err(e) => return local(e, 0),
         };
         let (size, got) = match copy_digesting(&mut resp, &mut out) {
             Ok(copied) => copied,
             // Stalled or cut off mid-file: what came is not the file.
             Err(e @ CopyError::Read(_)) => return Fetched::Unreachable(e.to_string()),
-            Err(e @ CopyError::Write(_)) => {
-                return Fetched::Declined(format!("{}: {e}", to.display()))
-            }
+            Err(CopyError::Write { error, written }) => return local(error, written),
         };
         if announced.is_some_and(|a| a != size) {
             return Fetched::Unheld(format!(

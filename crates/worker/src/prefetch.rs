@@ -185,6 +185,8 @@ fn prefetch_one(files: &WorkerFiles, key: Key, plan: &FilesPlan, cancel: &Cancel
                 let _ = std::fs::remove_file(partial);
                 break;
             }
+            // The cache's disk is full of files in use: the run streams it.
+            Ok(Fetch::NoRoom) => break,
             // The run meets the same failure, and reports it with the task.
             Err(_) => break,
         }

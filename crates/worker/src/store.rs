@@ -29,9 +29,35 @@ pub enum StoreError {
     /// The store has no such file (not worth retrying).
     #[error("not found in {0}")]
     NotFound(String),
-    /// Anything else: the store is down, slow, or the transfer broke (worth retrying later).
+    /// The store is down, slow, or the transfer broke (worth retrying later).
     #[error("{0}")]
     Failed(String),
+    /// The file could not be written here: the worker's own disk failed, not the store.
+    #[error(transparent)]
+    Local(WriteFailed),
+}
+
+/// A file could not be written on this worker's disk: its source is not to blame.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {}: {error}", path.display())]
+pub struct WriteFailed {
+    /// Where it was being written.
+    pub path: PathBuf,
+    pub error: io::Error,
+    /// The file's whole size, when its source announced it.
+    pub size: Option<u64>,
+    /// How much of it was written before the write failed.
+    pub written: u64,
+}
+
+impl WriteFailed {
+    /// Whether the disk is full (or the user's quota spent): evicting may make room.
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self.error.kind(),
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+        ) || matches!(self.error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+    }
 }
 
 impl Store {
@@ -54,33 +80,36 @@ impl Store {
         }
     }
 
-    /// Copies file `name` to `to` (a fresh path); returns its size, and its digest when the
-    /// copy passed through this process (an HTTP read; a directory's is copied by the kernel).
-    pub fn read_into(&self, name: &str, to: &Path) -> Result<(u64, Option<Digest>), StoreError> {
+    /// Copies file `name` to `to` (a fresh path); returns its size and digest.
+    pub fn read_into(&self, name: &str, to: &Path) -> Result<(u64, Digest), StoreError> {
         let failed =
             |e: String| StoreError::Failed(format!("reading {name} from {}: {e}", self.describe()));
         match self {
             Store::Dir(dir) => {
                 let from = dir.join(name);
-                let size = match fs::metadata(&from) {
-                    Ok(m) if m.is_file() => m.len(),
-                    Ok(_) => return Err(failed("not a file".into())),
+                let mut source = match fs::File::open(&from) {
+                    Ok(f) => f,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         return Err(StoreError::NotFound(self.describe()))
                     }
                     Err(e) => return Err(failed(e.to_string())),
                 };
-                let copied = fs::copy(&from, to).map_err(|e| {
-                    let _ = fs::remove_file(to);
-                    failed(e.to_string())
-                })?;
+                let size = match source.metadata() {
+                    Ok(m) if m.is_file() => m.len(),
+                    Ok(_) => return Err(failed("not a file".into())),
+                    Err(e) => return Err(failed(e.to_string())),
+                };
+                // Copied through this process rather than by the kernel (`fs::copy`): the
+                // digest is taken on the way, and a full local disk is told from a failing
+                // store.
+                let (copied, digest) = write_digesting(&mut source, to, Some(size), &failed)?;
                 if copied != size {
                     let _ = fs::remove_file(to);
                     return Err(failed(format!(
                         "it changed while read ({size} bytes, then {copied})"
                     )));
                 }
-                Ok((size, None))
+                Ok((size, digest))
             }
             Store::Http(prefix) => {
                 let url = url_of(prefix, name).map_err(failed)?;
@@ -93,14 +122,7 @@ impl Store {
                     return Err(failed(format!("the store answered {status}")));
                 }
                 let announced = resp.content_length();
-                let mut file = fs::File::create(to).map_err(|e| failed(e.to_string()))?;
-                let (copied, digest) = match copy_digesting(&mut resp, &mut file) {
-                    Ok(got) => got,
-                    Err(e) => {
-                        let _ = fs::remove_file(to);
-                        return Err(failed(e.to_string()));
-                    }
-                };
+                let (copied, digest) = write_digesting(&mut resp, to, announced, &failed)?;
                 if announced.is_some_and(|n| n != copied) {
                     let _ = fs::remove_file(to);
                     return Err(failed(format!(
@@ -108,7 +130,7 @@ impl Store {
                         announced.unwrap_or_default()
                     )));
                 }
-                Ok((copied, Some(digest)))
+                Ok((copied, digest))
             }
         }
     }
@@ -183,8 +205,39 @@ fn http() -> &'static reqwest::blocking::Client {
 pub enum CopyError {
     #[error("the transfer broke: {0}")]
     Read(io::Error),
-    #[error("cannot write the file here: {0}")]
-    Write(io::Error),
+    #[error("cannot write the file here: {error}")]
+    Write {
+        error: io::Error,
+        /// Bytes written before it failed.
+        written: u64,
+    },
+}
+
+/// Writes `from` to its end into a new file at `to` (removed again if the copy fails): its
+/// size and digest. A read that fails is the store's failure (`failed`); a write that fails,
+/// this disk's (`StoreError::Local`).
+fn write_digesting(
+    from: &mut impl Read,
+    to: &Path,
+    size: Option<u64>,
+    failed: &dyn Fn(String) -> StoreError,
+) -> Result<(u64, Digest), StoreError> {
+    let local = |error, written| {
+        StoreError::Local(WriteFailed {
+            path: to.to_path_buf(),
+            error,
+            size,
+            written,
+        })
+    };
+    let mut file = fs::File::create(to).map_err(|e| local(e, 0))?;
+    copy_digesting(from, &mut file).map_err(|e| {
+        let _ = fs::remove_file(to);
+        match e {
+            CopyError::Read(e) => failed(e.to_string()),
+            CopyError::Write { error, written } => local(error, written),
+        }
+    })
 }
 
 /// Copies `from` to its end into `to`, digesting what passes: the bytes copied and their
@@ -204,7 +257,8 @@ pub fn copy_digesting(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(CopyError::Read(e)),
         };
-        to.write_all(&buf[..got]).map_err(CopyError::Write)?;
+        to.write_all(&buf[..got])
+            .map_err(|error| CopyError::Write { error, written: n })?;
         hasher.update(&buf[..got]);
         n += got as u64;
     }
@@ -243,7 +297,8 @@ mod tests {
         fs::write(dir.path().join("raw/a"), b"12345").unwrap();
         let store = Store::Dir(dir.path().to_path_buf());
         let to = dir.path().join("copy");
-        assert_eq!(store.read_into("raw/a", &to).unwrap(), (5, None));
+        let digest = *blake3::hash(b"12345").as_bytes();
+        assert_eq!(store.read_into("raw/a", &to).unwrap(), (5, digest));
         assert!(matches!(
             store.read_into("raw/b", &to),
             Err(StoreError::NotFound(_))

@@ -351,11 +351,17 @@ impl Cluster {
         extra: &[&str],
         filter: Option<&str>,
     ) -> usize {
-        let log = self.log_file("worker");
         let mut c = kestrel();
         if let Some(f) = filter {
             c.env("RUST_LOG", f);
         }
+        self.add_worker_as(c, slots, extra)
+    }
+
+    /// [`Self::add_worker_with`], the worker started by `c` (`kestrel`, or a program that
+    /// runs the arguments it is given, such as `unshare`).
+    pub fn add_worker_as(&mut self, mut c: Command, slots: u32, extra: &[&str]) -> usize {
+        let log = self.log_file("worker");
         c.args(["worker", "start", "--slots", &slots.to_string()])
             .args(extra)
             .arg("--server-dir")

@@ -111,6 +111,11 @@ impl Engine {
                     }
                 }
                 self.peers_did_not_hold(now, &cache.unheld);
+                if let Some(capacity) = cache.capacity {
+                    if let Some(conn) = self.conns.workers.get_mut(&worker) {
+                        conn.cache_capacity = Some(capacity);
+                    }
+                }
                 if !cache.added.is_empty() || !cache.evicted.is_empty() {
                     let CacheChange { added, evicted, .. } = cache;
                     self.event(

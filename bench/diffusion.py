@@ -361,7 +361,8 @@ def _decision_section(a) -> None:
         "pass refills them; the time of the ends and the pass over the tasks assigned (µs per "
         "assignment, Criterion's median). The budget is 20 µs. The server gathers the ends of a "
         "moment into one pass, so 100 ends per pass is its working point; one end per pass is the "
-        "worst case, where each pass walks all 1,000 workers (first-available's floor too).\n"
+        "worst case: a pass looks only at the workers that freed something since they filled "
+        "(here the one), and the data-aware policies walk the window for it.\n"
     )
     a("| policy | 1 end per pass | 100 ends per pass |")
     a("|---|---:|---:|")

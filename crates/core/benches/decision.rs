@@ -176,8 +176,9 @@ fn decisions(c: &mut Criterion) {
         PolicyName::MaxComputeUtil,
         PolicyName::GoodCacheCompute,
     ];
-    // One end per pass is the worst case (a pass walks the workers); a server gathers the
-    // ends of a moment into one pass, at 1,000 busy workers a hundred or more.
+    // One end per pass is the worst case (a pass and its window walk for one freed worker); a
+    // server gathers the ends of a moment into one pass, at 1,000 busy workers a hundred or
+    // more.
     for (policy, batch) in policies.into_iter().flat_map(|p| [(p, 1), (p, 100)]) {
         let mut b = Bench::new(policy, 0);
         let mut now = 2;

@@ -21,7 +21,8 @@ impl Scheduler {
     /// - the queue's task count is that of its entries;
     /// - the file index's two maps mirror each other and name only connected workers, and the
     ///   window's counts and map agree with its entries;
-    /// - each job's inputs are numbered, one set per task.
+    /// - each job's inputs are numbered, one set per task;
+    /// - a worker the passes skip has no room, and the passes look at no worker that left.
     pub fn audit(&self) -> Vec<String> {
         let mut bad = Vec::new();
         let queued = self.queued_tasks();
@@ -113,6 +114,15 @@ impl Scheduler {
                 "the queue counts {} tasks, its entries hold {entries}",
                 self.ready.len()
             ));
+        }
+        // A worker the passes skip has no room.
+        for (id, w) in &self.workers {
+            if !self.open.contains(id) && w.room_for(Resources::ONE_CPU, w.offer.prefetch) > 0 {
+                bad.push(format!("worker {id} has room but the passes skip it"));
+            }
+        }
+        if let Some(id) = self.open.iter().find(|id| !self.workers.contains_key(id)) {
+            bad.push(format!("worker {id} is gone but the passes look at it"));
         }
         bad.extend(self.files.audit());
         bad.extend(self.window.audit());

@@ -29,13 +29,14 @@ impl Scheduler {
             return;
         }
         if !self.ready.is_empty() || !self.window.is_empty() {
-            let mut ids: Vec<WorkerId> = self.workers.keys().copied().collect();
+            // Only workers that may have room: the others would take nothing.
+            let mut ids: Vec<WorkerId> = self.open.iter().copied().collect();
             self.policy.order_workers(&mut ids);
             // With more queued than all workers can hold, every window fills whatever the
             // order: one pass does it.
-            let room: u64 = self
-                .workers
-                .values()
+            let room: u64 = ids
+                .iter()
+                .filter_map(|id| self.workers.get(id))
                 .map(|w| {
                     u64::from(
                         w.capacity(w.offer.prefetch)
@@ -62,9 +63,18 @@ impl Scheduler {
                     self.fill_worker(now_us, id, depth, runs);
                 }
             }
-            for (id, runs) in ids.into_iter().zip(given) {
+            for (&id, runs) in ids.iter().zip(given) {
                 if !runs.is_empty() {
                     self.commands.push(Command::Assign { worker: id, runs });
+                }
+            }
+            // Those left with no room sit out the passes until they free some.
+            for id in ids {
+                let full = self.workers.get(&id).is_some_and(|w| {
+                    w.quarantined.is_none() && w.room_for(Resources::ONE_CPU, w.offer.prefetch) == 0
+                });
+                if full {
+                    self.open.remove(&id);
                 }
             }
         }
@@ -158,14 +168,18 @@ impl Scheduler {
     /// time, and no more is asked back than the idle slots can take.
     fn steal(&mut self) {
         let min_run = self.config.steal_min_run_us;
-        let mut idle: u32 = 0;
-        let mut on_the_way: u32 = 0;
-        for w in self.workers.values() {
-            on_the_way += w.revoking_cpus;
-            if w.quarantined.is_none() {
-                idle += w.idle_cpus();
-            }
+        // Idle cpus are on open workers only (the others have no room at all).
+        let idle: u32 = self
+            .open
+            .iter()
+            .filter_map(|id| self.workers.get(id))
+            .filter(|w| w.quarantined.is_none())
+            .map(|w| w.idle_cpus())
+            .sum();
+        if idle == 0 {
+            return;
         }
+        let on_the_way: u32 = self.workers.values().map(|w| w.revoking_cpus).sum();
         let mut wanted = idle.saturating_sub(on_the_way);
         if wanted == 0 {
             return;
@@ -282,6 +296,7 @@ impl Scheduler {
             }
             let need = j.need;
             if let Some(w) = self.workers.get_mut(&worker) {
+                self.open.insert(worker);
                 prune |= w.release(need, TaskState::Assigned);
             }
             if j.canceled {

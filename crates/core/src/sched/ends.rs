@@ -76,6 +76,8 @@ impl Scheduler {
                 i += 1;
                 continue;
             };
+            // Its ends free room (or are ignored, and then it was open already).
+            self.open.insert(worker);
             let mut prune = false;
             // Whether `ends[i]` is an end the fast path does not take, which goes the whole way.
             let mut slow = false;
@@ -204,6 +206,7 @@ impl Scheduler {
         // The worker whose ledger a release made due for pruning.
         let mut prune = None;
         if ours {
+            self.open.insert(worker);
             prune = w.release(need, rec.state).then_some(worker);
         } else {
             let dup = w.duplicates.remove(&key);
@@ -213,6 +216,7 @@ impl Scheduler {
             // The duplicate run finished first: take the task from the other worker.
             let other = rec.worker;
             if let Some(o) = self.workers.get_mut(&other) {
+                self.open.insert(other);
                 prune = o.release(need, rec.state).then_some(other);
                 self.commands.push(Command::Cancel {
                     worker: other,
@@ -315,6 +319,7 @@ impl Scheduler {
         let need = j.need;
         let state = j.table.get(index).state;
         if let Some(w) = self.workers.get_mut(&worker) {
+            self.open.insert(worker);
             if w.release(need, state) {
                 w.ledger.prune(holder(&self.jobs, worker));
             }

@@ -88,6 +88,8 @@ impl Scheduler {
         );
         if let Some(w) = self.workers.get_mut(&worker) {
             w.quarantined = Some(reason.clone());
+            // A pass counts a quarantined worker's cpus out of the busy share.
+            self.open.insert(worker);
         }
         self.commands.push(Command::Quarantined { worker, reason });
     }

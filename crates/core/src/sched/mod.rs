@@ -116,6 +116,11 @@ pub struct Scheduler {
     config: Config,
     jobs: BTreeMap<JobId, Job>,
     workers: BTreeMap<WorkerId, Worker>,
+    /// The workers a pass looks at: all but those a pass found with no room for a one-cpu
+    /// task at their deepest prefetch. A worker comes back when it frees something (a task
+    /// of it ends, fails or is taken back) or is quarantined, so that a pass after one end
+    /// on a thousand busy workers looks at one of them.
+    open: BTreeSet<WorkerId>,
     ready: ReadyQueue,
     commands: Vec<Command>,
     /// State changes the driver must journal (see [`Record`]).
@@ -161,6 +166,7 @@ impl Scheduler {
             config,
             jobs: BTreeMap::new(),
             workers: BTreeMap::new(),
+            open: BTreeSet::new(),
             ready: ReadyQueue::default(),
             commands: Vec::new(),
             records: Vec::new(),

@@ -92,6 +92,7 @@ impl Scheduler {
         if let Some(reason) = named.and_then(|p| self.quarantined_gone.remove(&p)) {
             if let Some(w) = self.workers.get_mut(&worker) {
                 w.quarantined = Some(reason.clone());
+                self.open.insert(worker);
             }
             self.commands.push(Command::Quarantined { worker, reason });
         }

@@ -22,6 +22,7 @@ impl Scheduler {
         offer.resources.named = self.number(&named).unwrap_or([0; MAX_NAMED]);
         let id = self.next_worker;
         self.next_worker += 1;
+        self.open.insert(id);
         self.workers.insert(
             id,
             Worker {
@@ -73,6 +74,7 @@ impl Scheduler {
         let Some(w) = self.workers.remove(&worker) else {
             return;
         };
+        self.open.remove(&worker);
         self.files.worker_gone(worker);
         if let Some(reason) = w.quarantined {
             self.quarantined_gone.insert(worker, reason);

@@ -103,8 +103,9 @@ fn open_cache(c: &CacheConfig) -> Result<OpenedCache, WorkerError> {
     let (dir, scratch) = match &c.dir {
         Some(d) => (d.clone(), None),
         None => {
+            remove_abandoned_scratch(&std::env::temp_dir());
             let t = tempfile::Builder::new()
-                .prefix("kestrel-cache-")
+                .prefix(SCRATCH_PREFIX)
                 .tempdir()
                 .map_err(|e| WorkerError::Setup(format!("cannot make a cache directory: {e}")))?;
             (t.path().to_path_buf(), Some(t))
@@ -120,6 +121,36 @@ fn open_cache(c: &CacheConfig) -> Result<OpenedCache, WorkerError> {
         .start_prefetch()
         .map_err(|e| WorkerError::Setup(format!("cannot start prefetch threads: {e}")))?;
     Ok((files, scratch, lock))
+}
+
+/// What a scratch cache directory's name starts with, in the temporary directory.
+const SCRATCH_PREFIX: &str = "kestrel-cache-";
+
+/// Removes the scratch caches under `tmp` that workers killed without their ending (SIGKILL,
+/// or SIGTERM, whose default is to die) left behind: those no live worker holds the lock of.
+/// One made a moment ago may not be locked yet: only those older than a minute go.
+fn remove_abandoned_scratch(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let old = |m: &std::fs::Metadata| {
+        m.modified()
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(60))
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let is_scratch = name.to_str().is_some_and(|n| n.starts_with(SCRATCH_PREFIX));
+        let dir = e.path();
+        if !is_scratch || !e.metadata().is_ok_and(|m| m.is_dir() && old(&m)) {
+            continue;
+        }
+        // Held while its lock is: this open takes it, and closing lets it go at once.
+        if lock_dir(&dir).is_ok() && std::fs::remove_dir_all(&dir).is_ok() {
+            tracing::debug!(dir = %dir.display(), "removed a scratch cache a dead worker left");
+        }
+    }
 }
 
 /// Takes an exclusive lock on `dir/lock`, held as long as the file returned is open (two
@@ -146,6 +177,30 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, WorkerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scratch_caches_of_dead_workers_go_and_live_or_new_ones_stay() {
+        let tmp = tempfile::tempdir().unwrap();
+        let make = |name: &str, age_s: u64| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir_all(dir.join("files")).unwrap();
+            std::fs::write(dir.join("files/x"), b"x").unwrap();
+            let when = std::time::SystemTime::now() - std::time::Duration::from_secs(age_s);
+            std::fs::File::open(&dir)
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+            dir
+        };
+        let dead = make("kestrel-cache-dead", 3600);
+        let live = make("kestrel-cache-live", 3600);
+        let new = make("kestrel-cache-new", 0);
+        let other = make("not-a-cache", 3600);
+        let _held = lock_dir(&live).unwrap();
+        remove_abandoned_scratch(tmp.path());
+        assert!(!dead.exists());
+        assert!(live.join("files/x").exists() && new.exists() && other.exists());
+    }
 
     #[test]
     fn the_exec_mode_chooses_the_executor_once() {

@@ -144,8 +144,8 @@ pub struct CacheChange {
     /// Inputs staged per job, by source.
     #[serde(default)]
     pub moved: Vec<JobTransfers>,
-    /// Files a peer was named as holding but did not serve whole (it answered that it has
-    /// no such file, or sent bytes that fail the check): the server drops them from its index.
+    /// Files a peer was named as holding and sent bytes that fail the check: the server drops
+    /// them from its index. (A peer without the file reports its own eviction instead.)
     /// Always written: `capacity` follows it in the array.
     #[serde(default)]
     pub unheld: Vec<Unheld>,

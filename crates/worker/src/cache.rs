@@ -220,11 +220,20 @@ impl Cache {
     }
 
     /// Opens cached file `name` for a peer: the open file (which stays readable if the file
-    /// is evicted meanwhile), its size and its digest if known.
-    pub fn open_for_peer(&self, name: &str) -> Option<(fs::File, u64, Option<Digest>)> {
+    /// is evicted meanwhile), its size and its digest if known. One gone from the disk is
+    /// dropped (and reported evicted), so the server stops naming this worker for it.
+    pub fn open_for_peer(&mut self, name: &str) -> Option<(fs::File, u64, Option<Digest>)> {
         let e = self.entries.get(name)?;
-        let file = fs::File::open(self.path_of(name)).ok()?;
-        Some((file, e.size, e.hash))
+        let (size, hash) = (e.size, e.hash);
+        match fs::File::open(self.path_of(name)) {
+            Ok(file) => Some((file, size, hash)),
+            Err(err) => {
+                if err.kind() == io::ErrorKind::NotFound {
+                    self.discard(name);
+                }
+                None
+            }
+        }
     }
 
     /// Records the digest of `name`, taken after it came in.
@@ -518,6 +527,20 @@ mod tests {
             put(&mut c, "d", 9),
             Err(CacheError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_file_gone_from_the_disk_is_not_served_and_is_reported_evicted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Cache::open(dir.path(), 100, EvictionPolicy::Lru).unwrap();
+        let path = put(&mut c, "k/a", 10).unwrap();
+        c.unpin("k/a");
+        c.take_delta();
+        assert!(c.open_for_peer("k/a").is_some());
+        fs::remove_file(path).unwrap();
+        assert!(c.open_for_peer("k/a").is_none());
+        assert_eq!(c.take_delta().evicted, vec!["k/a".to_string()]);
+        assert_eq!(c.used_bytes(), 0);
     }
 
     #[test]

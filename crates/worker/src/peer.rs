@@ -11,8 +11,10 @@
 //!   answer is written to a partial file and checked against the announced size and digest.
 //!   A peer that cannot be reached is skipped for [`UNREACHABLE_FOR`] (a worker that is
 //!   alive but cut off from its peers costs each asker one connect timeout, not a hang); a
-//!   peer that has no such file, or sends one that fails the check, is reported to the server
-//!   (`CacheChange::unheld`) so that its index stops naming it.
+//!   peer that sends a file failing the check is reported to the server
+//!   (`CacheChange::unheld`) so that its index stops naming it. One that has no such file is
+//!   not: it reports its own evictions (a file gone from its disk too, when asked for), and
+//!   an asker's report could arrive after the peer had the file again, and drop a holder.
 //!
 //! Authentication: a request carries `x-kestrel-peer: EXPIRES.MAC`, an HMAC-SHA256 keyed by
 //! the server's secret (which every worker read from the access file) over the path and an
@@ -147,14 +149,13 @@ impl Peers {
         let fetched = self.try_fetch(peer, file, to);
         match &fetched {
             Fetched::Got(..) => {}
+            // Evicted since the server named it: routine when caches are tight, and the peer's
+            // own report of it corrects the index.
+            Fetched::Unheld(why) if why == NO_SUCH_FILE => {
+                tracing::debug!(peer, file, "peer did not serve the file: {why}");
+            }
             Fetched::Unheld(why) => {
-                // Evicted since the server named it: routine when caches are tight. A file
-                // that fails the check is not.
-                if why == NO_SUCH_FILE {
-                    tracing::debug!(peer, file, "peer did not serve the file: {why}");
-                } else {
-                    tracing::warn!(peer, file, "peer did not serve the file whole: {why}");
-                }
+                tracing::warn!(peer, file, "peer did not serve the file whole: {why}");
                 self.unheld
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -526,10 +527,11 @@ mod tests {
         let got = asker.fetch(&url, "k/raw/a", &to);
         assert!(matches!(got, Fetched::Got(4096, _)), "{got:?}");
         assert_eq!(fs::read(&to).unwrap(), vec![b'a'; 4096]);
-        // A file it does not hold: reported, so the server's index stops naming it.
+        // A file it does not hold: not reported by the asker (the holder reports its own
+        // evictions).
         let got = asker.fetch(&url, "k/raw/b", &to);
         assert!(matches!(got, Fetched::Unheld(_)), "{got:?}");
-        assert_eq!(asker.take_unheld()[0].file, "k/raw/b");
+        assert!(asker.take_unheld().is_empty());
         assert!(!to.exists(), "nothing is left of a failed fetch");
         // Another cluster's secret: refused before the cache is looked at.
         let stranger = Peers::default();
@@ -565,6 +567,12 @@ mod tests {
             "{got:?}"
         );
         assert!(!to.exists());
+        // Reported, so that the server's index stops naming it for the file.
+        let unheld = asker.take_unheld();
+        assert_eq!(
+            (unheld[0].file.as_str(), &unheld[0].peer),
+            ("k/raw/a", &rotten)
+        );
         // Nobody listens there at all.
         let gone = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

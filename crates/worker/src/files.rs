@@ -497,35 +497,31 @@ fn stage(
     moved: &mut Transfers,
 ) -> Result<(PathBuf, bool), ExitKind> {
     let to = streamed.join(name);
-    let fetch = fetch_once((job, index, name), plan, cache, cancel, moved, false)?;
     let cannot = |why: String| ExitKind::SpawnFailed(format!("input {name}: {why}"));
-    if let Fetch::Cached(path, _) = fetch {
-        return Ok((path, true));
-    }
-    if let Some(parent) = to.parent() {
-        fs::create_dir_all(parent)
-            .map_err(|e| cannot(format!("cannot place it for the task: {e}")))?;
-    }
-    match fetch {
-        Fetch::Cached(..) => unreachable!("returned above"),
+    let cannot_place = |e: std::io::Error| cannot(format!("cannot place it for the task: {e}"));
+    let make_parent = || to.parent().map_or(Ok(()), fs::create_dir_all);
+    match fetch_once((job, index, name), plan, cache, cancel, moved, false)? {
+        Fetch::Cached(path, _) => Ok((path, true)),
         // Moved, or copied if the task's directory is on another disk than the cache.
         Fetch::Uncached(partial) => {
-            let placed = fs::rename(&partial, &to).or_else(|_| fs::copy(&partial, &to).map(drop));
+            let placed = make_parent().and_then(|()| {
+                fs::rename(&partial, &to).or_else(|_| fs::copy(&partial, &to).map(drop))
+            });
             let _ = fs::remove_file(&partial);
-            placed.map_err(|e| cannot(format!("cannot place it for the task: {e}")))?;
+            placed.map(|()| (to.clone(), false)).map_err(cannot_place)
         }
         // Fetched again, straight into the task's directory.
         Fetch::NoRoom => {
+            make_parent().map_err(cannot_place)?;
             match fetch_to((job, name), &plan.cached(name), plan, &to, cache, cancel, moved) {
-                Ok(_) => {}
-                Err(NotFetched::Exit(why)) => return Err(why),
-                Err(NotFetched::Local(w)) => return Err(cannot(format!(
+                Ok(_) => Ok((to.clone(), false)),
+                Err(NotFetched::Exit(why)) => Err(why),
+                Err(NotFetched::Local(w)) => Err(cannot(format!(
                     "no room for it: the cache's disk is full of files in use, and the task's directory failed too ({w})"
                 ))),
             }
         }
     }
-    Ok((to, false))
 }
 
 /// How long a task waits for a failing store (reading again with backoff) before it fails.

@@ -67,13 +67,6 @@ struct Entry {
 /// A file's BLAKE3 digest.
 pub type Digest = [u8; 32];
 
-/// The BLAKE3 digest of the file at `path`.
-pub fn digest_of(path: &Path) -> io::Result<Digest> {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update_reader(fs::File::open(path)?)?;
-    Ok(*hasher.finalize().as_bytes())
-}
-
 /// A size-bounded directory of logical files.
 #[derive(Debug)]
 pub struct Cache {

@@ -12,13 +12,13 @@
 //! (TaskVine's bound of one reader per worker by default), so many workers starting together
 //! do not stampede it.
 
-use crate::cache::{digest_of, Cache, CacheError, Digest};
+use crate::cache::{Cache, CacheError, Digest};
 use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
 use crate::ledger::Key;
 use crate::peer::{Fetched, Peers};
 use crate::prefetch::Prefetched;
 use crate::reaper::Reaper;
-use crate::store::{Store, StoreError, WriteFailed};
+use crate::store::{write_file_digesting, Store, StoreError, WriteFailed};
 use kestrel_core::files::Transfers;
 use kestrel_core::placeholders::substitute_inputs;
 use kestrel_core::{JobId, TaskIndex};
@@ -628,19 +628,20 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
             store.write_from(name, &written)?;
         }
         // Kept for the tasks that read it next, if there is room: the store has it anyway.
+        // Copied (not linked: a later task of the directory may write the name again), its
+        // digest taken on the way; a failed copy leaves nothing behind.
         let partial = lock(cache).partial_path();
-        if fs::copy(&written, &partial).is_ok() {
+        let copied = fs::File::open(&written)
+            .ok()
+            .and_then(|mut from| write_file_digesting(&mut from, &partial, Some(size)).ok());
+        if let Some((copied, digest)) = copied {
             let key = plan.cached(name);
-            let digest = digest_of(&partial).ok();
             let mut c = lock(cache);
-            if c.insert(&key, &partial, size, digest).is_ok() {
+            if c.insert(&key, &partial, copied, Some(digest)).is_ok() {
                 c.unpin(&key);
             } else {
                 let _ = fs::remove_file(&partial);
             }
-        } else {
-            // A full disk leaves a partial copy behind.
-            let _ = fs::remove_file(&partial);
         }
     }
     Ok(())

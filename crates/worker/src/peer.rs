@@ -24,7 +24,7 @@
 
 use crate::cache::{is_plain_name, Digest};
 use crate::files::{lock, SharedFiles};
-use crate::store::{copy_digesting, CopyError, WriteFailed};
+use crate::store::{write_file_digesting, CopyError, WriteFailed};
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -210,23 +210,11 @@ impl Peers {
         let Some(digest) = digest else {
             return Fetched::Declined(format!("no valid {DIGEST_HEADER} header"));
         };
-        let local = |error, written| {
-            Fetched::Local(WriteFailed {
-                path: to.to_path_buf(),
-                error,
-                size: announced,
-                written,
-            })
-        };
-        let mut out = match fs::File::create(to) {
-            Ok(f) => f,
-            Err(e) => return local(e, 0),
-        };
-        let (size, got) = match copy_digesting(&mut resp, &mut out) {
+        let (size, got) = match write_file_digesting(&mut resp, to, announced) {
             Ok(copied) => copied,
             // Stalled or cut off mid-file: what came is not the file.
             Err(e @ CopyError::Read(_)) => return Fetched::Unreachable(e.to_string()),
-            Err(CopyError::Write { error, written }) => return local(error, written),
+            Err(CopyError::Local(w)) => return Fetched::Local(w),
         };
         if announced.is_some_and(|a| a != size) {
             return Fetched::Unheld(format!(
@@ -483,7 +471,7 @@ mod tests {
         let mut cache = Cache::open(dir.path(), 1 << 20, EvictionPolicy::Lru).unwrap();
         let p = cache.partial_path();
         fs::write(&p, vec![b'a'; 4096]).unwrap();
-        let digest = crate::cache::digest_of(&p).unwrap();
+        let digest = *blake3::hash(&[b'a'; 4096]).as_bytes();
         cache.insert("k/raw/a", &p, 4096, Some(digest)).unwrap();
         cache.unpin("k/raw/a");
         let files = Arc::new(WorkerFiles::new(cache, 1));

@@ -84,6 +84,10 @@ impl Store {
     pub fn read_into(&self, name: &str, to: &Path) -> Result<(u64, Digest), StoreError> {
         let failed =
             |e: String| StoreError::Failed(format!("reading {name} from {}: {e}", self.describe()));
+        let from_copy = |e| match e {
+            CopyError::Read(e) => failed(e.to_string()),
+            CopyError::Local(w) => StoreError::Local(w),
+        };
         match self {
             Store::Dir(dir) => {
                 let from = dir.join(name);
@@ -102,7 +106,8 @@ impl Store {
                 // Copied through this process rather than by the kernel (`fs::copy`): the
                 // digest is taken on the way, and a full local disk is told from a failing
                 // store.
-                let (copied, digest) = write_digesting(&mut source, to, Some(size), &failed)?;
+                let (copied, digest) =
+                    write_file_digesting(&mut source, to, Some(size)).map_err(from_copy)?;
                 if copied != size {
                     let _ = fs::remove_file(to);
                     return Err(failed(format!(
@@ -122,7 +127,8 @@ impl Store {
                     return Err(failed(format!("the store answered {status}")));
                 }
                 let announced = resp.content_length();
-                let (copied, digest) = write_digesting(&mut resp, to, announced, &failed)?;
+                let (copied, digest) =
+                    write_file_digesting(&mut resp, to, announced).map_err(from_copy)?;
                 if announced.is_some_and(|n| n != copied) {
                     let _ = fs::remove_file(to);
                     return Err(failed(format!(
@@ -199,31 +205,27 @@ fn http() -> &'static reqwest::blocking::Client {
     })
 }
 
-/// Why a copy of a whole file stopped: the side that failed matters (a peer that breaks off
-/// is skipped; a full local disk is not the peer's doing).
+/// Why a copy of a whole file into a new file stopped: the side that failed matters (a
+/// source that breaks off is the store's or the peer's doing; a full local disk is not).
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
     #[error("the transfer broke: {0}")]
     Read(io::Error),
-    #[error("cannot write the file here: {error}")]
-    Write {
-        error: io::Error,
-        /// Bytes written before it failed.
-        written: u64,
-    },
+    #[error(transparent)]
+    Local(WriteFailed),
 }
 
-/// Writes `from` to its end into a new file at `to` (removed again if the copy fails): its
-/// size and digest. A read that fails is the store's failure (`failed`); a write that fails,
-/// this disk's (`StoreError::Local`).
-fn write_digesting(
+/// Copies `from` to its end into a new file at `to` (removed again if the copy fails),
+/// digesting what passes: the bytes copied and their BLAKE3 digest, taken on the way instead
+/// of by reading the file again. `size` is what the source announced, for the error. The one
+/// copy loop of the store's reads, the peers' transfers and the outputs kept in the cache.
+pub fn write_file_digesting(
     from: &mut impl Read,
     to: &Path,
     size: Option<u64>,
-    failed: &dyn Fn(String) -> StoreError,
-) -> Result<(u64, Digest), StoreError> {
+) -> Result<(u64, Digest), CopyError> {
     let local = |error, written| {
-        StoreError::Local(WriteFailed {
+        CopyError::Local(WriteFailed {
             path: to.to_path_buf(),
             error,
             size,
@@ -231,37 +233,25 @@ fn write_digesting(
         })
     };
     let mut file = fs::File::create(to).map_err(|e| local(e, 0))?;
-    copy_digesting(from, &mut file).map_err(|e| {
-        let _ = fs::remove_file(to);
-        match e {
-            CopyError::Read(e) => failed(e.to_string()),
-            CopyError::Write { error, written } => local(error, written),
-        }
-    })
-}
-
-/// Copies `from` to its end into `to`, digesting what passes: the bytes copied and their
-/// BLAKE3 digest. `io::copy` with a buffer for whole files (megabytes each), and the digest
-/// taken on the way instead of by reading the file again.
-pub fn copy_digesting(
-    from: &mut impl Read,
-    to: &mut impl Write,
-) -> Result<(u64, Digest), CopyError> {
+    // A buffer for whole files (megabytes each).
     let mut buf = vec![0u8; 256 << 10];
     let mut hasher = blake3::Hasher::new();
     let mut n = 0u64;
-    loop {
+    let failed = loop {
         let got = match from.read(&mut buf) {
             Ok(0) => return Ok((n, *hasher.finalize().as_bytes())),
             Ok(got) => got,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(CopyError::Read(e)),
+            Err(e) => break CopyError::Read(e),
         };
-        to.write_all(&buf[..got])
-            .map_err(|error| CopyError::Write { error, written: n })?;
+        if let Err(e) = file.write_all(&buf[..got]) {
+            break local(e, n);
+        }
         hasher.update(&buf[..got]);
         n += got as u64;
-    }
+    };
+    let _ = fs::remove_file(to);
+    Err(failed)
 }
 
 #[cfg(test)]

@@ -88,9 +88,14 @@ impl WorkerFiles {
         if lock(self).capacity() == 0 {
             return;
         }
-        let ahead = Ahead::default();
-        let cancel = ahead.cancel.clone();
-        self.ahead.pinned().insert(key, ahead);
+        // Once per task: a second entry would drop the first one's pins without giving them
+        // back.
+        let cancel = match self.ahead.pinned().entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => return,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Ahead::default()).cancel.clone()
+            }
+        };
         let _ = tx.send((key, plan, cancel));
     }
 
@@ -233,17 +238,40 @@ mod tests {
         }
     }
 
+    /// How many files are pinned for task `key` so far.
+    fn pinned_for(files: &WorkerFiles, key: Key) -> usize {
+        files.ahead.pinned().get(&key).map_or(0, |a| a.names.len())
+    }
+
+    #[test]
+    fn a_task_prefetched_twice_is_fetched_and_pinned_once() {
+        let (_dir, files, plan) = files_with_store();
+        files.prefetch((1, 0), plan.clone());
+        wait_until("both inputs pinned for the task", || {
+            pinned_for(&files, (1, 0)) == 2
+        });
+        // Assigned again (a malformed or repeated assignment): the pins taken stay recorded,
+        // to be given back.
+        files.prefetch((1, 0), plan);
+        assert_eq!(pinned_for(&files, (1, 0)), 2);
+        for name in files.take_prefetched((1, 0)) {
+            lock(&files).unpin(&name);
+        }
+        // Nothing else holds a pin: a file as large as the whole cache gets in.
+        let p = lock(&files).partial_path();
+        fs::write(&p, vec![b'x'; 1 << 20]).unwrap();
+        wait_until("the cache to take a file needing all of it", || {
+            lock(&files).insert("big", &p, 1 << 20, None).is_ok()
+        });
+    }
+
     #[test]
     fn a_queued_tasks_inputs_are_fetched_pinned_and_counted_once() {
         let (_dir, files, plan) = files_with_store();
         let (a, b) = (plan.cached("a"), plan.cached("b"));
         files.prefetch((1, 0), plan);
         wait_until("both inputs pinned for the task", || {
-            files
-                .ahead
-                .pinned()
-                .get(&(1, 0))
-                .is_some_and(|a| a.names.len() == 2)
+            pinned_for(&files, (1, 0)) == 2
         });
         assert!(files.fetched_ahead((1, 0), &a) && files.fetched_ahead((1, 0), &b));
         let taken = files.take_prefetched((1, 0));
@@ -274,13 +302,7 @@ mod tests {
         let (_dir, files, plan) = files_with_store();
         let a = plan.cached("a");
         files.prefetch((1, 0), plan);
-        wait_until("the first input pinned", || {
-            files
-                .ahead
-                .pinned()
-                .get(&(1, 0))
-                .is_some_and(|a| !a.names.is_empty())
-        });
+        wait_until("the first input pinned", || pinned_for(&files, (1, 0)) > 0);
         files.forget_prefetched(&[(1, 0)]);
         assert!(files.take_prefetched((1, 0)).is_empty());
         // Nothing stays pinned (a fetch under way at the forget lets go when it ends): a file

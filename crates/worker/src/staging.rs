@@ -49,8 +49,9 @@ pub(crate) fn prefetch(local: &Local, files: &WorkerFiles, run: IndexRun) {
     if !has_files {
         return;
     }
+    let indices = run.first..run.first.saturating_add(run.count);
     let queued = local.queue.iter().rev().take(run.count as usize);
-    for task in queued.filter(|t| t.job == run.job) {
+    for task in queued.filter(|t| t.job == run.job && indices.contains(&t.index)) {
         if let Some(plan) = local.files_plan(task) {
             files.prefetch((task.job, task.index), plan);
         }

@@ -317,7 +317,7 @@ impl Engine {
 
     /// Forgets ended jobs (`jobs`, and with `all_ended` every ended job); the scheduler records
     /// it for the journal, so a restarted server does not bring them back. Submission keys of
-    /// forgotten jobs go too.
+    /// forgotten jobs go too, and what workers said of their stores.
     fn forget(&mut self, now: u64, mut jobs: Vec<JobId>, all_ended: bool) -> Vec<ForgetResult> {
         if all_ended {
             let listed: rustc_hash::FxHashSet<JobId> = jobs.iter().copied().collect();
@@ -347,6 +347,7 @@ impl Engine {
             tracing::info!(jobs = gone.len(), "jobs forgotten");
             let gone: rustc_hash::FxHashSet<JobId> = gone.into_iter().collect();
             self.keys.retain(|_, job| !gone.contains(job));
+            self.store_trouble.retain(|job, _| !gone.contains(job));
         }
         results
     }

@@ -372,10 +372,12 @@ fn print_job(d: &JobDetail) {
         ),
     ];
     let mut rows = rows;
+    // "yet" only while the job runs: an ended job whose tasks all failed never has any.
+    let yet = if s.finished_us.is_some() { "" } else { " yet" };
     // Means over the tasks that finished: none before the first one.
     let mean = |us: f64| {
         if d.timing.tasks == 0 {
-            "- (no task finished yet)".to_string()
+            format!("- (no task finished{yet})")
         } else {
             output::micros(us)
         }
@@ -418,9 +420,10 @@ fn print_job(d: &JobDetail) {
             ("store reads", moved(m.store_files, m.store_bytes)),
             (
                 "hit ratio",
-                m.hit_ratio().map_or("- (no input staged yet)".into(), |r| {
-                    format!("{:.1}%", r * 100.0)
-                }),
+                m.hit_ratio()
+                    .map_or(format!("- (no input staged{yet})"), |r| {
+                        format!("{:.1}%", r * 100.0)
+                    }),
             ),
         ]);
     }

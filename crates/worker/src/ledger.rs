@@ -104,6 +104,16 @@ impl Ledger {
         ));
     }
 
+    /// Lets a queued task whose inputs are here start before a head whose inputs are still
+    /// being fetched ahead ([`Local::prefer_staged`]). Called before each start by the
+    /// executors that run tasks with files.
+    #[inline]
+    pub(crate) fn prefer_staged(&mut self) {
+        if let Some(files) = &self.files {
+            self.local.prefer_staged(|key| files.prefetch_ended(key));
+        }
+    }
+
     /// Reports a task failed whose launch could not be built.
     pub(crate) fn cannot_launch(&mut self, task: &LocalTask, now: u64, reason: String) {
         if let Some(files) = &self.files {

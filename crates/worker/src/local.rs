@@ -16,6 +16,10 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How far past the head of the queue [`Local::prefer_staged`] looks for a task whose inputs
+/// are here: the queue holds the worker's prefetch window, rarely more than this.
+pub const LOOK_AHEAD: usize = 64;
+
 /// A task waiting on this worker for a free slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalTask {
@@ -149,6 +153,36 @@ impl Local {
         } else {
             self.queue
                 .extend((r.first..r.first + r.count).map(|index| task(index, None, None)));
+        }
+    }
+
+    /// When the task at the head of the queue reads files whose fetch ahead (`crate::prefetch`)
+    /// `fetched` says has not ended, moves to the head the first of the next
+    /// [`LOOK_AHEAD`] tasks with the same needs that waits for no fetch: the next free slot
+    /// runs that one instead of waiting for the head's transfer, and the head keeps its place
+    /// right behind it. A head that reads no files costs one lookup.
+    pub fn prefer_staged(&mut self, fetched: impl Fn((JobId, TaskIndex)) -> bool) {
+        let Some(head) = self.queue.front() else {
+            return;
+        };
+        let Some(def) = self.jobs.get(&head.job) else {
+            return;
+        };
+        if def.template.files.is_empty() || fetched((head.job, head.index)) {
+            return;
+        }
+        let (resources, named) = (def.resources, &def.named);
+        let jobs = &self.jobs;
+        let ready = |t: &LocalTask| {
+            jobs.get(&t.job).is_some_and(|d| {
+                d.resources == resources
+                    && d.named == *named
+                    && (d.template.files.is_empty() || fetched((t.job, t.index)))
+            })
+        };
+        let found = self.queue.iter().take(LOOK_AHEAD).skip(1).position(ready);
+        if let Some(task) = found.and_then(|i| self.queue.remove(i + 1)) {
+            self.queue.push_front(task);
         }
     }
 
@@ -441,6 +475,57 @@ mod tests {
         assert!(!names_one_task(Some("/r/{job}"), &file("/abs/{task}.txt")));
         assert!(!names_one_task(None, &file("job-{job}/${task}.err")));
         assert!(!names_one_task(None, &Sink::Null));
+    }
+
+    #[test]
+    fn a_task_whose_inputs_are_here_starts_before_a_head_still_fetching() {
+        let mut l = Local::new(2, 0, 0, &[]);
+        let mut reads = template();
+        reads.files.inputs = vec!["raw/{task}".into()];
+        let two = Resources {
+            cpus: 2,
+            ..Resources::NONE
+        };
+        l.define(
+            1,
+            reads.clone(),
+            JobIds::List,
+            Resources::default(),
+            vec![],
+            None,
+        );
+        l.define(2, reads, JobIds::List, two, vec![], None);
+        let run = |job, first, count| Assigned::run(IndexRun { job, first, count });
+        // Job 1's tasks 0 and 1, a task of another shape, job 1's task 2, job 1's task 3.
+        l.enqueue(run(1, 0, 2), 0);
+        l.enqueue(run(2, 0, 1), 0);
+        l.enqueue(run(1, 2, 2), 0);
+        let order = |l: &Local| -> Vec<(JobId, TaskIndex)> {
+            l.queue.iter().map(|t| (t.job, t.index)).collect()
+        };
+        // Every fetch under way: nothing moves.
+        l.prefer_staged(|_| false);
+        assert_eq!(order(&l), [(1, 0), (1, 1), (2, 0), (1, 2), (1, 3)]);
+        // The head's fetch ended: it stays the head.
+        l.prefer_staged(|k| k == (1, 0) || k == (1, 3));
+        assert_eq!(order(&l), [(1, 0), (1, 1), (2, 0), (1, 2), (1, 3)]);
+        // Job 2's task (other needs) is passed over: the first of the same needs comes first,
+        // and the head keeps its place behind it.
+        l.prefer_staged(|k| k == (2, 0) || k == (1, 2) || k == (1, 3));
+        assert_eq!(order(&l), [(1, 2), (1, 0), (1, 1), (2, 0), (1, 3)]);
+        // A head that reads no files is never moved for one that does.
+        let mut plain = Local::new(2, 0, 0, &[]);
+        plain.define(
+            3,
+            template(),
+            JobIds::List,
+            Resources::default(),
+            vec![],
+            None,
+        );
+        plain.enqueue(run(3, 0, 3), 0);
+        plain.prefer_staged(|_| false);
+        assert_eq!(order(&plain), [(3, 0), (3, 1), (3, 2)]);
     }
 
     #[test]

@@ -177,7 +177,11 @@ impl Pool {
     /// tasks, so that each running task of the job can be followed by one. GPU tasks are
     /// never decked: their device list is the slot's they start on.
     fn fill_deck(&mut self, ledger: &mut Ledger) {
-        while let Some(head) = ledger.local.queue.front() {
+        loop {
+            ledger.prefer_staged();
+            let Some(head) = ledger.local.queue.front() else {
+                return;
+            };
             let job = head.job;
             let Some(def) = ledger.local.jobs.get(&job) else {
                 return;
@@ -270,7 +274,11 @@ impl Executor for Pool {
     /// Starts queued tasks while slots are free, then decks the next ones to follow running
     /// tasks of their job.
     fn start(&mut self, ledger: &mut Ledger) {
-        while let Some((task, held)) = ledger.local.next_startable() {
+        loop {
+            ledger.prefer_staged();
+            let Some((task, held)) = ledger.local.next_startable() else {
+                break;
+            };
             self.launch(ledger, task, held);
         }
         self.fill_deck(ledger);

@@ -10,6 +10,10 @@
 //! and gives the pins back when it ends ([`WorkerFiles::take_prefetched`]). A task revoked,
 //! canceled or taken back before it starts gives its pins back ([`WorkerFiles::forget_prefetched`]).
 //!
+//! A slot that frees while the head of the queue still waits for its fetch takes the first
+//! queued task whose fetch ahead has ended instead ([`crate::local::Local::prefer_staged`]), so
+//! the transfer goes on beside a running task rather than on an idle slot.
+//!
 //! A fetch that fails here is not reported: the task's run meets the same failure and reports
 //! it with the task. Transfers are counted once: by the prefetcher for what it fetched, and not
 //! again as local hits when the run finds those files.
@@ -45,6 +49,9 @@ struct Ahead {
     cancel: CancelHandle,
     /// The files pinned for it, and whether the prefetcher fetched each.
     names: Vec<(String, bool)>,
+    /// Whether the prefetcher is done with it (whatever came of it): its run waits for no
+    /// fetch of the prefetcher's.
+    ended: bool,
 }
 
 impl Prefetched {
@@ -102,6 +109,12 @@ impl WorkerFiles {
     /// What was pinned for task `key`, now that its run has ended: the run unpins them.
     pub(crate) fn take_prefetched(&self, key: Key) -> Vec<String> {
         self.ahead.take(key)
+    }
+
+    /// Whether task `key` waits for no fetch ahead: the prefetcher is done with it, or it
+    /// has none (its job reads no files, or this worker caches nothing).
+    pub(crate) fn prefetch_ended(&self, key: Key) -> bool {
+        self.ahead.pinned().get(&key).is_none_or(|a| a.ended)
     }
 
     /// Whether the prefetcher fetched `name` for task `key` (and counted the transfer).
@@ -170,8 +183,17 @@ fn prefetch_loop(files: &Weak<WorkerFiles>, rx: &Receiver<(Key, Box<FilesPlan>, 
 }
 
 /// Brings task `key`'s inputs into the cache and pins them for it, while it is still queued;
-/// `cancel` stops it when the task ends or goes.
+/// `cancel` stops it when the task ends or goes. Then marks the task's prefetch ended, so a
+/// slot may take it before tasks whose fetches are still under way.
 fn prefetch_one(files: &WorkerFiles, key: Key, plan: &FilesPlan, cancel: &CancelHandle) {
+    fetch_ahead(files, key, plan, cancel);
+    if let Some(ahead) = files.ahead.pinned().get_mut(&key) {
+        ahead.ended = true;
+    }
+}
+
+/// The fetches of [`prefetch_one`].
+fn fetch_ahead(files: &WorkerFiles, key: Key, plan: &FilesPlan, cancel: &CancelHandle) {
     if plan.bad_name.is_some() {
         return;
     }
@@ -246,10 +268,12 @@ mod tests {
     #[test]
     fn a_task_prefetched_twice_is_fetched_and_pinned_once() {
         let (_dir, files, plan) = files_with_store();
+        assert!(files.prefetch_ended((1, 0)), "no fetch ahead to wait for");
         files.prefetch((1, 0), plan.clone());
         wait_until("both inputs pinned for the task", || {
             pinned_for(&files, (1, 0)) == 2
         });
+        wait_until("its prefetch marked ended", || files.prefetch_ended((1, 0)));
         // Assigned again (a malformed or repeated assignment): the pins taken stay recorded,
         // to be given back.
         files.prefetch((1, 0), plan);

@@ -8,9 +8,8 @@
 //!
 //! Input files: once a run of a job with files is queued, [`prefetch`] starts fetching its
 //! tasks' inputs (`crate::prefetch`), so they come while the task waits in the prefetch
-//! window. Next step: `stage` answering that such a run waits beside the queue, holding no
-//! slot, until its fetches end (today a task whose fetch is still under way when a slot takes
-//! it waits for that fetch on the slot).
+//! window; a slot that frees while the head's fetch is still under way takes a later task
+//! whose inputs are here (`Local::prefer_staged`), and waits on the slot only when none is.
 
 use crate::files::WorkerFiles;
 use crate::local::Local;

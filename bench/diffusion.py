@@ -534,7 +534,7 @@ def _arrival_section(a, runs: list[dict], mb) -> None:
                 "busy holder of their data, and max-compute-util by moving files between "
                 "executors over GridFTP; on one machine a holder is rarely busy long (a task that "
                 "waited while W others left goes to any worker) and a transfer between two "
-                "workers is a local copy of a few milliseconds, so both costs are too small to "
+                "workers crosses this machine's loopback, not a network, so both costs are too small to "
                 "set the three apart by more than the noise. What does show is the hit ratio, "
                 "and the factor between the data-aware policies and first-available.\n"
             )

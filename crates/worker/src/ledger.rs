@@ -110,7 +110,10 @@ impl Ledger {
     #[inline]
     pub(crate) fn prefer_staged(&mut self) {
         if let Some(files) = &self.files {
-            self.local.prefer_staged(|key| files.prefetch_ended(key));
+            // The prefetcher's lock is taken only if the head reads files, and once for the scan.
+            let mut view = None;
+            self.local
+                .prefer_staged(|key| view.get_or_insert_with(|| files.prefetch_view()).ended(key));
         }
     }
 

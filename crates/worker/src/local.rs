@@ -161,7 +161,7 @@ impl Local {
     /// [`LOOK_AHEAD`] tasks with the same needs that waits for no fetch: the next free slot
     /// runs that one instead of waiting for the head's transfer, and the head keeps its place
     /// right behind it. A head that reads no files costs one lookup.
-    pub fn prefer_staged(&mut self, fetched: impl Fn((JobId, TaskIndex)) -> bool) {
+    pub fn prefer_staged(&mut self, mut fetched: impl FnMut((JobId, TaskIndex)) -> bool) {
         let Some(head) = self.queue.front() else {
             return;
         };

@@ -111,10 +111,16 @@ impl WorkerFiles {
         self.ahead.take(key)
     }
 
-    /// Whether task `key` waits for no fetch ahead: the prefetcher is done with it, or it
-    /// has none (its job reads no files, or this worker caches nothing).
-    pub(crate) fn prefetch_ended(&self, key: Key) -> bool {
-        self.ahead.pinned().get(&key).is_none_or(|a| a.ended)
+    /// Which tasks wait for no fetch ahead, under one lock for as many questions as a caller
+    /// has (a scan of the queue asks up to [`crate::local::LOOK_AHEAD`]).
+    pub(crate) fn prefetch_view(&self) -> PrefetchView<'_> {
+        PrefetchView(self.ahead.pinned())
+    }
+
+    /// Whether task `key` waits for no fetch ahead ([`PrefetchView::ended`]).
+    #[cfg(test)]
+    fn prefetch_ended(&self, key: Key) -> bool {
+        self.prefetch_view().ended(key)
     }
 
     /// Whether the prefetcher fetched `name` for task `key` (and counted the transfer).
@@ -170,6 +176,17 @@ impl WorkerFiles {
     #[cfg(test)]
     fn wanted(&self, key: Key) -> bool {
         self.ahead.pinned().contains_key(&key)
+    }
+}
+
+/// The prefetcher's books, held for a few questions.
+pub(crate) struct PrefetchView<'a>(MutexGuard<'a, FxHashMap<Key, Ahead>>);
+
+impl PrefetchView<'_> {
+    /// Whether task `key` waits for no fetch ahead: the prefetcher is done with it, or it
+    /// has none (its job reads no files, or this worker caches nothing).
+    pub(crate) fn ended(&self, key: Key) -> bool {
+        self.0.get(&key).is_none_or(|a| a.ended)
     }
 }
 

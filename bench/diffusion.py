@@ -299,6 +299,23 @@ def tight(
         into.append(res)
 
 
+def policy_plan(cache: int, first_cache: bool = True) -> list[tuple[str, int, str]]:
+    """The policies side by side, as (policy, cache bytes per worker, label): first-available
+    without caches (every input from the store), then each policy with caches of `cache`
+    bytes (first-cache-available unless told not: it places as first-available does)."""
+    plan = [("first-available", 0, "first-available, no caches")]
+    for policy in (
+        "first-available",
+        "first-cache-available",
+        "max-cache-hit",
+        "max-compute-util",
+        "good-cache-compute",
+    ):
+        if first_cache or policy != "first-cache-available":
+            plan.append((policy, cache, policy))
+    return plan
+
+
 TICK = 0.25  # seconds between submissions in the arrival part
 
 
@@ -309,14 +326,7 @@ def arrival(kestrel: str, url: str, a, shape: str, r: int, into: list) -> None:
     lines = picks(a.tasks, shape, 0.0, seed=r)
     ticks = arrivals(a.tasks, a.start, a.cap, 1.0, TICK)
     cache = FILES * FILE_BYTES // WORKERS
-    plan = [
-        ("first-available", 0, "first-available, no caches"),
-        ("first-available", cache, "first-available"),
-        ("max-cache-hit", cache, "max-cache-hit"),
-        ("max-compute-util", cache, "max-compute-util"),
-        ("good-cache-compute", cache, "good-cache-compute"),
-    ]
-    for policy, size, label in plan:
+    for policy, size, label in policy_plan(cache, first_cache=False):
         res = one(kestrel, url, policy, size, lines, ticks, TICK)
         res.update(label=label, workload=shape, run=r, ideal=len(ticks) * TICK)
         res.update(start=a.start, cap=a.cap)
@@ -714,15 +724,7 @@ def main() -> int:
                         tight(kestrel, url, working_set // WORKERS, lines, shape, r, results["hot"])
                     continue
                 if "policies" in a.only:
-                    plan = [
-                        ("first-available", 0, "first-available, no caches"),
-                        ("first-available", big, "first-available"),
-                        ("first-cache-available", big, "first-cache-available"),
-                        ("max-cache-hit", big, "max-cache-hit"),
-                        ("max-compute-util", big, "max-compute-util"),
-                        ("good-cache-compute", big, "good-cache-compute"),
-                    ]
-                    for policy, cache, label in plan:
+                    for policy, cache, label in policy_plan(big):
                         res = one(kestrel, url, policy, cache, lines)
                         res.update(label=label, workload=shape, run=r)
                         log(

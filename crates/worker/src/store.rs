@@ -94,7 +94,13 @@ impl Store {
                 let mut source = match fs::File::open(&from) {
                     Ok(f) => f,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        return Err(StoreError::NotFound(self.describe()))
+                        // A typo in `--store` says so, not only that the file is missing.
+                        let store = if dir.is_dir() {
+                            self.describe()
+                        } else {
+                            format!("{} (no such directory: check --store)", self.describe())
+                        };
+                        return Err(StoreError::NotFound(store));
                     }
                     Err(e) => return Err(failed(e.to_string())),
                 };
@@ -293,6 +299,14 @@ mod tests {
             store.read_into("raw/b", &to),
             Err(StoreError::NotFound(_))
         ));
+        // A store directory that does not exist (a typo in --store) is named as such.
+        let typo = Store::Dir(dir.path().join("stor"));
+        match typo.read_into("raw/a", &to) {
+            Err(StoreError::NotFound(s)) => {
+                assert!(s.ends_with("(no such directory: check --store)"), "{s}")
+            }
+            other => panic!("{other:?}"),
+        }
         store.write_from("out/x/y", &to).unwrap();
         assert_eq!(fs::read(dir.path().join("out/x/y")).unwrap(), b"12345");
     }

@@ -251,7 +251,9 @@ enum Missing {
 
 fn missing_file(state: TaskState, path: &str) -> Missing {
     match state {
-        TaskState::Ready | TaskState::Assigned | TaskState::Running => Missing::NotYet,
+        TaskState::Ready | TaskState::Waiting | TaskState::Assigned | TaskState::Running => {
+            Missing::NotYet
+        }
         // A canceled task may never have run.
         TaskState::Canceled => Missing::Empty,
         TaskState::Finished | TaskState::Failed => {

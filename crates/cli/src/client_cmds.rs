@@ -42,6 +42,13 @@ pub fn submissions(
     }
 }
 
+/// The task this command runs inside, if it runs inside one (`KESTREL_JOB_ID` and
+/// `KESTREL_TASK_ID`, set by the worker).
+fn running_task() -> Option<(JobId, u32)> {
+    let var = |k| std::env::var(k).ok()?.parse::<u32>().ok();
+    Some((var("KESTREL_JOB_ID")?, var("KESTREL_TASK_ID")?))
+}
+
 /// Waits with a progress display, through server restarts; returns the final counts.
 pub async fn wait_for(conn: &mut Session, jobs: Vec<JobId>, quiet: bool) -> Result<WaitProgress> {
     let mut progress = Progress::new(quiet);
@@ -77,13 +84,50 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
     }
     let from_file = args.shape.file.is_some();
     let user_key = args.key.as_deref().map(|k| (k, from_file));
-    let subs = keyed(
-        submissions(&args.shape, &args.options, args.command)?,
-        user_key,
-    );
+    let mut subs = submissions(&args.shape, &args.options, args.command)?;
+    if let Some(parent) = running_task() {
+        // Inside a task: the jobs join its workflow, and its job ends only after them.
+        for s in &mut subs {
+            s.spec.parent = Some(parent);
+        }
+    }
+    let subs = keyed(subs, user_key);
     let total: u64 = subs.iter().map(|s| s.sub.tasks.len() as u64).sum();
     let mut conn = session::open(g, session::WAITING).await?;
-    let done = conn.submit(&subs).await?;
+    let done = match conn.submit(&subs).await {
+        Err(kestrel_client::Error::RefusedAfter {
+            submitted,
+            at,
+            source,
+        }) => {
+            // A job file goes in whole or not at all: the jobs taken before the refused one
+            // are canceled and forgotten (a task of theirs may have started meanwhile).
+            let _ = conn
+                .client()
+                .call(Ask::Cancel {
+                    jobs: submitted.clone(),
+                })
+                .await;
+            let _ = conn
+                .wait(submitted.clone(), Duration::from_millis(250), |_| {})
+                .await;
+            let _ = conn
+                .client()
+                .call(Ask::Forget {
+                    jobs: submitted.clone(),
+                    all_ended: false,
+                })
+                .await;
+            let ids: Vec<String> = submitted.iter().map(|j| j.to_string()).collect();
+            bail!(
+                "job #{} of the file was refused: {source}; the {} before it (job {}) were withdrawn, so nothing of the file was submitted",
+                at + 1,
+                submitted.len(),
+                ids.join(", ")
+            );
+        }
+        other => other?,
+    };
     let ids: Vec<JobId> = done.iter().map(|d| d.job).collect();
     report_submitted(g, &subs, &done, args.parsable);
     let waited = if args.wait {
@@ -511,6 +555,12 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
         println!("workers   {}", i.workers);
         println!("jobs      {} ({} not done)", i.jobs, i.live_jobs);
         println!("queued    {} tasks", i.queued);
+        if let Some((files, bytes)) = i.intermediates_deleted {
+            println!(
+                "deleted   {files} intermediate files from caches ({})",
+                output::bytes(bytes)
+            );
+        }
         match &i.journal {
             Some(j) => {
                 println!(

@@ -7,8 +7,8 @@ use crate::sizes;
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::placeholders;
 use kestrel_core::{
-    IdRanges, JobSpec, LineList, Placement, PolicyName, Resources, Sink, TaskFiles, TaskSet,
-    TaskTemplate, DEFAULT_STREAM_LIMIT, MAX_STREAM_LIMIT,
+    After, IdRanges, JobSpec, Keep, LineList, Placement, PolicyName, Resources, Sink, TaskFiles,
+    TaskSet, TaskTemplate, DEFAULT_STREAM_LIMIT, MAX_STREAM_LIMIT,
 };
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -83,8 +83,13 @@ pub struct TaskOptions {
     pub input: Vec<String>,
     /// A logical file each task writes into its directory under this name, placeholders
     /// allowed (repeat for more); the worker keeps it in its cache and writes it to the store.
-    /// A task that does not write it fails. (`--output` is the format of what kestrel prints,
-    /// so this is `--output-file`) [in job files: outputs = [...]]
+    /// A task that does not write it fails. A task that reads a file another task writes
+    /// waits for that task. `local:NAME` keeps it only in the caches (read from there by the
+    /// tasks that need it, deleted when the workflow ends; AME's intermediate data);
+    /// `persist:NAME` always writes it to the store; plain NAME is local when a task already
+    /// submitted (or a later job of the same job file) reads it, else persisted. (`--output`
+    /// is the format of what kestrel prints, so this is `--output-file`) [in job files:
+    /// outputs = [...]]
     #[arg(long = "output-file", value_name = "NAME")]
     #[serde(default, rename = "outputs")]
     pub output_files: Vec<String>,
@@ -94,6 +99,13 @@ pub struct TaskOptions {
     #[arg(long = "input-static", value_name = "NAME")]
     #[serde(default, rename = "inputs_static")]
     pub input_static: Vec<String>,
+    /// Start only after these tasks have all finished successfully: JOB (every task of job
+    /// JOB) or JOB:TASKS (e.g. 7:1-10); if one fails for good this job's tasks are canceled,
+    /// each saying why (repeat for more) [in job files: after = [7, "7:1-10", "NAME"],
+    /// NAME an earlier job of the same file]
+    #[arg(long, value_name = "JOB[:TASKS]")]
+    #[serde(default, deserialize_with = "after_entries")]
+    pub after: Vec<String>,
     /// The shared store the job's files are in: a directory on a shared file system or an
     /// http(s):// URL prefix [default: the server's --store]
     #[arg(long, value_name = "DIR|URL")]
@@ -202,11 +214,12 @@ impl TaskOptions {
                 stdout: sink(&self.stdout, "stdout", DEFAULT_STDOUT)?,
                 stderr: sink(&self.stderr, "stderr", DEFAULT_STDERR)?,
                 timeout_ms,
-                files: TaskFiles {
+                files: output_modes(TaskFiles {
                     inputs: self.input.clone(),
                     outputs: self.output_files.clone(),
                     statics: self.input_static.clone(),
-                },
+                    keep: Vec::new(),
+                }),
             },
             resources: Resources {
                 cpus,
@@ -234,8 +247,59 @@ impl TaskOptions {
                     None => None,
                 },
             },
+            after: self
+                .after
+                .iter()
+                .filter(|a| !is_earlier_job(a))
+                .map(|a| After::parse(a).map_err(|e| anyhow!(e)))
+                .collect::<Result<_>>()?,
+            parent: None,
         })
     }
+}
+
+/// Whether an `after` entry names an earlier job of the same job file (by its name) rather
+/// than a job id.
+pub fn is_earlier_job(entry: &str) -> bool {
+    entry
+        .split(':')
+        .next()
+        .is_some_and(|j| !j.is_empty() && !j.trim().bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Takes `local:` and `persist:` off output names into the files' modes.
+fn output_modes(mut files: TaskFiles) -> TaskFiles {
+    let mut keep = Vec::with_capacity(files.outputs.len());
+    for name in &mut files.outputs {
+        let (mode, rest) = match name.split_once(':') {
+            Some(("local", rest)) => (Keep::Local, rest.to_string()),
+            Some(("persist", rest)) => (Keep::Persist, rest.to_string()),
+            _ => (Keep::Auto, name.clone()),
+        };
+        *name = rest;
+        keep.push(mode);
+    }
+    if keep.iter().any(|k| *k != Keep::Auto) {
+        files.keep = keep;
+    }
+    files
+}
+
+/// `after = [7, "7:1-10", "prep"]`: numbers or strings.
+fn after_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Entry {
+        Id(u32),
+        Text(String),
+    }
+    Ok(Vec::<Entry>::deserialize(d)?
+        .into_iter()
+        .map(|e| match e {
+            Entry::Id(n) => n.to_string(),
+            Entry::Text(t) => t,
+        })
+        .collect())
 }
 
 /// The policy named `text`, or an error listing the names.
@@ -450,10 +514,7 @@ pub fn from_flags(
             }
             opts.add_env_all(&mut spec);
             let lines = each_lines(file, sizes::task_room(&spec)?)?;
-            Ok(Submission {
-                spec,
-                tasks: TaskSet::Lines(lines),
-            })
+            Ok(Submission::new(spec, TaskSet::Lines(lines)))
         }
         (array, None) => {
             let ids = match array {
@@ -464,10 +525,7 @@ pub fn from_flags(
             placeholders::check_template(&spec.template, false)?;
             opts.add_env_all(&mut spec);
             sizes::task_room(&spec)?;
-            Ok(Submission {
-                spec,
-                tasks: TaskSet::Array(ids),
-            })
+            Ok(Submission::new(spec, TaskSet::Array(ids)))
         }
     }
 }
@@ -591,6 +649,8 @@ struct JobEntry {
     outputs: Vec<String>,
     #[serde(default)]
     inputs_static: Vec<String>,
+    #[serde(default, deserialize_with = "after_entries")]
+    after: Vec<String>,
     store: Option<String>,
     policy: Option<String>,
     util_threshold: Option<f64>,
@@ -624,14 +684,32 @@ pub fn from_file(path: &Path) -> Result<Vec<Submission>> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
-    file.job
-        .into_iter()
-        .enumerate()
-        .map(|(i, e)| {
-            entry(e, &file.defaults, &base)
-                .with_context(|| format!("job file {}, job #{}", path.display(), i + 1))
-        })
-        .collect()
+    let mut subs: Vec<Submission> = Vec::with_capacity(file.job.len());
+    for (i, e) in file.job.into_iter().enumerate() {
+        let after = e.after.clone();
+        let at = || format!("job file {}, job #{}", path.display(), i + 1);
+        let mut sub = entry(e, &file.defaults, &base).with_context(at)?;
+        for a in after.iter().filter(|a| is_earlier_job(a)) {
+            let (name, tasks) = match a.split_once(':') {
+                Some((n, t)) => (n, Some(t)),
+                None => (a.as_str(), None),
+            };
+            let Some(pos) = subs.iter().position(|s| s.spec.name == name) else {
+                return Err(anyhow!(
+                    "after = [{a:?}]: no job named {name:?} comes before it in the file (a job's name is its `name`, else its program's)"
+                ))
+                .with_context(at);
+            };
+            let tasks = tasks
+                .map(|t| IdRanges::parse(t).map_err(|e| anyhow!("after = [{a:?}]: {e}")))
+                .transpose()
+                .with_context(at)?;
+            sub.earlier.push((pos, tasks));
+        }
+        subs.push(sub);
+    }
+    crate::graph_file::check(&mut subs).with_context(|| format!("job file {}", path.display()))?;
+    Ok(subs)
 }
 
 fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission> {
@@ -652,6 +730,7 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
         input: e.inputs,
         output_files: e.outputs,
         input_static: e.inputs_static,
+        after: e.after,
         store: e.store,
         policy: e.policy,
         util_threshold: e.util_threshold,
@@ -692,7 +771,7 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
             }
             let tasks = TaskSet::List(argvs);
             spec.validate(&tasks).map_err(|e| anyhow!("{e}"))?;
-            Ok(Submission { spec, tasks })
+            Ok(Submission::new(spec, tasks))
         }
         (Some(cmd), None) => {
             // `each = "-"` reads standard input, like the flag.

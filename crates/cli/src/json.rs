@@ -207,7 +207,16 @@ impl From<&JobDetail> for JobInfoView {
             },
             waiting: d.waiting.clone(),
             inputs: t.files.inputs.clone(),
-            outputs: t.files.outputs.clone(),
+            outputs: t
+                .files
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(i, name)| match t.files.keep_of(i) {
+                    kestrel_core::Keep::Auto => name.clone(),
+                    keep => format!("{}:{name}", keep.name()),
+                })
+                .collect(),
             static_inputs: t.files.statics.clone(),
             store: d.spec.placement.store.clone(),
             policy: d.spec.placement.policy.map(|p| p.name().to_string()),
@@ -441,6 +450,10 @@ pub struct ServerView {
     /// Tasks waiting for a worker.
     pub queued: u64,
     pub journal: Option<JournalView>,
+    /// Copies of intermediate (`local`) files deleted from caches when their workflows ended,
+    /// and their bytes.
+    pub intermediate_files_deleted: u64,
+    pub intermediate_bytes_deleted: u64,
 }
 
 #[derive(Serialize)]
@@ -465,6 +478,8 @@ impl From<&ServerInfo> for ServerView {
             jobs: i.jobs,
             live_jobs: i.live_jobs,
             queued: i.queued,
+            intermediate_files_deleted: i.intermediates_deleted.map_or(0, |d| d.0),
+            intermediate_bytes_deleted: i.intermediates_deleted.map_or(0, |d| d.1),
             journal: i.journal.as_ref().map(|j| JournalView {
                 path: j.path.clone(),
                 bytes: j.bytes,

@@ -97,10 +97,23 @@ fn inputs_come_through_the_caches_and_outputs_reach_the_store() {
 #[test]
 fn a_missing_input_or_output_fails_its_task_by_name() {
     let (c, store, _dir) = cluster("first-available");
+    // A file the store does not have (and no task writes) is refused at submission.
+    let out = c.run(&["submit", "--input", "raw/nope.dat", "--", "true"]);
+    assert_eq!(
+        out.failed().one_line_error(),
+        format!("error: submission refused: task 0 reads raw/nope.dat, which no task writes and the store {store} does not have; check the name, or submit the job that writes it first")
+    );
+    // One that goes away before its task runs (job 1 removes it, a second after this submit)
+    // fails that task.
+    let gone = format!("{store}/raw/4.dat");
+    let rm = format!("sleep 1; rm {gone}");
+    c.run(&["submit", "--", "sh", "-c", &rm]).ok();
     let out = c.run(&[
         "submit",
+        "--after",
+        "1",
         "--input",
-        "raw/nope.dat",
+        "raw/4.dat",
         "--retries",
         "3",
         "--wait",
@@ -109,11 +122,11 @@ fn a_missing_input_or_output_fails_its_task_by_name() {
     ]);
     let err = format!("{}{}", out.failed().stdout, out.stderr);
     assert!(
-        err.contains(&format!("input raw/nope.dat not found in {store}")),
+        err.contains(&format!("input raw/4.dat not found in {store}")),
         "{err}"
     );
     // Not retried: running it again would not make the file appear.
-    let tasks = task_rows(&c, "1");
+    let tasks = task_rows(&c, "2");
     assert_eq!(
         (tasks[0]["attempts"].as_u64(), tasks[0]["failures"].as_u64()),
         (Some(1), Some(1)),

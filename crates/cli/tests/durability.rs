@@ -260,6 +260,8 @@ fn true_spec(name: &str) -> kestrel_core::JobSpec {
         resources: kestrel_core::Resources::default(),
         priority: 0,
         retries: 0,
+        after: vec![],
+        parent: None,
         named: vec![],
         placement: Default::default(),
     }

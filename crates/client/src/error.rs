@@ -18,6 +18,17 @@ pub enum Error {
     /// A submission was refused (the message says why).
     #[error("submission refused: {0}")]
     Refused(ClientError),
+    /// A submission of several jobs was refused at job `at` (counted from 0), after the
+    /// jobs before it were taken: the caller withdraws them (see `kestrel submit --file`).
+    #[error("job #{} refused: {source}", at + 1)]
+    RefusedAfter {
+        /// The jobs the server took before the refusal.
+        submitted: Vec<JobId>,
+        /// The position of the refused one.
+        at: usize,
+        /// Why it was refused.
+        source: ClientError,
+    },
     /// Adding the pieces of a job failed halfway: the job holds only part of its tasks.
     #[error("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again): {source}")]
     Partial {
@@ -42,7 +53,10 @@ impl Error {
             Error::Client(c) | Error::Partial { source: c, .. } => lost_or_unreachable(c),
             Error::Access(a) => no_server_there(a),
             Error::GaveUp(_) => true,
-            Error::Refused(_) | Error::Unexpected(_) | Error::TooOld(_) => false,
+            Error::Refused(_)
+            | Error::RefusedAfter { .. }
+            | Error::Unexpected(_)
+            | Error::TooOld(_) => false,
         }
     }
 

@@ -17,10 +17,10 @@
 //!
 //! let target = Target::file("/home/me/.kestrel/server/access.json");
 //! let mut conn = Connection::open(target, Reconnect::for_waiting()).await?;
-//! let sub = Submission {
-//!     spec: JobSpec::command("sweep", vec!["./sim".into(), "{task}".into()]),
-//!     tasks: TaskSet::Array(IdRanges::span(1, 1000)),
-//! };
+//! let sub = Submission::new(
+//!     JobSpec::command("sweep", vec!["./sim".into(), "{task}".into()]),
+//!     TaskSet::Array(IdRanges::span(1, 1000)),
+//! );
 //! let jobs = conn.submit(&keyed(vec![sub], None)).await?;
 //! let done = conn.wait(jobs.iter().map(|j| j.job).collect(), Duration::from_secs(1), |_| {}).await?;
 //! println!("{} finished", done.counts.finished);

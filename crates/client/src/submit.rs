@@ -3,9 +3,9 @@
 use crate::connection::{Connection, Losses};
 use crate::error::{lost_or_unreachable, Error};
 use crate::pieces::{argv_bytes, piece_ranges, string_bytes};
-use kestrel_core::{JobId, JobSpec, TaskSet};
+use kestrel_core::{After, IdRanges, JobId, JobSpec, TaskSet};
 use kestrel_proto::messages::{Answer, Ask};
-use kestrel_proto::FILES_VERSION;
+use kestrel_proto::{FILES_VERSION, GRAPH_VERSION};
 
 /// Task bytes per message, well under the frame limit.
 const CHUNK_BYTES: usize = 4 << 20;
@@ -17,6 +17,20 @@ pub struct Submission {
     pub spec: JobSpec,
     /// The tasks.
     pub tasks: TaskSet,
+    /// `after` dependencies on submissions earlier in the same call, by position (a job
+    /// file's `after = ["NAME"]`): their job ids are added to `spec.after` when known.
+    pub earlier: Vec<(usize, Option<IdRanges>)>,
+}
+
+impl Submission {
+    /// A job of `tasks` running `spec`, depending on nothing submitted with it.
+    pub fn new(spec: JobSpec, tasks: TaskSet) -> Submission {
+        Submission {
+            spec,
+            tasks,
+            earlier: Vec::new(),
+        }
+    }
 }
 
 /// A submission with its idempotency key: the server answers a repeated key with the job the
@@ -97,6 +111,13 @@ impl Connection {
                     }
                     resumed = true;
                 }
+                Err(Error::Refused(source)) if !done.is_empty() => {
+                    return Err(Error::RefusedAfter {
+                        at: done.len(),
+                        submitted: done.iter().map(|d| d.job).collect(),
+                        source,
+                    })
+                }
                 other => return other.map(|()| done),
             }
         }
@@ -115,7 +136,29 @@ async fn submit_from(
     let first_unconfirmed = done.len();
     let client = conn.client();
     for k in &subs[done.len()..] {
-        let spec = &k.sub.spec;
+        let mut spec = k.sub.spec.clone();
+        for (pos, tasks) in &k.sub.earlier {
+            let Some(d) = done.get(*pos) else {
+                return Err(Error::Unexpected(format!(
+                    "job {:?} depends on submission {} of the same call, which comes after it",
+                    spec.name,
+                    pos + 1
+                )));
+            };
+            spec.after.push(After {
+                job: d.job,
+                tasks: tasks.clone(),
+            });
+        }
+        let graph =
+            !spec.after.is_empty() || spec.parent.is_some() || !spec.template.files.keep.is_empty();
+        if graph && client.version() < GRAPH_VERSION {
+            return Err(Error::TooOld(format!(
+                "job {:?} depends on other tasks (--after, local/persist outputs, or a parent task; protocol {GRAPH_VERSION}), but the server speaks protocol {}: upgrade the server",
+                spec.name,
+                client.version()
+            )));
+        }
         let needs = FILES_VERSION;
         if client.version() < needs
             && !(spec.template.files.is_empty() && spec.placement.is_default())
@@ -144,7 +187,7 @@ async fn submit_from(
         };
         let answer = client
             .call(Ask::Submit {
-                spec: k.sub.spec.clone(),
+                spec,
                 tasks: first,
                 open: !rest.is_empty(),
                 key: Some(k.key.clone()),

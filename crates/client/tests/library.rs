@@ -19,10 +19,10 @@ fn rt() -> tokio::runtime::Runtime {
 /// A list whose command lines add up to about 9 MiB: three pieces of at most 4 MiB.
 fn big_list() -> Submission {
     let argv = |i: usize| vec!["echo".to_string(), format!("{i}-{}", "x".repeat(1000))];
-    Submission {
-        spec: JobSpec::command("big", Vec::new()),
-        tasks: TaskSet::List((0..9_000).map(argv).collect()),
-    }
+    Submission::new(
+        JobSpec::command("big", Vec::new()),
+        TaskSet::List((0..9_000).map(argv).collect()),
+    )
 }
 
 async fn job_len(conn: &mut Connection, job: u32) -> u64 {
@@ -80,10 +80,10 @@ fn a_connection_rides_out_a_server_restart() {
         .await
         .expect("connected");
         let subs = keyed(
-            vec![Submission {
-                spec: JobSpec::command("a", vec!["true".into()]),
-                tasks: TaskSet::Array(kestrel_core::IdRanges::span(1, 3)),
-            }],
+            vec![Submission::new(
+                JobSpec::command("a", vec!["true".into()]),
+                TaskSet::Array(kestrel_core::IdRanges::span(1, 3)),
+            )],
             None,
         );
         let job = conn.submit(&subs).await.expect("submitted")[0].job;

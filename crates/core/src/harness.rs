@@ -604,6 +604,7 @@ impl Harness {
                 Command::DefineJob { .. }
                 | Command::ForgetJob { .. }
                 | Command::JobDone { .. }
+                | Command::DropFiles { .. }
                 | Command::Quarantined { .. } => {}
             }
             self.commands.push(cmd);

@@ -31,7 +31,7 @@ pub use sched::{
     Worker, WorkerOffer,
 };
 pub use spec::{
-    IdRanges, IdRun, JobId, JobSpec, LineList, Placement, PolicyName, RangeError, Resources, Sink,
-    SpecError, TaskFiles, TaskId, TaskIndex, TaskSet, TaskState, TaskTemplate, WorkerId,
-    DEFAULT_STREAM_LIMIT, MAX_NAMED, MAX_STREAM_LIMIT, MAX_TASK_FILES,
+    After, IdRanges, IdRun, JobId, JobSpec, Keep, LineList, Placement, PolicyName, RangeError,
+    Resources, Sink, SpecError, TaskFiles, TaskId, TaskIndex, TaskSet, TaskState, TaskTemplate,
+    WorkerId, DEFAULT_STREAM_LIMIT, MAX_NAMED, MAX_STREAM_LIMIT, MAX_TASK_FILES,
 };

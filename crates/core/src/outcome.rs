@@ -157,6 +157,14 @@ pub enum Command {
         /// Why, for its log and the server's.
         reason: String,
     },
+    /// Delete these intermediate files from the worker's cache: their workflow has ended and
+    /// none of them is to be kept (`local` outputs).
+    DropFiles {
+        /// The worker whose cache holds them.
+        worker: WorkerId,
+        /// The files, by their names in the cache.
+        files: Vec<String>,
+    },
     /// The worker's tasks fail too often: it gets no new tasks until resumed.
     Quarantined {
         /// The quarantined worker.

@@ -181,6 +181,32 @@ pub struct TaskFiles {
     /// Read by every task (`--input-static`: a program, a database): staged like inputs (kept
     /// in the worker's cache), but they do not steer placement.
     pub statics: Vec<String>,
+    /// What becomes of each output, in the order of `outputs` (empty: [`Keep::Auto`] for all).
+    pub keep: Vec<Keep>,
+}
+
+/// What becomes of an output once its task succeeded (AME's collocated store).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Keep {
+    /// `Local` if a task known when its job is submitted reads it, else `Persist`.
+    #[default]
+    Auto,
+    /// Kept in the producer's cache (and fetched from there by the tasks that read it), never
+    /// written to the store; deleted from caches when its workflow has ended.
+    Local,
+    /// Also written to the store.
+    Persist,
+}
+
+impl Keep {
+    /// The name users write (`local:NAME`, `persist:NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Keep::Auto => "auto",
+            Keep::Local => "local",
+            Keep::Persist => "persist",
+        }
+    }
 }
 
 impl TaskFiles {
@@ -189,8 +215,19 @@ impl TaskFiles {
         self.inputs.is_empty() && self.outputs.is_empty() && self.statics.is_empty()
     }
 
+    /// What becomes of output `i`.
+    pub fn keep_of(&self, i: usize) -> Keep {
+        self.keep.get(i).copied().unwrap_or_default()
+    }
+
     /// Checks every name: relative, without `..`, within [`MAX_TASK_FILES`] per kind.
     pub fn validate(&self) -> Result<(), SpecError> {
+        if !self.keep.is_empty() && self.keep.len() != self.outputs.len() {
+            return Err(SpecError::KeepCount {
+                keep: self.keep.len(),
+                outputs: self.outputs.len(),
+            });
+        }
         for (names, flag) in [
             (&self.inputs, "--input"),
             (&self.outputs, "--output-file"),
@@ -667,6 +704,48 @@ pub struct JobSpec {
     pub named: Vec<(String, u32)>,
     /// Its store and dispatch policy, where they differ from the server's.
     pub placement: Placement,
+    /// Tasks that must all finish successfully before any task of this job starts
+    /// (`--after JOB[:TASKS]`); if one fails for good, this job's tasks are canceled.
+    pub after: Vec<After>,
+    /// The running task that submitted this job (`kestrel submit` inside a task, as `(job,
+    /// task id)`): its job is complete only when this one is.
+    pub parent: Option<(JobId, TaskId)>,
+}
+
+/// A dependency on another job's tasks: all of them (`tasks: None`) or those with these ids.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct After {
+    /// The job depended on.
+    pub job: JobId,
+    /// The ids of its tasks depended on; `None` for the whole job.
+    pub tasks: Option<IdRanges>,
+}
+
+impl fmt::Display for After {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.tasks {
+            None => write!(f, "{}", self.job),
+            Some(t) => write!(f, "{}:{t}", self.job),
+        }
+    }
+}
+
+impl After {
+    /// Parses `JOB` or `JOB:TASKS` (`7`, `7:1-10`).
+    pub fn parse(text: &str) -> Result<After, String> {
+        let (job, tasks) = match text.split_once(':') {
+            Some((j, t)) => (j, Some(t)),
+            None => (text, None),
+        };
+        let job = job
+            .trim()
+            .parse::<JobId>()
+            .map_err(|_| format!("--after {text:?}: give a job id, or JOB:TASKS such as 7:1-10"))?;
+        let tasks = tasks
+            .map(|t| IdRanges::parse(t).map_err(|e| format!("--after {text:?}: {e}")))
+            .transpose()?;
+        Ok(After { job, tasks })
+    }
 }
 
 impl JobSpec {
@@ -684,6 +763,8 @@ impl JobSpec {
             retries: 0,
             named: Vec::new(),
             placement: Placement::default(),
+            after: Vec::new(),
+            parent: None,
         }
     }
 }
@@ -735,6 +816,14 @@ pub enum SpecError {
         flag: &'static str,
         /// How many were given.
         count: usize,
+    },
+    /// The output modes do not match the outputs one for one.
+    #[error("{keep} output modes for {outputs} outputs; give one mode per output")]
+    KeepCount {
+        /// How many modes.
+        keep: usize,
+        /// How many outputs.
+        outputs: usize,
     },
     /// A utilisation threshold above 1.
     #[error("--util-threshold {0}/1000 is above 1; give a fraction such as 0.9")]
@@ -814,6 +903,8 @@ pub enum TaskState {
     Failed = 4,
     /// Canceled.
     Canceled = 5,
+    /// Waiting for the tasks it depends on (the writers of its inputs, `--after`).
+    Waiting = 6,
 }
 
 impl TaskState {
@@ -834,6 +925,7 @@ impl TaskState {
             TaskState::Finished => "finished",
             TaskState::Failed => "failed",
             TaskState::Canceled => "canceled",
+            TaskState::Waiting => "waiting",
         }
     }
 }

@@ -29,8 +29,15 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// Version 7 differs from 6 only in the hello (it may carry `oldest`). Version 8 adds trailing
 /// fields that are left out when empty (a job's files and placement, a worker's cache): a
 /// message without them is written as in 7, so the three differ only in the hello and in
-/// what a job or worker that uses data diffusion sends ([`FILES_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// what a job or worker that uses data diffusion sends ([`FILES_VERSION`]). Version 9 adds
+/// the trailing fields of task graphs (a job's `after`, parent and output modes, a task's
+/// `Waiting` state, the deletion of intermediate files), left out when unused
+/// ([`GRAPH_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 9;
+
+/// The first version that carries task graphs: a client does not send `after`, a parent or
+/// output modes to an older server.
+pub const GRAPH_VERSION: u32 = 9;
 
 /// The first version that carries files, stores, policies and caches. Older peers refuse
 /// those fields' longer arrays: a client does not send them to an older server, and a server
@@ -388,7 +395,7 @@ mod tests {
         match msg {
             HelloReply::Refused { reason } => assert!(
                 reason.contains(
-                    "version 98 to 99 is not supported by this server (it speaks 6 to 8)"
+                    &format!("version 98 to 99 is not supported by this server (it speaks 6 to {PROTOCOL_VERSION})")
                 ),
                 "{reason}"
             ),

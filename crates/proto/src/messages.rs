@@ -307,6 +307,9 @@ pub enum ToWorker {
     /// Where the inputs of the tasks assigned next are cached on peers (version 8; sent just
     /// before the `Assign` it serves, only for files the worker is not known to hold).
     Sources { files: Vec<FileSources> },
+    /// Delete these intermediate files from the cache (version 9): the workflow that wrote
+    /// them has ended and none is to be kept. Named as in the cache (`KEY/name`).
+    DropFiles { files: Vec<String> },
 }
 
 /// How a worker turns a task index into the user-visible task id.
@@ -903,6 +906,10 @@ pub struct ServerInfo {
     /// The journal, when the server keeps one.
     #[serde(default)]
     pub journal: Option<JournalInfo>,
+    /// Copies of intermediate files deleted from caches since the server started, and their
+    /// bytes (version 9; absent before the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediates_deleted: Option<(u64, u64)>,
 }
 
 /// Where a server journals its state, and how big the journal is.

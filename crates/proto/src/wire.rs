@@ -22,9 +22,9 @@
 
 use kestrel_core::files::Transfers;
 use kestrel_core::{
-    Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, LineList, Placement,
-    PolicyName, Resources, RunEnd, Sink, Started, TaskFiles, TaskIndex, TaskSet, TaskState,
-    TaskTemplate, MAX_NAMED,
+    After, Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, Keep, LineList,
+    Placement, PolicyName, Resources, RunEnd, Sink, Started, TaskFiles, TaskIndex, TaskSet,
+    TaskState, TaskTemplate, MAX_NAMED,
 };
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -73,7 +73,8 @@ pub struct TaskTemplateDef {
     pub files: TaskFiles,
 }
 
-/// [`TaskFiles`]: `[inputs, outputs, statics]` (version 8).
+/// [`TaskFiles`]: `[inputs, outputs, statics, keep?]` (version 8; `keep` version 9, absent
+/// when every output is `auto`).
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "TaskFiles")]
 pub struct TaskFilesDef {
@@ -82,6 +83,36 @@ pub struct TaskFilesDef {
     pub outputs: Vec<String>,
     #[serde(default)]
     pub statics: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "keep_list")]
+    pub keep: Vec<Keep>,
+}
+
+/// `Vec<Keep>` as `[0 auto | 1 local | 2 persist, ...]`.
+mod keep_list {
+    use super::Keep;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[Keep], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|k| match k {
+            Keep::Auto => 0u8,
+            Keep::Local => 1,
+            Keep::Persist => 2,
+        }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Keep>, D::Error> {
+        Vec::<u8>::deserialize(d)?
+            .into_iter()
+            .map(|k| match k {
+                0 => Ok(Keep::Auto),
+                1 => Ok(Keep::Local),
+                2 => Ok(Keep::Persist),
+                other => Err(serde::de::Error::custom(format!(
+                    "output mode {other}: expected 0 (auto), 1 (local) or 2 (persist)"
+                ))),
+            })
+            .collect()
+    }
 }
 
 /// [`Transfers`]: `[local_files, local_bytes, peer_files, peer_bytes, store_files,
@@ -141,10 +172,101 @@ mod policy_option {
     }
 }
 
-/// [`JobSpec`]: `[name, template, resources, priority, retries, named, placement?]`.
+/// [`JobSpec`]: `[name, template, resources, priority, retries, named, placement?, after?,
+/// parent?]`. Decoded by the derived [`JobSpecFields`]; encoded by hand, because a field may
+/// be left out only when every field after it is too (the array is positional).
+pub struct JobSpecDef;
+
+impl JobSpecDef {
+    pub fn serialize<S: Serializer>(v: &JobSpec, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        // How many of the trailing, optional fields go: each up to the last one present.
+        let trailing = if v.parent.is_some() {
+            3
+        } else if !v.after.is_empty() {
+            2
+        } else if !v.placement.is_default() {
+            1
+        } else {
+            0
+        };
+        let mut st = s.serialize_struct("JobSpec", 6 + trailing)?;
+        st.serialize_field("name", &v.name)?;
+        st.serialize_field("template", &Ref(&v.template))?;
+        st.serialize_field("resources", &ResourcesRef(&v.resources))?;
+        st.serialize_field("priority", &v.priority)?;
+        st.serialize_field("retries", &v.retries)?;
+        st.serialize_field("named", &v.named)?;
+        if trailing >= 1 {
+            st.serialize_field("placement", &PlacementRef(&v.placement))?;
+        }
+        if trailing >= 2 {
+            st.serialize_field("after", &AfterList(&v.after))?;
+        }
+        if trailing >= 3 {
+            st.serialize_field("parent", &v.parent)?;
+        }
+        st.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<JobSpec, D::Error> {
+        JobSpecFields::deserialize(d)
+    }
+}
+
+struct ResourcesRef<'a>(&'a Resources);
+impl Serialize for ResourcesRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ResourcesDef::serialize(self.0, s)
+    }
+}
+
+struct PlacementRef<'a>(&'a Placement);
+impl Serialize for PlacementRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        PlacementDef::serialize(self.0, s)
+    }
+}
+
+/// [`After`]: `[job, tasks]`, `tasks` nil for the whole job (version 9).
 #[derive(Serialize, Deserialize)]
+#[serde(remote = "After")]
+struct AfterDef {
+    job: JobId,
+    #[serde(with = "option")]
+    tasks: Option<IdRanges>,
+}
+
+struct AfterList<'a>(&'a [After]);
+impl Serialize for AfterList<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct One<'a>(&'a After);
+        impl Serialize for One<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                AfterDef::serialize(self.0, s)
+            }
+        }
+        s.collect_seq(self.0.iter().map(One))
+    }
+}
+
+mod after_list {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<After>, D::Error> {
+        #[derive(Deserialize)]
+        struct One(#[serde(with = "AfterDef")] After);
+        Ok(Vec::<One>::deserialize(d)?
+            .into_iter()
+            .map(|o| o.0)
+            .collect())
+    }
+}
+
+/// The fields of [`JobSpecDef`], decoded.
+#[derive(Deserialize)]
 #[serde(remote = "JobSpec")]
-pub struct JobSpecDef {
+struct JobSpecFields {
     pub name: String,
     #[serde(with = "TaskTemplateDef")]
     pub template: TaskTemplate,
@@ -154,13 +276,15 @@ pub struct JobSpecDef {
     pub retries: u32,
     #[serde(default)]
     pub named: Vec<(String, u32)>,
-    /// Left out when it takes everything from the server (version 8).
-    #[serde(
-        default,
-        skip_serializing_if = "Placement::is_default",
-        with = "PlacementDef"
-    )]
+    /// Left out when it takes everything from the server and nothing follows (version 8).
+    #[serde(default, with = "PlacementDef")]
     pub placement: Placement,
+    /// Version 9.
+    #[serde(default, deserialize_with = "after_list::deserialize")]
+    pub after: Vec<After>,
+    /// Version 9.
+    #[serde(default)]
+    pub parent: Option<(JobId, u32)>,
 }
 
 /// [`TaskSet`]: `{"Array": runs}`, `{"List": [argv, ...]}` or `{"Lines": [line, ...]}`.
@@ -182,6 +306,8 @@ pub enum TaskStateDef {
     Finished,
     Failed,
     Canceled,
+    /// Version 9.
+    Waiting,
 }
 
 /// [`RunEnd`]: `"S"`, `{"F": failure}` or `"C"`.
@@ -252,6 +378,13 @@ pub struct CountsDef {
     pub finished: u32,
     pub failed: u32,
     pub canceled: u32,
+    /// Version 9; absent when none waits.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A core type that has its wire form here: its remote definition's two functions, so that

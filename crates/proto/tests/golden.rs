@@ -6,8 +6,8 @@
 
 use kestrel_core::files::Transfers;
 use kestrel_core::{
-    Failure, Finished, IdRanges, IndexRun, JobSpec, LineList, Placement, PolicyName, Resources,
-    RunEnd, Sink, TaskFiles, TaskSet, TaskState, TaskTemplate,
+    After, Failure, Finished, IdRanges, IndexRun, JobSpec, Keep, LineList, Placement, PolicyName,
+    Resources, RunEnd, Sink, TaskFiles, TaskSet, TaskState, TaskTemplate,
 };
 use kestrel_proto::messages::*;
 use kestrel_proto::{decode, encode};
@@ -118,6 +118,8 @@ fn spec() -> JobSpec {
         retries: 2,
         named: vec![("licenses".into(), 1)],
         placement: Placement::default(),
+        after: vec![],
+        parent: None,
     }
 }
 
@@ -128,6 +130,7 @@ fn data_spec() -> JobSpec {
         inputs: vec!["raw/{task}.fits".into()],
         outputs: vec!["out/{task}.fits".into()],
         statics: vec!["bin/mProject".into()],
+        keep: vec![],
     };
     spec.placement = Placement {
         store: Some("http://store/".into()),
@@ -154,6 +157,28 @@ fn files_and_placement_are_trailing_fields_left_out_when_empty() {
     let mut only_inputs = spec();
     only_inputs.template.files.inputs = vec!["a".into()];
     golden("submit-v8-inputs", submit(only_inputs));
+}
+
+#[test]
+fn graph_fields_follow_the_placement_which_travels_when_they_do() {
+    let submit = |spec| Request {
+        id: 9,
+        body: Ask::Submit {
+            spec,
+            tasks: TaskSet::Array(ids()),
+            open: false,
+            key: None,
+        },
+    };
+    // `after` without a placement of its own: the default placement goes in its place.
+    let mut after = spec();
+    after.after = vec![After::parse("7").unwrap(), After::parse("8:1-4").unwrap()];
+    golden("submit-v9-after", submit(after));
+    // A parent alone: an empty `after` goes before it; and output modes.
+    let mut child = data_spec();
+    child.parent = Some((3, 12));
+    child.template.files.keep = vec![Keep::Local];
+    golden("submit-v9-parent", submit(child));
 }
 
 fn lines() -> LineList {
@@ -493,6 +518,7 @@ fn counts() -> Counts {
         finished: 90,
         failed: 4,
         canceled: 0,
+        waiting: 0,
     }
 }
 
@@ -595,6 +621,7 @@ fn server_answers() {
         ]),
         Answer::WaitDone(progress()),
         Answer::Info(ServerInfo {
+            intermediates_deleted: None,
             version: "0.1.0".into(),
             protocol: 6,
             address: "head:7777".into(),

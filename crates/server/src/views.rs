@@ -138,6 +138,7 @@ fn count_in(j: &Job, state: Option<TaskState>) -> u64 {
         Some(TaskState::Finished) => c.finished,
         Some(TaskState::Failed) => c.failed,
         Some(TaskState::Canceled) => c.canceled,
+        Some(TaskState::Waiting) => c.waiting,
     })
 }
 
@@ -187,9 +188,12 @@ pub fn task_range(j: &Job, state: Option<TaskState>, offset: u32, limit: u32) ->
 /// One task as listed.
 pub fn task_row(j: &Job, index: TaskIndex) -> TaskRow {
     let r = j.record(index);
-    let failure = (r.state == TaskState::Failed || r.failures > 0)
-        .then(|| j.failure(index))
-        .flatten();
+    // A canceled task's reason is kept when it was canceled for a reason of its own (what it
+    // depended on failed).
+    let failure =
+        (r.state == TaskState::Failed || r.state == TaskState::Canceled || r.failures > 0)
+            .then(|| j.failure(index))
+            .flatten();
     TaskRow {
         id: j.task_id(index),
         state: r.state,

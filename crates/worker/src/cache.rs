@@ -205,6 +205,18 @@ impl Cache {
         }
     }
 
+    /// The server no longer needs `name` (an intermediate file of a workflow that ended): it
+    /// is deleted now, or by eviction once the runs that read it are done.
+    pub fn release(&mut self, name: &str) {
+        let Some(e) = self.entries.get_mut(name) else {
+            return;
+        };
+        e.kept = false;
+        if e.pins == 0 {
+            self.discard(name);
+        }
+    }
+
     /// A task is done with `name`.
     pub fn unpin(&mut self, name: &str) {
         if let Some(e) = self.entries.get_mut(name) {

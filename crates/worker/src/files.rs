@@ -211,6 +211,9 @@ pub struct FilesPlan {
     pub statics: usize,
     /// Outputs the task writes under these names in `sandbox`.
     pub outputs: Vec<String>,
+    /// Which of `outputs` are `local`: kept in the cache until the server says they may go
+    /// (`DropFiles`), never written to the store (an output not listed is written).
+    pub local: Vec<bool>,
     /// Where the task runs and writes its outputs.
     pub sandbox: PathBuf,
     /// A name that, its placeholders replaced, is not a plain relative path (`../x`): the
@@ -611,9 +614,11 @@ fn with_input_paths(launch: &Launch, paths: &[(String, PathBuf)]) -> Launch {
     l
 }
 
-/// Moves the outputs a successful task wrote into the cache and writes them to the store.
+/// Moves the outputs a successful task wrote into the cache and writes those not `local` to
+/// the store.
 fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
-    for name in &plan.outputs {
+    for (i, name) in plan.outputs.iter().enumerate() {
+        let local = plan.local.get(i).copied().unwrap_or(false);
         let written = plan.sandbox.join(name);
         let size = match fs::metadata(&written) {
             Ok(m) if m.is_file() => m.len(),
@@ -624,24 +629,43 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
                 ))
             }
         };
-        if let Some(store) = &plan.store {
+        if let (Some(store), false) = (&plan.store, local) {
             store.write_from(name, &written)?;
         }
-        // Kept for the tasks that read it next, if there is room: the store has it anyway.
+        // Kept for the tasks that read it next, if there is room: the store has it anyway,
+        // unless it is local, and then the cache is its only copy and must take it.
         // Copied (not linked: a later task of the directory may write the name again), its
         // digest taken on the way; a failed copy leaves nothing behind.
         let partial = lock(cache).partial_path();
         let copied = fs::File::open(&written)
-            .ok()
-            .and_then(|mut from| write_file_digesting(&mut from, &partial, Some(size)).ok());
-        if let Some((copied, digest)) = copied {
-            let key = plan.cached(name);
-            let mut c = lock(cache);
-            if c.insert(&key, &partial, copied, Some(digest)).is_ok() {
-                c.unpin(&key);
-            } else {
-                let _ = fs::remove_file(&partial);
+            .map_err(|e| e.to_string())
+            .and_then(|mut from| {
+                write_file_digesting(&mut from, &partial, Some(size)).map_err(|e| format!("{e:?}"))
+            });
+        let kept = match copied {
+            Ok((copied, digest)) => {
+                let key = plan.cached(name);
+                let mut c = lock(cache);
+                match c.insert(&key, &partial, copied, Some(digest)) {
+                    Ok(_) => {
+                        c.unpin(&key);
+                        if local {
+                            c.keep(&key);
+                        }
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let _ = fs::remove_file(&partial);
+                        Err(e.to_string())
+                    }
+                }
             }
+            Err(e) => Err(e),
+        };
+        if let (Err(why), true) = (kept, local) {
+            return Err(format!(
+                "local output {name} could not be kept in the cache ({why}); mark it persist or give the worker a larger --cache-size"
+            ));
         }
     }
     Ok(())
@@ -679,6 +703,7 @@ mod tests {
             inputs: vec!["raw/a".into()],
             statics: 0,
             outputs: vec![],
+            local: vec![],
             sandbox,
             bad_name: None,
         };

@@ -375,6 +375,9 @@ fn files_plan(def: &JobDef, values: &Values, cwd: Option<&Path>) -> Option<Box<F
         cache_prefix: def.cache_prefix.clone(),
         inputs,
         statics: f.statics.len(),
+        local: (0..outputs.len())
+            .map(|i| f.keep_of(i) == kestrel_core::Keep::Local)
+            .collect(),
         outputs,
         sandbox: cwd.map_or_else(|| PathBuf::from("."), Path::to_path_buf),
         bad_name,

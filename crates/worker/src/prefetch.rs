@@ -263,6 +263,7 @@ mod tests {
             inputs: vec!["a".into(), "b".into()],
             statics: 0,
             outputs: vec![],
+            local: vec![],
             sandbox: dir.path().to_path_buf(),
             bad_name: None,
         });

@@ -395,6 +395,14 @@ impl Session<'_> {
                 l.local.jobs.remove(&job);
             }
             ToWorker::Shutdown { reason } => return Some(SessionEnd::Shutdown(reason)),
+            ToWorker::DropFiles { files } => {
+                if let Some(f) = &l.files {
+                    let mut c = crate::files::lock(f);
+                    for name in &files {
+                        c.release(name);
+                    }
+                }
+            }
             ToWorker::Sources { files } => {
                 if let Some(f) = &l.files {
                     f.peers.note_sources(files);

@@ -78,6 +78,8 @@ impl Scheduler {
             };
             // Its ends free room (or are ignored, and then it was open already).
             self.open.insert(worker);
+            let in_graph = j.feeds || j.reads_produced;
+            let first_taken = kept;
             let mut prune = false;
             // Whether `ends[i]` is an end the fast path does not take, which goes the whole way.
             let mut slow = false;
@@ -96,6 +98,11 @@ impl Scheduler {
             }
             if prune {
                 self.prune_ledger(worker);
+            }
+            if in_graph {
+                for e in &ends[first_taken..kept] {
+                    self.graph_task_finished(job, e.index);
+                }
             }
             self.check_job_done(now_us, job);
             if slow {
@@ -230,15 +237,19 @@ impl Scheduler {
         };
         // After a failure: this worker's and the other workers' outcomes of the job.
         let mut judged = None;
+        // How the task's end bears on what depends on it: finished, or lost for good.
+        let mut for_graph = None;
         // A run whose start came with its end (or not at all) is counted now.
         let unreported_run = u8::from(ours && rec.state == TaskState::Assigned);
         match &f.end {
             RunEnd::Success => {
                 Self::note_success(j, w, &self.config, now_us, f, unreported_run);
+                for_graph = Some(true);
             }
             RunEnd::Canceled => {
                 let rec = j.set_state(f.index, TaskState::Canceled);
                 rec.finished_us = f.finished_us;
+                for_graph = Some(false);
             }
             RunEnd::Failed(failure) => {
                 judged = Self::note_outcome(j, w, &self.config, now_us, f, false, unreported_run);
@@ -257,6 +268,9 @@ impl Scheduler {
                 }
                 j.failures.insert(f.index, (**failure).clone());
                 let priority = j.spec.priority;
+                if !again {
+                    for_graph = Some(false);
+                }
                 if again {
                     j.set_state(f.index, TaskState::Ready);
                     let delay = self.backoff_us(failures);
@@ -276,6 +290,11 @@ impl Scheduler {
         }
         if let Some(id) = prune {
             self.prune_ledger(id);
+        }
+        match for_graph {
+            Some(true) => self.graph_task_finished(f.job, f.index),
+            Some(false) => self.graph_task_lost(now_us, f.job, f.index),
+            None => {}
         }
         self.check_job_done(now_us, f.job);
         Accepted::Recorded

@@ -16,6 +16,7 @@ impl Scheduler {
         j.set_state(index, TaskState::Failed).finished_us = now_us;
         j.failures.insert(index, failure);
         self.records.push(Record::GaveUp { job, index });
+        self.graph_task_lost(now_us, job, index);
         self.check_job_done(now_us, job);
     }
 

@@ -14,6 +14,8 @@ use rustc_hash::FxHashMap;
 pub struct Counts {
     /// Queued, or waiting out a retry backoff.
     pub ready: u32,
+    /// Waiting for the tasks they depend on.
+    pub waiting: u32,
     /// Sent to a worker, not known to have started.
     pub assigned: u32,
     /// Started on a worker.
@@ -35,6 +37,7 @@ impl Counts {
             TaskState::Finished => &mut self.finished,
             TaskState::Failed => &mut self.failed,
             TaskState::Canceled => &mut self.canceled,
+            TaskState::Waiting => &mut self.waiting,
         }
     }
 
@@ -50,13 +53,18 @@ impl Counts {
 
     /// Every task counted.
     pub fn total(&self) -> u64 {
-        self.done() + u64::from(self.ready) + u64::from(self.assigned) + u64::from(self.running)
+        self.done()
+            + u64::from(self.ready)
+            + u64::from(self.waiting)
+            + u64::from(self.assigned)
+            + u64::from(self.running)
     }
 
     /// Adds `other`'s counts, state by state (a client's sum over the jobs it waits for),
     /// saturating rather than wrapping.
     pub fn add(&mut self, other: &Counts) {
         self.ready = self.ready.saturating_add(other.ready);
+        self.waiting = self.waiting.saturating_add(other.waiting);
         self.assigned = self.assigned.saturating_add(other.assigned);
         self.running = self.running.saturating_add(other.running);
         self.finished = self.finished.saturating_add(other.finished);
@@ -107,6 +115,22 @@ pub struct Job {
     pub transfers: Transfers,
     /// The same per task, for the tasks that staged any (jobs without files keep none).
     pub(super) task_transfers: FxHashMap<TaskIndex, Transfers>,
+    /// Each task's outputs, numbered like `inputs` (only for jobs in a graph).
+    pub(super) outputs: Vec<FileId>,
+    /// Each output pattern's mode as resolved at submission (empty outside a graph).
+    pub(super) keep: Vec<crate::spec::Keep>,
+    /// The running task that submitted it, by index.
+    pub parent: Option<(JobId, TaskIndex)>,
+    /// Jobs its tasks submitted that have not ended: it is not done before they are.
+    pub live_children: u32,
+    /// Its `after` dependencies not yet finished: while any is, all its tasks wait.
+    pub(super) gate: u32,
+    /// Waiting tasks and how many producers each still waits for.
+    pub(super) unmet: FxHashMap<TaskIndex, u32>,
+    /// Whether anything may wait on its tasks (the graph looks at their ends).
+    pub(super) feeds: bool,
+    /// Whether its tasks read files other tasks write.
+    pub(super) reads_produced: bool,
 }
 
 impl Job {
@@ -143,6 +167,14 @@ impl Job {
             policy: None,
             transfers: Transfers::default(),
             task_transfers: FxHashMap::default(),
+            outputs: Vec::new(),
+            keep: Vec::new(),
+            parent: None,
+            live_children: 0,
+            gate: 0,
+            unmet: FxHashMap::default(),
+            feeds: false,
+            reads_produced: false,
         }
     }
 
@@ -156,15 +188,16 @@ impl Job {
         self.table.is_empty()
     }
 
-    /// Whether every task is terminal and no more can come.
+    /// Whether every task is terminal, no more can come, and the jobs its tasks submitted
+    /// have ended.
     pub fn is_done(&self) -> bool {
-        !self.open && self.counts.done() == u64::from(self.len())
+        !self.open && self.counts.done() == u64::from(self.len()) && self.live_children == 0
     }
 
     /// The record of a task (untouched tasks of a canceled job read as canceled).
     pub fn record(&self, index: TaskIndex) -> TaskRecord {
         let mut r = self.table.get(index);
-        if self.canceled && r.state == TaskState::Ready {
+        if self.canceled && matches!(r.state, TaskState::Ready | TaskState::Waiting) {
             r.state = TaskState::Canceled;
         }
         r

@@ -23,20 +23,22 @@ impl Scheduler {
         }
         let need = self.need_of(&spec)?;
         let id = self.next_job;
-        self.next_job += 1;
         let job = Job::new(id, spec, need, tasks, now_us, open);
-        let n = job.len();
-        self.ready.push_new(
-            job.spec.priority,
-            Span {
-                job: id,
-                next: 0,
-                end: n,
-            },
-        );
+        let priority = job.spec.priority;
+        // In place first, so that its files are numbered as for any job; taken out again if
+        // the graph refuses it, before anything else saw it.
         self.jobs.insert(id, job);
-        self.live_jobs.insert(id);
         self.admit_files(id);
+        if let Err(e) = self.link_graph(id) {
+            self.jobs.remove(&id);
+            self.windowed_jobs.remove(&id);
+            return Err(e);
+        }
+        self.next_job += 1;
+        for span in self.ready_spans(id) {
+            self.ready.push_new(priority, span);
+        }
+        self.live_jobs.insert(id);
         self.records.push(Record::Submitted { job: id, key });
         Ok(id)
     }
@@ -126,9 +128,12 @@ impl Scheduler {
         self.records.push(Record::Canceled { job });
         j.canceled = true;
         j.open = false;
-        let queued = j.counts.ready;
+        let queued = j.counts.ready + j.counts.waiting;
         j.counts.canceled += queued;
         j.counts.ready = 0;
+        j.counts.waiting = 0;
+        j.unmet.clear();
+        let feeds = j.feeds;
         self.ready.retain(|s| s.job != job);
         if !self.window.is_empty() {
             self.window.retain(|jb, _| jb != job);
@@ -152,6 +157,16 @@ impl Scheduler {
                     worker: w.id,
                     tasks,
                 });
+            }
+        }
+        if feeds {
+            // What waits for its tasks that will now never finish.
+            // (Its running tasks' cancels come back as ends, which do the same.)
+            for (jb, i) in self.graph_waited_on(job) {
+                let gone = self.jobs.get(&jb).map(|j| j.record(i).state);
+                if gone == Some(TaskState::Canceled) {
+                    self.graph_task_lost(now_us, jb, i);
+                }
             }
         }
         // Tasks requeued for retry were counted as ready: their records say Ready.
@@ -240,6 +255,7 @@ impl Scheduler {
                     self.commands.push(Command::ForgetJob { worker: w.id, job });
                 }
             }
+            self.graph_job_ended(now_us, job);
         }
     }
 
@@ -253,6 +269,7 @@ impl Scheduler {
             let left = j.len() - j.counts.done() as u32;
             return Err(SchedError::NotEnded { job, left });
         }
+        self.graph_forget(job);
         self.jobs.remove(&job);
         self.live_jobs.remove(&job);
         // An ended job rarely has queue entries left (a task a resumed worker took back keeps

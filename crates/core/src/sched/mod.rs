@@ -18,6 +18,7 @@ mod dispatch;
 mod ends;
 mod event;
 mod failure;
+mod graph;
 mod job;
 mod jobs;
 pub mod restore;
@@ -88,6 +89,10 @@ pub enum SchedError {
         /// The names the server already tells apart.
         known: String,
     },
+    /// The job's place in a task graph was refused (two writers of a file, a cycle, an
+    /// `after` that can never be met); the message names the tasks and files.
+    #[error("{0}")]
+    Graph(String),
     /// The job's specification was refused.
     #[error(transparent)]
     Spec(#[from] SpecError),
@@ -149,6 +154,8 @@ pub struct Scheduler {
     /// Buffers kept across data-aware decisions, so that one allocates nothing.
     hit_buf: Vec<(Seq, crate::files::Hits)>,
     cand_buf: Vec<(WorkerId, crate::files::Hits)>,
+    /// Dependencies between tasks and the intermediate files they pass (see `graph`).
+    graph: graph::Graph,
 }
 
 impl Default for Scheduler {
@@ -181,6 +188,7 @@ impl Scheduler {
             windowed_jobs: FxHashSet::default(),
             hit_buf: Vec::new(),
             cand_buf: Vec::new(),
+            graph: graph::Graph::default(),
         }
     }
 

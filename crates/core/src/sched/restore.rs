@@ -50,6 +50,9 @@ impl Scheduler {
             .insert(job, Job::new(job, spec, need, tasks, submitted_us, open));
         self.live_jobs.insert(job);
         self.admit_files(job);
+        // Accepted once, so it links again as it did; a journal that no longer does (a job it
+        // depended on was forgotten since) leaves the job outside the graph, not unrestored.
+        let _ = self.link_graph(job);
         Ok(())
     }
 
@@ -97,6 +100,13 @@ impl Scheduler {
             r.failures = r.failures.saturating_add(1);
             j.failures.insert(f.index, *failure);
         }
+        match to {
+            TaskState::Finished => self.graph_task_finished(f.job, f.index),
+            TaskState::Failed | TaskState::Canceled => {
+                self.graph_task_lost(f.finished_us, f.job, f.index)
+            }
+            _ => {}
+        }
         self.check_job_done(f.finished_us, f.job);
     }
 
@@ -115,6 +125,7 @@ impl Scheduler {
         r.state = TaskState::Failed;
         r.finished_us = at_us;
         j.failures.insert(index, failure);
+        self.graph_task_lost(at_us, job, index);
         self.check_job_done(at_us, job);
     }
 

@@ -60,6 +60,17 @@ impl Engine {
                     Err(Refusal::from(
                         "the job declares files, but neither it nor the server names a store; give one with `--store DIR|URL` (or start the server with `--store`)".to_string(),
                     ))
+                } else if let Some(why) = spec
+                    .placement
+                    .store
+                    .as_deref()
+                    .or(self.store.as_deref())
+                    .and_then(|store| {
+                        super::inputs::missing_input(&self.core, store, &spec, &tasks)
+                    })
+                {
+                    tracing::info!("submission refused: {why}");
+                    Err(Refusal::from(why))
                 } else {
                     let name = spec.name.clone();
                     let n = tasks.len();
@@ -188,6 +199,8 @@ impl Engine {
                 info.workers = self.core.workers().count() as u32;
                 info.jobs = self.core.jobs().count() as u32;
                 info.live_jobs = self.core.live_jobs() as u32;
+                let freed = self.core.freed();
+                info.intermediates_deleted = (freed.0 > 0).then_some(freed);
                 info.queued = self.core.queued();
                 info.journal = self.durable.journal.as_ref().map(|j| JournalInfo {
                     path: j.path().display().to_string(),

@@ -22,6 +22,7 @@
 mod answer;
 mod batch;
 mod durable;
+mod inputs;
 mod route;
 #[cfg(test)]
 mod tests;
@@ -132,6 +133,7 @@ impl Engine {
             live_jobs: 0,
             queued: 0,
             journal: None,
+            intermediates_deleted: None,
         };
         Engine {
             core,

@@ -76,9 +76,15 @@ impl Engine {
                         TaskSet::Array(r) => JobIds::Array(r.clone()),
                         TaskSet::List(_) | TaskSet::Lines(_) => JobIds::List,
                     };
+                    let mut template = j.spec.template.clone();
+                    if !template.files.outputs.is_empty() {
+                        // As resolved at submission: the worker writes only `persist` ones
+                        // to the store.
+                        template.files.keep = self.core.output_keep(j);
+                    }
                     c.outbox.send(&ToWorker::DefineJob {
                         job,
-                        template: Box::new(j.spec.template.clone()),
+                        template: Box::new(template),
                         ids,
                         resources: j.spec.resources,
                         named: j.spec.named.clone(),
@@ -138,6 +144,10 @@ impl Engine {
                             "job done"
                         );
                     }
+                }
+                Command::DropFiles { worker, files } => {
+                    tracing::debug!(worker, files = files.len(), "deleting intermediate files");
+                    self.conns.to_worker(worker, &ToWorker::DropFiles { files });
                 }
                 Command::ForgetJob { worker, job } => {
                     self.conns.to_worker(worker, &ToWorker::ForgetJob { job });

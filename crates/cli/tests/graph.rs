@@ -1,0 +1,186 @@
+//! Task graphs with real workers: dependencies inferred from files, intermediate data kept in
+//! the workers' caches and deleted when the workflow ends, a failed writer canceling its
+//! readers, jobs submitted from inside a task, and graph mistakes refused at submission.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+/// A store holding `raw/1.dat` … `raw/4.dat` (`file N`), a server using it, and two workers
+/// of 2 slots with 1 MB caches serving peers.
+fn cluster() -> (Cluster, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a store directory");
+    fs::create_dir_all(dir.path().join("raw")).unwrap();
+    for i in 1..=4 {
+        fs::write(
+            dir.path().join(format!("raw/{i}.dat")),
+            format!("file {i}\n"),
+        )
+        .unwrap();
+    }
+    let store = dir.path().display().to_string();
+    let mut c = Cluster::with_server_args(&["--store", &store, "--policy", "gcc"]);
+    for i in 0..2 {
+        let cache = c.root().join(format!("cache-{i}")).display().to_string();
+        c.add_worker_with(2, &["--cache-dir", &cache, "--cache-size", "1M"]);
+    }
+    c.wait_workers(2);
+    (c, store, dir)
+}
+
+/// The names of the files under `sub` (e.g. `mid`) in the workers' caches.
+fn cached(c: &Cluster, sub: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..2 {
+        let files = c.root().join(format!("cache-{i}/files"));
+        for key in fs::read_dir(&files).into_iter().flatten().flatten() {
+            for f in fs::read_dir(key.path().join(sub))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                names.push(f.file_name().into_string().unwrap());
+            }
+        }
+    }
+    names.sort();
+    names
+}
+
+/// Two stages in one job file: `upper` writes mid/N.txt, which `mark` reads.
+const STAGES: &str = r#"
+[[job]]
+name = "upper"
+array = "1-4"
+inputs = ["raw/{task}.dat"]
+outputs = ["mid/{task}.txt"]
+command = "sh -c 'mkdir -p mid && tr a-z A-Z < {input:raw/{task}.dat} > mid/{task}.txt'"
+
+[[job]]
+name = "mark"
+array = "1-4"
+inputs = ["mid/{task}.txt"]
+outputs = ["out/{task}.txt"]
+command = "sh -c 'mkdir -p out && sed s/$/!/ {input:mid/{task}.txt} > out/{task}.txt'"
+"#;
+
+#[test]
+fn stages_pass_intermediate_files_through_the_caches_not_the_store() {
+    let (c, store, _dir) = cluster();
+    fs::write(c.work.join("stages.toml"), STAGES).unwrap();
+    c.run(&["submit", "--file", "stages.toml", "--wait"]).ok();
+    for i in 1..=4 {
+        let out = fs::read_to_string(format!("{store}/out/{i}.txt")).unwrap();
+        assert_eq!(out, format!("FILE {i}!\n"), "output {i}");
+    }
+    // The intermediate files never reached the store ...
+    assert!(
+        !Path::new(&format!("{store}/mid")).exists(),
+        "mid/ in the store"
+    );
+    // ... and once the workflow ended they were deleted from the caches too.
+    poll(
+        "the intermediate files to leave the caches",
+        Duration::from_secs(10),
+        || cached(&c, "mid").is_empty().then_some(()),
+    );
+    // The job file made them local; the final outputs persist.
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    assert_eq!(info["outputs"][0], "local:mid/{task}.txt", "{info}");
+    let info = c.run(&["job", "info", "2", "--output", "json"]).ok().json();
+    assert_eq!(info["outputs"][0], "out/{task}.txt", "{info}");
+    assert_eq!(info["counts"]["finished"], 4, "{info}");
+    let server = c.run(&["server", "info", "--output", "json"]).ok().json();
+    assert_eq!(server["intermediate_files_deleted"], 4, "{server}");
+}
+
+#[test]
+fn a_failed_writer_cancels_its_reader_with_the_reason() {
+    let (c, _store, _dir) = cluster();
+    // Task 3 of the first stage fails: its reader never runs.
+    let failing = STAGES.replace(
+        "command = \"sh -c 'mkdir -p mid",
+        "command = \"sh -c 'test {task} != 3 && mkdir -p mid",
+    );
+    fs::write(c.work.join("stages.toml"), failing).unwrap();
+    let out = c.run(&["submit", "--file", "stages.toml", "--wait"]);
+    out.failed();
+    let rows = task_rows(&c, "2");
+    let third = rows.iter().find(|r| r["id"] == 3).expect("task 3 of job 2");
+    assert_eq!(third["state"], "canceled", "{third}");
+    assert_eq!(
+        third["reason"], "input mid/3.txt: producer task 1:3 failed",
+        "{third}"
+    );
+    let info = c.run(&["job", "info", "2", "--output", "json"]).ok().json();
+    assert_eq!(info["counts"]["finished"], 3, "{info}");
+    assert_eq!(info["counts"]["canceled"], 1, "{info}");
+}
+
+#[test]
+fn a_task_submits_jobs_into_its_workflow_and_its_job_waits_for_them() {
+    let (c, store, _dir) = cluster();
+    // The task submits three more tasks, which run after it has exited; its job is done
+    // only once they are.
+    // (`$KESTREL_TASK_ID`, not `{task}`: that would be the outer task's, replaced first.)
+    let inner = format!(
+        "{BIN} submit --array 1-3 -- sh -c 'sleep 0.5; echo $KESTREL_TASK_ID > {store}/child-$KESTREL_TASK_ID'"
+    );
+    c.run(&["submit", "--wait", "--", "sh", "-c", &inner]).ok();
+    for i in 1..=3 {
+        let got = fs::read_to_string(format!("{store}/child-{i}"));
+        assert_eq!(
+            got.ok().as_deref(),
+            Some(format!("{i}\n").as_str()),
+            "child {i}"
+        );
+    }
+    let jobs = c.run(&["job", "list", "--output", "json"]).ok().json();
+    let jobs = jobs["jobs"].as_array().expect("jobs").clone();
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    assert!(jobs.iter().all(|j| j["state"] == "finished"), "{jobs:?}");
+}
+
+#[test]
+fn graph_mistakes_are_refused_naming_tasks_and_files() {
+    let (c, store, _dir) = cluster();
+    // A file read that nothing writes and the store lacks.
+    let typo = STAGES.replace(
+        "inputs = [\"mid/{task}.txt\"]",
+        "inputs = [\"mdi/{task}.txt\"]",
+    );
+    fs::write(c.work.join("typo.toml"), typo).unwrap();
+    let err = c.run(&["submit", "--file", "typo.toml"]);
+    assert!(
+        err.failed().stderr.contains(&format!(
+            "task 1 reads mdi/1.txt, which no task writes and the store {store} does not have"
+        )),
+        "{}",
+        err.stderr
+    );
+    // Reading what a later job writes, and two writers of one file.
+    let swapped = "[[job]]\narray = \"1-2\"\ninputs = [\"mid/{task}\"]\ncommand = \"true\"\n\n[[job]]\narray = \"1-2\"\noutputs = [\"mid/{task}\"]\ncommand = \"true\"\n";
+    fs::write(c.work.join("swapped.toml"), swapped).unwrap();
+    let err = c.run(&["submit", "--file", "swapped.toml"]);
+    assert!(
+        err.failed().stderr.contains(
+            "job #1 (true) task 1 reads mid/1, which job #2 (true) writes later in the file"
+        ),
+        "{}",
+        err.stderr
+    );
+    let err = c.run(&["submit", "--after", "41", "--", "true"]);
+    assert!(
+        err.failed()
+            .one_line_error()
+            .contains("--after 41: job 41 does not exist"),
+        "{}",
+        err.stderr
+    );
+    // Nothing of any of them was submitted.
+    let jobs = c.run(&["job", "list", "--output", "json"]).ok().json();
+    assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(0), "{jobs}");
+}

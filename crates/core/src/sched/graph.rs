@@ -1,0 +1,839 @@
+//! Task graphs: dependencies inferred from files and given explicitly, intermediate files and
+//! their cleanup (AME's task and file states, §3 of `ame-sc08`).
+//!
+//! A task that reads a logical file another task writes waits (`Waiting`) until that task has
+//! finished; a job with `after` waits until the tasks it names have. Each waiting task counts
+//! the producers it still waits for; a producer's success counts each of its waiters down and
+//! makes those at zero ready, so a release costs a lookup per waiter, never a scan. A producer
+//! that fails for good (or is canceled) cancels its waiters, each with the reason, and theirs
+//! after them.
+//!
+//! Jobs joined by a dependency or by a parent (a task that submitted a job) make one
+//! *workflow*; an output kept `local` stays in the caches that hold it until the last job of its
+//! workflow has ended, and is then deleted from them ([`Command::DropFiles`]): by then no task
+//! that could still be submitted into the workflow can read it.
+//!
+//! Everything here is derived from submissions and task ends, so a replayed journal rebuilds
+//! it: nothing of it is journaled.
+
+use super::{Job, SchedError, Scheduler};
+use crate::files::{cached_name, FileId};
+use crate::outcome::{Command, Failure};
+use crate::placeholders::{substitute, Values};
+use crate::queue::Span;
+use crate::spec::{JobId, Keep, TaskIndex, TaskState};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+/// A task, by its job and index.
+pub(super) type TaskKey = (JobId, TaskIndex);
+
+/// What waits on a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waiter {
+    /// A task that reads this file the producer writes.
+    Reader(TaskKey, FileId),
+    /// A job whose `after` names the producer.
+    Gate(JobId),
+}
+
+/// A file some task writes.
+#[derive(Debug)]
+struct Produced {
+    by: TaskKey,
+    /// `Local` or `Persist`, as resolved at the producer's submission.
+    keep: Keep,
+    /// Tasks that read it and have not finished.
+    readers_left: u32,
+}
+
+/// The graph's state, beside the scheduler's.
+#[derive(Debug, Default)]
+pub(super) struct Graph {
+    produced: FxHashMap<FileId, Produced>,
+    /// Producer task → what waits for it to finish.
+    waiters: FxHashMap<TaskKey, Vec<Waiter>>,
+    /// Job → jobs whose `after` names all of it.
+    job_waiters: FxHashMap<JobId, Vec<JobId>>,
+    /// Workflows: a union-find forest over jobs (a job absent is its own root).
+    up: FxHashMap<JobId, JobId>,
+    /// Jobs of each workflow (by its root) that have not ended.
+    live: FxHashMap<JobId, u32>,
+    /// Local outputs of each workflow, deleted when it ends.
+    locals: FxHashMap<JobId, Vec<FileId>>,
+    /// Copies of intermediate files deleted from caches, and their bytes.
+    pub freed_files: u64,
+    pub freed_bytes: u64,
+}
+
+impl Graph {
+    fn root(&self, mut job: JobId) -> JobId {
+        while let Some(&up) = self.up.get(&job) {
+            job = up;
+        }
+        job
+    }
+
+    /// Joins the workflows of `a` and `b`.
+    fn join(&mut self, a: JobId, b: JobId) {
+        let (ra, rb) = (self.root(a), self.root(b));
+        if ra == rb {
+            return;
+        }
+        // The smaller id stays the root: workflows grow from their first job.
+        let (keep, gone) = if ra < rb { (ra, rb) } else { (rb, ra) };
+        self.up.insert(gone, keep);
+        let n = self.live.remove(&gone).unwrap_or(0);
+        *self.live.entry(keep).or_default() += n;
+        if let Some(files) = self.locals.remove(&gone) {
+            self.locals.entry(keep).or_default().extend(files);
+        }
+    }
+}
+
+/// What a submission adds to the graph, worked out before anything is changed.
+struct Links {
+    /// Whether the job takes part in a graph at all (nothing below is set otherwise).
+    inside: bool,
+    /// Each task's outputs, numbered (`outputs per task` each).
+    outputs: Vec<FileId>,
+    /// (reader index, producer, file) for inputs whose producer has not finished.
+    reads: Vec<(TaskIndex, TaskKey, FileId)>,
+    /// Inputs whose producer finished: their readers still count.
+    read_done: Vec<FileId>,
+    /// How many `after` tasks or jobs have not finished.
+    gate: u32,
+    /// Waits to register: on a task, or on a whole job.
+    gate_tasks: Vec<TaskKey>,
+    gate_jobs: Vec<JobId>,
+    /// The parent task, by index.
+    parent: Option<TaskKey>,
+    /// Jobs of the same workflow.
+    joined: Vec<JobId>,
+    /// Each output pattern's mode.
+    keep: Vec<Keep>,
+}
+
+/// `name` without its store's key (`KEY/raw/1` → `raw/1`), for messages.
+fn plain(name: &str) -> &str {
+    name.split_once('/').map_or(name, |(_, n)| n)
+}
+
+impl Scheduler {
+    /// The user-visible name of a task: `J:T`.
+    fn task_name(&self, (job, index): TaskKey) -> String {
+        let id = self.jobs.get(&job).map_or(index, |j| j.task_id(index));
+        format!("{job}:{id}")
+    }
+
+    fn file_name(&self, file: FileId) -> String {
+        self.files.name(file).map(plain).unwrap_or("?").to_string()
+    }
+
+    /// Links newly inserted job `id` into the graph: checks its `after`, its parent and its
+    /// files against the jobs known (two writers of a file, a cycle, a producer that failed),
+    /// and on success registers it, leaving its tasks that must wait `Waiting`. On an error
+    /// nothing has changed.
+    pub(super) fn link_graph(&mut self, id: JobId) -> Result<(), SchedError> {
+        let links = self.plan_links(id)?;
+        self.commit_links(id, links);
+        Ok(())
+    }
+
+    /// Whether a job takes part in no graph at all (the common case, checked cheaply).
+    fn outside_graph(&self, j: &Job) -> bool {
+        j.spec.after.is_empty()
+            && j.spec.parent.is_none()
+            && j.spec.template.files.outputs.is_empty()
+            && (self.graph.produced.is_empty() || j.inputs.is_empty())
+    }
+
+    fn plan_links(&mut self, id: JobId) -> Result<Links, SchedError> {
+        let mut links = Links {
+            inside: false,
+            outputs: Vec::new(),
+            reads: Vec::new(),
+            read_done: Vec::new(),
+            gate: 0,
+            gate_tasks: Vec::new(),
+            gate_jobs: Vec::new(),
+            parent: None,
+            joined: Vec::new(),
+            keep: Vec::new(),
+        };
+        let Some(j) = self.jobs.get(&id) else {
+            return Ok(links);
+        };
+        if self.outside_graph(j) {
+            return Ok(links);
+        }
+        links.inside = true;
+        let graph_err = |s: String| Err(SchedError::Graph(s));
+        // The parent: a task of a job that has not ended.
+        if let Some((pj, tid)) = j.spec.parent {
+            let Some(p) = self.jobs.get(&pj) else {
+                return graph_err(format!(
+                    "the parent job {pj} (KESTREL_JOB) does not exist; `kestrel submit` inside a task adds to its own job while it runs"
+                ));
+            };
+            if p.finished_us.is_some() {
+                return graph_err(format!(
+                    "the parent job {pj} (KESTREL_JOB) has ended; a task can add jobs to its workflow only while it runs"
+                ));
+            }
+            let Some(index) = p.index_of(tid) else {
+                return graph_err(format!("job {pj} has no task {tid} (KESTREL_TASK)"));
+            };
+            links.parent = Some((pj, index));
+            links.joined.push(pj);
+        }
+        // Explicit dependencies.
+        for a in &j.spec.after {
+            let Some(dep) = self.jobs.get(&a.job).filter(|_| a.job != id) else {
+                return graph_err(format!(
+                    "--after {a}: job {} does not exist; `kestrel job list` shows the jobs",
+                    a.job
+                ));
+            };
+            links.joined.push(a.job);
+            match &a.tasks {
+                None => {
+                    if dep.finished_us.is_some() {
+                        if dep.counts.finished as u64 != u64::from(dep.len()) {
+                            return graph_err(format!(
+                                "--after {a}: job {} has ended with {} failed and {} canceled tasks, so this job could never start; `kestrel job retry {}` first",
+                                a.job, dep.counts.failed, dep.counts.canceled, a.job
+                            ));
+                        }
+                    } else {
+                        links.gate += 1;
+                        links.gate_jobs.push(a.job);
+                    }
+                }
+                Some(ids) => {
+                    for k in 0..ids.len() {
+                        let Some(tid) = ids.id_at(k) else { continue };
+                        let Some(index) = dep.index_of(tid) else {
+                            return graph_err(format!(
+                                "--after {a}: job {} has no task {tid}",
+                                a.job
+                            ));
+                        };
+                        match dep.record(index).state {
+                            TaskState::Finished => {}
+                            s if s.is_terminal() => {
+                                return graph_err(format!(
+                                "--after {a}: task {}:{tid} has {s}, so this job could never start",
+                                a.job
+                            ))
+                            }
+                            _ => {
+                                links.gate += 1;
+                                links.gate_tasks.push((a.job, index));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Outputs: one writer per file.
+        let outs = &j.spec.template.files.outputs;
+        let mut mine: FxHashMap<FileId, TaskIndex> = FxHashMap::default();
+        if !outs.is_empty() {
+            let store = j
+                .spec
+                .placement
+                .store
+                .as_deref()
+                .or(self.config.store.as_deref());
+            let job_s = id.to_string();
+            links.outputs.reserve(j.len() as usize * outs.len());
+            for index in 0..j.len() {
+                let task_s = j.task_id(index).to_string();
+                let values = Values {
+                    job: &job_s,
+                    task: &task_s,
+                    line: j.tasks.line(index),
+                };
+                for p in outs {
+                    let name = cached_name(store, &substitute(p, &values));
+                    let file = self.files.intern(&name);
+                    if let Some(&other) = mine.get(&file) {
+                        return graph_err(format!(
+                            "tasks {} and {} both write {}; a file has one writer (put {{task}} in the output's name)",
+                            self.task_name_of(j, other),
+                            self.task_name_of(j, index),
+                            plain(&name)
+                        ));
+                    }
+                    if let Some(p) = self.graph.produced.get(&file) {
+                        return graph_err(format!(
+                            "task {} would write {}, which task {} writes already; a file has one writer",
+                            self.task_name_of(j, index),
+                            plain(&name),
+                            self.task_name(p.by)
+                        ));
+                    }
+                    mine.insert(file, index);
+                    links.outputs.push(file);
+                }
+            }
+        }
+        // Inputs: a file another task writes is waited for.
+        let k = j.inputs_per_task();
+        let mut inner: Vec<(TaskIndex, TaskIndex, FileId)> = Vec::new();
+        if k > 0 && !(self.graph.produced.is_empty() && mine.is_empty()) {
+            for index in 0..j.len() {
+                for &file in j.inputs_of(index) {
+                    if let Some(&writer) = mine.get(&file) {
+                        if writer == index {
+                            return graph_err(format!(
+                                "task {} reads {}, which it writes itself",
+                                self.task_name_of(j, index),
+                                self.file_name(file)
+                            ));
+                        }
+                        inner.push((index, writer, file));
+                        continue;
+                    }
+                    let Some(p) = self.graph.produced.get(&file) else {
+                        continue;
+                    };
+                    let by = p.by;
+                    links.joined.push(by.0);
+                    let state = self.jobs.get(&by.0).map(|pj| pj.record(by.1).state);
+                    match state {
+                        Some(TaskState::Finished) => links.read_done.push(file),
+                        Some(s) if s.is_terminal() => {
+                            return graph_err(format!(
+                                "task {} reads {}, but its writer, task {}, has {s}; `kestrel job retry {}` first",
+                                self.task_name_of(j, index),
+                                self.file_name(file),
+                                self.task_name(by),
+                                by.0
+                            ))
+                        }
+                        _ => links.reads.push((index, by, file)),
+                    }
+                }
+            }
+        }
+        if !inner.is_empty() {
+            self.check_acyclic(j, &inner)?;
+            links
+                .reads
+                .extend(inner.iter().map(|&(r, w, f)| (r, (id, w), f)));
+        }
+        // Each output pattern's mode: auto is local when a task known now reads it.
+        let files = &j.spec.template.files;
+        let per = files.outputs.len();
+        links.keep = (0..per)
+            .map(|p| match files.keep_of(p) {
+                Keep::Auto => {
+                    let read = inner
+                        .iter()
+                        .any(|&(_, w, f)| links.outputs.get(w as usize * per + p) == Some(&f));
+                    if read {
+                        Keep::Local
+                    } else {
+                        Keep::Persist
+                    }
+                }
+                keep => keep,
+            })
+            .collect();
+        Ok(links)
+    }
+
+    /// `J:T` of task `index` of `j`.
+    fn task_name_of(&self, j: &Job, index: TaskIndex) -> String {
+        format!("{}:{}", j.id, j.task_id(index))
+    }
+
+    /// Refuses a job whose tasks wait for each other in a circle, naming the tasks and files.
+    fn check_acyclic(
+        &self,
+        j: &Job,
+        edges: &[(TaskIndex, TaskIndex, FileId)],
+    ) -> Result<(), SchedError> {
+        // Kahn's algorithm over the tasks that take part: what is left has a cycle.
+        let mut after: FxHashMap<TaskIndex, Vec<(TaskIndex, FileId)>> = FxHashMap::default();
+        let mut indegree: FxHashMap<TaskIndex, u32> = FxHashMap::default();
+        for &(reader, writer, file) in edges {
+            after.entry(writer).or_default().push((reader, file));
+            *indegree.entry(reader).or_default() += 1;
+            indegree.entry(writer).or_default();
+        }
+        let mut free: Vec<TaskIndex> = indegree
+            .iter()
+            .filter(|(_, &d)| d == 0)
+            .map(|(&t, _)| t)
+            .collect();
+        while let Some(t) = free.pop() {
+            for &(r, _) in after.get(&t).map(Vec::as_slice).unwrap_or(&[]) {
+                let d = indegree.get_mut(&r).expect("counted");
+                *d -= 1;
+                if *d == 0 {
+                    free.push(r);
+                }
+            }
+            indegree.remove(&t);
+        }
+        let Some(&start) = indegree.keys().min() else {
+            return Ok(());
+        };
+        // Walk back through writers that are left until a task repeats: that is a cycle.
+        let writer_of: FxHashMap<TaskIndex, (TaskIndex, FileId)> = edges
+            .iter()
+            .filter(|(r, w, _)| indegree.contains_key(r) && indegree.contains_key(w))
+            .map(|&(r, w, f)| (r, (w, f)))
+            .collect();
+        let mut path = vec![start];
+        let mut seen = FxHashSet::default();
+        let mut t = start;
+        while seen.insert(t) {
+            let Some(&(w, _)) = writer_of.get(&t) else {
+                break;
+            };
+            path.push(w);
+            t = w;
+        }
+        let from = path.iter().position(|&x| x == t).unwrap_or(0);
+        let cycle = &path[from..];
+        let mut text = Vec::new();
+        for pair in cycle.windows(2) {
+            let (reader, writer) = (pair[0], pair[1]);
+            let file = writer_of.get(&reader).map(|&(_, f)| f).unwrap_or(0);
+            text.push(format!(
+                "task {} reads {} written by task {}",
+                self.task_name_of(j, reader),
+                self.file_name(file),
+                self.task_name_of(j, writer)
+            ));
+        }
+        Err(SchedError::Graph(format!(
+            "the job's tasks wait for each other in a cycle: {}",
+            text.join(", ")
+        )))
+    }
+
+    fn commit_links(&mut self, id: JobId, links: Links) {
+        if !links.inside {
+            return;
+        }
+        let Links {
+            inside: _,
+            outputs,
+            reads,
+            read_done,
+            gate,
+            gate_tasks,
+            gate_jobs,
+            parent,
+            joined,
+            keep,
+        } = links;
+        *self.graph.live.entry(id).or_default() += 1;
+        for other in joined {
+            if self.jobs.contains_key(&other) {
+                self.graph.join(id, other);
+            }
+        }
+        let per = keep.len();
+        for (i, &file) in outputs.iter().enumerate() {
+            let by = (id, (i / per.max(1)) as TaskIndex);
+            let k = keep.get(i % per.max(1)).copied().unwrap_or(Keep::Persist);
+            self.graph.produced.insert(
+                file,
+                Produced {
+                    by,
+                    keep: k,
+                    readers_left: 0,
+                },
+            );
+            if k == Keep::Local {
+                let root = self.graph.root(id);
+                self.graph.locals.entry(root).or_default().push(file);
+            }
+        }
+        for file in read_done {
+            if let Some(p) = self.graph.produced.get_mut(&file) {
+                p.readers_left += 1;
+            }
+        }
+        let mut unmet: FxHashMap<TaskIndex, u32> = FxHashMap::default();
+        for &(reader, by, file) in &reads {
+            if let Some(p) = self.graph.produced.get_mut(&file) {
+                p.readers_left += 1;
+            }
+            let w = self.graph.waiters.entry(by).or_default();
+            let waiter = Waiter::Reader((id, reader), file);
+            // One wait per (reader, producer), however many of its files it reads.
+            if !w
+                .iter()
+                .any(|x| matches!(*x, Waiter::Reader(r, _) if r == (id, reader)))
+            {
+                w.push(waiter);
+                *unmet.entry(reader).or_default() += 1;
+            }
+            if let Some(pj) = self.jobs.get_mut(&by.0) {
+                pj.feeds = true;
+            }
+        }
+        for &t in &gate_tasks {
+            self.graph
+                .waiters
+                .entry(t)
+                .or_default()
+                .push(Waiter::Gate(id));
+            if let Some(pj) = self.jobs.get_mut(&t.0) {
+                pj.feeds = true;
+            }
+        }
+        for &dep in &gate_jobs {
+            self.graph.job_waiters.entry(dep).or_default().push(id);
+        }
+        if let Some((pj, _)) = parent {
+            if let Some(p) = self.jobs.get_mut(&pj) {
+                p.live_children += 1;
+            }
+        }
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        j.parent = parent;
+        j.keep = keep;
+        j.outputs = outputs;
+        j.reads_produced = !reads.is_empty() || j.reads_produced;
+        j.gate = gate;
+        j.feeds |= !j.outputs.is_empty();
+        let waiting: Vec<TaskIndex> = if gate > 0 {
+            (0..j.len()).collect()
+        } else {
+            let mut w: Vec<TaskIndex> = unmet.keys().copied().collect();
+            w.sort_unstable();
+            w
+        };
+        for &i in &waiting {
+            j.set_state(i, TaskState::Waiting);
+        }
+        j.unmet = unmet;
+    }
+
+    /// The ready spans of a job just linked (its tasks not waiting), for the queue.
+    pub(super) fn ready_spans(&self, id: JobId) -> Vec<Span> {
+        let Some(j) = self.jobs.get(&id) else {
+            return Vec::new();
+        };
+        if j.counts.waiting == 0 {
+            return vec![Span {
+                job: id,
+                next: 0,
+                end: j.len(),
+            }];
+        }
+        let mut spans: Vec<Span> = Vec::new();
+        for i in 0..j.len() {
+            if j.table.get(i).state != TaskState::Ready {
+                continue;
+            }
+            match spans.last_mut() {
+                Some(s) if s.end == i => s.end += 1,
+                _ => spans.push(Span::one(id, i)),
+            }
+        }
+        spans
+    }
+
+    /// A task finished successfully: what waited for it may go, and what it read is needed
+    /// by one reader less.
+    pub(super) fn graph_task_finished(&mut self, job: JobId, index: TaskIndex) {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        if j.reads_produced {
+            let files: Vec<FileId> = j.inputs_of(index).to_vec();
+            for f in files {
+                if let Some(p) = self.graph.produced.get_mut(&f) {
+                    p.readers_left = p.readers_left.saturating_sub(1);
+                }
+            }
+        }
+        if !j.feeds {
+            return;
+        }
+        let Some(waiters) = self.graph.waiters.remove(&(job, index)) else {
+            return;
+        };
+        for w in waiters {
+            match w {
+                Waiter::Reader((rj, ri), _) => {
+                    let Some(r) = self.jobs.get_mut(&rj) else {
+                        continue;
+                    };
+                    let left = match r.unmet.get_mut(&ri) {
+                        Some(n) => {
+                            *n -= 1;
+                            *n
+                        }
+                        None => continue,
+                    };
+                    if left == 0 {
+                        r.unmet.remove(&ri);
+                        if r.gate == 0 {
+                            self.wake(rj, ri);
+                        }
+                    }
+                }
+                Waiter::Gate(gj) => self.open_gate(gj),
+            }
+        }
+    }
+
+    /// A `Waiting` task all of whose dependencies have finished: to the queue.
+    fn wake(&mut self, job: JobId, index: TaskIndex) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        if j.canceled || j.table.get(index).state != TaskState::Waiting {
+            return;
+        }
+        j.set_state(index, TaskState::Ready);
+        let priority = j.spec.priority;
+        self.ready.push_new(priority, Span::one(job, index));
+        if j.windowed {
+            self.windowed_jobs.insert(job);
+        }
+    }
+
+    /// One of a job's `after` dependencies finished; at the last, its tasks that wait for
+    /// no file go to the queue.
+    fn open_gate(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        j.gate = j.gate.saturating_sub(1);
+        if j.gate > 0 || j.canceled {
+            return;
+        }
+        let mut spans: Vec<Span> = Vec::new();
+        for i in 0..j.len() {
+            if j.table.get(i).state != TaskState::Waiting || j.unmet.contains_key(&i) {
+                continue;
+            }
+            j.set_state(i, TaskState::Ready);
+            match spans.last_mut() {
+                Some(s) if s.end == i => s.end += 1,
+                _ => spans.push(Span::one(job, i)),
+            }
+        }
+        let priority = j.spec.priority;
+        for s in spans {
+            self.ready.push_new(priority, s);
+        }
+    }
+
+    /// A task ended for good without success (failed, canceled): what waits for it can never
+    /// run and is canceled, with the reason, and so on down the graph.
+    pub(super) fn graph_task_lost(&mut self, now_us: u64, job: JobId, index: TaskIndex) {
+        let mut todo = vec![(job, index)];
+        while let Some(key) = todo.pop() {
+            let Some(waiters) = self.graph.waiters.remove(&key) else {
+                continue;
+            };
+            let (state, producer) = (
+                self.jobs
+                    .get(&key.0)
+                    .map_or(TaskState::Canceled, |j| j.record(key.1).state),
+                self.task_name(key),
+            );
+            let verb = if state == TaskState::Failed {
+                "failed"
+            } else {
+                "was canceled"
+            };
+            for w in waiters {
+                match w {
+                    Waiter::Reader(reader, file) => {
+                        let reason = format!(
+                            "input {}: producer task {producer} {verb}",
+                            self.file_name(file)
+                        );
+                        if self.cancel_waiting(now_us, reader, reason) {
+                            todo.push(reader);
+                        }
+                    }
+                    Waiter::Gate(gj) => {
+                        let reason = format!("--after: task {producer} {verb}");
+                        todo.extend(self.cancel_gated(now_us, gj, &reason));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cancels a waiting task because what it waits for cannot come; whether it was waiting.
+    fn cancel_waiting(&mut self, now_us: u64, (job, index): TaskKey, reason: String) -> bool {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return false;
+        };
+        if j.record(index).state != TaskState::Waiting {
+            return false;
+        }
+        j.unmet.remove(&index);
+        j.set_state(index, TaskState::Canceled).finished_us = now_us;
+        let mut failure = Failure::because(reason);
+        failure.permanent = true;
+        j.failures.insert(index, failure);
+        self.check_job_done(now_us, job);
+        true
+    }
+
+    /// Cancels every waiting task of a job whose `after` can never be met; returns them, for
+    /// their own waiters.
+    fn cancel_gated(&mut self, now_us: u64, job: JobId, reason: &str) -> Vec<TaskKey> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        let waiting: Vec<TaskIndex> = (0..j.len())
+            .filter(|&i| j.record(i).state == TaskState::Waiting)
+            .collect();
+        let mut gone = Vec::new();
+        for i in waiting {
+            if self.cancel_waiting(now_us, (job, i), reason.to_string()) {
+                gone.push((job, i));
+            }
+        }
+        gone
+    }
+
+    /// A job ended: jobs waiting on all of it go on or are canceled, its parent may end, and a
+    /// workflow that has ended deletes its local intermediates.
+    pub(super) fn graph_job_ended(&mut self, now_us: u64, job: JobId) {
+        if self.graph.live.is_empty() {
+            return;
+        }
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        let all_ok = u64::from(j.counts.finished) == u64::from(j.len());
+        let (failed, canceled, parent) = (j.counts.failed, j.counts.canceled, j.parent);
+        if let Some(waiting) = self.graph.job_waiters.remove(&job) {
+            for gj in waiting {
+                if all_ok {
+                    self.open_gate(gj);
+                } else {
+                    let reason = format!(
+                        "--after {job}: job {job} ended with {failed} failed and {canceled} canceled tasks"
+                    );
+                    for key in self.cancel_gated(now_us, gj, &reason) {
+                        self.graph_task_lost(now_us, key.0, key.1);
+                    }
+                }
+            }
+        }
+        let root = self.graph.root(job);
+        if let Some(n) = self.graph.live.get_mut(&root) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.graph.live.remove(&root);
+                self.drop_locals(root);
+            }
+        }
+        if let Some((pj, _)) = parent {
+            if let Some(p) = self.jobs.get_mut(&pj) {
+                p.live_children = p.live_children.saturating_sub(1);
+            }
+            self.check_job_done(now_us, pj);
+        }
+    }
+
+    /// Deletes a workflow's local intermediates from the caches that hold them.
+    fn drop_locals(&mut self, root: JobId) {
+        let Some(files) = self.graph.locals.remove(&root) else {
+            return;
+        };
+        let mut by_worker: FxHashMap<u32, Vec<String>> = FxHashMap::default();
+        for f in files {
+            let size = self.files.size(f).unwrap_or(0);
+            let Some(name) = self.files.name(f) else {
+                continue;
+            };
+            for &w in self.files.holders(f) {
+                by_worker.entry(w).or_default().push(name.to_string());
+                self.graph.freed_files += 1;
+                self.graph.freed_bytes += size;
+            }
+            self.graph.produced.remove(&f);
+        }
+        let mut workers: Vec<_> = by_worker.into_iter().collect();
+        workers.sort_unstable_by_key(|(w, _)| *w);
+        for (worker, files) in workers {
+            self.commands.push(Command::DropFiles { worker, files });
+        }
+    }
+
+    /// A job is being forgotten: the files it wrote are no longer anyone's.
+    pub(super) fn graph_forget(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        for f in &j.outputs {
+            if self.graph.produced.get(f).is_some_and(|p| p.by.0 == job) {
+                self.graph.produced.remove(f);
+            }
+        }
+    }
+
+    /// Tasks of `job` that something waits on, in order.
+    pub(super) fn graph_waited_on(&self, job: JobId) -> Vec<TaskKey> {
+        let mut keys: Vec<TaskKey> = self
+            .graph
+            .waiters
+            .keys()
+            .filter(|k| k.0 == job)
+            .copied()
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Whether some task known to the scheduler writes file `name` (named as in caches,
+    /// `KEY/name`).
+    pub fn is_produced(&self, name: &str) -> bool {
+        self.files
+            .id(name)
+            .is_some_and(|f| self.graph.produced.contains_key(&f))
+    }
+
+    /// The id the next submitted job will get.
+    pub fn next_job_id(&self) -> JobId {
+        self.next_job
+    }
+
+    /// Copies of intermediate files deleted from caches so far, and their bytes.
+    pub fn freed(&self) -> (u64, u64) {
+        (self.graph.freed_files, self.graph.freed_bytes)
+    }
+
+    /// The output modes of `job`'s outputs, as resolved at its submission (what its workers
+    /// are told).
+    pub fn output_keep(&self, job: &Job) -> Vec<Keep> {
+        if job.keep.is_empty() {
+            vec![Keep::Persist; job.spec.template.files.outputs.len()]
+        } else {
+            job.keep.clone()
+        }
+    }
+
+    /// The tasks `job`'s task `index` waits for or waited for: the writers of its inputs
+    /// (with the file) — for `kestrel job graph`.
+    pub fn writers_of(&self, job: &Job, index: TaskIndex) -> Vec<(TaskKey, FileId, Keep)> {
+        job.inputs_of(index)
+            .iter()
+            .filter_map(|f| {
+                let p = self.graph.produced.get(f)?;
+                Some((p.by, *f, p.keep))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,337 @@
+//! Task graphs in the scheduler: dependencies inferred from files and given with `after`,
+//! what a failed producer does to its readers, refusals at submission, dynamic jobs and the
+//! cleanup of intermediate files.
+
+mod common;
+
+use common::Events;
+use kestrel_core::files::cached_name;
+use kestrel_core::*;
+
+const STORE: &str = "/store";
+
+/// A scheduler whose jobs use [`STORE`], with one worker of `slots` slots that stages files.
+fn setup(slots: u32) -> (Scheduler, WorkerId) {
+    let mut s = Scheduler::new(Config {
+        store: Some(STORE.into()),
+        ..Config::default()
+    });
+    let offer = WorkerOffer {
+        hostname: "w".into(),
+        resources: Resources {
+            cpus: slots,
+            ..Resources::NONE
+        },
+        prefetch: 0,
+        named: vec![],
+        stages_files: true,
+    };
+    let w = s.worker_joined(0, offer);
+    (s, w)
+}
+
+/// A job of tasks with ids `1..=n` reading `inputs` and writing `outputs`.
+fn files_job(name: &str, n: u32, inputs: &[&str], outputs: &[&str]) -> (JobSpec, TaskSet) {
+    let mut spec = JobSpec::command(name, vec!["/bin/true".into()]);
+    spec.template.files.inputs = inputs.iter().map(|s| s.to_string()).collect();
+    spec.template.files.outputs = outputs.iter().map(|s| s.to_string()).collect();
+    (spec, TaskSet::Array(IdRanges::span(1, n)))
+}
+
+fn submit(s: &mut Scheduler, (spec, tasks): (JobSpec, TaskSet)) -> Result<JobId, SchedError> {
+    s.submit(0, spec, tasks, false)
+}
+
+/// Runs everything that can run on `w`, in the order the scheduler hands it out, until nothing
+/// is handed out: each task ends as `end(job, id)` says (`true`: success) and, on success, its
+/// outputs are reported cached on `w`. Returns the tasks in the order they ran, as (job, id).
+fn run(
+    s: &mut Scheduler,
+    w: WorkerId,
+    now: &mut u64,
+    end: impl Fn(JobId, u32) -> bool,
+) -> Vec<(JobId, u32)> {
+    run_keeping(s, w, now, end, &mut Vec::new())
+}
+
+/// [`run`], keeping the commands other than assignments in `others`.
+fn run_keeping(
+    s: &mut Scheduler,
+    w: WorkerId,
+    now: &mut u64,
+    end: impl Fn(JobId, u32) -> bool,
+    others: &mut Vec<Command>,
+) -> Vec<(JobId, u32)> {
+    let mut ran = Vec::new();
+    loop {
+        s.handle(*now, Event::Schedule).unwrap();
+        let mut runs: Vec<IndexRun> = Vec::new();
+        for c in s.take_commands() {
+            match c {
+                Command::Assign { runs: r, .. } => runs.extend(r),
+                other => others.push(other),
+            }
+        }
+        if runs.is_empty() {
+            return ran;
+        }
+        for r in runs {
+            for index in r.first..r.first + r.count {
+                *now += 10;
+                let j = s.job(r.job).unwrap();
+                let id = j.task_id(index);
+                let ok = end(r.job, id);
+                let outputs: Vec<(String, u64)> = j
+                    .spec
+                    .template
+                    .files
+                    .outputs
+                    .iter()
+                    .map(|p| {
+                        (
+                            cached_name(Some(STORE), &p.replace("{task}", &id.to_string())),
+                            10,
+                        )
+                    })
+                    .collect();
+                if ok && !outputs.is_empty() {
+                    s.handle(
+                        *now,
+                        Event::CacheChanged {
+                            worker: w,
+                            added: outputs,
+                            evicted: vec![],
+                        },
+                    )
+                    .unwrap();
+                }
+                let result = if ok {
+                    RunEnd::Success
+                } else {
+                    RunEnd::Failed(Box::new(Failure::because("exit code 1")))
+                };
+                let ends = vec![Finished::at_once(r.job, index, *now, result)];
+                s.handle(*now, Event::TasksEnded { worker: w, ends })
+                    .unwrap();
+                ran.push((r.job, id));
+            }
+        }
+    }
+}
+
+fn state(s: &Scheduler, job: JobId, id: u32) -> TaskState {
+    let j = s.job(job).unwrap();
+    j.record(j.index_of(id).unwrap()).state
+}
+
+#[test]
+fn a_reader_waits_for_the_writer_of_its_input() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, files_job("a", 3, &[], &["mid/{task}"])).unwrap();
+    let b = submit(&mut s, files_job("b", 3, &["mid/{task}"], &["out/{task}"])).unwrap();
+    let jb = s.job(b).unwrap();
+    assert_eq!(jb.counts.waiting, 3);
+    assert_eq!(jb.counts.ready, 0);
+    assert_eq!(state(&s, b, 2), TaskState::Waiting);
+    let mut now = 0;
+    let ran = run(&mut s, w, &mut now, |_, _| true);
+    assert_eq!(ran.len(), 6);
+    // Every reader ran after its writer.
+    for id in 1..=3 {
+        let wrote = ran.iter().position(|&t| t == (a, id)).unwrap();
+        let read = ran.iter().position(|&t| t == (b, id)).unwrap();
+        assert!(wrote < read, "{ran:?}");
+    }
+    assert!(s.job(a).unwrap().is_done() && s.job(b).unwrap().is_done());
+    assert_eq!(s.job(b).unwrap().counts.finished, 3);
+}
+
+#[test]
+fn a_failed_writer_cancels_its_readers_and_theirs_with_the_reason() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, files_job("a", 3, &[], &["mid/{task}"])).unwrap();
+    let b = submit(&mut s, files_job("b", 3, &["mid/{task}"], &["out/{task}"])).unwrap();
+    let c = submit(&mut s, files_job("c", 3, &["out/{task}"], &[])).unwrap();
+    let mut now = 0;
+    let ran = run(&mut s, w, &mut now, |job, id| !(job == a && id == 2));
+    assert!(!ran.contains(&(b, 2)) && !ran.contains(&(c, 2)), "{ran:?}");
+    assert_eq!(state(&s, a, 2), TaskState::Failed);
+    assert_eq!(state(&s, b, 2), TaskState::Canceled);
+    assert_eq!(state(&s, c, 2), TaskState::Canceled);
+    let jb = s.job(b).unwrap();
+    assert_eq!(
+        jb.failure(jb.index_of(2).unwrap()).unwrap().reason,
+        format!("input mid/2: producer task {a}:2 failed")
+    );
+    let jc = s.job(c).unwrap();
+    assert_eq!(
+        jc.failure(jc.index_of(2).unwrap()).unwrap().reason,
+        format!("input out/2: producer task {b}:2 was canceled")
+    );
+    // The others ran, and every job ended.
+    assert_eq!(jc.counts.finished, 2);
+    for j in [a, b, c] {
+        assert!(s.job(j).unwrap().is_done(), "job {j}");
+    }
+}
+
+#[test]
+fn after_waits_for_a_whole_job_or_some_of_its_tasks() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, files_job("a", 3, &[], &[])).unwrap();
+    let (mut spec, tasks) = files_job("b", 2, &[], &[]);
+    spec.after = vec![After::parse(&a.to_string()).unwrap()];
+    let b = s.submit(0, spec, tasks, false).unwrap();
+    let (mut spec, tasks) = files_job("c", 2, &[], &[]);
+    spec.after = vec![After::parse(&format!("{a}:1")).unwrap()];
+    let c = s.submit(0, spec, tasks, false).unwrap();
+    assert_eq!(s.job(b).unwrap().counts.waiting, 2);
+    let mut now = 0;
+    let ran = run(&mut s, w, &mut now, |_, _| true);
+    let pos = |t| ran.iter().position(|&x| x == t).unwrap();
+    assert!(pos((b, 1)) > pos((a, 3)), "{ran:?}");
+    assert!(pos((c, 1)) > pos((a, 1)), "{ran:?}");
+    assert_eq!(s.job(b).unwrap().counts.finished, 2);
+}
+
+#[test]
+fn after_a_job_that_fails_cancels_the_waiting_job() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, files_job("a", 2, &[], &[])).unwrap();
+    let (mut spec, tasks) = files_job("b", 2, &[], &[]);
+    spec.after = vec![After::parse(&a.to_string()).unwrap()];
+    let b = s.submit(0, spec, tasks, false).unwrap();
+    let mut now = 0;
+    run(&mut s, w, &mut now, |job, id| !(job == a && id == 1));
+    let jb = s.job(b).unwrap();
+    assert_eq!(jb.counts.canceled, 2);
+    assert!(jb.is_done());
+    assert_eq!(
+        jb.failure(0).unwrap().reason,
+        format!("--after {a}: job {a} ended with 1 failed and 0 canceled tasks")
+    );
+}
+
+#[test]
+fn refusals_name_the_tasks_and_files_and_change_nothing() {
+    let (mut s, _) = setup(1);
+    let a = submit(&mut s, files_job("a", 2, &[], &["mid/{task}"])).unwrap();
+    // Two writers of one file.
+    let err = submit(&mut s, files_job("b", 2, &[], &["mid/{task}"])).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "task {}:1 would write mid/1, which task {a}:1 writes already; a file has one writer",
+            a + 1
+        )
+    );
+    let err = submit(&mut s, files_job("b", 2, &[], &["same"])).unwrap_err();
+    assert!(err.to_string().contains("both write same"), "{err}");
+    // A dangling after.
+    let (mut spec, tasks) = files_job("c", 1, &[], &[]);
+    spec.after = vec![After::parse("99").unwrap()];
+    let err = s.submit(0, spec, tasks, false).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--after 99: job 99 does not exist"),
+        "{err}"
+    );
+    let (mut spec, tasks) = files_job("c", 1, &[], &[]);
+    spec.after = vec![After::parse(&format!("{a}:7")).unwrap()];
+    let err = s.submit(0, spec, tasks, false).unwrap_err();
+    assert!(err.to_string().contains("has no task 7"), "{err}");
+    // A cycle inside one job: line `q` reads q.o.o, which line `q.o` writes, and `q.o` reads
+    // q.o, which `q` writes.
+    let mut spec = JobSpec::command("cyc", vec!["/bin/true".into()]);
+    spec.template.files.inputs = vec!["{line}".into(), "{line}.o.o".into()];
+    spec.template.files.outputs = vec!["{line}.o".into()];
+    let lines = TaskSet::Lines(["q.o", "q"].into_iter().collect());
+    let err = s.submit(0, spec, lines, false).unwrap_err();
+    assert!(err.to_string().contains("cycle"), "{err}");
+    assert!(
+        err.to_string().contains("reads q.o.o written by task"),
+        "{err}"
+    );
+    // Nothing of the refused jobs stayed: the next job takes the next id.
+    assert_eq!(s.jobs().count(), 1);
+    let d = submit(&mut s, files_job("d", 1, &["mid/1"], &[])).unwrap();
+    assert_eq!(d, a + 1);
+    assert_eq!(s.job(d).unwrap().counts.waiting, 1);
+}
+
+#[test]
+fn a_job_submitted_by_a_task_keeps_its_parent_open() {
+    let (mut s, w) = setup(2);
+    let a = submit(&mut s, files_job("a", 2, &[], &[])).unwrap();
+    // Task 1 of `a` submits `b` while it runs; `a` ends only after `b`.
+    s.handle(0, Event::Schedule).unwrap();
+    s.take_commands();
+    let (mut spec, tasks) = files_job("b", 2, &[], &[]);
+    spec.parent = Some((a, 1));
+    let b = s.submit(0, spec, tasks, false).unwrap();
+    let mut now = 0;
+    let done = |s: &Scheduler, j| s.job(j).unwrap().is_done();
+    // Run only `a`'s tasks first: ends of the assignment made above.
+    for index in 0..2 {
+        let ends = vec![Finished::at_once(a, index, 5, RunEnd::Success)];
+        s.handle(5, Event::TasksEnded { worker: w, ends }).unwrap();
+    }
+    assert_eq!(s.job(a).unwrap().counts.finished, 2);
+    assert!(!done(&s, a), "its child has not run");
+    run(&mut s, w, &mut now, |_, _| true);
+    assert!(done(&s, b) && done(&s, a));
+}
+
+#[test]
+fn local_intermediates_are_deleted_when_their_workflow_ends() {
+    let (mut s, w) = setup(2);
+    let mut local = files_job("a", 3, &[], &["mid/{task}", "final/{task}"]);
+    local.0.template.files.keep = vec![Keep::Local, Keep::Persist];
+    let a = submit(&mut s, local).unwrap();
+    let b = submit(&mut s, files_job("b", 3, &["mid/{task}"], &[])).unwrap();
+    assert_eq!(
+        s.output_keep(s.job(a).unwrap()),
+        vec![Keep::Local, Keep::Persist]
+    );
+    let mut now = 0;
+    let mut others = Vec::new();
+    run_keeping(&mut s, w, &mut now, |_, _| true, &mut others);
+    others.extend(s.take_commands());
+    let mut dropped = Vec::new();
+    for c in others {
+        if let Command::DropFiles { worker, files } = c {
+            assert_eq!(worker, w);
+            dropped.extend(files);
+        }
+    }
+    assert!(s.job(b).unwrap().is_done());
+    let plain: Vec<String> = dropped
+        .iter()
+        .map(|n| n.split_once('/').unwrap().1.to_string())
+        .collect();
+    assert_eq!(
+        plain,
+        vec!["mid/1", "mid/2", "mid/3"],
+        "persisted files stay"
+    );
+    assert_eq!(s.freed(), (3, 30));
+}
+
+#[test]
+fn auto_outputs_read_by_a_known_task_stay_local_the_others_persist() {
+    let (mut s, _) = setup(1);
+    // Task 1 writes all/x (read by the other tasks of the job) and each writes own/{task}.
+    let mut spec = JobSpec::command("fan", vec!["/bin/true".into()]);
+    spec.template.files.outputs = vec!["own/{line}".into()];
+    spec.template.files.inputs = vec!["own/{line}.in".into()];
+    let lines = TaskSet::Lines(["a", "a.in"].into_iter().collect());
+    let job = s.submit(0, spec, lines, false).unwrap();
+    let j = s.job(job).unwrap();
+    assert_eq!(s.output_keep(j), vec![Keep::Local]);
+    assert_eq!(
+        j.counts.waiting, 1,
+        "task `a` reads own/a.in, which task `a.in` writes"
+    );
+    let plain = submit(&mut s, files_job("p", 1, &[], &["solo/{task}"])).unwrap();
+    assert_eq!(s.output_keep(s.job(plain).unwrap()), vec![Keep::Persist]);
+}

@@ -227,6 +227,13 @@ fn refusals_name_the_tasks_and_files_and_change_nothing() {
     );
     let err = submit(&mut s, files_job("b", 2, &[], &["same"])).unwrap_err();
     assert!(err.to_string().contains("both write same"), "{err}");
+    // Once the first writer's job has ended, a job writing the same files again (a workflow
+    // run a second time) is taken.
+    let (mut s2, w2) = setup(1);
+    let first = submit(&mut s2, files_job("a", 1, &[], &["x"])).unwrap();
+    run(&mut s2, w2, &mut 0, |_, _| true);
+    assert!(s2.job(first).unwrap().is_done());
+    submit(&mut s2, files_job("again", 1, &[], &["x"])).unwrap();
     // A dangling after.
     let (mut spec, tasks) = files_job("c", 1, &[], &[]);
     spec.after = vec![After::parse("99").unwrap()];

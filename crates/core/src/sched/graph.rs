@@ -265,7 +265,14 @@ impl Scheduler {
                             plain(&name)
                         ));
                     }
-                    if let Some(p) = self.graph.produced.get(&file) {
+                    // A writer whose job has ended is replaced (a workflow run again); one
+                    // still live is a second writer.
+                    let live_writer = self.graph.produced.get(&file).filter(|p| {
+                        self.jobs
+                            .get(&p.by.0)
+                            .is_some_and(|pj| pj.finished_us.is_none())
+                    });
+                    if let Some(p) = live_writer {
                         return graph_err(format!(
                             "task {} would write {}, which task {} writes already; a file has one writer",
                             self.task_name_of(j, index),

@@ -43,9 +43,18 @@ pub fn submissions(
 }
 
 /// The task this command runs inside, if it runs inside one (`KESTREL_JOB_ID` and
-/// `KESTREL_TASK_ID`, set by the worker).
-fn running_task() -> Option<(JobId, u32)> {
+/// `KESTREL_TASK_ID`, set by the worker) and submits to that task's own server: a task that
+/// names another server (`--server-dir`, `--access`) starts jobs that are not its children.
+fn running_task(g: &Global) -> Option<(JobId, u32)> {
     let var = |k| std::env::var(k).ok()?.parse::<u32>().ok();
+    let own_dir = std::env::var_os("KESTREL_SERVER_DIR").map(std::path::PathBuf::from);
+    let same_server = g.access.is_none()
+        && g.server_dir
+            .as_ref()
+            .is_none_or(|d| own_dir.as_ref() == Some(d));
+    if !same_server {
+        return None;
+    }
     Some((var("KESTREL_JOB_ID")?, var("KESTREL_TASK_ID")?))
 }
 
@@ -85,7 +94,7 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
     let from_file = args.shape.file.is_some();
     let user_key = args.key.as_deref().map(|k| (k, from_file));
     let mut subs = submissions(&args.shape, &args.options, args.command)?;
-    if let Some(parent) = running_task() {
+    if let Some(parent) = running_task(g) {
         // Inside a task: the jobs join its workflow, and its job ends only after them.
         for s in &mut subs {
             s.spec.parent = Some(parent);

@@ -9,47 +9,25 @@
 
 use anyhow::{bail, Result};
 use kestrel_client::Submission;
-use kestrel_core::placeholders::{substitute, Values};
-use kestrel_core::{Keep, TaskSet};
+use kestrel_core::placeholders::try_each_name;
+use kestrel_core::Keep;
 use std::collections::HashMap;
 
 /// Jobs with more tasks than this are not worked out name by name (the server still checks
 /// each job as it comes).
 const MAX_TASKS: u32 = 200_000;
 
-/// Each task's id and line.
-fn tasks_of(tasks: &TaskSet) -> Vec<(String, Option<&str>)> {
-    (0..tasks.len())
-        .map(|i| {
-            let id = match tasks {
-                TaskSet::Array(r) => r.id_at(i).unwrap_or(i),
-                _ => i,
-            };
-            (id.to_string(), tasks.line(i))
-        })
-        .collect()
-}
-
 /// The names `patterns` make for every task of `sub` (pattern index, task id, name); `None`
 /// when they cannot be known before submission (`{job}`) or the job is too big.
-fn names(sub: &Submission, patterns: &[String]) -> Option<Vec<(usize, String, String)>> {
-    if patterns.is_empty() {
-        return Some(Vec::new());
-    }
+fn names(sub: &Submission, patterns: &[String]) -> Option<Vec<(usize, u32, String)>> {
     if sub.tasks.len() > MAX_TASKS || patterns.iter().any(|p| p.contains("{job}")) {
         return None;
     }
     let mut out = Vec::new();
-    for (task, line) in tasks_of(&sub.tasks) {
-        let values = Values {
-            job: "",
-            task: &task,
-            line,
-        };
-        for (k, p) in patterns.iter().enumerate() {
-            out.push((k, task.clone(), substitute(p, &values).into_owned()));
-        }
-    }
+    let _ = try_each_name(&sub.tasks, "", 0, patterns, |_, id, name| {
+        out.push((out.len() % patterns.len(), id, name.into_owned()));
+        Ok::<(), ()>(())
+    });
     Some(out)
 }
 
@@ -63,7 +41,7 @@ pub fn check(subs: &mut [Submission]) -> Result<()> {
         return Ok(());
     }
     // name -> (job, output pattern, task)
-    let mut writers: HashMap<String, (usize, usize, String)> = HashMap::new();
+    let mut writers: HashMap<String, (usize, usize, u32)> = HashMap::new();
     let mut known = vec![true; subs.len()];
     for (pos, sub) in subs.iter().enumerate() {
         let Some(outs) = names(sub, &sub.spec.template.files.outputs) else {
@@ -124,7 +102,7 @@ pub fn check(subs: &mut [Submission]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kestrel_core::{IdRanges, JobSpec};
+    use kestrel_core::{IdRanges, JobSpec, TaskSet};
 
     fn job(name: &str, inputs: &[&str], outputs: &[&str]) -> Submission {
         let mut spec = JobSpec::command(name, vec!["x".into()]);

@@ -13,7 +13,7 @@
 //! paths are known only once the worker has staged the inputs, so these are replaced after
 //! the others, by [`substitute_inputs`].
 
-use crate::spec::{Sink, TaskTemplate};
+use crate::spec::{Sink, TaskIndex, TaskSet, TaskTemplate};
 use std::borrow::Cow;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -153,6 +153,37 @@ fn meant(name: &str) -> Option<&'static str> {
     NAMES
         .into_iter()
         .find(|n| strsim::osa_distance(&lower, n) <= 1)
+}
+
+/// The logical file names `patterns` make for each task of `tasks` from index `from` on, in
+/// task order: `f(index, task id, name)` for each task and pattern, stopping at the first error
+/// `f` returns. The one place that turns a job's file patterns into names, for the scheduler's
+/// index, the server's check of a submission and the CLI's check of a job file.
+pub fn try_each_name<E>(
+    tasks: &TaskSet,
+    job: &str,
+    from: TaskIndex,
+    patterns: &[String],
+    mut f: impl FnMut(TaskIndex, u32, Cow<'_, str>) -> Result<(), E>,
+) -> Result<(), E> {
+    if patterns.is_empty() {
+        return Ok(());
+    }
+    let mut task = String::new();
+    for index in from..tasks.len() {
+        let id = tasks.id_at(index);
+        task.clear();
+        fmt::Write::write_fmt(&mut task, format_args!("{id}")).expect("a String takes any text");
+        let values = Values {
+            job,
+            task: &task,
+            line: tasks.line(index),
+        };
+        for p in patterns {
+            f(index, id, substitute(p, &values))?;
+        }
+    }
+    Ok(())
 }
 
 /// `text` with `{input:NAME}`, `{input:N}` and `{inputs}` replaced by the paths of `inputs`

@@ -641,6 +641,14 @@ impl TaskSet {
         }
     }
 
+    /// The user-visible id of task `index` (the array value, or the position in a list).
+    pub fn id_at(&self, index: TaskIndex) -> TaskId {
+        match self {
+            TaskSet::Array(r) => r.id_at(index).unwrap_or(index),
+            TaskSet::List(_) | TaskSet::Lines(_) => index,
+        }
+    }
+
     /// The argv of task `index` of a list (`None` otherwise: the template's argv applies).
     pub fn argv(&self, index: TaskIndex) -> Option<&[String]> {
         match self {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::Events;
+use common::{staging_worker, Events};
 use kestrel_core::files::cached_name;
 use kestrel_core::*;
 
@@ -16,17 +16,7 @@ fn setup(slots: u32) -> (Scheduler, WorkerId) {
         store: Some(STORE.into()),
         ..Config::default()
     });
-    let offer = WorkerOffer {
-        hostname: "w".into(),
-        resources: Resources {
-            cpus: slots,
-            ..Resources::NONE
-        },
-        prefetch: 0,
-        named: vec![],
-        stages_files: true,
-    };
-    let w = s.worker_joined(0, offer);
+    let w = staging_worker(&mut s, slots);
     (s, w)
 }
 

@@ -4,24 +4,8 @@
 
 mod common;
 
-use common::{array, spec, Events};
+use common::{array, spec, staging_worker as worker, Events};
 use kestrel_core::*;
-
-fn worker(s: &mut Scheduler, slots: u32) -> WorkerId {
-    s.worker_joined(
-        0,
-        WorkerOffer {
-            hostname: "w".into(),
-            resources: Resources {
-                cpus: slots,
-                ..Resources::NONE
-            },
-            prefetch: 0,
-            named: vec![],
-            stages_files: true,
-        },
-    )
-}
 
 fn success(job: JobId, index: TaskIndex) -> Finished {
     Finished {

@@ -140,10 +140,9 @@ fn data_spec() -> JobSpec {
     spec
 }
 
-#[test]
-fn files_and_placement_are_trailing_fields_left_out_when_empty() {
-    // Without them a spec is written as in version 7: the requests above pin those bytes.
-    let submit = |spec| Request {
+/// A request submitting an array job of `spec`.
+fn submit_request(spec: JobSpec) -> Request {
+    Request {
         id: 9,
         body: Ask::Submit {
             spec,
@@ -151,34 +150,30 @@ fn files_and_placement_are_trailing_fields_left_out_when_empty() {
             open: false,
             key: None,
         },
-    };
-    golden("submit-v8-files", submit(data_spec()));
+    }
+}
+
+#[test]
+fn files_and_placement_are_trailing_fields_left_out_when_empty() {
+    // Without them a spec is written as in version 7: the requests above pin those bytes.
+    golden("submit-v8-files", submit_request(data_spec()));
     // Only inputs: the other kinds of file travel as empty arrays, the placement not at all.
     let mut only_inputs = spec();
     only_inputs.template.files.inputs = vec!["a".into()];
-    golden("submit-v8-inputs", submit(only_inputs));
+    golden("submit-v8-inputs", submit_request(only_inputs));
 }
 
 #[test]
 fn graph_fields_follow_the_placement_which_travels_when_they_do() {
-    let submit = |spec| Request {
-        id: 9,
-        body: Ask::Submit {
-            spec,
-            tasks: TaskSet::Array(ids()),
-            open: false,
-            key: None,
-        },
-    };
     // `after` without a placement of its own: the default placement goes in its place.
     let mut after = spec();
     after.after = vec![After::parse("7").unwrap(), After::parse("8:1-4").unwrap()];
-    golden("submit-v9-after", submit(after));
+    golden("submit-v9-after", submit_request(after));
     // A parent alone: an empty `after` goes before it; and output modes.
     let mut child = data_spec();
     child.parent = Some((3, 12));
     child.template.files.keep = vec![Keep::Local];
-    golden("submit-v9-parent", submit(child));
+    golden("submit-v9-parent", submit_request(child));
 }
 
 fn lines() -> LineList {

@@ -206,15 +206,20 @@ impl Cache {
     }
 
     /// The server no longer needs `name` (an intermediate file of a workflow that ended): it
-    /// is deleted now, or by eviction once the runs that read it are done.
-    pub fn release(&mut self, name: &str) {
-        let Some(e) = self.entries.get_mut(name) else {
-            return;
-        };
+    /// leaves the cache now, and the path returned is the caller's to delete (after letting go
+    /// of the cache's lock), or, if a run still reads it, it is evicted once that run is done.
+    #[must_use = "the file returned must be deleted"]
+    pub fn release(&mut self, name: &str) -> Option<PathBuf> {
+        let e = self.entries.get_mut(name)?;
         e.kept = false;
-        if e.pins == 0 {
-            self.discard(name);
+        if e.pins > 0 {
+            return None;
         }
+        let size = e.size;
+        self.entries.remove(name);
+        self.used_bytes -= size;
+        self.note_evicted(name);
+        Some(self.path_of(name))
     }
 
     /// A task is done with `name`.

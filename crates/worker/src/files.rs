@@ -634,39 +634,40 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
         }
         // Kept for the tasks that read it next, if there is room: the store has it anyway,
         // unless it is local, and then the cache is its only copy and must take it.
-        // Copied (not linked: a later task of the directory may write the name again), its
-        // digest taken on the way; a failed copy leaves nothing behind.
-        let partial = lock(cache).partial_path();
-        let copied = fs::File::open(&written)
-            .map_err(|e| e.to_string())
-            .and_then(|mut from| {
-                write_file_digesting(&mut from, &partial, Some(size)).map_err(|e| format!("{e:?}"))
-            });
-        let kept = match copied {
-            Ok((copied, digest)) => {
-                let key = plan.cached(name);
-                let mut c = lock(cache);
-                match c.insert(&key, &partial, copied, Some(digest)) {
-                    Ok(_) => {
-                        c.unpin(&key);
-                        if local {
-                            c.keep(&key);
-                        }
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let _ = fs::remove_file(&partial);
-                        Err(e.to_string())
-                    }
-                }
-            }
-            Err(e) => Err(e),
-        };
-        if let (Err(why), true) = (kept, local) {
+        if let (Err(why), true) = (keep_output(plan, cache, name, &written, size, local), local) {
             return Err(format!(
                 "local output {name} could not be kept in the cache ({why}); mark it persist or give the worker a larger --cache-size"
             ));
         }
+    }
+    Ok(())
+}
+
+/// Copies output `name` (at `written`, `size` bytes) into the cache, kept there until the
+/// server releases it if it is `local`. Copied (not linked: a later task of the directory may
+/// write the name again), its digest taken on the way; a failed copy leaves nothing behind.
+fn keep_output(
+    plan: &FilesPlan,
+    cache: &WorkerFiles,
+    name: &str,
+    written: &Path,
+    size: u64,
+    local: bool,
+) -> Result<(), String> {
+    let partial = lock(cache).partial_path();
+    let mut from = fs::File::open(written).map_err(|e| e.to_string())?;
+    let (copied, digest) =
+        write_file_digesting(&mut from, &partial, Some(size)).map_err(|e| e.to_string())?;
+    let key = plan.cached(name);
+    let mut c = lock(cache);
+    if let Err(e) = c.insert(&key, &partial, copied, Some(digest)) {
+        drop(c);
+        let _ = fs::remove_file(&partial);
+        return Err(e.to_string());
+    }
+    c.unpin(&key);
+    if local {
+        c.keep(&key);
     }
     Ok(())
 }

@@ -398,8 +398,10 @@ impl Session<'_> {
             ToWorker::DropFiles { files } => {
                 if let Some(f) = &l.files {
                     let mut c = crate::files::lock(f);
-                    for name in &files {
-                        c.release(name);
+                    let gone: Vec<_> = files.iter().filter_map(|n| c.release(n)).collect();
+                    drop(c);
+                    for path in gone {
+                        let _ = std::fs::remove_file(path);
                     }
                 }
             }

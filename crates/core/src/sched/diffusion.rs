@@ -14,7 +14,7 @@
 use super::{Job, Scheduler};
 use crate::files::{cached_name, CacheDelta, FileId, FileIndex, Hits};
 use crate::outcome::{Command, IndexRun};
-use crate::placeholders::{substitute, Values};
+use crate::placeholders::try_each_name;
 use crate::policy::{self, DispatchPolicy};
 use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
 use crate::window::Seq;
@@ -39,6 +39,14 @@ impl Job {
     fn ready(&self, index: TaskIndex) -> bool {
         !self.canceled && index < self.len() && self.table.get(index).state == TaskState::Ready
     }
+}
+
+/// The store a job with `placement` keeps its files in: its own, or the scheduler's.
+pub(super) fn store_of<'a>(
+    placement: &'a crate::spec::Placement,
+    config: &'a super::Config,
+) -> Option<&'a str> {
+    placement.store.as_deref().or(config.store.as_deref())
 }
 
 impl Scheduler {
@@ -102,28 +110,16 @@ impl Scheduler {
             return;
         }
         let patterns = &j.spec.template.files.inputs;
-        let store = j
-            .spec
-            .placement
-            .store
-            .as_deref()
-            .or(self.config.store.as_deref());
-        let job_s = job.to_string();
+        let store = store_of(&j.spec.placement, &self.config);
         let end = j.len();
         j.inputs
             .reserve((end.saturating_sub(from) as usize) * patterns.len());
-        for index in from..end {
-            let task_s = j.task_id(index).to_string();
-            let values = Values {
-                job: &job_s,
-                task: &task_s,
-                line: j.tasks.line(index),
-            };
-            for p in patterns {
-                let name = cached_name(store, &substitute(p, &values));
-                j.inputs.push(self.files.intern(&name));
-            }
-        }
+        let files = &mut self.files;
+        let inputs = &mut j.inputs;
+        let _ = try_each_name(&j.tasks, &job.to_string(), from, patterns, |_, _, name| {
+            inputs.push(files.intern(&cached_name(store, &name)));
+            Ok::<(), ()>(())
+        });
     }
 
     /// A worker's cache gained or lost files (see [`super::Event::CacheChanged`]).

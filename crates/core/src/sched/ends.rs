@@ -78,7 +78,7 @@ impl Scheduler {
             };
             // Its ends free room (or are ignored, and then it was open already).
             self.open.insert(worker);
-            let in_graph = j.feeds || j.reads_produced;
+            let in_graph = j.feeds;
             let first_taken = kept;
             let mut prune = false;
             // Whether `ends[i]` is an end the fast path does not take, which goes the whole way.

@@ -16,10 +16,11 @@
 //! Everything here is derived from submissions and task ends, so a replayed journal rebuilds
 //! it: nothing of it is journaled.
 
+use super::diffusion::store_of;
 use super::{Job, SchedError, Scheduler};
 use crate::files::{cached_name, FileId};
 use crate::outcome::{Command, Failure};
-use crate::placeholders::{substitute, Values};
+use crate::placeholders::try_each_name;
 use crate::queue::Span;
 use crate::spec::{JobId, Keep, TaskIndex, TaskState};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -36,20 +37,11 @@ enum Waiter {
     Gate(JobId),
 }
 
-/// A file some task writes.
-#[derive(Debug)]
-struct Produced {
-    by: TaskKey,
-    /// `Local` or `Persist`, as resolved at the producer's submission.
-    keep: Keep,
-    /// Tasks that read it and have not finished.
-    readers_left: u32,
-}
-
 /// The graph's state, beside the scheduler's.
 #[derive(Debug, Default)]
 pub(super) struct Graph {
-    produced: FxHashMap<FileId, Produced>,
+    /// File → the task that writes it.
+    produced: FxHashMap<FileId, TaskKey>,
     /// Producer task → what waits for it to finish.
     waiters: FxHashMap<TaskKey, Vec<Waiter>>,
     /// Job → jobs whose `after` names all of it.
@@ -98,8 +90,6 @@ struct Links {
     outputs: Vec<FileId>,
     /// (reader index, producer, file) for inputs whose producer has not finished.
     reads: Vec<(TaskIndex, TaskKey, FileId)>,
-    /// Inputs whose producer finished: their readers still count.
-    read_done: Vec<FileId>,
     /// How many `after` tasks or jobs have not finished.
     gate: u32,
     /// Waits to register: on a task, or on a whole job.
@@ -152,7 +142,6 @@ impl Scheduler {
             inside: false,
             outputs: Vec::new(),
             reads: Vec::new(),
-            read_done: Vec::new(),
             gate: 0,
             gate_tasks: Vec::new(),
             gate_jobs: Vec::new(),
@@ -237,53 +226,39 @@ impl Scheduler {
         }
         // Outputs: one writer per file.
         let outs = &j.spec.template.files.outputs;
+        let store = store_of(&j.spec.placement, &self.config);
+        let files = &mut self.files;
+        let _ = try_each_name(&j.tasks, &id.to_string(), 0, outs, |_, _, name| {
+            links.outputs.push(files.intern(&cached_name(store, &name)));
+            Ok::<(), ()>(())
+        });
         let mut mine: FxHashMap<FileId, TaskIndex> = FxHashMap::default();
-        if !outs.is_empty() {
-            let store = j
-                .spec
-                .placement
-                .store
-                .as_deref()
-                .or(self.config.store.as_deref());
-            let job_s = id.to_string();
-            links.outputs.reserve(j.len() as usize * outs.len());
-            for index in 0..j.len() {
-                let task_s = j.task_id(index).to_string();
-                let values = Values {
-                    job: &job_s,
-                    task: &task_s,
-                    line: j.tasks.line(index),
-                };
-                for p in outs {
-                    let name = cached_name(store, &substitute(p, &values));
-                    let file = self.files.intern(&name);
-                    if let Some(&other) = mine.get(&file) {
-                        return graph_err(format!(
-                            "tasks {} and {} both write {}; a file has one writer (put {{task}} in the output's name)",
-                            self.task_name_of(j, other),
-                            self.task_name_of(j, index),
-                            plain(&name)
-                        ));
-                    }
-                    // A writer whose job has ended is replaced (a workflow run again); one
-                    // still live is a second writer.
-                    let live_writer = self.graph.produced.get(&file).filter(|p| {
-                        self.jobs
-                            .get(&p.by.0)
-                            .is_some_and(|pj| pj.finished_us.is_none())
-                    });
-                    if let Some(p) = live_writer {
-                        return graph_err(format!(
-                            "task {} would write {}, which task {} writes already; a file has one writer",
-                            self.task_name_of(j, index),
-                            plain(&name),
-                            self.task_name(p.by)
-                        ));
-                    }
-                    mine.insert(file, index);
-                    links.outputs.push(file);
-                }
+        for (i, &file) in links.outputs.iter().enumerate() {
+            let index = (i / outs.len()) as TaskIndex;
+            if let Some(&other) = mine.get(&file) {
+                return graph_err(format!(
+                    "tasks {} and {} both write {}; a file has one writer (put {{task}} in the output's name)",
+                    self.task_name_of(j, other),
+                    self.task_name_of(j, index),
+                    self.file_name(file)
+                ));
             }
+            // A writer whose job has ended is replaced (a workflow run again); one still
+            // live is a second writer.
+            let live_writer = self.graph.produced.get(&file).filter(|by| {
+                self.jobs
+                    .get(&by.0)
+                    .is_some_and(|pj| pj.finished_us.is_none())
+            });
+            if let Some(&by) = live_writer {
+                return graph_err(format!(
+                    "task {} would write {}, which task {} writes already; a file has one writer",
+                    self.task_name_of(j, index),
+                    self.file_name(file),
+                    self.task_name(by)
+                ));
+            }
+            mine.insert(file, index);
         }
         // Inputs: a file another task writes is waited for.
         let k = j.inputs_per_task();
@@ -302,14 +277,13 @@ impl Scheduler {
                         inner.push((index, writer, file));
                         continue;
                     }
-                    let Some(p) = self.graph.produced.get(&file) else {
+                    let Some(&by) = self.graph.produced.get(&file) else {
                         continue;
                     };
-                    let by = p.by;
                     links.joined.push(by.0);
                     let state = self.jobs.get(&by.0).map(|pj| pj.record(by.1).state);
                     match state {
-                        Some(TaskState::Finished) => links.read_done.push(file),
+                        Some(TaskState::Finished) => {}
                         Some(s) if s.is_terminal() => {
                             return graph_err(format!(
                                 "task {} reads {}, but its writer, task {}, has {s}; `kestrel job retry {}` first",
@@ -431,7 +405,6 @@ impl Scheduler {
             inside: _,
             outputs,
             reads,
-            read_done,
             gate,
             gate_tasks,
             gate_jobs,
@@ -445,33 +418,18 @@ impl Scheduler {
                 self.graph.join(id, other);
             }
         }
-        let per = keep.len();
+        let per = keep.len().max(1);
         for (i, &file) in outputs.iter().enumerate() {
-            let by = (id, (i / per.max(1)) as TaskIndex);
-            let k = keep.get(i % per.max(1)).copied().unwrap_or(Keep::Persist);
-            self.graph.produced.insert(
-                file,
-                Produced {
-                    by,
-                    keep: k,
-                    readers_left: 0,
-                },
-            );
-            if k == Keep::Local {
+            self.graph
+                .produced
+                .insert(file, (id, (i / per) as TaskIndex));
+            if keep.get(i % per) == Some(&Keep::Local) {
                 let root = self.graph.root(id);
                 self.graph.locals.entry(root).or_default().push(file);
             }
         }
-        for file in read_done {
-            if let Some(p) = self.graph.produced.get_mut(&file) {
-                p.readers_left += 1;
-            }
-        }
         let mut unmet: FxHashMap<TaskIndex, u32> = FxHashMap::default();
         for &(reader, by, file) in &reads {
-            if let Some(p) = self.graph.produced.get_mut(&file) {
-                p.readers_left += 1;
-            }
             let w = self.graph.waiters.entry(by).or_default();
             let waiter = Waiter::Reader((id, reader), file);
             // One wait per (reader, producer), however many of its files it reads.
@@ -510,7 +468,6 @@ impl Scheduler {
         j.parent = parent;
         j.keep = keep;
         j.outputs = outputs;
-        j.reads_produced = !reads.is_empty() || j.reads_produced;
         j.gate = gate;
         j.feeds |= !j.outputs.is_empty();
         let waiting: Vec<TaskIndex> = if gate > 0 {
@@ -551,21 +508,9 @@ impl Scheduler {
         spans
     }
 
-    /// A task finished successfully: what waited for it may go, and what it read is needed
-    /// by one reader less.
+    /// A task finished successfully: what waited for it may go.
     pub(super) fn graph_task_finished(&mut self, job: JobId, index: TaskIndex) {
-        let Some(j) = self.jobs.get(&job) else {
-            return;
-        };
-        if j.reads_produced {
-            let files: Vec<FileId> = j.inputs_of(index).to_vec();
-            for f in files {
-                if let Some(p) = self.graph.produced.get_mut(&f) {
-                    p.readers_left = p.readers_left.saturating_sub(1);
-                }
-            }
-        }
-        if !j.feeds {
+        if !self.jobs.get(&job).is_some_and(|j| j.feeds) {
             return;
         }
         let Some(waiters) = self.graph.waiters.remove(&(job, index)) else {
@@ -642,7 +587,11 @@ impl Scheduler {
     /// A task ended for good without success (failed, canceled): what waits for it can never
     /// run and is canceled, with the reason, and so on down the graph.
     pub(super) fn graph_task_lost(&mut self, now_us: u64, job: JobId, index: TaskIndex) {
-        let mut todo = vec![(job, index)];
+        self.graph_cascade(now_us, vec![(job, index)]);
+    }
+
+    /// [`Self::graph_task_lost`] for each of `todo`, and for what that cancels in turn.
+    pub(super) fn graph_cascade(&mut self, now_us: u64, mut todo: Vec<TaskKey>) {
         while let Some(key) = todo.pop() {
             let Some(waiters) = self.graph.waiters.remove(&key) else {
                 continue;
@@ -732,9 +681,8 @@ impl Scheduler {
                     let reason = format!(
                         "--after {job}: job {job} ended with {failed} failed and {canceled} canceled tasks"
                     );
-                    for key in self.cancel_gated(now_us, gj, &reason) {
-                        self.graph_task_lost(now_us, key.0, key.1);
-                    }
+                    let gone = self.cancel_gated(now_us, gj, &reason);
+                    self.graph_cascade(now_us, gone);
                 }
             }
         }
@@ -785,7 +733,7 @@ impl Scheduler {
             return;
         };
         for f in &j.outputs {
-            if self.graph.produced.get(f).is_some_and(|p| p.by.0 == job) {
+            if self.graph.produced.get(f).is_some_and(|by| by.0 == job) {
                 self.graph.produced.remove(f);
             }
         }
@@ -830,17 +778,5 @@ impl Scheduler {
         } else {
             job.keep.clone()
         }
-    }
-
-    /// The tasks `job`'s task `index` waits for or waited for: the writers of its inputs
-    /// (with the file) — for `kestrel job graph`.
-    pub fn writers_of(&self, job: &Job, index: TaskIndex) -> Vec<(TaskKey, FileId, Keep)> {
-        job.inputs_of(index)
-            .iter()
-            .filter_map(|f| {
-                let p = self.graph.produced.get(f)?;
-                Some((p.by, *f, p.keep))
-            })
-            .collect()
     }
 }

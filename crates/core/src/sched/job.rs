@@ -129,8 +129,6 @@ pub struct Job {
     pub(super) unmet: FxHashMap<TaskIndex, u32>,
     /// Whether anything may wait on its tasks (the graph looks at their ends).
     pub(super) feeds: bool,
-    /// Whether its tasks read files other tasks write.
-    pub(super) reads_produced: bool,
 }
 
 impl Job {
@@ -174,7 +172,6 @@ impl Job {
             gate: 0,
             unmet: FxHashMap::default(),
             feeds: false,
-            reads_produced: false,
         }
     }
 
@@ -215,10 +212,7 @@ impl Job {
 
     /// The user-visible id of task `index`.
     pub fn task_id(&self, index: TaskIndex) -> u32 {
-        match &self.tasks {
-            TaskSet::Array(r) => r.id_at(index).unwrap_or(index),
-            TaskSet::List(_) | TaskSet::Lines(_) => index,
-        }
+        self.tasks.id_at(index)
     }
 
     /// The index of the task with a user-visible id.

@@ -162,12 +162,11 @@ impl Scheduler {
         if feeds {
             // What waits for its tasks that will now never finish.
             // (Its running tasks' cancels come back as ends, which do the same.)
-            for (jb, i) in self.graph_waited_on(job) {
-                let gone = self.jobs.get(&jb).map(|j| j.record(i).state);
-                if gone == Some(TaskState::Canceled) {
-                    self.graph_task_lost(now_us, jb, i);
-                }
-            }
+            let mut gone = self.graph_waited_on(job);
+            gone.retain(|&(jb, i)| {
+                self.jobs.get(&jb).map(|j| j.record(i).state) == Some(TaskState::Canceled)
+            });
+            self.graph_cascade(now_us, gone);
         }
         // Tasks requeued for retry were counted as ready: their records say Ready.
         self.check_job_done(now_us, job);

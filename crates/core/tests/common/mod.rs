@@ -14,6 +14,23 @@ pub fn array(n: u32) -> TaskSet {
     TaskSet::Array(IdRanges::span(1, n))
 }
 
+/// Joins a worker of `slots` slots, no prefetch, that stages files, to `s`.
+pub fn staging_worker(s: &mut Scheduler, slots: u32) -> WorkerId {
+    s.worker_joined(
+        0,
+        WorkerOffer {
+            hostname: "w".into(),
+            resources: Resources {
+                cpus: slots,
+                ..Resources::NONE
+            },
+            prefetch: 0,
+            named: vec![],
+            stages_files: true,
+        },
+    )
+}
+
 /// The scheduler's events as methods, each handing one [`Event`] to [`Scheduler::handle`]: tests
 /// read as the steps they take, and the replies come back typed.
 pub trait Events {

@@ -1,11 +1,17 @@
 //! A submission's inputs checked against the store before the job is taken: a file that no
 //! task writes and the store does not have would fail every task that reads it at run time
 //! (and cancel what depends on them), so it is refused at once, by name.
+//!
+//! This runs on the engine's thread, so it must not cost a file-system call per task: the
+//! store's directories are listed once each (one `readdir` for a directory of a million
+//! inputs, where a `stat` per file would stall every worker's updates for seconds on a
+//! shared file system).
 
 use kestrel_core::files::cached_name;
-use kestrel_core::placeholders::{substitute, Values};
+use kestrel_core::placeholders::try_each_name;
 use kestrel_core::{JobSpec, Scheduler, TaskSet};
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::ffi::OsString;
 use std::path::Path;
 
 /// Why the job cannot be taken, if an input of one of its tasks is nowhere: not written by
@@ -21,55 +27,53 @@ pub(super) fn missing_input(
     if files.inputs.is_empty() || store.contains("://") {
         return None;
     }
-    let job_s = core.next_job_id().to_string();
+    let job = core.next_job_id().to_string();
     // What the job's own tasks write.
-    let own: FxHashSet<String> = names_of(&job_s, tasks, &files.outputs)
-        .into_iter()
-        .map(|(_, n)| n)
-        .collect();
+    let mut own: FxHashSet<String> = FxHashSet::default();
+    let _ = try_each_name(tasks, &job, 0, &files.outputs, |_, _, name| {
+        own.insert(name.into_owned());
+        Ok::<(), ()>(())
+    });
+    let mut listed = Listings::default();
     let mut seen: FxHashSet<String> = FxHashSet::default();
-    for (task, name) in names_of(&job_s, tasks, &files.inputs) {
-        if own.contains(&name) || !seen.insert(name.clone()) {
-            continue;
+    let missing = try_each_name(tasks, &job, 0, &files.inputs, |_, id, name| {
+        if own.contains(name.as_ref()) || seen.contains(name.as_ref()) {
+            return Ok(());
         }
-        if core.is_produced(&cached_name(Some(store), &name)) {
-            continue;
-        }
+        let name = name.into_owned();
         // A name that leaves the store is the worker's to refuse, with its own message.
-        if !Path::new(store).join(&name).exists() && !name.split('/').any(|p| p == "..") {
-            if !Path::new(store).is_dir() {
-                return Some(format!(
-                    "task {task} reads {name}, but the store {store} does not exist (no such directory: check --store)"
-                ));
-            }
-            return Some(format!(
-                "task {task} reads {name}, which no task writes and the store {store} does not have; check the name, or submit the job that writes it first"
-            ));
+        let fine = core.is_produced(&cached_name(Some(store), &name))
+            || name.split('/').any(|p| p == "..")
+            || listed.holds(Path::new(store), &name);
+        if fine {
+            seen.insert(name);
+            Ok(())
+        } else {
+            Err((id, name))
         }
-    }
-    None
+    });
+    let (task, name) = missing.err()?;
+    Some(if Path::new(store).is_dir() {
+        format!("task {task} reads {name}, which no task writes and the store {store} does not have; check the name, or submit the job that writes it first")
+    } else {
+        format!("task {task} reads {name}, but the store {store} does not exist (no such directory: check --store)")
+    })
 }
 
-/// Each task's names of `patterns` in job `job_s`, with the task's id: (task id, name).
-fn names_of(job_s: &str, tasks: &TaskSet, patterns: &[String]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    if patterns.is_empty() {
-        return out;
+/// The entries of the store's directories, each listed once when first asked about.
+#[derive(Default)]
+struct Listings(FxHashMap<String, Option<FxHashSet<OsString>>>);
+
+impl Listings {
+    /// Whether `store/name` exists (as a directory entry).
+    fn holds(&mut self, store: &Path, name: &str) -> bool {
+        let (dir, file) = name.rsplit_once('/').unwrap_or(("", name));
+        let entries = self.0.entry(dir.to_string()).or_insert_with(|| {
+            let read = std::fs::read_dir(store.join(dir)).ok()?;
+            Some(read.flatten().map(|e| e.file_name()).collect())
+        });
+        entries
+            .as_ref()
+            .is_some_and(|e| e.contains(std::ffi::OsStr::new(file)))
     }
-    for i in 0..tasks.len() {
-        let task = match tasks {
-            TaskSet::Array(r) => r.id_at(i).unwrap_or(i),
-            _ => i,
-        }
-        .to_string();
-        let values = Values {
-            job: job_s,
-            task: &task,
-            line: tasks.line(i),
-        };
-        for p in patterns {
-            out.push((task.clone(), substitute(p, &values).into_owned()));
-        }
-    }
-    out
 }

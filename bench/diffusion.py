@@ -658,6 +658,14 @@ def _plot(res: dict, png: Path) -> bool:
     return True
 
 
+def positive(text: str) -> float:
+    """A rate above 0 (at 0 the arrivals would never reach the task count)."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return value
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--plot-only":
         return 0 if _plot(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])) else 1
@@ -670,8 +678,8 @@ def main() -> int:
     ap.add_argument("--two", type=float, default=0.5, help="share of tasks reading two files")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--only", default="policies,sweep,tight,hot,arrival")
-    ap.add_argument("--start", type=float, default=20.0, help="arrival: first rate, tasks/s")
-    ap.add_argument("--cap", type=float, default=1000.0, help="arrival: highest rate, tasks/s")
+    ap.add_argument("--start", type=positive, default=20.0, help="arrival: first rate, tasks/s")
+    ap.add_argument("--cap", type=positive, default=1000.0, help="arrival: highest rate, tasks/s")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "diffusion.json"))
     a = ap.parse_args()

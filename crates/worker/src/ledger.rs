@@ -108,13 +108,15 @@ impl Ledger {
     /// being fetched ahead ([`Local::prefer_staged`]). Called before each start by the
     /// executors that run tasks with files.
     #[inline]
-    pub(crate) fn prefer_staged(&mut self) {
-        if let Some(files) = &self.files {
-            // The prefetcher's lock is taken only if the head reads files, and once for the scan.
-            let mut view = None;
-            self.local
-                .prefer_staged(|key| view.get_or_insert_with(|| files.prefetch_view()).ended(key));
-        }
+    pub(crate) fn prefer_staged(&mut self, for_slot: bool) -> bool {
+        let Some(files) = &self.files else {
+            return false;
+        };
+        // The prefetcher's lock is taken only if the head reads files, and once for the scan.
+        let mut view = None;
+        self.local.prefer_staged(for_slot, |key| {
+            view.get_or_insert_with(|| files.prefetch_view()).ended(key)
+        })
     }
 
     /// Reports a task failed whose launch could not be built.

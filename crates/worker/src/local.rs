@@ -160,18 +160,28 @@ impl Local {
     /// `fetched` says has not ended, moves to the head the first of the next
     /// [`LOOK_AHEAD`] tasks with the same needs that waits for no fetch: the next free slot
     /// runs that one instead of waiting for the head's transfer, and the head keeps its place
-    /// right behind it. A head that reads no files costs one lookup.
-    pub fn prefer_staged(&mut self, mut fetched: impl FnMut((JobId, TaskIndex)) -> bool) {
+    /// right behind it. A head that reads no files costs one lookup. With `for_slot`, only when
+    /// what the head needs is free (a task passed forward needs the same, so with no room no
+    /// scan helps); without, for the deck, which waits for a slot anyway. Returns whether a
+    /// task was moved.
+    pub fn prefer_staged(
+        &mut self,
+        for_slot: bool,
+        mut fetched: impl FnMut((JobId, TaskIndex)) -> bool,
+    ) -> bool {
         let Some(head) = self.queue.front() else {
-            return;
+            return false;
         };
         let Some(def) = self.jobs.get(&head.job) else {
-            return;
+            return false;
         };
-        if def.template.files.is_empty() || fetched((head.job, head.index)) {
-            return;
+        if def.template.files.is_empty() {
+            return false;
         }
         let (resources, named) = (def.resources, &def.named);
+        if (for_slot && !self.room_for(&resources, named)) || fetched((head.job, head.index)) {
+            return false;
+        }
         let jobs = &self.jobs;
         let ready = |t: &LocalTask| {
             jobs.get(&t.job).is_some_and(|d| {
@@ -181,9 +191,26 @@ impl Local {
             })
         };
         let found = self.queue.iter().take(LOOK_AHEAD).skip(1).position(ready);
-        if let Some(task) = found.and_then(|i| self.queue.remove(i + 1)) {
-            self.queue.push_front(task);
+        match found.and_then(|i| self.queue.remove(i + 1)) {
+            Some(task) => {
+                self.queue.push_front(task);
+                true
+            }
+            None => false,
         }
+    }
+
+    /// Whether `need` and `named` are free now.
+    #[inline(always)]
+    fn room_for(&self, need: &Resources, named: &[(String, u32)]) -> bool {
+        need.cpus <= self.free_cpus
+            && need.gpus as usize <= self.free_gpus.len()
+            && need.mem <= self.free_mem
+            && named.iter().all(|(name, n)| {
+                self.free_named
+                    .iter()
+                    .any(|(have, free)| have == name && free >= n)
+            })
     }
 
     /// Takes the next queued task if what it needs is free; returns it with what it holds.
@@ -196,22 +223,11 @@ impl Local {
             Some(d) => (d.resources, d.named.as_slice()),
             None => (Resources::default(), &[][..]),
         };
-        if need.cpus > self.free_cpus
-            || need.gpus as usize > self.free_gpus.len()
-            || need.mem > self.free_mem
-        {
+        if !self.room_for(&need, named) {
             return None;
         }
-        // Most tasks hold no named resource: nothing more to check or take.
+        // Most tasks hold no named resource: nothing more to take.
         if !named.is_empty() {
-            let free = |(name, n): &(String, u32)| {
-                self.free_named
-                    .iter()
-                    .any(|(have, free)| have == name && free >= n)
-            };
-            if !named.iter().all(free) {
-                return None;
-            }
             for (name, n) in named {
                 if let Some((_, f)) = self.free_named.iter_mut().find(|(have, _)| have == name) {
                     *f -= n;
@@ -507,14 +523,19 @@ mod tests {
             l.queue.iter().map(|t| (t.job, t.index)).collect()
         };
         // Every fetch under way: nothing moves.
-        l.prefer_staged(|_| false);
+        l.prefer_staged(false, |_| false);
         assert_eq!(order(&l), [(1, 0), (1, 1), (2, 0), (1, 2), (1, 3)]);
         // The head's fetch ended: it stays the head.
-        l.prefer_staged(|k| k == (1, 0) || k == (1, 3));
+        l.prefer_staged(false, |k| k == (1, 0) || k == (1, 3));
         assert_eq!(order(&l), [(1, 0), (1, 1), (2, 0), (1, 2), (1, 3)]);
+        // For a slot, only when what the head needs is free: with no cpu free, nothing moves.
+        l.free_cpus = 0;
+        assert!(!l.prefer_staged(true, |k| k == (1, 2)));
+        assert_eq!(order(&l), [(1, 0), (1, 1), (2, 0), (1, 2), (1, 3)]);
+        l.free_cpus = 2;
         // Job 2's task (other needs) is passed over: the first of the same needs comes first,
         // and the head keeps its place behind it.
-        l.prefer_staged(|k| k == (2, 0) || k == (1, 2) || k == (1, 3));
+        l.prefer_staged(false, |k| k == (2, 0) || k == (1, 2) || k == (1, 3));
         assert_eq!(order(&l), [(1, 2), (1, 0), (1, 1), (2, 0), (1, 3)]);
         // A head that reads no files is never moved for one that does.
         let mut plain = Local::new(2, 0, 0, &[]);
@@ -527,7 +548,7 @@ mod tests {
             None,
         );
         plain.enqueue(run(3, 0, 3), 0);
-        plain.prefer_staged(|_| false);
+        plain.prefer_staged(false, |_| false);
         assert_eq!(order(&plain), [(3, 0), (3, 1), (3, 2)]);
     }
 

@@ -173,20 +173,29 @@ impl Pool {
         }
     }
 
+    /// Whether the head of the queue may be decked: not a GPU task, and its job has fewer
+    /// decked than running tasks.
+    fn deckable(&self, ledger: &Ledger) -> bool {
+        let Some(head) = ledger.local.queue.front() else {
+            return false;
+        };
+        let job = head.job;
+        ledger.local.jobs.get(&job).is_some_and(|def| {
+            def.resources.gpus == 0 && self.decked_of(job) < ledger.running_of(job)
+        })
+    }
+
     /// Decks tasks from the head of the queue while its job has fewer decked than running
     /// tasks, so that each running task of the job can be followed by one. GPU tasks are
     /// never decked: their device list is the slot's they start on.
     fn fill_deck(&mut self, ledger: &mut Ledger) {
         loop {
-            ledger.prefer_staged();
-            let Some(head) = ledger.local.queue.front() else {
+            // Only a head that could be decked is worth passing (a scan after every event
+            // otherwise, while the head's fetch lasts).
+            if !self.deckable(ledger) {
                 return;
-            };
-            let job = head.job;
-            let Some(def) = ledger.local.jobs.get(&job) else {
-                return;
-            };
-            if def.resources.gpus > 0 || self.decked_of(job) >= ledger.running_of(job) {
+            }
+            if ledger.prefer_staged(false) && !self.deckable(ledger) {
                 return;
             }
             let Some(task) = ledger.local.queue.pop_front() else {
@@ -275,7 +284,7 @@ impl Executor for Pool {
     /// tasks of their job.
     fn start(&mut self, ledger: &mut Ledger) {
         loop {
-            ledger.prefer_staged();
+            ledger.prefer_staged(true);
             let Some((task, held)) = ledger.local.next_startable() else {
                 break;
             };

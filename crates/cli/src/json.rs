@@ -42,6 +42,8 @@ fn instant(us: u64) -> Option<u64> {
 #[derive(Serialize)]
 pub struct CountsView {
     pub queued: u32,
+    /// Waiting for the tasks they depend on (the writers of their inputs, `--after`).
+    pub waiting: u32,
     pub assigned: u32,
     pub running: u32,
     pub finished: u32,
@@ -54,6 +56,7 @@ impl From<&Counts> for CountsView {
     fn from(c: &Counts) -> CountsView {
         CountsView {
             queued: c.ready,
+            waiting: c.waiting,
             assigned: c.assigned,
             running: c.running,
             finished: c.finished,

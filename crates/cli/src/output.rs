@@ -142,6 +142,7 @@ pub fn counts(c: &Counts) -> String {
         (c.running, "running"),
         (c.assigned, "assigned"),
         (c.ready, "queued"),
+        (c.waiting, "waiting"),
     ]
     .iter()
     .filter(|(n, _)| *n > 0)

@@ -118,6 +118,8 @@ fn a_failed_writer_cancels_its_reader_with_the_reason() {
     let info = c.run(&["job", "info", "2", "--output", "json"]).ok().json();
     assert_eq!(info["counts"]["finished"], 3, "{info}");
     assert_eq!(info["counts"]["canceled"], 1, "{info}");
+    // It did not do all its work: failed, not finished.
+    assert_eq!(info["state"], "failed", "{info}");
 }
 
 #[test]

@@ -332,3 +332,50 @@ fn auto_outputs_read_by_a_known_task_stay_local_the_others_persist() {
     let plain = submit(&mut s, files_job("p", 1, &[], &["solo/{task}"])).unwrap();
     assert_eq!(s.output_keep(s.job(plain).unwrap()), vec![Keep::Persist]);
 }
+
+#[test]
+fn a_reader_that_fails_for_an_intermediate_lost_with_its_worker_says_so() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, files_job("a", 1, &[], &["mid/{task}"])).unwrap();
+    let b = submit(&mut s, files_job("b", 1, &["mid/{task}"], &[])).unwrap();
+    // `a` runs on `w`, which then goes away with the only copy of mid/1.
+    s.handle(0, Event::Schedule).unwrap();
+    s.take_commands();
+    let added = vec![(cached_name(Some(STORE), "mid/1"), 10)];
+    s.handle(
+        10,
+        Event::CacheChanged {
+            worker: w,
+            added,
+            evicted: vec![],
+        },
+    )
+    .unwrap();
+    let ends = vec![Finished::at_once(a, 0, 10, RunEnd::Success)];
+    s.handle(10, Event::TasksEnded { worker: w, ends }).unwrap();
+    s.handle(100, Event::WorkerLost { worker: w }).unwrap();
+    let other = staging_worker(&mut s, 1);
+    s.handle(100, Event::Schedule).unwrap();
+    let mut failure = Failure::because("input mid/1 not found in /store");
+    failure.permanent = true;
+    let ends = vec![Finished::at_once(
+        b,
+        0,
+        200,
+        RunEnd::Failed(Box::new(failure)),
+    )];
+    s.handle(
+        200,
+        Event::TasksEnded {
+            worker: other,
+            ends,
+        },
+    )
+    .unwrap();
+    let jb = s.job(b).unwrap();
+    assert_eq!(jb.record(0).state, TaskState::Failed);
+    assert_eq!(
+        jb.failure(0).unwrap().reason,
+        format!("input mid/1, written by task {a}:1, was lost with the worker that held it (re-running its writer is not built yet: submit the workflow again)")
+    );
+}

@@ -607,13 +607,15 @@ impl std::error::Error for Refusal {}
 /// Where a job is in its life, as `kestrel job list` and `kestrel job state` show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum JobState {
-    /// No task has been handed to a worker yet.
+    /// No task has been handed to a worker yet (they are queued, or wait for the tasks they
+    /// depend on).
     Queued,
     /// Some task has been handed out or has ended, and some has not ended.
     Running,
     /// Every task finished successfully.
     Finished,
-    /// Every task ended and at least one failed.
+    /// Every task ended and at least one failed, or was canceled because a task it depended
+    /// on failed.
     Failed,
     /// The job was canceled.
     Canceled,

@@ -9,12 +9,14 @@ pub fn job_state(j: &Job) -> JobState {
     if j.canceled {
         JobState::Canceled
     } else if j.is_done() {
-        if c.failed > 0 {
+        // A task of a job not canceled was canceled because what it depended on failed:
+        // the job did not do all its work.
+        if c.failed > 0 || c.canceled > 0 {
             JobState::Failed
         } else {
             JobState::Finished
         }
-    } else if c.total() > u64::from(c.ready) {
+    } else if c.total() > u64::from(c.ready) + u64::from(c.waiting) {
         JobState::Running
     } else {
         JobState::Queued

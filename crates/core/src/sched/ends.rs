@@ -239,6 +239,8 @@ impl Scheduler {
         let mut judged = None;
         // How the task's end bears on what depends on it: finished, or lost for good.
         let mut for_graph = None;
+        // Whether it failed for want of an input (which may be an intermediate file lost).
+        let mut lost_input = false;
         // A run whose start came with its end (or not at all) is counted now.
         let unreported_run = u8::from(ours && rec.state == TaskState::Assigned);
         match &f.end {
@@ -270,6 +272,7 @@ impl Scheduler {
                 let priority = j.spec.priority;
                 if !again {
                     for_graph = Some(false);
+                    lost_input = failure.permanent;
                 }
                 if again {
                     j.set_state(f.index, TaskState::Ready);
@@ -293,7 +296,12 @@ impl Scheduler {
         }
         match for_graph {
             Some(true) => self.graph_task_finished(f.job, f.index),
-            Some(false) => self.graph_task_lost(now_us, f.job, f.index),
+            Some(false) => {
+                if lost_input {
+                    self.explain_lost_input(f.job, f.index);
+                }
+                self.graph_task_lost(now_us, f.job, f.index)
+            }
             None => {}
         }
         self.check_job_done(now_us, f.job);

@@ -590,6 +590,38 @@ impl Scheduler {
         self.graph_cascade(now_us, vec![(job, index)]);
     }
 
+    /// A task failed for good for want of an input (a permanent failure): if that input is
+    /// an intermediate file whose writer finished and whose every copy is gone (lost with
+    /// its worker), the worker's "not in the store" is not the story, and the reason says so.
+    pub(super) fn explain_lost_input(&mut self, job: JobId, index: TaskIndex) {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        let lost = j.inputs_of(index).iter().find_map(|&f| {
+            let by = *self.graph.produced.get(&f)?;
+            let writer_done = self
+                .jobs
+                .get(&by.0)
+                .is_some_and(|w| w.record(by.1).state == TaskState::Finished);
+            (writer_done && self.files.holders(f).is_empty()).then_some((f, by))
+        });
+        let Some((file, by)) = lost else {
+            return;
+        };
+        let reason = format!(
+            "input {}, written by task {}, was lost with the worker that held it (re-running its writer is not built yet: submit the workflow again)",
+            self.file_name(file),
+            self.task_name(by)
+        );
+        if let Some(f) = self
+            .jobs
+            .get_mut(&job)
+            .and_then(|j| j.failures.get_mut(&index))
+        {
+            f.reason = reason;
+        }
+    }
+
     /// [`Self::graph_task_lost`] for each of `todo`, and for what that cancels in turn.
     pub(super) fn graph_cascade(&mut self, now_us: u64, mut todo: Vec<TaskKey>) {
         while let Some(key) = todo.pop() {

@@ -325,9 +325,10 @@ impl Scheduler {
         Ok(links)
     }
 
-    /// `J:T` of task `index` of `j`.
+    /// Task `index` of `j`, the job being submitted, by its id alone: the job's number is not
+    /// the user's until it is taken (a refused job's would be the next job's).
     fn task_name_of(&self, j: &Job, index: TaskIndex) -> String {
-        format!("{}:{}", j.id, j.task_id(index))
+        j.task_id(index).to_string()
     }
 
     /// Refuses a job whose tasks wait for each other in a circle, naming the tasks and files.

@@ -52,7 +52,7 @@ fn array_job_runs_on_all_workers_and_is_reported() {
     assert_eq!(j["state"], "finished");
     assert_eq!(
         j["counts"],
-        json!({"queued": 0, "assigned": 0, "running": 0, "finished": 20, "failed": 0, "canceled": 0, "total": 20})
+        json!({"queued": 0, "waiting": 0, "assigned": 0, "running": 0, "finished": 20, "failed": 0, "canceled": 0, "total": 20})
     );
     assert!(u(&j["finished_us"]) >= u(&j["submitted_us"]));
 

@@ -570,6 +570,9 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
                 output::bytes(bytes)
             );
         }
+        if let Some(n) = i.intermediates_remade {
+            println!("re-ran    {n} tasks to make intermediate files lost with their workers");
+        }
         match &i.journal {
             Some(j) => {
                 println!(

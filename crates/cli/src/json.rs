@@ -457,6 +457,8 @@ pub struct ServerView {
     /// and their bytes.
     pub intermediate_files_deleted: u64,
     pub intermediate_bytes_deleted: u64,
+    /// Tasks run again to make intermediate files lost with their workers (lineage).
+    pub intermediate_tasks_rerun: u64,
 }
 
 #[derive(Serialize)]
@@ -483,6 +485,7 @@ impl From<&ServerInfo> for ServerView {
             queued: i.queued,
             intermediate_files_deleted: i.intermediates_deleted.map_or(0, |d| d.0),
             intermediate_bytes_deleted: i.intermediates_deleted.map_or(0, |d| d.1),
+            intermediate_tasks_rerun: i.intermediates_remade.unwrap_or(0),
             journal: i.journal.as_ref().map(|j| JournalView {
                 path: j.path.clone(),
                 bytes: j.bytes,

@@ -9,9 +9,21 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-/// A store holding `raw/1.dat` … `raw/4.dat` (`file N`), a server using it, and two workers
+/// A store of [`raw_store`], a server using it, and two workers
 /// of 2 slots with 1 MB caches serving peers.
 fn cluster() -> (Cluster, String, tempfile::TempDir) {
+    let (store, dir) = raw_store();
+    let mut c = Cluster::with_server_args(&["--store", &store, "--policy", "gcc"]);
+    for i in 0..2 {
+        let cache = c.root().join(format!("cache-{i}")).display().to_string();
+        c.add_worker_with(2, &["--cache-dir", &cache, "--cache-size", "1M"]);
+    }
+    c.wait_workers(2);
+    (c, store, dir)
+}
+
+/// A store directory holding `raw/1.dat` … `raw/4.dat` (`file N`).
+fn raw_store() -> (String, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a store directory");
     fs::create_dir_all(dir.path().join("raw")).unwrap();
     for i in 1..=4 {
@@ -21,14 +33,7 @@ fn cluster() -> (Cluster, String, tempfile::TempDir) {
         )
         .unwrap();
     }
-    let store = dir.path().display().to_string();
-    let mut c = Cluster::with_server_args(&["--store", &store, "--policy", "gcc"]);
-    for i in 0..2 {
-        let cache = c.root().join(format!("cache-{i}")).display().to_string();
-        c.add_worker_with(2, &["--cache-dir", &cache, "--cache-size", "1M"]);
-    }
-    c.wait_workers(2);
-    (c, store, dir)
+    (dir.path().display().to_string(), dir)
 }
 
 /// The names of the files under `sub` (e.g. `mid`) in the workers' caches.
@@ -185,4 +190,89 @@ fn graph_mistakes_are_refused_naming_tasks_and_files() {
     // Nothing of any of them was submitted.
     let jobs = c.run(&["job", "list", "--output", "json"]).ok().json();
     assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(0), "{jobs}");
+}
+
+/// A gate job (its task waits for the file `go` in the submit directory), `upper` as in
+/// [`STAGES`] and `mark` reading upper's files after the gate: upper's files are local, and
+/// nothing reads them until the test lets the gate go.
+fn gated_stages(c: &Cluster) {
+    let go = c.work.join("go").display().to_string();
+    let gate = format!(
+        "[[job]]\nname = \"gate\"\ncommand = \"sh -c 'while [ ! -e {go} ]; do sleep 0.05; done'\"\n"
+    );
+    let stages = STAGES.replace(
+        "[[job]]\nname = \"mark\"\n",
+        "[[job]]\nname = \"mark\"\nafter = [\"gate\"]\n",
+    );
+    fs::write(c.work.join("stages.toml"), format!("{gate}{stages}")).unwrap();
+}
+
+/// A worker of 2 slots on cache directory `cache-{name}`.
+fn cached_worker(c: &mut Cluster, name: &str) -> usize {
+    let cache = c.root().join(format!("cache-{name}")).display().to_string();
+    c.add_worker_with(2, &["--cache-dir", &cache, "--cache-size", "1M"])
+}
+
+/// A server on a store of `raw/1.dat` … `raw/4.dat`, one worker (of cache `cache-a`) and the
+/// gated stages submitted; upper (job 2) has run. The test writes `go` to let the gate go.
+fn gated_cluster() -> (Cluster, String, tempfile::TempDir) {
+    let (store, dir) = raw_store();
+    let mut c = Cluster::with_server_args(&["--store", &store]);
+    cached_worker(&mut c, "a");
+    c.wait_workers(1);
+    gated_stages(&c);
+    c.run(&["submit", "--file", "stages.toml"]).ok();
+    c.run(&["job", "wait", "2"]).ok();
+    (c, store, dir)
+}
+
+fn server_json(c: &Cluster) -> serde_json::Value {
+    c.run(&["server", "info", "--output", "json"]).ok().json()
+}
+
+/// What the stages wrote to the store, as `mark` writes it.
+fn assert_marked(store: &str) {
+    for i in 1..=4 {
+        let got = fs::read_to_string(format!("{store}/out/{i}.txt")).unwrap();
+        assert_eq!(got, format!("FILE {i}!\n"), "output {i}");
+    }
+}
+
+#[test]
+fn intermediates_lost_with_a_killed_worker_are_made_again_and_the_run_completes() {
+    let (mut c, store, _dir) = gated_cluster();
+    cached_worker(&mut c, "b");
+    c.wait_workers(2);
+    // The worker holding every copy of mid/*.txt dies: upper's tasks run again on the other.
+    c.kill_worker(0);
+    c.wait_workers(1);
+    fs::write(c.work.join("go"), "").unwrap();
+    c.run(&["job", "wait", "3"]).ok();
+    assert_marked(&store);
+    assert!(
+        !Path::new(&store).join("mid").exists(),
+        "mid/ reached the store"
+    );
+    assert_eq!(server_json(&c)["intermediate_tasks_rerun"], 4);
+    let upper = c.run(&["job", "info", "2", "--output", "json"]).ok().json();
+    assert_eq!(upper["state"], "finished", "{upper}");
+    assert_eq!(upper["counts"]["finished"], 4, "{upper}");
+}
+
+#[test]
+fn a_worker_restarted_with_its_cache_saves_the_re_runs() {
+    let (mut c, store, _dir) = gated_cluster();
+    // The only worker dies and comes back on the same cache directory: it announces
+    // mid/*.txt as it registers, before anything could run upper's tasks again.
+    c.kill_worker(0);
+    c.wait_workers(0);
+    cached_worker(&mut c, "a");
+    c.wait_workers(1);
+    fs::write(c.work.join("go"), "").unwrap();
+    c.run(&["job", "wait", "3"]).ok();
+    assert_marked(&store);
+    assert_eq!(server_json(&c)["intermediate_tasks_rerun"], 0);
+    for row in task_rows(&c, "2") {
+        assert_eq!(row["attempts"], 1, "nothing is recomputed: {row}");
+    }
 }

@@ -41,19 +41,21 @@ fn run(
     now: &mut u64,
     end: impl Fn(JobId, u32) -> bool,
 ) -> Vec<(JobId, u32)> {
-    run_keeping(s, w, now, end, &mut Vec::new())
+    run_keeping(s, w, now, end, &mut Vec::new(), usize::MAX)
 }
 
-/// [`run`], keeping the commands other than assignments in `others`.
+/// [`run`], keeping the commands other than assignments in `others`, for at most `rounds`
+/// scheduling passes.
 fn run_keeping(
     s: &mut Scheduler,
     w: WorkerId,
     now: &mut u64,
     end: impl Fn(JobId, u32) -> bool,
     others: &mut Vec<Command>,
+    rounds: usize,
 ) -> Vec<(JobId, u32)> {
     let mut ran = Vec::new();
-    loop {
+    for _ in 0..rounds {
         s.handle(*now, Event::Schedule).unwrap();
         let mut runs: Vec<IndexRun> = Vec::new();
         for c in s.take_commands() {
@@ -107,6 +109,7 @@ fn run_keeping(
             }
         }
     }
+    ran
 }
 
 fn state(s: &Scheduler, job: JobId, id: u32) -> TaskState {
@@ -289,7 +292,7 @@ fn local_intermediates_are_deleted_when_their_workflow_ends() {
     );
     let mut now = 0;
     let mut others = Vec::new();
-    run_keeping(&mut s, w, &mut now, |_, _| true, &mut others);
+    run_keeping(&mut s, w, &mut now, |_, _| true, &mut others, usize::MAX);
     others.extend(s.take_commands());
     let mut dropped = Vec::new();
     for c in others {
@@ -330,49 +333,184 @@ fn auto_outputs_read_by_a_known_task_stay_local_the_others_persist() {
     assert_eq!(s.output_keep(s.job(plain).unwrap()), vec![Keep::Persist]);
 }
 
+/// A job of one task writing `local:OUTPUT` (as the CLI marks an output a later job of the
+/// same job file reads).
+fn local_job(name: &str, inputs: &[&str], output: &str) -> (JobSpec, TaskSet) {
+    let mut job = files_job(name, 1, inputs, &[output]);
+    job.0.template.files.keep = vec![Keep::Local];
+    job
+}
+
+/// The three-stage chain a → b → c through `mid/{task}` and `mid2/{task}`, one task each,
+/// with a and b run on `w` (their outputs only in its cache) and c ready.
+fn chain(s: &mut Scheduler, w: WorkerId, now: &mut u64) -> (JobId, JobId, JobId) {
+    let a = submit(s, local_job("a", &[], "mid/{task}")).unwrap();
+    let b = submit(s, local_job("b", &["mid/{task}"], "mid2/{task}")).unwrap();
+    let c = submit(s, files_job("c", 1, &["mid2/{task}"], &[])).unwrap();
+    let ran = run_keeping(s, w, now, |_, _| true, &mut Vec::new(), 2);
+    assert_eq!(ran, vec![(a, 1), (b, 1)]);
+    assert_eq!(state(s, c, 1), TaskState::Ready);
+    (a, b, c)
+}
+
 #[test]
-fn a_reader_that_fails_for_an_intermediate_lost_with_its_worker_says_so() {
+fn intermediates_lost_with_their_worker_are_made_again_by_their_writers_in_order() {
     let (mut s, w) = setup(1);
-    let a = submit(&mut s, files_job("a", 1, &[], &["mid/{task}"])).unwrap();
-    let b = submit(&mut s, files_job("b", 1, &["mid/{task}"], &[])).unwrap();
-    // `a` runs on `w`, which then goes away with the only copy of mid/1.
-    s.handle(0, Event::Schedule).unwrap();
-    s.take_commands();
-    let added = vec![(cached_name(Some(STORE), "mid/1"), 10)];
+    let mut now = 0;
+    let (a, b, c) = chain(&mut s, w, &mut now);
+    assert!(s.job(a).unwrap().is_done() && s.job(a).unwrap().finished_us.is_some());
+    s.handle(now, Event::WorkerLost { worker: w }).unwrap();
+    // c waits for b, which waits for a: both outputs are gone.
+    assert_eq!(state(&s, c, 1), TaskState::Waiting);
+    assert_eq!(state(&s, b, 1), TaskState::Waiting);
+    assert_eq!(state(&s, a, 1), TaskState::Ready);
+    assert_eq!(s.job(a).unwrap().finished_us, None, "a's job is live again");
+    assert_eq!(s.reruns(), 2);
+    assert_eq!(s.audit(), Vec::<String>::new());
+    let w2 = staging_worker(&mut s, 1);
+    let ran = run(&mut s, w2, &mut now, |_, _| true);
+    assert_eq!(ran, vec![(a, 1), (b, 1), (c, 1)]);
+    for job in [a, b, c] {
+        let j = s.job(job).unwrap();
+        assert!(j.is_done() && j.finished_us.is_some(), "job {job}");
+        assert_eq!(j.counts.finished, 1);
+    }
+    assert_eq!(s.reruns(), 2);
+    assert_eq!(s.audit(), Vec::<String>::new());
+}
+
+#[test]
+fn a_worker_back_with_its_cache_before_the_re_runs_start_saves_them() {
+    let (mut s, w) = setup(1);
+    let mut now = 0;
+    let (a, b, c) = chain(&mut s, w, &mut now);
+    s.handle(now, Event::WorkerLost { worker: w }).unwrap();
+    assert_eq!(s.reruns(), 2);
+    // The same worker restarts with its cache: it registers anew and reports what it holds.
+    let back = staging_worker(&mut s, 1);
+    let added = ["mid/1", "mid2/1"]
+        .iter()
+        .map(|n| (cached_name(Some(STORE), n), 10))
+        .collect();
     s.handle(
-        10,
+        now,
         Event::CacheChanged {
-            worker: w,
+            worker: back,
             added,
             evicted: vec![],
         },
     )
     .unwrap();
-    let ends = vec![Finished::at_once(a, 0, 10, RunEnd::Success)];
-    s.handle(10, Event::TasksEnded { worker: w, ends }).unwrap();
-    s.handle(100, Event::WorkerLost { worker: w }).unwrap();
-    let other = staging_worker(&mut s, 1);
-    s.handle(100, Event::Schedule).unwrap();
-    let mut failure = Failure::because("input mid/1 not found in /store");
+    assert_eq!(s.reruns(), 0);
+    assert_eq!(state(&s, a, 1), TaskState::Finished);
+    assert_eq!(state(&s, b, 1), TaskState::Finished);
+    assert!(
+        s.job(a).unwrap().finished_us.is_some(),
+        "a's job ended again"
+    );
+    assert_eq!(state(&s, c, 1), TaskState::Ready);
+    let ran = run(&mut s, back, &mut now, |_, _| true);
+    assert_eq!(ran, vec![(c, 1)], "nothing is recomputed");
+    assert_eq!(s.audit(), Vec::<String>::new());
+}
+
+/// Assigns what can run on `w` and returns the (job, index) of the one task assigned.
+fn assign_one(s: &mut Scheduler, now: u64) -> (JobId, TaskIndex) {
+    s.handle(now, Event::Schedule).unwrap();
+    let runs: Vec<IndexRun> = s
+        .take_commands()
+        .into_iter()
+        .flat_map(|c| match c {
+            Command::Assign { runs, .. } => runs,
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    (runs[0].job, runs[0].first)
+}
+
+fn not_found(name: &str) -> RunEnd {
+    let mut failure = Failure::because(format!(
+        "input {name} not found in {STORE}; check the name, or put the file there (not retried)"
+    ));
     failure.permanent = true;
-    let ends = vec![Finished::at_once(
-        b,
-        0,
-        200,
-        RunEnd::Failed(Box::new(failure)),
-    )];
-    s.handle(
-        200,
-        Event::TasksEnded {
-            worker: other,
-            ends,
-        },
-    )
-    .unwrap();
+    RunEnd::Failed(Box::new(failure))
+}
+
+#[test]
+fn a_reader_sent_out_before_its_input_was_lost_waits_for_it_instead_of_failing() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, local_job("a", &[], "mid/{task}")).unwrap();
+    let b = submit(&mut s, files_job("b", 1, &["mid/{task}"], &[])).unwrap();
+    let mid = cached_name(Some(STORE), "mid/1");
+    let mut now = 0;
+    // Each round: a runs (again), b is sent out, the only copy of mid/1 vanishes (evicted),
+    // and b finds its input nowhere. Three times a runs again; the fourth, b fails.
+    for round in 0..=3u8 {
+        assert_eq!(assign_one(&mut s, now), (a, 0), "round {round}");
+        now += 10;
+        let added = vec![(mid.clone(), 10)];
+        s.handle(
+            now,
+            Event::CacheChanged {
+                worker: w,
+                added,
+                evicted: vec![],
+            },
+        )
+        .unwrap();
+        let ends = vec![Finished::at_once(a, 0, now, RunEnd::Success)];
+        s.handle(now, Event::TasksEnded { worker: w, ends })
+            .unwrap();
+        assert_eq!(assign_one(&mut s, now), (b, 0));
+        s.handle(
+            now,
+            Event::CacheChanged {
+                worker: w,
+                added: vec![],
+                evicted: vec![mid.clone()],
+            },
+        )
+        .unwrap();
+        let ends = vec![Finished::at_once(b, 0, now, not_found("mid/1"))];
+        s.handle(now, Event::TasksEnded { worker: w, ends })
+            .unwrap();
+        assert_eq!(s.audit(), Vec::<String>::new());
+        if round < 3 {
+            assert_eq!(state(&s, b, 1), TaskState::Waiting, "round {round}");
+            assert_eq!(state(&s, a, 1), TaskState::Ready);
+            assert_eq!(s.reruns(), u64::from(round) + 1);
+        }
+    }
     let jb = s.job(b).unwrap();
     assert_eq!(jb.record(0).state, TaskState::Failed);
     assert_eq!(
         jb.failure(0).unwrap().reason,
-        format!("input mid/1, written by task {a}:1, was lost with the worker that held it (re-running its writer is not built yet: submit the workflow again)")
+        format!("input mid/1, written by task {a}:1, was lost with the worker that held it and is not made again: it was made again 3 times already")
     );
+    assert!(jb.is_done());
+}
+
+#[test]
+fn a_replayed_journal_rescues_a_reader_as_it_was_rescued() {
+    let mut s = Scheduler::new(Config {
+        store: Some(STORE.into()),
+        ..Config::default()
+    });
+    let (spec, tasks) = local_job("a", &[], "mid/{task}");
+    s.restore_submit(1, 0, spec, tasks, false).unwrap();
+    let (spec, tasks) = files_job("b", 1, &["mid/{task}"], &[]);
+    s.restore_submit(2, 0, spec, tasks, false).unwrap();
+    s.restore_task_end(Finished::at_once(1, 0, 10, RunEnd::Success), 5);
+    s.restore_task_end(Finished::at_once(2, 0, 20, not_found("mid/1")), 15);
+    // a's second success, as the journal has it.
+    s.restore_task_end(Finished::at_once(1, 0, 30, RunEnd::Success), 25);
+    s.restore_task_end(Finished::at_once(2, 0, 40, RunEnd::Success), 35);
+    s.restore_done();
+    for job in [1, 2] {
+        let j = s.job(job).unwrap();
+        assert!(j.is_done(), "job {job}: {:?}", j.counts);
+        assert_eq!(j.counts.finished, 1);
+    }
+    assert_eq!(s.audit(), Vec::<String>::new());
 }

@@ -912,6 +912,10 @@ pub struct ServerInfo {
     /// bytes (version 9; absent before the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intermediates_deleted: Option<(u64, u64)>,
+    /// Tasks run again since the server started to make intermediate files lost with their
+    /// workers (version 9; absent before the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intermediates_remade: Option<u64>,
 }
 
 /// Where a server journals its state, and how big the journal is.

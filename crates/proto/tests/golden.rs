@@ -617,6 +617,7 @@ fn server_answers() {
         Answer::WaitDone(progress()),
         Answer::Info(ServerInfo {
             intermediates_deleted: None,
+            intermediates_remade: None,
             version: "0.1.0".into(),
             protocol: 6,
             address: "head:7777".into(),

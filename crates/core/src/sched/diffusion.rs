@@ -125,6 +125,7 @@ impl Scheduler {
     /// A worker's cache gained or lost files (see [`super::Event::CacheChanged`]).
     pub(crate) fn cache_changed(
         &mut self,
+        now_us: u64,
         worker: WorkerId,
         added: &[(String, u64)],
         evicted: &[String],
@@ -141,6 +142,13 @@ impl Scheduler {
             evicted: evicted.iter().filter_map(|n| files.id(n)).collect(),
         };
         self.files.apply(worker, &delta);
+        if self.graph_has_files() {
+            // Lineage: an intermediate evicted from its last cache is made again; one back
+            // (a worker restarted with its cache) need not be.
+            self.files_lost(&delta.evicted);
+            let added: Vec<_> = delta.added.iter().map(|(f, _)| *f).collect();
+            self.files_back(now_us, &added);
+        }
     }
 
     /// How many tasks the window holds at most: the configured W, else 100 per worker as in

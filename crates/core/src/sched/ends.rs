@@ -294,15 +294,18 @@ impl Scheduler {
         if let Some(id) = prune {
             self.prune_ledger(id);
         }
-        match for_graph {
-            Some(true) => self.graph_task_finished(f.job, f.index),
-            Some(false) => {
+        match (for_graph, &f.end) {
+            (Some(true), _) => self.graph_task_finished(f.job, f.index),
+            // An input lost with its workers is made again, and the task waits for it.
+            (Some(false), RunEnd::Failed(failure))
+                if lost_input && self.rescue_reader(key, &failure.reason) => {}
+            (Some(false), _) => {
                 if lost_input {
                     self.explain_lost_input(f.job, f.index);
                 }
                 self.graph_task_lost(now_us, f.job, f.index)
             }
-            None => {}
+            (None, _) => {}
         }
         self.check_job_done(now_us, f.job);
         Accepted::Recorded

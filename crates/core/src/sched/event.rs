@@ -299,7 +299,7 @@ impl Scheduler {
                 added,
                 evicted,
             } => {
-                self.cache_changed(worker, &added, &evicted);
+                self.cache_changed(now_us, worker, &added, &evicted);
                 Reply::Done
             }
             Event::DataMoved { job, moved, tasks } => {

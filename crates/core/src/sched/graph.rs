@@ -25,6 +25,8 @@ use crate::queue::Span;
 use crate::spec::{JobId, Keep, TaskIndex, TaskState};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+mod lineage;
+
 /// A task, by its job and index.
 pub(super) type TaskKey = (JobId, TaskIndex);
 
@@ -50,11 +52,20 @@ pub(super) struct Graph {
     up: FxHashMap<JobId, JobId>,
     /// Jobs of each workflow (by its root) that have not ended.
     live: FxHashMap<JobId, u32>,
+    /// Jobs counted in `live`: those linked, and those a linked job joined while they ran (a
+    /// job is outside every graph until another names it in its `after` or as its parent).
+    members: FxHashSet<JobId>,
     /// Local outputs of each workflow, deleted when it ends.
     locals: FxHashMap<JobId, Vec<FileId>>,
+    /// Tasks being run again to make outputs lost with their workers, with those outputs.
+    remaking: FxHashMap<TaskKey, Vec<FileId>>,
+    /// How many times each task has been run again for lost outputs.
+    remade: FxHashMap<TaskKey, u8>,
     /// Copies of intermediate files deleted from caches, and their bytes.
     pub freed_files: u64,
     pub freed_bytes: u64,
+    /// Tasks run again to make lost intermediate files (lineage).
+    pub reruns: u64,
 }
 
 impl Graph {
@@ -413,11 +424,17 @@ impl Scheduler {
             joined,
             keep,
         } = links;
+        self.graph.members.insert(id);
         *self.graph.live.entry(id).or_default() += 1;
         for other in joined {
-            if self.jobs.contains_key(&other) {
-                self.graph.join(id, other);
+            let Some(o) = self.jobs.get(&other) else {
+                continue;
+            };
+            if o.finished_us.is_none() && self.graph.members.insert(other) {
+                let root = self.graph.root(other);
+                *self.graph.live.entry(root).or_default() += 1;
             }
+            self.graph.join(id, other);
         }
         let per = keep.len().max(1);
         for (i, &file) in outputs.iter().enumerate() {
@@ -511,6 +528,9 @@ impl Scheduler {
 
     /// A task finished successfully: what waited for it may go.
     pub(super) fn graph_task_finished(&mut self, job: JobId, index: TaskIndex) {
+        if !self.graph.remaking.is_empty() {
+            self.graph.remaking.remove(&(job, index));
+        }
         if !self.jobs.get(&job).is_some_and(|j| j.feeds) {
             return;
         }
@@ -589,38 +609,6 @@ impl Scheduler {
     /// run and is canceled, with the reason, and so on down the graph.
     pub(super) fn graph_task_lost(&mut self, now_us: u64, job: JobId, index: TaskIndex) {
         self.graph_cascade(now_us, vec![(job, index)]);
-    }
-
-    /// A task failed for good for want of an input (a permanent failure): if that input is
-    /// an intermediate file whose writer finished and whose every copy is gone (lost with
-    /// its worker), the worker's "not in the store" is not the story, and the reason says so.
-    pub(super) fn explain_lost_input(&mut self, job: JobId, index: TaskIndex) {
-        let Some(j) = self.jobs.get(&job) else {
-            return;
-        };
-        let lost = j.inputs_of(index).iter().find_map(|&f| {
-            let by = *self.graph.produced.get(&f)?;
-            let writer_done = self
-                .jobs
-                .get(&by.0)
-                .is_some_and(|w| w.record(by.1).state == TaskState::Finished);
-            (writer_done && self.files.holders(f).is_empty()).then_some((f, by))
-        });
-        let Some((file, by)) = lost else {
-            return;
-        };
-        let reason = format!(
-            "input {}, written by task {}, was lost with the worker that held it (re-running its writer is not built yet: submit the workflow again)",
-            self.file_name(file),
-            self.task_name(by)
-        );
-        if let Some(f) = self
-            .jobs
-            .get_mut(&job)
-            .and_then(|j| j.failures.get_mut(&index))
-        {
-            f.reason = reason;
-        }
     }
 
     /// [`Self::graph_task_lost`] for each of `todo`, and for what that cancels in turn.
@@ -720,11 +708,13 @@ impl Scheduler {
             }
         }
         let root = self.graph.root(job);
-        if let Some(n) = self.graph.live.get_mut(&root) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.graph.live.remove(&root);
-                self.drop_locals(root);
+        if self.graph.members.remove(&job) {
+            if let Some(n) = self.graph.live.get_mut(&root) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.graph.live.remove(&root);
+                    self.drop_locals(root);
+                }
             }
         }
         if let Some((pj, _)) = parent {
@@ -785,6 +775,11 @@ impl Scheduler {
         keys
     }
 
+    /// Whether some task writes a file (lineage has work only then).
+    pub(super) fn graph_has_files(&self) -> bool {
+        !self.graph.produced.is_empty()
+    }
+
     /// Whether some task known to the scheduler writes file `name` (named as in caches,
     /// `KEY/name`).
     pub fn is_produced(&self, name: &str) -> bool {
@@ -801,6 +796,11 @@ impl Scheduler {
     /// Copies of intermediate files deleted from caches so far, and their bytes.
     pub fn freed(&self) -> (u64, u64) {
         (self.graph.freed_files, self.graph.freed_bytes)
+    }
+
+    /// Tasks run again so far to make intermediate files lost with their workers.
+    pub fn reruns(&self) -> u64 {
+        self.graph.reruns
     }
 
     /// The output modes of `job`'s outputs, as resolved at its submission (what its workers

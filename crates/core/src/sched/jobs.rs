@@ -224,12 +224,15 @@ impl Scheduler {
             return Ok((0, 0));
         }
         j.canceled = false;
-        j.finished_us = None;
+        let ended = j.finished_us.take().is_some();
         let priority = j.spec.priority;
         for span in spans {
             self.ready.push_requeued(priority, span);
         }
         self.live_jobs.insert(job);
+        if ended {
+            self.graph_rejoin(job);
+        }
         self.records.push(Record::Retried { job, failed_only });
         Ok((failed, canceled))
     }

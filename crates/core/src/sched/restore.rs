@@ -76,8 +76,9 @@ impl Scheduler {
         let to = match &f.end {
             RunEnd::Success => TaskState::Finished,
             RunEnd::Canceled => TaskState::Canceled,
-            RunEnd::Failed(_) => {
-                let again = !canceled && u32::from(rec.failures) < retries;
+            RunEnd::Failed(failure) => {
+                // As when it was taken: a permanent failure is not retried.
+                let again = !canceled && !failure.permanent && u32::from(rec.failures) < retries;
                 if again {
                     TaskState::Ready
                 } else {
@@ -96,11 +97,18 @@ impl Scheduler {
         if f.end != RunEnd::Canceled {
             r.runs = r.runs.saturating_add(1);
         }
+        let mut rescued = false;
         if let RunEnd::Failed(failure) = f.end {
             r.failures = r.failures.saturating_add(1);
-            j.failures.insert(f.index, *failure);
+            let lost_input = failure.permanent && to == TaskState::Failed;
+            j.failures.insert(f.index, *failure.clone());
+            // As when it was taken: an input lost with its workers is made again. No worker
+            // holds anything during a replay, so a run that failed for want of a copy that
+            // existed elsewhere (rare) is rescued here where it was not then.
+            rescued = lost_input && self.rescue_reader((f.job, f.index), &failure.reason);
         }
         match to {
+            _ if rescued => {}
             TaskState::Finished => self.graph_task_finished(f.job, f.index),
             TaskState::Failed | TaskState::Canceled => {
                 self.graph_task_lost(f.finished_us, f.job, f.index)

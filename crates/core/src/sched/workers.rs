@@ -75,6 +75,12 @@ impl Scheduler {
             return;
         };
         self.open.remove(&worker);
+        // Intermediate files it may have held alone: made again if a task still needs them.
+        let held: Vec<_> = if self.graph_has_files() {
+            self.files.held_by(worker).collect()
+        } else {
+            Vec::new()
+        };
         self.files.worker_gone(worker);
         if let Some(reason) = w.quarantined {
             self.quarantined_gone.insert(worker, reason);
@@ -130,6 +136,9 @@ impl Scheduler {
         }
         if !counted.is_empty() {
             self.records.push(Record::Lost { tasks: counted });
+        }
+        if !held.is_empty() {
+            self.files_lost(&held);
         }
     }
 

@@ -201,6 +201,8 @@ impl Engine {
                 info.live_jobs = self.core.live_jobs() as u32;
                 let freed = self.core.freed();
                 info.intermediates_deleted = (freed.0 > 0).then_some(freed);
+                let remade = self.core.reruns();
+                info.intermediates_remade = (remade > 0).then_some(remade);
                 info.queued = self.core.queued();
                 info.journal = self.durable.journal.as_ref().map(|j| JournalInfo {
                     path: j.path().display().to_string(),

@@ -134,6 +134,7 @@ impl Engine {
             queued: 0,
             journal: None,
             intermediates_deleted: None,
+            intermediates_remade: None,
         };
         Engine {
             core,

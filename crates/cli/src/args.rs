@@ -343,6 +343,25 @@ pub enum JobCommand {
     },
     /// Show a job's options, task counts and timing (queue, dispatch and run time)
     Info { job: u32 },
+    /// Print the graph of the workflow a job belongs to (Graphviz DOT): its tasks colored by
+    /// state, and what joins them (files, `--after`, jobs submitted by a task)
+    #[command(
+        after_help = "A workflow is the set of jobs joined by a file one writes and another reads, an `--after`,
+or a task that submitted a job. Tasks are grouped by job; a failed task is red, a canceled
+one grey (its tooltip says why), a waiting one blue, a finished one green. Past 5,000 tasks,
+or with --by-job, jobs are drawn instead of tasks.
+
+Examples:
+  kestrel job graph 3 | dot -Tsvg > workflow.svg
+  kestrel job graph 3 --by-job
+  kestrel job graph 3 --output json"
+    )]
+    Graph {
+        job: u32,
+        /// One node per job instead of one per task
+        #[arg(long)]
+        by_job: bool,
+    },
     /// Print `ID STATE` for each job, one line each, in one request (for scripts and workflow
     /// managers); exit status 3 if some id is unknown
     #[command(

@@ -256,6 +256,30 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                 output::json(&JobInfoView::from(&*d));
             } else {
                 print_job(&d);
+                if d.summary.counts.failed > 0 {
+                    // In a workflow, what its failures canceled downstream.
+                    if let Ok(Answer::Graph(graph)) =
+                        s.call(Ask::JobGraph { job, by_job: false }).await
+                    {
+                        let lines = crate::graph_dot::failed_subtree(&graph, job);
+                        if lines.iter().any(|l| l.starts_with("  canceled")) {
+                            println!("failed subtree (what each failed task canceled downstream):");
+                            for l in lines {
+                                println!("  {l}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        JobCommand::Graph { job, by_job } => {
+            let Answer::Graph(graph) = s.call(Ask::JobGraph { job, by_job }).await? else {
+                return Err(unexpected());
+            };
+            if g.output == Format::Json {
+                output::json(&crate::graph_dot::GraphJson::from(&*graph));
+            } else {
+                output::say(crate::graph_dot::dot(&graph, job).trim_end());
             }
         }
         JobCommand::Cancel { jobs } => {

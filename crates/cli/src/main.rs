@@ -6,6 +6,7 @@ mod cat;
 mod client_cmds;
 mod completions;
 mod exit;
+mod graph_dot;
 mod graph_file;
 mod jobs;
 mod json;

@@ -125,6 +125,44 @@ fn a_failed_writer_cancels_its_reader_with_the_reason() {
     assert_eq!(info["counts"]["canceled"], 1, "{info}");
     // It did not do all its work: failed, not finished.
     assert_eq!(info["state"], "failed", "{info}");
+    // The writer's job info shows what its failure canceled downstream.
+    let writer = c.run(&["job", "info", "1"]).ok().stdout.clone();
+    assert!(
+        writer.contains("task 3 failed: exit code 1")
+            && writer.contains("canceled 2:3: input mid/3.txt: producer task 1:3 failed"),
+        "{writer}"
+    );
+    // The workflow's graph: tasks by state, edges through files.
+    let dot = c.run(&["job", "graph", "2"]).ok().stdout.clone();
+    for line in [
+        "digraph \"workflow of job 2\" {",
+        "label=\"job 1 upper: failed, 3/4 finished\";",
+        "\"1:3\" [label=\"3\", fillcolor=\"#ffcdd2\", tooltip=\"task 1:3 failed: exit code 1\"];",
+        "\"2:3\" [label=\"3\", fillcolor=\"#e0e0e0\"",
+        "\"1:2\" -> \"2:2\" [label=\"mid/2.txt\"];",
+    ] {
+        assert!(dot.contains(line), "{line} not in\n{dot}");
+    }
+    let by_job = c
+        .run(&["job", "graph", "1", "--by-job", "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(
+        by_job["tasks"].as_array().map(Vec::len),
+        Some(0),
+        "{by_job}"
+    );
+    let edge = &by_job["edges"][0];
+    assert_eq!(
+        (
+            &edge["from"]["job"],
+            &edge["to"]["job"],
+            &edge["kind"],
+            &edge["file_count"]
+        ),
+        (&1.into(), &2.into(), &"files".into(), &4.into()),
+        "{by_job}"
+    );
 }
 
 #[test]

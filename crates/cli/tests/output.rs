@@ -10,8 +10,9 @@ use std::process::Command;
 
 /// Checks one JSON document against the vocabulary of docs/json.md; `what` names it.
 fn check_vocabulary(what: &str, v: &Value) {
-    const STATES: [&str; 9] = [
+    const STATES: [&str; 10] = [
         "queued",
+        "waiting",
         "assigned",
         "running",
         "finished",
@@ -91,6 +92,7 @@ fn every_command_speaks_one_json_vocabulary() {
     );
     json(&c, &["task", "info", "2", "0"]);
     json(&c, &["job", "list"]);
+    json(&c, &["job", "graph", "1"]);
     json(&c, &["job", "state", "1", "2"]);
     json(&c, &["job", "retry", "2"]);
     json(&c, &["job", "wait", "2"]);

@@ -475,6 +475,12 @@ pub enum Ask {
         job: JobId,
         task: TaskId,
     },
+    /// The graph of the workflow `job` belongs to (`kestrel job graph`, version 9): its tasks
+    /// one by one, or with `by_job` (or past [`MAX_GRAPH_TASKS`] tasks) its jobs.
+    JobGraph {
+        job: JobId,
+        by_job: bool,
+    },
     /// A page of the output of a job's tasks (`kestrel job cat`, `kestrel task output`), in
     /// task order: the tasks with the ids in `tasks` (every task if `None`), from position
     /// `from` of that selection, with about `max_bytes` of output at most (at least one task).
@@ -544,6 +550,64 @@ pub enum Answer {
     TaskRange(TaskRange),
     /// The answer to `TaskInfo`.
     Task(Box<TaskDetail>),
+    /// The answer to `JobGraph`.
+    Graph(Box<WorkflowView>),
+}
+
+/// Tasks past which a workflow's graph is drawn job by job: a drawing of more is unreadable,
+/// and its message large.
+pub const MAX_GRAPH_TASKS: usize = 5_000;
+
+/// A workflow's graph (`kestrel job graph`): jobs, tasks (unless drawn by job) and edges.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkflowView {
+    pub jobs: Vec<GraphJob>,
+    /// Its tasks, in job and task order; empty when drawn by job.
+    pub tasks: Vec<GraphTask>,
+    /// Edges between tasks, or between jobs when drawn by job.
+    pub edges: Vec<GraphEdge>,
+}
+
+/// A job of a workflow's graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphJob {
+    pub id: JobId,
+    pub name: String,
+    pub state: JobState,
+    #[serde(with = "CountsDef")]
+    pub counts: Counts,
+}
+
+/// A task of a workflow's graph.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphTask {
+    pub job: JobId,
+    pub id: TaskId,
+    #[serde(with = "TaskStateDef")]
+    pub state: TaskState,
+    /// Why it failed or was canceled, if it did.
+    pub reason: Option<String>,
+}
+
+/// An edge: `from` must finish before `to` runs (or, for `Parent`, `from` submitted `to`).
+/// A task is `(job, Some(task id))`, a job `(job, None)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphEdge {
+    pub from: (JobId, Option<TaskId>),
+    pub to: (JobId, Option<TaskId>),
+    pub kind: EdgeKind,
+}
+
+/// Why an edge is there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EdgeKind {
+    /// Files `to` reads that `from` writes: their names (one, between tasks), or how many
+    /// (between jobs).
+    Files { names: Vec<String>, count: u32 },
+    /// `to`'s job has `after` naming `from`.
+    After,
+    /// `from` submitted the job `to`.
+    Parent,
 }
 
 /// Why the server refused a request: a message for people (what is wrong and what to do) and

@@ -1,6 +1,6 @@
 //! Scheduler state rendered as the protocol's answers.
 
-use kestrel_core::{Job, TaskIndex, TaskSet, TaskState, Worker};
+use kestrel_core::{Job, JobId, TaskIndex, TaskSet, TaskState, Worker};
 use kestrel_proto::messages::*;
 
 /// Where a job is in its life.
@@ -257,4 +257,93 @@ pub fn worker_row(
         named: w.offer.named.clone(),
         cache,
     }
+}
+
+/// An edge's end: a task (by id) or a whole job.
+type End = (JobId, Option<u32>);
+
+/// The graph of the workflow `job` belongs to: task by task, or job by job with `by_job` or
+/// past [`MAX_GRAPH_TASKS`] tasks (file edges between two jobs then count their files).
+pub fn workflow(core: &kestrel_core::Scheduler, job: JobId, by_job: bool) -> Option<WorkflowView> {
+    let g = core.workflow_graph(job)?;
+    let jobs: Vec<&Job> = g.jobs.iter().filter_map(|&id| core.job(id)).collect();
+    let total: u64 = jobs.iter().map(|j| u64::from(j.len())).sum();
+    let by_job = by_job || total > MAX_GRAPH_TASKS as u64;
+    let name = |file| {
+        let n = core.files().name(file).unwrap_or("?");
+        // Without its store's key (`KEY/mid/1` is `mid/1` to the user).
+        n.split_once('/').map_or(n, |(_, n)| n).to_string()
+    };
+    let id_of =
+        |(job, index): (JobId, TaskIndex)| core.job(job).map_or(index, |j| j.task_id(index));
+    let at = |key: (JobId, TaskIndex)| {
+        if by_job {
+            (key.0, None)
+        } else {
+            (key.0, Some(id_of(key)))
+        }
+    };
+    let mut edges: Vec<GraphEdge> = Vec::new();
+    // File edges, merged per (from, to): a task reading three files of one writer is one edge.
+    let mut files: std::collections::BTreeMap<_, (Vec<String>, u32)> = Default::default();
+    for (w, r, f) in g.files {
+        let e = files.entry((at(w), at(r))).or_default();
+        e.1 += 1;
+        if !by_job {
+            e.0.push(name(f));
+        }
+    }
+    for ((from, to), (names, count)) in files {
+        edges.push(GraphEdge {
+            from,
+            to,
+            kind: EdgeKind::Files { names, count },
+        });
+    }
+    let mut after: Vec<(End, End)> = Vec::new();
+    for (dep, waiting) in g.after_jobs {
+        after.push(((dep, None), (waiting, None)));
+    }
+    for (task, waiting) in g.after_tasks {
+        after.push((at(task), (waiting, None)));
+    }
+    after.sort_unstable();
+    after.dedup();
+    edges.extend(after.into_iter().map(|(from, to)| GraphEdge {
+        from,
+        to,
+        kind: EdgeKind::After,
+    }));
+    edges.extend(g.parents.into_iter().map(|(p, child)| GraphEdge {
+        from: at(p),
+        to: (child, None),
+        kind: EdgeKind::Parent,
+    }));
+    let tasks = if by_job {
+        Vec::new()
+    } else {
+        jobs.iter()
+            .flat_map(|j| {
+                (0..j.len()).map(move |index| GraphTask {
+                    job: j.id,
+                    id: j.task_id(index),
+                    state: j.record(index).state,
+                    reason: j.failure(index).map(|f| f.reason.clone()),
+                })
+            })
+            .collect()
+    };
+    Some(WorkflowView {
+        jobs: jobs
+            .iter()
+            .map(|j| GraphJob {
+                id: j.id,
+                name: j.spec.name.clone(),
+                state: job_state(j),
+                counts: j.counts,
+            })
+            .collect(),
+        tasks,
+        edges,
+    })
 }

@@ -26,9 +26,12 @@ use crate::spec::{JobId, Keep, TaskIndex, TaskState};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 mod lineage;
+mod view;
+
+pub use view::WorkflowGraph;
 
 /// A task, by its job and index.
-pub(super) type TaskKey = (JobId, TaskIndex);
+pub type TaskKey = (JobId, TaskIndex);
 
 /// What waits on a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -310,6 +310,10 @@ impl Engine {
                 ))),
                 None => Err(no_such_job(job)),
             },
+            Ask::JobGraph { job, by_job } => match views::workflow(&self.core, job, by_job) {
+                Some(g) => Ok(Answer::Graph(Box::new(g))),
+                None => Err(no_such_job(job)),
+            },
             Ask::TaskInfo { job, task } => match self.core.job(job) {
                 None => Err(no_such_job(job)),
                 Some(j) => match j.index_of(task) {

@@ -99,6 +99,11 @@ pub struct TaskOptions {
     #[arg(long = "input-static", value_name = "NAME")]
     #[serde(default, rename = "inputs_static")]
     pub input_static: Vec<String>,
+    /// Keep each `local` output on N different workers (the writer's and N-1 copies made as
+    /// it finishes), so a worker lost takes no file its readers need: worth it where
+    /// re-running the writer is dear (by default the one copy is made again if lost)
+    #[arg(long, value_name = "N")]
+    pub replicas: Option<u8>,
     /// Start only after these tasks have all finished successfully: JOB (every task of job
     /// JOB) or JOB:TASKS (e.g. 7:1-10); if one fails for good this job's tasks are canceled,
     /// each saying why (repeat for more) [in job files: after = [7, "7:1-10", "NAME"],
@@ -141,7 +146,8 @@ impl TaskOptions {
             env_all,
             store,
             policy,
-            util_threshold
+            util_threshold,
+            replicas
         );
         for (mine, theirs) in [
             (&mut self.resource, &defaults.resource),
@@ -219,6 +225,7 @@ impl TaskOptions {
                     outputs: self.output_files.clone(),
                     statics: self.input_static.clone(),
                     keep: Vec::new(),
+                    replicas: self.replicas.unwrap_or(1),
                 }),
             },
             resources: Resources {
@@ -279,7 +286,8 @@ fn output_modes(mut files: TaskFiles) -> TaskFiles {
         *name = rest;
         keep.push(mode);
     }
-    if keep.iter().any(|k| *k != Keep::Auto) {
+    // On the wire `replicas` follows `keep`, which must then be there.
+    if files.replicas > 1 || keep.iter().any(|k| *k != Keep::Auto) {
         files.keep = keep;
     }
     files
@@ -654,6 +662,7 @@ struct JobEntry {
     store: Option<String>,
     policy: Option<String>,
     util_threshold: Option<f64>,
+    replicas: Option<u8>,
 }
 
 /// Reads a TOML job file: `[defaults]` options and one `[[job]]` table per job.
@@ -734,6 +743,7 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
         store: e.store,
         policy: e.policy,
         util_threshold: e.util_threshold,
+        replicas: e.replicas,
     }
     .or(defaults);
     match (e.command, e.tasks) {

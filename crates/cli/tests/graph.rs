@@ -314,3 +314,62 @@ fn a_worker_restarted_with_its_cache_saves_the_re_runs() {
         assert_eq!(row["attempts"], 1, "nothing is recomputed: {row}");
     }
 }
+
+#[test]
+fn replicas_keep_copies_on_other_workers_so_a_lost_worker_costs_no_re_run() {
+    let (store, _dir) = raw_store();
+    let mut c = Cluster::with_server_args(&["--store", &store]);
+    cached_worker(&mut c, "0");
+    cached_worker(&mut c, "1");
+    c.wait_workers(2);
+    gated_stages(&c);
+    let file = fs::read_to_string(c.work.join("stages.toml")).unwrap();
+    let file = file.replace("name = \"upper\"\n", "name = \"upper\"\nreplicas = 2\n");
+    fs::write(c.work.join("stages.toml"), file).unwrap();
+    c.run(&["submit", "--file", "stages.toml"]).ok();
+    c.run(&["job", "wait", "2"]).ok();
+    // Each of upper's files is in both caches once the copies are made.
+    let both: Vec<String> = (1..=4)
+        .flat_map(|i| [format!("{i}.txt"), format!("{i}.txt")])
+        .collect();
+    poll(
+        "two copies of each intermediate file",
+        COMMAND_LIMIT,
+        || (cached(&c, "mid") == both).then_some(()),
+    );
+    // ... and once the server knows of them: each worker's reported cache is what is on disk.
+    poll("the copies to be reported", COMMAND_LIMIT, || {
+        let list = c.run(&["worker", "list", "--output", "json"]).ok().json();
+        let mut reported: Vec<u64> = list["workers"]
+            .as_array()?
+            .iter()
+            .filter_map(|w| w["cache_used"].as_u64())
+            .collect();
+        let mut on_disk: Vec<u64> = (0..2)
+            .map(|i| disk_bytes(&c.root().join(format!("cache-{i}/files"))))
+            .collect();
+        reported.sort_unstable();
+        on_disk.sort_unstable();
+        (reported == on_disk).then_some(())
+    });
+    c.kill_worker(0);
+    c.wait_workers(1);
+    fs::write(c.work.join("go"), "").unwrap();
+    c.run(&["job", "wait", "3"]).ok();
+    assert_marked(&store);
+    assert_eq!(server_json(&c)["intermediate_tasks_rerun"], 0);
+}
+
+/// Bytes of the regular files under `dir`.
+fn disk_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let meta = e.metadata().unwrap();
+        total += if meta.is_dir() {
+            disk_bytes(&e.path())
+        } else {
+            meta.len()
+        };
+    }
+    total
+}

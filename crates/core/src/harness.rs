@@ -605,6 +605,7 @@ impl Harness {
                 | Command::ForgetJob { .. }
                 | Command::JobDone { .. }
                 | Command::DropFiles { .. }
+                | Command::Replicate { .. }
                 | Command::Quarantined { .. } => {}
             }
             self.commands.push(cmd);

@@ -165,6 +165,14 @@ pub enum Command {
         /// The files, by their names in the cache.
         files: Vec<String>,
     },
+    /// Copy these intermediate files into the worker's cache from the workers that hold them
+    /// (`--replicas`), and keep them there like the writer's copy.
+    Replicate {
+        /// The worker to copy them to.
+        worker: WorkerId,
+        /// The files, by their names in the cache.
+        files: Vec<String>,
+    },
     /// The worker's tasks fail too often: it gets no new tasks until resumed.
     Quarantined {
         /// The quarantined worker.

@@ -183,6 +183,9 @@ pub struct TaskFiles {
     pub statics: Vec<String>,
     /// What becomes of each output, in the order of `outputs` (empty: [`Keep::Auto`] for all).
     pub keep: Vec<Keep>,
+    /// Copies of each `local` output to keep on different workers (`--replicas`; 0 and 1
+    /// mean the writer's alone), so losing a worker loses no file its readers need.
+    pub replicas: u8,
 }
 
 /// What becomes of an output once its task succeeded (AME's collocated store).
@@ -222,6 +225,9 @@ impl TaskFiles {
 
     /// Checks every name: relative, without `..`, within [`MAX_TASK_FILES`] per kind.
     pub fn validate(&self) -> Result<(), SpecError> {
+        if self.replicas > MAX_REPLICAS {
+            return Err(SpecError::TooManyReplicas(self.replicas));
+        }
         if !self.keep.is_empty() && self.keep.len() != self.outputs.len() {
             return Err(SpecError::KeepCount {
                 keep: self.keep.len(),
@@ -253,6 +259,9 @@ impl TaskFiles {
 
 /// The most files of one kind a task may declare.
 pub const MAX_TASK_FILES: usize = 64;
+
+/// The most copies of an output `--replicas` may ask for.
+pub const MAX_REPLICAS: u8 = 8;
 
 /// Why `name` cannot be a logical file's name, if it cannot: names are paths relative to the
 /// store, so that one cannot reach outside it.
@@ -825,6 +834,9 @@ pub enum SpecError {
         /// How many were given.
         count: usize,
     },
+    /// More copies of outputs than [`MAX_REPLICAS`].
+    #[error("--replicas {0}: at most {max} copies of an output are kept", max = MAX_REPLICAS)]
+    TooManyReplicas(u8),
     /// The output modes do not match the outputs one for one.
     #[error("{keep} output modes for {outputs} outputs; give one mode per output")]
     KeepCount {

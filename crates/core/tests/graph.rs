@@ -514,3 +514,101 @@ fn a_replayed_journal_rescues_a_reader_as_it_was_rescued() {
     }
     assert_eq!(s.audit(), Vec::<String>::new());
 }
+
+#[test]
+fn a_writer_with_replicas_has_its_local_outputs_copied_to_other_workers() {
+    let (mut s, w) = setup(1);
+    let others = [staging_worker(&mut s, 1), staging_worker(&mut s, 1)];
+    let mut spec = local_job("a", &[], "mid/{task}");
+    spec.0.template.files.replicas = 2;
+    let a = submit(&mut s, spec).unwrap();
+    submit(&mut s, local_job("b", &["mid/{task}"], "out/{task}")).unwrap();
+    let (job, index) = assign_one(&mut s, 0);
+    assert_eq!(job, a);
+    let writer = s.job(a).unwrap().record(index).worker;
+    let mid = cached_name(Some(STORE), "mid/1");
+    s.handle(
+        10,
+        Event::CacheChanged {
+            worker: writer,
+            added: vec![(mid.clone(), 10)],
+            evicted: vec![],
+        },
+    )
+    .unwrap();
+    let ends = vec![Finished::at_once(a, 0, 10, RunEnd::Success)];
+    s.handle(
+        10,
+        Event::TasksEnded {
+            worker: writer,
+            ends,
+        },
+    )
+    .unwrap();
+    let copies: Vec<(WorkerId, Vec<String>)> = s
+        .take_commands()
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Replicate { worker, files } => Some((worker, files)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_ne!(copies[0].0, writer);
+    assert!([w, others[0], others[1]].contains(&copies[0].0));
+    assert_eq!(copies[0].1, vec![mid]);
+}
+
+#[test]
+fn a_parent_job_keeps_its_workflow_and_files_alive_while_it_runs() {
+    let (mut s, w) = setup(3);
+    // A plain job of two tasks, both running: each will submit a child job.
+    let parent = submit(&mut s, files_job("p", 2, &[], &[])).unwrap();
+    s.handle(0, Event::Schedule).unwrap();
+    s.take_commands();
+    let mut child_a = local_job("a", &[], "mid/{task}");
+    child_a.0.parent = Some((parent, 1));
+    submit(&mut s, child_a).unwrap();
+    // The first child runs and ends; the parent's second task has yet to submit its reader.
+    let mut now = 0;
+    let mut others = Vec::new();
+    run_keeping(&mut s, w, &mut now, |_, _| true, &mut others, usize::MAX);
+    others.extend(s.take_commands());
+    assert!(
+        !others
+            .iter()
+            .any(|c| matches!(c, Command::DropFiles { .. })),
+        "the parent still runs: {others:?}"
+    );
+    let mut child_b = local_job("b", &["mid/{task}"], "out/{task}");
+    child_b.0.parent = Some((parent, 2));
+    let b = submit(&mut s, child_b).unwrap();
+    assert_eq!(state(&s, b, 1), TaskState::Ready, "mid/1 is there to read");
+}
+
+#[test]
+fn a_plain_job_named_in_an_after_keeps_its_workflow_and_files_alive() {
+    let (mut s, w) = setup(2);
+    let gate = submit(&mut s, files_job("gate", 1, &[], &[])).unwrap();
+    let a = submit(&mut s, local_job("a", &[], "mid/{task}")).unwrap();
+    let mut reader = local_job("b", &["mid/{task}"], "out/{task}");
+    reader.0.after = vec![After {
+        job: gate,
+        tasks: None,
+    }];
+    let b = submit(&mut s, reader).unwrap();
+    let mut now = 0;
+    // a runs, then the gate: the workflow (gate, a, b) is not over, b has yet to read mid/1.
+    let mut others = Vec::new();
+    run_keeping(&mut s, w, &mut now, |job, _| job != b, &mut others, 1);
+    others.extend(s.take_commands());
+    assert!(s.job(a).unwrap().is_done() && s.job(gate).unwrap().is_done());
+    assert!(
+        !others
+            .iter()
+            .any(|c| matches!(c, Command::DropFiles { .. })),
+        "{others:?}"
+    );
+    run(&mut s, w, &mut now, |_, _| true);
+    assert!(s.job(b).unwrap().is_done());
+}

@@ -310,6 +310,9 @@ pub enum ToWorker {
     /// Delete these intermediate files from the cache (version 9): the workflow that wrote
     /// them has ended and none is to be kept. Named as in the cache (`KEY/name`).
     DropFiles { files: Vec<String> },
+    /// Copy these intermediate files into the cache from the peers named, and keep them
+    /// until `DropFiles` (version 9; `--replicas`).
+    Replicate { files: Vec<FileSources> },
 }
 
 /// How a worker turns a task index into the user-visible task id.

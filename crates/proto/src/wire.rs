@@ -73,8 +73,9 @@ pub struct TaskTemplateDef {
     pub files: TaskFiles,
 }
 
-/// [`TaskFiles`]: `[inputs, outputs, statics, keep?]` (version 8; `keep` version 9, absent
-/// when every output is `auto`).
+/// [`TaskFiles`]: `[inputs, outputs, statics, keep?, replicas?]` (version 8; `keep` and
+/// `replicas` version 9, `keep` absent when every output is `auto` and there is one copy,
+/// `replicas` when there is one copy).
 #[derive(Serialize, Deserialize)]
 #[serde(remote = "TaskFiles")]
 pub struct TaskFilesDef {
@@ -85,6 +86,13 @@ pub struct TaskFilesDef {
     pub statics: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty", with = "keep_list")]
     pub keep: Vec<Keep>,
+    /// After `keep`, which a sender fills (one `Auto` per output) when it sends this.
+    #[serde(default, skip_serializing_if = "one_copy")]
+    pub replicas: u8,
+}
+
+fn one_copy(replicas: &u8) -> bool {
+    *replicas <= 1
 }
 
 /// `Vec<Keep>` as `[0 auto | 1 local | 2 persist, ...]`.

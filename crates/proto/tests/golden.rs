@@ -131,6 +131,7 @@ fn data_spec() -> JobSpec {
         outputs: vec!["out/{task}.fits".into()],
         statics: vec!["bin/mProject".into()],
         keep: vec![],
+        replicas: 0,
     };
     spec.placement = Placement {
         store: Some("http://store/".into()),

@@ -22,7 +22,7 @@ use crate::store::{write_file_digesting, Store, StoreError, WriteFailed};
 use kestrel_core::files::Transfers;
 use kestrel_core::placeholders::substitute_inputs;
 use kestrel_core::{JobId, TaskIndex};
-use kestrel_proto::messages::{CacheChange, JobTransfers, TaskTransfers};
+use kestrel_proto::messages::{CacheChange, FileSources, JobTransfers, TaskTransfers};
 use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 use std::fs;
@@ -46,6 +46,9 @@ pub struct WorkerFiles {
     pub peers: Peers,
     /// Inputs staged ahead for queued tasks (see `crate::prefetch`).
     pub(crate) ahead: Prefetched,
+    /// Wakes the session to report the cache now rather than at the next heartbeat: copies
+    /// made for `--replicas` count only once the server knows of them.
+    pub(crate) report_now: tokio::sync::Notify,
 }
 
 /// The worker's files, as its threads and its session hold them.
@@ -62,6 +65,7 @@ impl WorkerFiles {
             fetching: (Mutex::new(FxHashMap::default()), Condvar::new()),
             peers: Peers::default(),
             ahead: Prefetched::default(),
+            report_now: tokio::sync::Notify::new(),
         }
     }
 
@@ -641,6 +645,51 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Copies intermediate files from the peers named into the cache and keeps them there until
+/// the server releases them (`--replicas`: more copies than the writer's). A file already here
+/// is kept as it is; one no peer serves whole is left out (peers report what they did not
+/// serve, which corrects the server's index, and the file is made again if it is lost).
+pub(crate) fn replicate(files: Vec<FileSources>, cache: &WorkerFiles) {
+    for f in files {
+        let key = f.file;
+        {
+            let mut c = lock(cache);
+            if c.pin(&key).is_some() {
+                c.unpin(&key);
+                c.keep(&key);
+                continue;
+            }
+        }
+        let partial = lock(cache).partial_path();
+        let got = f
+            .peers
+            .iter()
+            .find_map(|peer| match cache.peers.fetch(peer, &key, &partial) {
+                Fetched::Got(size, digest) => Some((size, digest)),
+                _ => None,
+            });
+        let Some((size, digest)) = got else {
+            let _ = fs::remove_file(&partial);
+            tracing::debug!(file = %key, "no peer served a copy of an intermediate file");
+            continue;
+        };
+        let mut c = lock(cache);
+        match c.insert(&key, &partial, size, Some(digest)) {
+            Ok(_) => {
+                c.unpin(&key);
+                c.keep(&key);
+                drop(c);
+                cache.report_now.notify_one();
+            }
+            Err(e) => {
+                drop(c);
+                let _ = fs::remove_file(&partial);
+                tracing::warn!(file = %key, "cannot keep a copy of an intermediate file: {e}");
+            }
+        }
+    }
 }
 
 /// Copies output `name` (at `written`, `size` bytes) into the cache, kept there until the

@@ -58,6 +58,15 @@ fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
     }
 }
 
+/// Resolves when a worker thread asks for the cache to be reported now (never, for a worker
+/// without a cache).
+async fn report_asked(files: Option<&crate::files::WorkerFiles>) {
+    match files {
+        Some(f) => f.report_now.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Connects, registers and serves until the connection ends. Running tasks and results not
 /// yet sent stay in `state` when the connection drops, and go into the next registration.
 pub(crate) async fn serve(
@@ -315,6 +324,10 @@ impl Session<'_> {
                     self.on_done(done);
                     self.take_done();
                 }
+                () = report_asked(self.ledger.files.as_deref()) => {
+                    self.send_update(writer).await?;
+                    sent_since_tick = true;
+                }
                 _ = heartbeat.tick() => {
                     // What staging has to say (a store that fails) goes out even while no
                     // task starts or ends.
@@ -395,6 +408,18 @@ impl Session<'_> {
                 l.local.jobs.remove(&job);
             }
             ToWorker::Shutdown { reason } => return Some(SessionEnd::Shutdown(reason)),
+            ToWorker::Replicate { files } => {
+                if let Some(f) = &l.files {
+                    // Off the session's thread: the copies come over the network.
+                    let f = f.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("replicate".into())
+                        .spawn(move || crate::files::replicate(files, &f));
+                    if let Err(e) = spawned {
+                        tracing::warn!("cannot start copying intermediate files: {e}");
+                    }
+                }
+            }
             ToWorker::DropFiles { files } => {
                 if let Some(f) = &l.files {
                     let mut c = crate::files::lock(f);

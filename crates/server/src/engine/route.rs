@@ -149,6 +149,13 @@ impl Engine {
                     tracing::debug!(worker, files = files.len(), "deleting intermediate files");
                     self.conns.to_worker(worker, &ToWorker::DropFiles { files });
                 }
+                Command::Replicate { worker, files } => {
+                    let files = self.replica_sources(worker, files);
+                    tracing::debug!(worker, files = files.len(), "copying intermediate files");
+                    if !files.is_empty() {
+                        self.conns.to_worker(worker, &ToWorker::Replicate { files });
+                    }
+                }
                 Command::ForgetJob { worker, job } => {
                     self.conns.to_worker(worker, &ToWorker::ForgetJob { job });
                 }
@@ -221,6 +228,26 @@ impl Engine {
             }
         }
         sources
+    }
+
+    /// Where `worker` can copy each of `files` from: the peers holding it that serve their
+    /// caches.
+    fn replica_sources(&self, worker: WorkerId, files: Vec<String>) -> Vec<FileSources> {
+        let index = self.core.files();
+        files
+            .into_iter()
+            .filter_map(|file| {
+                let id = index.id(&file)?;
+                let peers: Vec<String> = index
+                    .holders(id)
+                    .iter()
+                    .filter(|&&w| w != worker)
+                    .filter_map(|w| self.conns.workers.get(w)?.serves.clone())
+                    .take(PEERS_PER_FILE)
+                    .collect();
+                (!peers.is_empty()).then_some(FileSources { file, peers })
+            })
+            .collect()
     }
 
     /// Fails tasks whose command line alone is too long for a message to a worker: they can

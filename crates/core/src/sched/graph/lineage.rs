@@ -15,11 +15,13 @@
 
 use super::{TaskKey, Waiter};
 use crate::files::{cached_name, FileId};
+use crate::outcome::Command;
 use crate::queue::Span;
 use crate::sched::diffusion::store_of;
 use crate::sched::Scheduler;
-use crate::spec::{JobId, Keep, TaskState};
+use crate::spec::{JobId, Keep, TaskState, WorkerId};
 use rustc_hash::FxHashSet;
+use std::collections::BTreeMap;
 
 /// How many times one task is run again for outputs lost, after which its readers fail: a
 /// writer whose files keep vanishing (its workers keep dying) is not run forever.
@@ -46,6 +48,61 @@ impl Scheduler {
             .any(|p| j.outputs.get(first + p) == Some(&file) && j.keep.get(p) == Some(&Keep::Local))
     }
 
+    /// The files task `writer` writes.
+    pub(in crate::sched) fn outputs_of(&self, (job, index): TaskKey) -> Vec<FileId> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        let per = j.spec.template.files.outputs.len();
+        let first = index as usize * per;
+        j.outputs.get(first..first + per).unwrap_or(&[]).to_vec()
+    }
+
+    /// Copies local intermediates among `files` to other workers until each is held by as
+    /// many as its writer's `--replicas` asks (each worker fetches them from a holder): least
+    /// loaded workers first, spread by file. A file no worker holds is not copied (it is made
+    /// again if needed).
+    pub(in crate::sched) fn replicate(&mut self, files: &[FileId]) {
+        let mut workers: Vec<WorkerId> = self
+            .workers
+            .values()
+            .filter(|w| w.offer.stages_files && w.quarantined.is_none())
+            .map(|w| w.id)
+            .collect();
+        workers.sort_unstable_by_key(|&w| (self.files.held_count(w), w));
+        let mut to: BTreeMap<WorkerId, Vec<String>> = BTreeMap::new();
+        for &f in files {
+            let Some(&writer) = self.graph.produced.get(&f) else {
+                continue;
+            };
+            let want = self
+                .jobs
+                .get(&writer.0)
+                .map_or(0, |j| usize::from(j.spec.template.files.replicas));
+            let holders = self.files.holders(f);
+            if want <= 1 || holders.is_empty() || !self.is_local_output(writer, f) {
+                continue;
+            }
+            let Some(name) = self.files.name(f) else {
+                continue;
+            };
+            let others: Vec<WorkerId> = workers
+                .iter()
+                .copied()
+                .filter(|w| !holders.contains(w))
+                .collect();
+            let need = want.saturating_sub(holders.len()).min(others.len());
+            let start = (f as usize) % others.len().max(1);
+            for k in 0..need {
+                let w = others[(start + k) % others.len()];
+                to.entry(w).or_default().push(name.to_string());
+            }
+        }
+        for (worker, files) in to {
+            self.commands.push(Command::Replicate { worker, files });
+        }
+    }
+
     /// The writer of `file` if `file` is a local intermediate whose every copy is gone, and
     /// its writer has finished (or is being run again for it).
     fn lost_writer(&self, file: FileId) -> Option<TaskKey> {
@@ -66,6 +123,15 @@ impl Scheduler {
             .copied()
             .filter(|&f| self.lost_writer(f).is_some())
             .collect();
+        // Copies kept by `--replicas` that are still held somewhere: copied again.
+        let kept: Vec<FileId> = files
+            .iter()
+            .copied()
+            .filter(|f| !lost.contains(f) && !self.files.holders(*f).is_empty())
+            .collect();
+        if !kept.is_empty() {
+            self.replicate(&kept);
+        }
         if lost.is_empty() {
             return;
         }

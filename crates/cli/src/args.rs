@@ -495,6 +495,8 @@ pub enum TaskCommand {
 #[derive(ValueEnum, Debug, Clone, Copy)]
 pub enum Status {
     Queued,
+    /// Waiting for the tasks it depends on (the writers of its inputs, `--after`)
+    Waiting,
     Assigned,
     Running,
     Finished,

@@ -208,6 +208,15 @@ impl TaskOptions {
         if cpus == 0 {
             bail!("--cpus must be at least 1");
         }
+        let files = output_modes(TaskFiles {
+            inputs: self.input.clone(),
+            outputs: self.output_files.clone(),
+            statics: self.input_static.clone(),
+            keep: Vec::new(),
+            replicas: self.replicas.unwrap_or(1),
+        });
+        // Here too, not only at the server: a job without files does not send `replicas`.
+        files.validate().map_err(|e| anyhow!("{e}"))?;
         Ok(JobSpec {
             name: self
                 .name
@@ -220,13 +229,7 @@ impl TaskOptions {
                 stdout: sink(&self.stdout, "stdout", DEFAULT_STDOUT)?,
                 stderr: sink(&self.stderr, "stderr", DEFAULT_STDERR)?,
                 timeout_ms,
-                files: output_modes(TaskFiles {
-                    inputs: self.input.clone(),
-                    outputs: self.output_files.clone(),
-                    statics: self.input_static.clone(),
-                    keep: Vec::new(),
-                    replicas: self.replicas.unwrap_or(1),
-                }),
+                files,
             },
             resources: Resources {
                 cpus,

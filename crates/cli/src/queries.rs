@@ -29,6 +29,7 @@ fn job_state_of(s: JobStateArg) -> JobState {
 fn task_state_of(s: Status) -> TaskState {
     match s {
         Status::Queued => TaskState::Ready,
+        Status::Waiting => TaskState::Waiting,
         Status::Assigned => TaskState::Assigned,
         Status::Running => TaskState::Running,
         Status::Finished => TaskState::Finished,

@@ -225,6 +225,26 @@ fn graph_mistakes_are_refused_naming_tasks_and_files() {
         "{}",
         err.stderr
     );
+    for (args, want) in [
+        (
+            vec!["--replicas", "9", "--output-file", "x/{task}"],
+            "--replicas 9: at most 8 copies of an output are kept",
+        ),
+        (
+            vec!["--replicas", "2"],
+            "--replicas 2: the job writes no file",
+        ),
+    ] {
+        let mut argv = vec!["submit"];
+        argv.extend(args);
+        argv.extend(["--", "true"]);
+        let err = c.run(&argv);
+        assert!(
+            err.failed().one_line_error().contains(want),
+            "{}",
+            err.stderr
+        );
+    }
     // Nothing of any of them was submitted.
     let jobs = c.run(&["job", "list", "--output", "json"]).ok().json();
     assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(0), "{jobs}");

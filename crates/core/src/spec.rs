@@ -228,6 +228,9 @@ impl TaskFiles {
         if self.replicas > MAX_REPLICAS {
             return Err(SpecError::TooManyReplicas(self.replicas));
         }
+        if self.replicas > 1 && self.outputs.is_empty() {
+            return Err(SpecError::ReplicasWithoutOutputs(self.replicas));
+        }
         if !self.keep.is_empty() && self.keep.len() != self.outputs.len() {
             return Err(SpecError::KeepCount {
                 keep: self.keep.len(),
@@ -834,6 +837,9 @@ pub enum SpecError {
         /// How many were given.
         count: usize,
     },
+    /// Copies of outputs asked for a job that writes none.
+    #[error("--replicas {0}: the job writes no file; it keeps copies of the `local` outputs of `--output-file`")]
+    ReplicasWithoutOutputs(u8),
     /// More copies of outputs than [`MAX_REPLICAS`].
     #[error("--replicas {0}: at most {max} copies of an output are kept", max = MAX_REPLICAS)]
     TooManyReplicas(u8),

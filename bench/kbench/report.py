@@ -538,6 +538,24 @@ def report(res: dict, doc: Path, png: Path) -> None:
         "Data diffusion on a slow shared store (issue 12)",
         "bench/diffusion.py",
     )
+    for part, title, writer in (
+        (
+            "benchmarks-graphs.md",
+            "Montage: intermediate data off the store (issue 13)",
+            "bench/graphs.py",
+        ),
+        (
+            "benchmarks-graphs-w.md",
+            "W1 and W2: a file between workers (issue 13)",
+            "bench/graphs_w.py",
+        ),
+        (
+            "benchmarks-graphs-lineage.md",
+            "Lineage: a worker killed mid-run (issue 13)",
+            "bench/graphs_lineage.py",
+        ),
+    ):
+        _copied_section(a, doc.with_name(part), title, writer)
     a("## How each figure was measured\n")
     a(
         "- Everything runs on this one machine with 2 task slots; every server listens on "

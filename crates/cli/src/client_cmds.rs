@@ -588,7 +588,7 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
         println!("workers   {}", i.workers);
         println!("jobs      {} ({} not done)", i.jobs, i.live_jobs);
         println!("queued    {} tasks", i.queued);
-        if let Some((files, bytes)) = i.intermediates_deleted {
+        if let Some((files, bytes)) = i.intermediates_deleted.filter(|d| d.0 > 0) {
             println!(
                 "deleted   {files} intermediate files from caches ({})",
                 output::bytes(bytes)

@@ -294,6 +294,17 @@ fn local_intermediates_are_deleted_when_their_workflow_ends() {
     let mut others = Vec::new();
     run_keeping(&mut s, w, &mut now, |_, _| true, &mut others, usize::MAX);
     others.extend(s.take_commands());
+    // Not at once: the next job of a job file may still join the workflow.
+    assert!(!others
+        .iter()
+        .any(|c| matches!(c, Command::DropFiles { .. })));
+    s.handle(now + DROP_GRACE_US - 1, Event::Tick).unwrap();
+    assert!(!s
+        .take_commands()
+        .iter()
+        .any(|c| matches!(c, Command::DropFiles { .. })));
+    s.handle(now + DROP_GRACE_US, Event::Tick).unwrap();
+    others.extend(s.take_commands());
     let mut dropped = Vec::new();
     for c in others {
         if let Command::DropFiles { worker, files } = c {
@@ -611,4 +622,34 @@ fn a_plain_job_named_in_an_after_keeps_its_workflow_and_files_alive() {
     );
     run(&mut s, w, &mut now, |_, _| true);
     assert!(s.job(b).unwrap().is_done());
+}
+
+#[test]
+fn a_reader_submitted_just_after_its_writers_workflow_ended_still_finds_the_files() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, local_job("a", &[], "mid/{task}")).unwrap();
+    let mut now = 0;
+    run(&mut s, w, &mut now, |_, _| true);
+    assert!(s.job(a).unwrap().finished_us.is_some());
+    // The next job of the job file comes a moment later: it joins the ended workflow.
+    s.handle(now + DROP_GRACE_US / 2, Event::Tick).unwrap();
+    let b = submit(&mut s, local_job("b", &["mid/{task}"], "out/{task}")).unwrap();
+    assert_eq!(state(&s, b, 1), TaskState::Ready);
+    s.handle(now + DROP_GRACE_US, Event::Tick).unwrap();
+    assert!(!s
+        .take_commands()
+        .iter()
+        .any(|c| matches!(c, Command::DropFiles { .. })));
+    run(&mut s, w, &mut now, |_, _| true);
+    now += DROP_GRACE_US;
+    s.handle(now, Event::Tick).unwrap();
+    let dropped = s
+        .take_commands()
+        .into_iter()
+        .filter(|c| matches!(c, Command::DropFiles { .. }))
+        .count();
+    assert_eq!(dropped, 1);
+    // Told to delete them, the worker is no longer named as holding them.
+    let mid = s.files().id(&cached_name(Some(STORE), "mid/1")).unwrap();
+    assert!(s.files().holders(mid).is_empty());
 }

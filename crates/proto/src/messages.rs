@@ -980,7 +980,8 @@ pub struct ServerInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intermediates_deleted: Option<(u64, u64)>,
     /// Tasks run again since the server started to make intermediate files lost with their
-    /// workers (version 9; absent before the first).
+    /// workers (version 9; absent before the first; `intermediates_deleted` is then sent too,
+    /// the message being an array).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intermediates_remade: Option<u64>,
 }

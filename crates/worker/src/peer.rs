@@ -341,6 +341,14 @@ async fn serve_on(files: SharedFiles, listener: tokio::net::TcpListener) -> std:
     let app = axum::Router::new()
         .route("/files/{*name}", axum::routing::get(serve_file))
         .with_state(state);
+    // Without TCP_NODELAY a small file's body, written after its header, waits for the
+    // asker's delayed ACK (~40 ms on Linux): most intermediates between tasks are small.
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY on a peer connection: {e}");
+        }
+    });
     axum::serve(listener, app).await
 }
 

@@ -30,6 +30,9 @@ mod view;
 
 pub use view::WorkflowGraph;
 
+/// How long a workflow's local files outlive its last job (see [`Graph::ending`]).
+pub const DROP_GRACE_US: u64 = 2_000_000;
+
 /// A task, by its job and index.
 pub type TaskKey = (JobId, TaskIndex);
 
@@ -60,6 +63,10 @@ pub(super) struct Graph {
     members: FxHashSet<JobId>,
     /// Local outputs of each workflow, deleted when it ends.
     locals: FxHashMap<JobId, Vec<FileId>>,
+    /// Workflows that have ended, by root, with when their local outputs are deleted: a
+    /// moment later ([`DROP_GRACE_US`]), so the next job of a job file, submitted just after a
+    /// fast writer's job ended, still finds them (it joins the workflow again).
+    ending: FxHashMap<JobId, u64>,
     /// Tasks being run again to make outputs lost with their workers, with those outputs.
     remaking: FxHashMap<TaskKey, Vec<FileId>>,
     /// How many times each task has been run again for lost outputs.
@@ -437,6 +444,9 @@ impl Scheduler {
                 let root = self.graph.root(other);
                 *self.graph.live.entry(root).or_default() += 1;
             }
+            // A workflow that had ended but keeps its files a moment is live again.
+            let root = self.graph.root(other);
+            self.graph.ending.remove(&root);
             self.graph.join(id, other);
         }
         let per = keep.len().max(1);
@@ -724,7 +734,7 @@ impl Scheduler {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
                     self.graph.live.remove(&root);
-                    self.drop_locals(root);
+                    self.graph.ending.insert(root, now_us + DROP_GRACE_US);
                 }
             }
         }
@@ -736,12 +746,35 @@ impl Scheduler {
         }
     }
 
+    /// Time passes: workflows ended [`DROP_GRACE_US`] ago and not joined since delete their
+    /// local files.
+    pub(super) fn graph_tick(&mut self, now_us: u64) {
+        if self.graph.ending.is_empty() {
+            return;
+        }
+        let mut due: Vec<JobId> = self
+            .graph
+            .ending
+            .iter()
+            .filter(|(_, &at)| at <= now_us)
+            .map(|(&root, _)| root)
+            .collect();
+        due.sort_unstable();
+        for root in due {
+            self.graph.ending.remove(&root);
+            if !self.graph.live.contains_key(&root) {
+                self.drop_locals(root);
+            }
+        }
+    }
+
     /// Deletes a workflow's local intermediates from the caches that hold them.
     fn drop_locals(&mut self, root: JobId) {
         let Some(files) = self.graph.locals.remove(&root) else {
             return;
         };
         let mut by_worker: FxHashMap<u32, Vec<String>> = FxHashMap::default();
+        let mut unheld = Vec::new();
         for f in files {
             let size = self.files.size(f).unwrap_or(0);
             let Some(name) = self.files.name(f) else {
@@ -749,10 +782,16 @@ impl Scheduler {
             };
             for &w in self.files.holders(f) {
                 by_worker.entry(w).or_default().push(name.to_string());
+                unheld.push((w, f));
                 self.graph.freed_files += 1;
                 self.graph.freed_bytes += size;
             }
             self.graph.produced.remove(&f);
+        }
+        // Not held from now on: a task reading a file of that name again (a workflow run
+        // again) must not be told a worker has it while that worker deletes it.
+        for (w, f) in unheld {
+            self.files.not_held(w, f);
         }
         let mut workers: Vec<_> = by_worker.into_iter().collect();
         workers.sort_unstable_by_key(|(w, _)| *w);

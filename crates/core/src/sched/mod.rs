@@ -29,7 +29,7 @@ mod workers;
 
 pub use config::Config;
 pub use event::{Event, Reply};
-pub use graph::WorkflowGraph;
+pub use graph::{WorkflowGraph, DROP_GRACE_US};
 pub use job::{Counts, Job, Timing};
 pub use resume::Resumed;
 pub use stall::Stall;

@@ -146,6 +146,7 @@ impl Scheduler {
     /// retry backoff has passed are queued.
     pub(crate) fn tick(&mut self, now_us: u64) {
         self.release_due(now_us);
+        self.graph_tick(now_us);
         let timeout = self.config.heartbeat_timeout_us;
         let silent: Vec<WorkerId> = self
             .workers

@@ -200,8 +200,9 @@ impl Engine {
                 info.jobs = self.core.jobs().count() as u32;
                 info.live_jobs = self.core.live_jobs() as u32;
                 let freed = self.core.freed();
-                info.intermediates_deleted = (freed.0 > 0).then_some(freed);
                 let remade = self.core.reruns();
+                // Positional: `intermediates_deleted` is sent whenever the field after it is.
+                info.intermediates_deleted = (freed.0 > 0 || remade > 0).then_some(freed);
                 info.intermediates_remade = (remade > 0).then_some(remade);
                 info.queued = self.core.queued();
                 info.journal = self.durable.journal.as_ref().map(|j| JournalInfo {

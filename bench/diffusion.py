@@ -41,12 +41,13 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kbench.procs import stop_groups
 
 REPO = Path(__file__).resolve().parent.parent
 STORE = REPO.parent / "shared" / "store" / "slow-store"
@@ -164,16 +165,7 @@ class Run:
         return sh([self.k, "--server-dir", str(self.srv), *args], cwd=self.root)
 
     def stop(self) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_groups(self.procs)
         for f in self.logs:
             f.close()
         shutil.rmtree(self.root, ignore_errors=True)

@@ -244,7 +244,7 @@ def main() -> int:
     finally:
         PROCS.stop_all()
     results = {
-        "args": vars(a),
+        "args": {k: v for k, v in vars(a).items() if k in ("runs", "pairs", "mb", "workers")},
         "date": time.strftime("%Y-%m-%d"),
         "runs": runs,
     }

@@ -61,9 +61,7 @@ import datetime as dt
 import hashlib
 import heapq
 import json
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -74,6 +72,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from kbench.machine import build, kestrel_copy, machine
+from kbench.procs import stop_groups
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "benchmarks-graphs-w.md"
@@ -240,17 +239,7 @@ class Cluster:
         return {"wall_s": wall, "infos": infos, "tasks": tasks}
 
     def stop(self) -> None:
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_groups(self.procs)
         for f in self.logs:
             f.close()
         shutil.rmtree(self.root, ignore_errors=True)

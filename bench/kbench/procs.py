@@ -67,6 +67,25 @@ class Procs:
 PROCS = Procs()
 
 
+def stop_groups(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """Stops processes each leading its own process group: SIGTERM to every group, then
+    SIGKILL to those still there after `grace` seconds."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
 def run_cmd(
     argv: list[str], timeout: float, cwd: str | Path | None = None, env: dict | None = None
 ) -> dict:

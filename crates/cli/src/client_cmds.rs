@@ -475,7 +475,7 @@ fn print_job(d: &JobDetail) {
             }
         };
         rows.push(("inputs", list(&f.inputs)));
-        rows.push(("outputs", list(&f.outputs)));
+        rows.push(("outputs", list(&crate::json::output_names(f))));
         if !f.statics.is_empty() {
             rows.push(("static inputs", list(&f.statics)));
         }

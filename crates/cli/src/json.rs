@@ -24,6 +24,20 @@ pub fn task_state(s: TaskState) -> &'static str {
     }
 }
 
+/// A job's outputs as users write them: `local:NAME` or `persist:NAME` when the mode was
+/// given or resolved, plain NAME for `auto`.
+pub fn output_names(files: &kestrel_core::TaskFiles) -> Vec<String> {
+    files
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(i, name)| match files.keep_of(i) {
+            kestrel_core::Keep::Auto => name.clone(),
+            keep => format!("{}:{name}", keep.name()),
+        })
+        .collect()
+}
+
 /// An output sink: `none`, a path, or `stream`.
 pub fn sink(s: &Sink) -> String {
     match s {
@@ -210,16 +224,7 @@ impl From<&JobDetail> for JobInfoView {
             },
             waiting: d.waiting.clone(),
             inputs: t.files.inputs.clone(),
-            outputs: t
-                .files
-                .outputs
-                .iter()
-                .enumerate()
-                .map(|(i, name)| match t.files.keep_of(i) {
-                    kestrel_core::Keep::Auto => name.clone(),
-                    keep => format!("{}:{name}", keep.name()),
-                })
-                .collect(),
+            outputs: output_names(&t.files),
             static_inputs: t.files.statics.clone(),
             store: d.spec.placement.store.clone(),
             policy: d.spec.placement.policy.map(|p| p.name().to_string()),

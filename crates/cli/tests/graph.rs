@@ -95,6 +95,8 @@ fn stages_pass_intermediate_files_through_the_caches_not_the_store() {
     // The job file made them local; the final outputs persist.
     let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
     assert_eq!(info["outputs"][0], "local:mid/{task}.txt", "{info}");
+    let table = c.run(&["job", "info", "1"]).ok().stdout.clone();
+    assert!(table.contains("local:mid/{task}.txt"), "{table}");
     let info = c.run(&["job", "info", "2", "--output", "json"]).ok().json();
     assert_eq!(info["outputs"][0], "out/{task}.txt", "{info}");
     assert_eq!(info["counts"]["finished"], 4, "{info}");

@@ -92,6 +92,8 @@ fn stages_pass_intermediate_files_through_the_caches_not_the_store() {
         Duration::from_secs(10),
         || cached(&c, "mid").is_empty().then_some(()),
     );
+    // ... and the workers have said so.
+    caches_reported(&c);
     // The job file made them local; the final outputs persist.
     let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
     assert_eq!(info["outputs"][0], "local:mid/{task}.txt", "{info}");
@@ -359,8 +361,20 @@ fn replicas_keep_copies_on_other_workers_so_a_lost_worker_costs_no_re_run() {
         COMMAND_LIMIT,
         || (cached(&c, "mid") == both).then_some(()),
     );
-    // ... and once the server knows of them: each worker's reported cache is what is on disk.
-    poll("the copies to be reported", COMMAND_LIMIT, || {
+    // ... and once the server knows of them.
+    caches_reported(&c);
+    c.kill_worker(0);
+    c.wait_workers(1);
+    fs::write(c.work.join("go"), "").unwrap();
+    c.run(&["job", "wait", "3"]).ok();
+    assert_marked(&store);
+    assert_eq!(server_json(&c)["intermediate_tasks_rerun"], 0);
+}
+
+/// Waits until the caches the two workers report (`worker list`) are what their directories
+/// `cache-0` and `cache-1` hold.
+fn caches_reported(c: &Cluster) {
+    poll("the caches to be reported", COMMAND_LIMIT, || {
         let list = c.run(&["worker", "list", "--output", "json"]).ok().json();
         let mut reported: Vec<u64> = list["workers"]
             .as_array()?
@@ -374,12 +388,6 @@ fn replicas_keep_copies_on_other_workers_so_a_lost_worker_costs_no_re_run() {
         on_disk.sort_unstable();
         (reported == on_disk).then_some(())
     });
-    c.kill_worker(0);
-    c.wait_workers(1);
-    fs::write(c.work.join("go"), "").unwrap();
-    c.run(&["job", "wait", "3"]).ok();
-    assert_marked(&store);
-    assert_eq!(server_json(&c)["intermediate_tasks_rerun"], 0);
 }
 
 /// Bytes of the regular files under `dir`.

@@ -428,6 +428,9 @@ impl Session<'_> {
                     for path in gone {
                         let _ = std::fs::remove_file(path);
                     }
+                    // The server's view of the cache (`worker list`) follows now, not at the
+                    // next task or heartbeat.
+                    f.report_now.notify_one();
                 }
             }
             ToWorker::Sources { files } => {

@@ -653,3 +653,56 @@ fn a_reader_submitted_just_after_its_writers_workflow_ended_still_finds_the_file
     let mid = s.files().id(&cached_name(Some(STORE), "mid/1")).unwrap();
     assert!(s.files().holders(mid).is_empty());
 }
+
+#[test]
+fn a_reader_of_a_file_whose_writers_job_was_canceled_fails_instead_of_waiting() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, local_job("a", &[], "mid/{task}")).unwrap();
+    // Two readers of mid/1: one sent out, one still queued when the file goes.
+    let b = submit(&mut s, files_job("b", 2, &["mid/1"], &[])).unwrap();
+    let mid = cached_name(Some(STORE), "mid/1");
+    assert_eq!(assign_one(&mut s, 0), (a, 0));
+    let added = vec![(mid.clone(), 10)];
+    s.handle(
+        10,
+        Event::CacheChanged {
+            worker: w,
+            added,
+            evicted: vec![],
+        },
+    )
+    .unwrap();
+    let ends = vec![Finished::at_once(a, 0, 10, RunEnd::Success)];
+    s.handle(10, Event::TasksEnded { worker: w, ends }).unwrap();
+    assert_eq!(assign_one(&mut s, 10), (b, 0));
+    // The only copy goes while b's first task is out: a is to run again for the second;
+    // then a's job is canceled.
+    let evicted = vec![mid];
+    s.handle(
+        20,
+        Event::CacheChanged {
+            worker: w,
+            added: vec![],
+            evicted,
+        },
+    )
+    .unwrap();
+    assert_eq!(s.reruns(), 1);
+    s.handle(30, Event::Cancel { job: a }).unwrap();
+    let ends = vec![Finished::at_once(b, 0, 40, not_found("mid/1"))];
+    s.handle(40, Event::TasksEnded { worker: w, ends }).unwrap();
+    let jb = s.job(b).unwrap();
+    assert_eq!(jb.record(0).state, TaskState::Failed);
+    assert!(
+        jb.is_done(),
+        "b ends rather than wait for a writer that will not run"
+    );
+    assert!(
+        jb.failure(0)
+            .unwrap()
+            .reason
+            .contains(&format!("job {a} was canceled")),
+        "{}",
+        jb.failure(0).unwrap().reason
+    );
+}

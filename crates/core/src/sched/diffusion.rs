@@ -146,8 +146,7 @@ impl Scheduler {
             // Lineage: an intermediate evicted from its last cache is made again; one back
             // (a worker restarted with its cache) need not be.
             self.files_lost(&delta.evicted);
-            let added: Vec<_> = delta.added.iter().map(|(f, _)| *f).collect();
-            self.files_back(now_us, &added);
+            self.files_back(now_us, &delta.added);
         }
     }
 

@@ -544,15 +544,13 @@ impl Scheduler {
         if !self.graph.remaking.is_empty() {
             self.graph.remaking.remove(&(job, index));
         }
-        if self
-            .jobs
-            .get(&job)
-            .is_some_and(|j| j.spec.template.files.replicas > 1)
-        {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        if j.spec.template.files.replicas > 1 {
             let outputs = self.outputs_of((job, index));
             self.replicate(&outputs);
-        }
-        if !self.jobs.get(&job).is_some_and(|j| j.feeds) {
+        } else if !j.feeds {
             return;
         }
         let Some(waiters) = self.graph.waiters.remove(&(job, index)) else {

@@ -63,13 +63,9 @@ impl Scheduler {
     /// loaded workers first, spread by file. A file no worker holds is not copied (it is made
     /// again if needed).
     pub(in crate::sched) fn replicate(&mut self, files: &[FileId]) {
-        let mut workers: Vec<WorkerId> = self
-            .workers
-            .values()
-            .filter(|w| w.offer.stages_files && w.quarantined.is_none())
-            .map(|w| w.id)
-            .collect();
-        workers.sort_unstable_by_key(|&w| (self.files.held_count(w), w));
+        // Listed once a file needs copies: most calls (a lost worker's or evicted files) have
+        // none to make.
+        let mut workers: Option<Vec<WorkerId>> = None;
         let mut to: BTreeMap<WorkerId, Vec<String>> = BTreeMap::new();
         for &f in files {
             let Some(&writer) = self.graph.produced.get(&f) else {
@@ -86,6 +82,16 @@ impl Scheduler {
             let Some(name) = self.files.name(f) else {
                 continue;
             };
+            let workers = workers.get_or_insert_with(|| {
+                let mut ws: Vec<WorkerId> = self
+                    .workers
+                    .values()
+                    .filter(|w| w.offer.stages_files && w.quarantined.is_none())
+                    .map(|w| w.id)
+                    .collect();
+                ws.sort_unstable_by_key(|&w| (self.files.held_count(w), w));
+                ws
+            });
             let others: Vec<WorkerId> = workers
                 .iter()
                 .copied()
@@ -197,17 +203,16 @@ impl Scheduler {
         if !self.is_local_output(writer, file) {
             return false;
         }
-        let writer_state = self
-            .jobs
-            .get(&writer.0)
-            .map(|w| w.table.get(writer.1).state);
+        // As shown: a task of a canceled job will not run, whatever it was stored as.
+        let writer_state = self.jobs.get(&writer.0).map(|w| w.record(writer.1).state);
         let writer_done = writer_state == Some(TaskState::Finished);
         let writer_to_run = matches!(
             writer_state,
             Some(TaskState::Ready | TaskState::Waiting | TaskState::Assigned | TaskState::Running)
         );
-        // (A writer that is to run: it is being made again, or was retried with its reader.)
-        let rescued = if self.graph.remaking.contains_key(&writer) || writer_to_run {
+        // (A writer that is to run: it is being made again, or was retried with its reader.
+        // One of a canceled job is not: waiting for it would never end.)
+        let rescued = if writer_to_run {
             self.wait_for(reader, file, writer);
             true
         } else if writer_done && self.files.holders(file).is_empty() {
@@ -235,24 +240,26 @@ impl Scheduler {
     /// Runs `writer` again to make its lost outputs, unless it already is; whether it will.
     /// Its own lost local inputs are made again first.
     fn remake(&mut self, writer: TaskKey) -> bool {
-        if self.graph.remaking.contains_key(&writer) {
-            return true;
-        }
         let Some(j) = self.jobs.get(&writer.0) else {
             return false;
         };
-        if j.canceled || j.table.get(writer.1).state != TaskState::Finished {
+        // A writer of a canceled job never runs again (waiting for it would never end).
+        if j.canceled {
+            return false;
+        }
+        if self.graph.remaking.contains_key(&writer) {
+            return true;
+        }
+        if j.table.get(writer.1).state != TaskState::Finished {
             return false;
         }
         let times = self.graph.remade.get(&writer).copied().unwrap_or(0);
         if times >= MAX_REMAKES {
             return false;
         }
-        let per = j.spec.template.files.outputs.len();
-        let first = writer.1 as usize * per;
-        let outputs: Vec<FileId> = j.outputs.get(first..first + per).unwrap_or(&[]).to_vec();
         let inputs: Vec<FileId> = j.inputs_of(writer.1).to_vec();
-        let lost: Vec<FileId> = outputs
+        let lost: Vec<FileId> = self
+            .outputs_of(writer)
             .into_iter()
             .filter(|&f| self.files.holders(f).is_empty() && self.is_local_output(writer, f))
             .collect();
@@ -348,13 +355,13 @@ impl Scheduler {
 
     /// Files came (back) into a worker's cache: a writer waiting to be run again for files
     /// that are all held again need not run, and counts as finished as before.
-    pub(in crate::sched) fn files_back(&mut self, now_us: u64, added: &[FileId]) {
+    pub(in crate::sched) fn files_back(&mut self, now_us: u64, added: &[(FileId, u64)]) {
         if self.graph.remaking.is_empty() {
             return;
         }
         let mut writers: Vec<TaskKey> = added
             .iter()
-            .filter_map(|f| self.graph.produced.get(f).copied())
+            .filter_map(|(f, _)| self.graph.produced.get(f).copied())
             .filter(|w| self.graph.remaking.contains_key(w))
             .collect();
         writers.sort_unstable();

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use comfy_table::Cell;
 use kestrel_client::{keyed, Keyed, Submitted};
 use kestrel_core::JobId;
-use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress};
+use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress, MAX_GRAPH_TASKS};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -37,6 +37,7 @@ pub fn submissions(
                 array: shape.array.as_deref(),
                 each: shape.each.as_deref(),
             };
+            jobs::check_after_flags(opts)?;
             Ok(vec![jobs::from_flags(opts, shape, command, &cwd)?])
         }
     }
@@ -256,13 +257,15 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                 output::json(&JobInfoView::from(&*d));
             } else {
                 print_job(&d);
-                if d.summary.counts.failed > 0 {
-                    // In a workflow, what its failures canceled downstream.
+                // In a workflow, what its failures canceled downstream (a workflow drawn task
+                // by task: a job past that is not asked for its graph at all).
+                let c = &d.summary.counts;
+                if c.failed > 0 && c.total() <= MAX_GRAPH_TASKS as u64 {
                     if let Ok(Answer::Graph(graph)) =
                         s.call(Ask::JobGraph { job, by_job: false }).await
                     {
                         let lines = crate::graph_dot::failed_subtree(&graph, job);
-                        if lines.iter().any(|l| l.starts_with("  canceled")) {
+                        if !lines.is_empty() {
                             println!("failed subtree (what each failed task canceled downstream):");
                             for l in lines {
                                 println!("  {l}");

@@ -246,7 +246,7 @@ const SUBTREE_ROOTS: usize = 10;
 
 /// What `job`'s failed tasks canceled downstream, task by task (each failed task with its
 /// reason, then the tasks it canceled through files and `after`, transitively), for `job info`.
-/// Empty if none of its tasks failed.
+/// Empty if its failures canceled nothing.
 pub fn failed_subtree(g: &WorkflowView, job: JobId) -> Vec<String> {
     use std::collections::{BTreeMap, BTreeSet};
     // What each task (or whole job, `None`) holds up.
@@ -269,6 +269,7 @@ pub fn failed_subtree(g: &WorkflowView, job: JobId) -> Vec<String> {
         .map(|t| t.id)
         .collect();
     let mut lines = Vec::new();
+    let mut canceled_any = false;
     for &root in failed.iter().take(SUBTREE_ROOTS) {
         let reason = state.get(&(job, root)).and_then(|s| s.1);
         lines.push(format!(
@@ -293,6 +294,7 @@ pub fn failed_subtree(g: &WorkflowView, job: JobId) -> Vec<String> {
             }
         }
         let n = seen.len();
+        canceled_any |= n > 0;
         for &(j, t) in seen.iter().take(SUBTREE_LINES) {
             let why = state.get(&(j, t)).and_then(|s| s.1);
             lines.push(format!(
@@ -303,6 +305,9 @@ pub fn failed_subtree(g: &WorkflowView, job: JobId) -> Vec<String> {
         if n > SUBTREE_LINES {
             lines.push(format!("  ... and {} more canceled", n - SUBTREE_LINES));
         }
+    }
+    if !canceled_any {
+        return Vec::new();
     }
     if failed.len() > SUBTREE_ROOTS {
         lines.push(format!(

@@ -289,8 +289,7 @@ fn output_modes(mut files: TaskFiles) -> TaskFiles {
         *name = rest;
         keep.push(mode);
     }
-    // On the wire `replicas` follows `keep`, which must then be there.
-    if files.replicas > 1 || keep.iter().any(|k| *k != Keep::Auto) {
+    if keep.iter().any(|k| *k != Keep::Auto) {
         files.keep = keep;
     }
     files
@@ -504,6 +503,15 @@ pub struct TaskShape<'a> {
     pub each: Option<&'a Path>,
 }
 
+/// Refuses `--after NAME` on the command line: names of earlier jobs mean something only in a
+/// job file (which resolves them), and [`TaskOptions::spec`] leaves them out.
+pub fn check_after_flags(opts: &TaskOptions) -> Result<()> {
+    match opts.after.iter().find(|a| is_earlier_job(a)) {
+        Some(a) => bail!("--after {a}: give a job id, JOB or JOB:TASKS (e.g. 7 or 7:1-10); jobs go by name only in job files (`after = [\"prep\"]`)"),
+        None => Ok(()),
+    }
+}
+
 /// Builds the job for `kestrel submit`/`kestrel run` flags.
 pub fn from_flags(
     opts: &TaskOptions,
@@ -687,6 +695,12 @@ pub fn from_file(path: &Path) -> Result<Vec<Submission>> {
     if file.job.is_empty() {
         bail!(
             "job file {} has no [[job]] entries; see `kestrel submit --help`",
+            path.display()
+        );
+    }
+    if !file.defaults.after.is_empty() {
+        bail!(
+            "job file {}: `after` goes in a [[job]], not in [defaults] (each job waits for its own)",
             path.display()
         );
     }

@@ -238,6 +238,7 @@ fn graph_mistakes_are_refused_naming_tasks_and_files() {
             vec!["--replicas", "2"],
             "--replicas 2: the job writes no file",
         ),
+        (vec!["--after", "prep"], "--after prep: give a job id"),
     ] {
         let mut argv = vec!["submit"];
         argv.extend(args);

@@ -74,25 +74,65 @@ pub struct TaskTemplateDef {
 }
 
 /// [`TaskFiles`]: `[inputs, outputs, statics, keep?, replicas?]` (version 8; `keep` and
-/// `replicas` version 9, `keep` absent when every output is `auto` and there is one copy,
-/// `replicas` when there is one copy).
-#[derive(Serialize, Deserialize)]
-#[serde(remote = "TaskFiles")]
-pub struct TaskFilesDef {
-    pub inputs: Vec<String>,
-    #[serde(default)]
-    pub outputs: Vec<String>,
-    #[serde(default)]
-    pub statics: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "keep_list")]
-    pub keep: Vec<Keep>,
-    /// After `keep`, which a sender fills (one `Auto` per output) when it sends this.
-    #[serde(default, skip_serializing_if = "one_copy")]
-    pub replicas: u8,
+/// `replicas` version 9). Decoded by the derived [`TaskFilesFields`]; encoded by hand, as
+/// [`JobSpecDef`] is: `keep` goes when some output has a mode or there are replicas (then as
+/// `auto` for each output if none was given), `replicas` when there is more than one copy.
+pub struct TaskFilesDef;
+
+impl TaskFilesDef {
+    pub fn serialize<S: Serializer>(v: &TaskFiles, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let trailing = if v.replicas > 1 {
+            2
+        } else if !v.keep.is_empty() {
+            1
+        } else {
+            0
+        };
+        let mut st = s.serialize_struct("TaskFiles", 3 + trailing)?;
+        st.serialize_field("inputs", &v.inputs)?;
+        st.serialize_field("outputs", &v.outputs)?;
+        st.serialize_field("statics", &v.statics)?;
+        if trailing >= 1 {
+            let auto;
+            let keep = if v.keep.is_empty() {
+                auto = vec![Keep::Auto; v.outputs.len()];
+                &auto
+            } else {
+                &v.keep
+            };
+            st.serialize_field("keep", &KeepList(keep))?;
+        }
+        if trailing >= 2 {
+            st.serialize_field("replicas", &v.replicas)?;
+        }
+        st.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TaskFiles, D::Error> {
+        TaskFilesFields::deserialize(d)
+    }
 }
 
-fn one_copy(replicas: &u8) -> bool {
-    *replicas <= 1
+#[derive(Deserialize)]
+#[serde(remote = "TaskFiles")]
+struct TaskFilesFields {
+    inputs: Vec<String>,
+    #[serde(default)]
+    outputs: Vec<String>,
+    #[serde(default)]
+    statics: Vec<String>,
+    #[serde(default, with = "keep_list")]
+    keep: Vec<Keep>,
+    #[serde(default)]
+    replicas: u8,
+}
+
+struct KeepList<'a>(&'a [Keep]);
+impl Serialize for KeepList<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        keep_list::serialize(self.0, s)
+    }
 }
 
 /// `Vec<Keep>` as `[0 auto | 1 local | 2 persist, ...]`.
@@ -638,5 +678,31 @@ mod tests {
         .unwrap();
         let ids = rmp_serde::from_slice::<Ids>(&named).unwrap();
         assert_eq!(ids.0, IdRanges::parse("1-5").unwrap());
+    }
+
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Files(#[serde(with = "TaskFilesDef")] TaskFiles);
+
+    #[test]
+    fn replicas_travel_even_when_no_output_mode_was_given() {
+        let files = Files(TaskFiles {
+            outputs: vec!["mid/{task}".into()],
+            replicas: 2,
+            ..TaskFiles::default()
+        });
+        let bytes = rmp_serde::to_vec(&files).unwrap();
+        let back = rmp_serde::from_slice::<Files>(&bytes).unwrap().0;
+        assert_eq!(back.replicas, 2);
+        assert_eq!(back.keep, vec![Keep::Auto]);
+        // Without modes or replicas, the version-8 form: three fields.
+        let plain = Files(TaskFiles {
+            outputs: vec!["out".into()],
+            ..TaskFiles::default()
+        });
+        let three = (Vec::<String>::new(), vec!["out"], Vec::<String>::new());
+        assert_eq!(
+            rmp_serde::to_vec(&plain).unwrap(),
+            rmp_serde::to_vec(&three).unwrap()
+        );
     }
 }

@@ -198,10 +198,15 @@ impl Cache {
     }
 
     /// Keeps `name` for the worker's life: a static input, which every task of its job
-    /// reads (SC08's binaries and shared databases). Not kept across a restart.
-    pub fn keep(&mut self, name: &str) {
-        if let Some(e) = self.entries.get_mut(name) {
-            e.kept = true;
+    /// reads (SC08's binaries and shared databases). Not kept across a restart. Returns
+    /// whether it holds `name`.
+    pub fn keep(&mut self, name: &str) -> bool {
+        match self.entries.get_mut(name) {
+            Some(e) => {
+                e.kept = true;
+                true
+            }
+            None => false,
         }
     }
 

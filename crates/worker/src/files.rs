@@ -654,13 +654,8 @@ fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
 pub(crate) fn replicate(files: Vec<FileSources>, cache: &WorkerFiles) {
     for f in files {
         let key = f.file;
-        {
-            let mut c = lock(cache);
-            if c.pin(&key).is_some() {
-                c.unpin(&key);
-                c.keep(&key);
-                continue;
-            }
+        if lock(cache).keep(&key) {
+            continue;
         }
         let partial = lock(cache).partial_path();
         let got = f

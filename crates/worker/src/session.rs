@@ -408,29 +408,29 @@ impl Session<'_> {
                 l.local.jobs.remove(&job);
             }
             ToWorker::Shutdown { reason } => return Some(SessionEnd::Shutdown(reason)),
+            // Both off the session's loop, on tokio's bounded pool of blocking threads: the
+            // copies come over the network, and a workflow's files may be thousands to unlink.
             ToWorker::Replicate { files } => {
                 if let Some(f) = &l.files {
-                    // Off the session's thread: the copies come over the network.
                     let f = f.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("replicate".into())
-                        .spawn(move || crate::files::replicate(files, &f));
-                    if let Err(e) = spawned {
-                        tracing::warn!("cannot start copying intermediate files: {e}");
-                    }
+                    tokio::task::spawn_blocking(move || crate::files::replicate(files, &f));
                 }
             }
             ToWorker::DropFiles { files } => {
                 if let Some(f) = &l.files {
-                    let mut c = crate::files::lock(f);
-                    let gone: Vec<_> = files.iter().filter_map(|n| c.release(n)).collect();
-                    drop(c);
-                    for path in gone {
-                        let _ = std::fs::remove_file(path);
-                    }
-                    // The server's view of the cache (`worker list`) follows now, not at the
-                    // next task or heartbeat.
-                    f.report_now.notify_one();
+                    let f = f.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let gone: Vec<_> = {
+                            let mut c = crate::files::lock(&f);
+                            files.iter().filter_map(|n| c.release(n)).collect()
+                        };
+                        for path in gone {
+                            let _ = std::fs::remove_file(path);
+                        }
+                        // The server's view of the cache (`worker list`) follows now, not at
+                        // the next task or heartbeat.
+                        f.report_now.notify_one();
+                    });
                 }
             }
             ToWorker::Sources { files } => {

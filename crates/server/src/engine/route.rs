@@ -77,10 +77,15 @@ impl Engine {
                         TaskSet::List(_) | TaskSet::Lines(_) => JobIds::List,
                     };
                     let mut template = j.spec.template.clone();
-                    if !template.files.outputs.is_empty() {
-                        // As resolved at submission: the worker writes only `persist` ones
-                        // to the store.
-                        template.files.keep = self.core.output_keep(j);
+                    // As resolved at submission, when some output is `local` (the worker
+                    // writes the others to the store); when none is, nothing of version 9
+                    // goes, so a version-8 worker takes the job as before.
+                    let keep = self.core.output_keep(j);
+                    if keep.contains(&kestrel_core::Keep::Local) {
+                        template.files.keep = keep;
+                    } else {
+                        template.files.keep = Vec::new();
+                        template.files.replicas = 0;
                     }
                     c.outbox.send(&ToWorker::DefineJob {
                         job,
@@ -208,16 +213,7 @@ impl Engine {
                     if index.holds(worker, file) || !seen.insert(file) {
                         continue;
                     }
-                    let holders = index.holders(file);
-                    let start =
-                        (file as usize).wrapping_add(worker as usize) % holders.len().max(1);
-                    let peers: Vec<String> = holders[start..]
-                        .iter()
-                        .chain(&holders[..start])
-                        .filter(|&&w| w != worker)
-                        .filter_map(|w| self.conns.workers.get(w)?.serves.clone())
-                        .take(PEERS_PER_FILE)
-                        .collect();
+                    let peers = self.peers_of(worker, file);
                     if let (false, Some(name)) = (peers.is_empty(), index.name(file)) {
                         sources.push(FileSources {
                             file: name.to_string(),
@@ -230,6 +226,20 @@ impl Engine {
         sources
     }
 
+    /// Up to [`PEERS_PER_FILE`] workers other than `worker` that hold `file` and serve their
+    /// caches, by URL; the first one rotates with the file and the asker, to spread the load.
+    fn peers_of(&self, worker: WorkerId, file: kestrel_core::files::FileId) -> Vec<String> {
+        let holders = self.core.files().holders(file);
+        let start = (file as usize).wrapping_add(worker as usize) % holders.len().max(1);
+        holders[start..]
+            .iter()
+            .chain(&holders[..start])
+            .filter(|&&w| w != worker)
+            .filter_map(|w| self.conns.workers.get(w)?.serves.clone())
+            .take(PEERS_PER_FILE)
+            .collect()
+    }
+
     /// Where `worker` can copy each of `files` from: the peers holding it that serve their
     /// caches.
     fn replica_sources(&self, worker: WorkerId, files: Vec<String>) -> Vec<FileSources> {
@@ -237,14 +247,7 @@ impl Engine {
         files
             .into_iter()
             .filter_map(|file| {
-                let id = index.id(&file)?;
-                let peers: Vec<String> = index
-                    .holders(id)
-                    .iter()
-                    .filter(|&&w| w != worker)
-                    .filter_map(|w| self.conns.workers.get(w)?.serves.clone())
-                    .take(PEERS_PER_FILE)
-                    .collect();
+                let peers = self.peers_of(worker, index.id(&file)?);
                 (!peers.is_empty()).then_some(FileSources { file, peers })
             })
             .collect()

@@ -129,11 +129,17 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
                 })
                 .await;
             let ids: Vec<String> = submitted.iter().map(|j| j.to_string()).collect();
+            let earlier = match ids.as_slice() {
+                [one] => format!("the job before it (job {one}) was"),
+                _ => format!(
+                    "the {} jobs before it (jobs {}) were",
+                    ids.len(),
+                    ids.join(", ")
+                ),
+            };
             bail!(
-                "job #{} of the file was refused: {source}; the {} before it (job {}) were withdrawn, so nothing of the file was submitted",
-                at + 1,
-                submitted.len(),
-                ids.join(", ")
+                "job #{} of the file was refused: {source}; {earlier} withdrawn, so nothing of the file was submitted",
+                at + 1
             );
         }
         other => other?,
@@ -232,10 +238,23 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
     if let JobCommand::Wait { jobs, quiet } = cmd {
         let mut conn = session::open(g, session::WAITING).await?;
         let quiet = quiet || g.output == Format::Json;
-        let p = wait_for(&mut conn, jobs.clone(), quiet).await?;
+        // Without ids, the jobs waited for are those not done now: their failures are said.
+        let shown = if jobs.is_empty() {
+            match conn.client().call(Ask::JobList).await {
+                Ok(Answer::Jobs(all)) => all
+                    .iter()
+                    .filter(|j| j.finished_us.is_none())
+                    .map(|j| j.id)
+                    .collect(),
+                _ => Vec::new(),
+            }
+        } else {
+            jobs.clone()
+        };
+        let p = wait_for(&mut conn, jobs, quiet).await?;
         report_wait(g, &p);
         if p.counts.failed > 0 && g.output == Format::Table {
-            crate::queries::show_failures(conn.client(), &jobs).await;
+            crate::queries::show_failures(conn.client(), &shown).await;
         }
         return Ok(wait_exit(&p));
     }

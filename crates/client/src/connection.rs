@@ -119,6 +119,8 @@ pub struct Connection {
     reconnect: Reconnect,
     client: Client,
     notify: Notify,
+    /// Task bytes per message of a submission in pieces.
+    pub(crate) piece_bytes: usize,
 }
 
 impl Connection {
@@ -151,7 +153,16 @@ impl Connection {
             reconnect,
             client,
             notify,
+            piece_bytes: crate::submit::PIECE_BYTES,
         })
+    }
+
+    /// Sends a job's tasks in pieces of at most `bytes` of command lines or lines each
+    /// (at least one task a piece) instead of [`crate::PIECE_BYTES`]: for tests that
+    /// need pieces without megabytes of tasks.
+    pub fn with_piece_bytes(mut self, bytes: usize) -> Connection {
+        self.piece_bytes = bytes;
+        self
     }
 
     /// The connection itself, for a request that must not be sent twice.

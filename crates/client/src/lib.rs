@@ -37,4 +37,4 @@ mod submit;
 pub use connection::{Connection, Notice, Notify, Reconnect, Target};
 pub use error::{lost_or_unreachable, no_server_there, Error};
 pub use pieces::{argv_bytes, piece_ranges, string_bytes};
-pub use submit::{keyed, Keyed, Submission, Submitted};
+pub use submit::{keyed, Keyed, Submission, Submitted, PIECE_BYTES};

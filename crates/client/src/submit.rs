@@ -8,7 +8,7 @@ use kestrel_proto::messages::{Answer, Ask};
 use kestrel_proto::{FILES_VERSION, GRAPH_VERSION};
 
 /// Task bytes per message, well under the frame limit.
-const CHUNK_BYTES: usize = 4 << 20;
+pub const PIECE_BYTES: usize = 4 << 20;
 
 /// A job to submit: what its tasks run and hold, and the tasks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +134,7 @@ async fn submit_from(
     resumed: bool,
 ) -> Result<(), Error> {
     let first_unconfirmed = done.len();
+    let piece_bytes = conn.piece_bytes;
     let client = conn.client();
     for k in &subs[done.len()..] {
         let mut spec = k.sub.spec.clone();
@@ -173,11 +174,11 @@ async fn submit_from(
         // list itself is kept (for a resend after a reconnect) but never copied whole.
         let tasks = &k.sub.tasks;
         let mut ranges = match tasks {
-            TaskSet::List(list) => piece_ranges(list.len(), CHUNK_BYTES, |i| argv_bytes(&list[i])),
-            TaskSet::Lines(lines) => piece_ranges(lines.len(), CHUNK_BYTES, |i| {
+            TaskSet::List(list) => piece_ranges(list.len(), piece_bytes, |i| argv_bytes(&list[i])),
+            TaskSet::Lines(lines) => piece_ranges(lines.len(), piece_bytes, |i| {
                 string_bytes(lines.get(i).unwrap_or_default())
             }),
-            TaskSet::Array(_) => piece_ranges(0, CHUNK_BYTES, |_| 0),
+            TaskSet::Array(_) => piece_ranges(0, piece_bytes, |_| 0),
         };
         let rest = ranges.split_off(1);
         let first = match tasks {
@@ -222,6 +223,17 @@ async fn submit_from(
                 TaskSet::Array(_) => break,
             };
             if let Err(source) = client.call(piece).await {
+                // A job of a graph is linked at its last piece, and withdrawn whole if that
+                // is refused (a cycle, a missing input): refused like a submission then.
+                let gone = close
+                    && !lost_or_unreachable(&source)
+                    && matches!(
+                        client.call(Ask::JobInfo { job }).await,
+                        Err(kestrel_proto::ClientError::NotFound(_))
+                    );
+                if gone {
+                    return Err(Error::Refused(source));
+                }
                 return Err(Error::Partial { job, source });
             }
         }

@@ -172,3 +172,82 @@ fn a_request_the_server_always_drops_gives_up_when_the_window_has_passed() {
         "it reconnected and asked again ({connections} connections)"
     );
 }
+
+/// The states of `job`'s tasks, by task id.
+async fn task_states(conn: &mut Connection, job: u32) -> Vec<(u32, kestrel_core::TaskState)> {
+    let ask = Ask::TaskList {
+        job,
+        state: None,
+        limit: 100,
+    };
+    match conn.call(ask).await.expect("task list") {
+        Answer::Tasks(page) => page.rows.iter().map(|r| (r.id, r.state)).collect(),
+        other => panic!("task list answered {other:?}"),
+    }
+}
+
+/// A job of lines reading `inputs` and writing `outputs`, patterns over `{line}`.
+fn lines_job(inputs: &[&str], outputs: &[&str], lines: &[&str]) -> Submission {
+    let mut spec = JobSpec::command("graph", vec!["true".into()]);
+    spec.template.files.inputs = inputs.iter().map(|s| s.to_string()).collect();
+    spec.template.files.outputs = outputs.iter().map(|s| s.to_string()).collect();
+    Submission::new(spec, TaskSet::Lines(lines.iter().copied().collect()))
+}
+
+#[test]
+fn a_graph_job_sent_in_pieces_is_linked_whole_or_withdrawn_whole() {
+    use kestrel_core::TaskState::{Ready, Waiting};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).expect("store");
+    for name in ["x", "q", "q.o.o.o"] {
+        std::fs::write(store.join(name), "in").expect("store file");
+    }
+    rt().block_on(async {
+        let config = ServerConfig {
+            store: Some(store.display().to_string()),
+            ..ServerConfig::local(dir.path().join("server"))
+        };
+        let server = start(config).await.expect("server");
+        let conn = Connection::open(Target::file(&server.access_path), Reconnect::NEVER)
+            .await
+            .expect("connected");
+        // One line a piece.
+        let mut conn = conn.with_piece_bytes(1);
+
+        // Each line reads the file the next one writes: the first piece's task reads what
+        // the last piece's writes (it was refused as reading a file nobody writes, or ran
+        // at once and failed).
+        let chain = lines_job(&["{line}"], &["{line}.o"], &["x.o.o", "x.o", "x"]);
+        let job = conn.submit(&keyed(vec![chain], None)).await.expect("taken")[0].job;
+        assert_eq!(
+            task_states(&mut conn, job).await,
+            vec![(0, Waiting), (1, Waiting), (2, Ready)]
+        );
+
+        // A cycle across pieces: refused at the last, and nothing of the job is left.
+        let cycle = lines_job(&["{line}", "{line}.o.o"], &["{line}.o"], &["q.o", "q"]);
+        let err = conn.submit(&keyed(vec![cycle], None)).await.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Refused(_)), "{err:?}");
+        assert!(
+            text.contains("cycle") && text.contains("is withdrawn"),
+            "{text}"
+        );
+
+        // An input in no piece's outputs and not in the store: the same.
+        let missing = lines_job(&["{line}"], &["{line}.o"], &["m.o", "m"]);
+        let err = conn.submit(&keyed(vec![missing], None)).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("task 1 reads m, which no task writes") && text.contains("is withdrawn"),
+            "{text}"
+        );
+        let Answer::Jobs(jobs) = conn.call(Ask::JobList).await.expect("job list") else {
+            panic!("not a job list");
+        };
+        let ids: Vec<u32> = jobs.iter().map(|j| j.id).collect();
+        assert_eq!(ids, vec![job], "the refused jobs were withdrawn");
+        server.stop().await;
+    });
+}

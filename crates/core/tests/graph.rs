@@ -80,10 +80,9 @@ fn run_keeping(
                     .outputs
                     .iter()
                     .map(|p| {
-                        (
-                            cached_name(Some(STORE), &p.replace("{task}", &id.to_string())),
-                            10,
-                        )
+                        let line = j.tasks.line(index).unwrap_or("");
+                        let name = p.replace("{task}", &id.to_string()).replace("{line}", line);
+                        (cached_name(Some(STORE), &name), 10)
                     })
                     .collect();
                 if ok && !outputs.is_empty() {
@@ -705,4 +704,117 @@ fn a_reader_of_a_file_whose_writers_job_was_canceled_fails_instead_of_waiting() 
         "{}",
         jb.failure(0).unwrap().reason
     );
+}
+
+/// A job of lines reading `inputs` and writing `outputs` (patterns over `{line}`).
+fn lines_job(inputs: &[&str], outputs: &[&str], lines: &[&str]) -> (JobSpec, TaskSet) {
+    let mut spec = JobSpec::command("pieces", vec!["/bin/true".into()]);
+    spec.template.files.inputs = inputs.iter().map(|s| s.to_string()).collect();
+    spec.template.files.outputs = outputs.iter().map(|s| s.to_string()).collect();
+    (spec, TaskSet::Lines(lines.iter().copied().collect()))
+}
+
+fn extend(s: &mut Scheduler, job: JobId, at: u32, lines: &[&str]) -> Result<Reply, SchedError> {
+    let more = TaskSet::Lines(lines.iter().copied().collect());
+    s.handle(
+        0,
+        Event::Extend {
+            job,
+            at,
+            more,
+            close: true,
+        },
+    )
+}
+
+#[test]
+fn a_job_sent_in_pieces_is_linked_when_its_last_piece_is_in() {
+    let (mut s, w) = setup(1);
+    // Line `x.o` (first piece) reads x.o, which line `x` (second piece) writes.
+    let (spec, first) = lines_job(&["{line}"], &["{line}.o"], &["x.o"]);
+    let job = s.submit(0, spec, first, true).unwrap();
+    let j = s.job(job).unwrap();
+    assert!(j.held());
+    assert_eq!((j.counts.waiting, j.counts.ready), (1, 0));
+    let mut now = 0;
+    assert!(run(&mut s, w, &mut now, |_, _| true).is_empty(), "held");
+    extend(&mut s, job, 1, &["x"]).unwrap();
+    let j = s.job(job).unwrap();
+    assert!(!j.held());
+    // Tasks of a list are numbered from 0.
+    assert_eq!(
+        state(&s, job, 0),
+        TaskState::Waiting,
+        "waits for its writer"
+    );
+    assert_eq!(state(&s, job, 1), TaskState::Ready);
+    let ran = run(&mut s, w, &mut now, |_, _| true);
+    assert_eq!(ran, vec![(job, 1), (job, 0)]);
+    assert!(s.job(job).unwrap().is_done());
+    // x.o was read by a task of the job: kept local.
+    assert_eq!(s.output_keep(s.job(job).unwrap()), vec![Keep::Local]);
+    assert!(s
+        .take_records()
+        .iter()
+        .any(|r| matches!(r, Record::Extended { close: true, .. })));
+}
+
+#[test]
+fn a_job_sent_in_pieces_refused_at_its_last_piece_is_withdrawn_whole() {
+    let (mut s, _) = setup(1);
+    // The cycle of `refusals_name_the_tasks_and_files_and_change_nothing`, one line a piece.
+    let (spec, first) = lines_job(&["{line}", "{line}.o.o"], &["{line}.o"], &["q.o"]);
+    let job = s.submit(0, spec, first, true).unwrap();
+    s.take_records();
+    let err = extend(&mut s, job, 1, &["q"]).unwrap_err();
+    assert!(err.to_string().contains("cycle"), "{err}");
+    assert!(s.job(job).is_none(), "withdrawn");
+    let records = s.take_records();
+    assert!(
+        matches!(
+            records.as_slice(),
+            [Record::Canceled { .. }, Record::Forgotten { .. }]
+        ),
+        "{records:?}"
+    );
+    // Nothing of it stayed in the graph: another job may write its files.
+    let again = submit(&mut s, files_job("again", 1, &[], &["q.o"])).unwrap();
+    assert_eq!(again, job + 1);
+}
+
+#[test]
+fn a_writers_files_outlive_its_workflow_while_a_reader_is_sent_in_pieces() {
+    let (mut s, w) = setup(1);
+    let a = submit(&mut s, local_job("a", &[], "mid/{task}")).unwrap();
+    let (spec, first) = lines_job(&["mid/1"], &[], &["r1"]);
+    let b = s.submit(0, spec, first, true).unwrap();
+    let mut now = 0;
+    run(&mut s, w, &mut now, |_, _| true);
+    assert!(s.job(a).unwrap().finished_us.is_some());
+    // The last piece comes long after the writer's job ended: its file is still there.
+    now += 10 * DROP_GRACE_US;
+    s.handle(now, Event::Tick).unwrap();
+    assert!(!s
+        .take_commands()
+        .iter()
+        .any(|c| matches!(c, Command::DropFiles { .. })));
+    extend(&mut s, b, 1, &["r2"]).unwrap();
+    assert_eq!(run(&mut s, w, &mut now, |_, _| true).len(), 2);
+    s.handle(now + DROP_GRACE_US, Event::Tick).unwrap();
+    assert!(s
+        .take_commands()
+        .iter()
+        .any(|c| matches!(c, Command::DropFiles { .. })));
+}
+
+#[test]
+fn a_replayed_journal_holds_and_links_a_job_sent_in_pieces_as_it_was() {
+    let (mut s, w) = setup(1);
+    let (spec, first) = lines_job(&["{line}"], &["{line}.o"], &["x.o"]);
+    s.restore_submit(1, 0, spec, first, true).unwrap();
+    assert!(s.job(1).unwrap().held());
+    extend(&mut s, 1, 1, &["x"]).unwrap();
+    s.restore_done();
+    let mut now = 0;
+    assert_eq!(run(&mut s, w, &mut now, |_, _| true), vec![(1, 1), (1, 0)]);
 }

@@ -434,21 +434,7 @@ impl Scheduler {
             joined,
             keep,
         } = links;
-        self.graph.members.insert(id);
-        *self.graph.live.entry(id).or_default() += 1;
-        for other in joined {
-            let Some(o) = self.jobs.get(&other) else {
-                continue;
-            };
-            if o.finished_us.is_none() && self.graph.members.insert(other) {
-                let root = self.graph.root(other);
-                *self.graph.live.entry(root).or_default() += 1;
-            }
-            // A workflow that had ended but keeps its files a moment is live again.
-            let root = self.graph.root(other);
-            self.graph.ending.remove(&root);
-            self.graph.join(id, other);
-        }
+        self.enter_workflow(id, &joined);
         let per = keep.len().max(1);
         for (i, &file) in outputs.iter().enumerate() {
             self.graph
@@ -512,6 +498,102 @@ impl Scheduler {
             j.set_state(i, TaskState::Waiting);
         }
         j.unmet = unmet;
+    }
+
+    /// Makes `id` a live job of the workflows of `joined` (and so of one workflow with them).
+    fn enter_workflow(&mut self, id: JobId, joined: &[JobId]) {
+        if self.graph.members.insert(id) {
+            let root = self.graph.root(id);
+            *self.graph.live.entry(root).or_default() += 1;
+        }
+        for &other in joined {
+            let Some(o) = self.jobs.get(&other) else {
+                continue;
+            };
+            if o.finished_us.is_none() && self.graph.members.insert(other) {
+                let root = self.graph.root(other);
+                *self.graph.live.entry(root).or_default() += 1;
+            }
+            // A workflow that had ended but keeps its files a moment is live again.
+            let root = self.graph.root(other);
+            self.graph.ending.remove(&root);
+            self.graph.join(id, other);
+        }
+    }
+
+    /// Whether a job of `spec` submitted in pieces (`open`) waits for its last piece before
+    /// any of its tasks may run: whether it may take part in a graph, whose links are known
+    /// only with all its tasks (a task may read a file that a later piece writes).
+    pub fn holds_until_closed(&self, spec: &crate::spec::JobSpec, open: bool) -> bool {
+        let files = &spec.template.files;
+        open && !(spec.after.is_empty()
+            && spec.parent.is_none()
+            && files.outputs.is_empty()
+            && (self.graph.produced.is_empty() || files.inputs.is_empty()))
+    }
+
+    /// Links newly inserted job `id` into the graph, or, if it is submitted in pieces and may
+    /// take part in one, holds all its tasks until the last piece ([`Self::release_held`]).
+    pub(super) fn link_or_hold(&mut self, id: JobId) -> Result<(), SchedError> {
+        let Some(j) = self.jobs.get(&id) else {
+            return Ok(());
+        };
+        if !self.holds_until_closed(&j.spec, j.open) {
+            return self.link_graph(id);
+        }
+        // The workflows it will surely join stay live while its pieces come: a writer job
+        // ending meanwhile must not have its files deleted before this job can read them.
+        let mut joined: Vec<JobId> = j
+            .spec
+            .after
+            .iter()
+            .map(|a| a.job)
+            .chain(j.spec.parent.map(|(pj, _)| pj))
+            .filter(|&o| o != id)
+            .collect();
+        joined.extend(
+            j.inputs
+                .iter()
+                .filter_map(|f| self.graph.produced.get(f).map(|by| by.0)),
+        );
+        joined.sort_unstable();
+        joined.dedup();
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return Ok(());
+        };
+        j.held = true;
+        for i in 0..j.len() {
+            j.set_state(i, TaskState::Waiting);
+        }
+        self.enter_workflow(id, &joined);
+        Ok(())
+    }
+
+    /// The last piece of held job `id` is in: its tasks stop waiting for it and it is linked
+    /// as if submitted whole. On an error (what [`Self::link_graph`] refuses) nothing of it
+    /// has changed: its tasks still wait.
+    pub(super) fn release_held(&mut self, id: JobId) -> Result<(), SchedError> {
+        let Some(j) = self.jobs.get_mut(&id) else {
+            return Ok(());
+        };
+        let waiting: Vec<TaskIndex> = (0..j.len())
+            .filter(|&i| j.table.get(i).state == TaskState::Waiting)
+            .collect();
+        for &i in &waiting {
+            j.set_state(i, TaskState::Ready);
+        }
+        if let Err(e) = self.link_graph(id) {
+            if let Some(j) = self.jobs.get_mut(&id) {
+                for &i in &waiting {
+                    j.set_state(i, TaskState::Waiting);
+                }
+            }
+            return Err(e);
+        }
+        if let Some(j) = self.jobs.get_mut(&id) {
+            j.held = false;
+        }
+        Ok(())
     }
 
     /// The ready spans of a job just linked (its tasks not waiting), for the queue.

@@ -129,6 +129,9 @@ pub struct Job {
     pub(super) unmet: FxHashMap<TaskIndex, u32>,
     /// Whether anything may wait on its tasks (the graph looks at their ends).
     pub(super) feeds: bool,
+    /// A job of a graph submitted in pieces: all its tasks wait until the last piece, since
+    /// only then are its dependencies known (a task may read a file a later piece writes).
+    pub(super) held: bool,
 }
 
 impl Job {
@@ -172,7 +175,14 @@ impl Job {
             gate: 0,
             unmet: FxHashMap::default(),
             feeds: false,
+            held: false,
         }
+    }
+
+    /// Whether its tasks wait for the rest of the job, which is being submitted in pieces:
+    /// it takes part in a task graph, linked once its last piece is in.
+    pub fn held(&self) -> bool {
+        self.held
     }
 
     /// How many tasks the job holds.

@@ -29,7 +29,7 @@ impl Scheduler {
         // the graph refuses it, before anything else saw it.
         self.jobs.insert(id, job);
         self.admit_files(id);
-        if let Err(e) = self.link_graph(id) {
+        if let Err(e) = self.link_or_hold(id) {
             self.jobs.remove(&id);
             self.windowed_jobs.remove(&id);
             return Err(e);
@@ -86,6 +86,11 @@ impl Scheduler {
         let numbered = j.inputs_per_task() > 0;
         if j.canceled {
             j.counts.canceled += end - start;
+        } else if j.held {
+            j.counts.ready += end - start;
+            for i in start..end {
+                j.set_state(i, TaskState::Waiting);
+            }
         } else {
             j.counts.ready += end - start;
             self.ready.push_new(
@@ -97,6 +102,7 @@ impl Scheduler {
                 },
             );
         }
+        let release = close && j.held && !j.canceled;
         if close {
             j.open = false;
             if j.is_empty() && !j.canceled {
@@ -106,6 +112,19 @@ impl Scheduler {
         }
         if numbered {
             self.number_inputs(job, start);
+        }
+        if release {
+            if let Err(e) = self.release_held(job) {
+                // Refused as a whole job would have been at submission: withdrawn, so
+                // nothing of it runs and no id names half of it.
+                self.cancel_job(now_us, job)?;
+                self.forget_job(job)?;
+                return Err(e);
+            }
+            let priority = self.jobs.get(&job).map_or(0, |j| j.spec.priority);
+            for span in self.ready_spans(job) {
+                self.ready.push_new(priority, span);
+            }
         }
         if end > start || close {
             self.records.push(Record::Extended {

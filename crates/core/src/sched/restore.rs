@@ -52,7 +52,7 @@ impl Scheduler {
         self.admit_files(job);
         // Accepted once, so it links again as it did; a journal that no longer does (a job it
         // depended on was forgotten since) leaves the job outside the graph, not unrestored.
-        let _ = self.link_graph(job);
+        let _ = self.link_or_hold(job);
         Ok(())
     }
 

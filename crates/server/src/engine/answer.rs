@@ -60,13 +60,14 @@ impl Engine {
                     Err(Refusal::from(
                         "the job declares files, but neither it nor the server names a store; give one with `--store DIR|URL` (or start the server with `--store`)".to_string(),
                     ))
-                } else if let Some(why) = spec
-                    .placement
-                    .store
-                    .as_deref()
-                    .or(self.store.as_deref())
+                } else if let Some(why) = self
+                    .store_of(&spec)
+                    // A job held until its last piece is checked whole then (a task may read
+                    // what a later piece writes).
+                    .filter(|_| !self.core.holds_until_closed(&spec, open))
                     .and_then(|store| {
-                        super::inputs::missing_input(&self.core, store, &spec, &tasks)
+                        let job = self.core.next_job_id();
+                        super::inputs::missing_input(&self.core, store, job, &spec, &tasks)
                     })
                 {
                     tracing::info!("submission refused: {why}");
@@ -383,6 +384,11 @@ impl Engine {
         close: bool,
     ) -> Result<Answer, Refusal> {
         self.durable.accepting_work()?;
+        let held = close && self.core.job(job).is_some_and(|j| j.held());
+        let (at, more) = match held {
+            true => self.check_held_whole(now, job, at, more)?,
+            false => (at, more),
+        };
         let extend = Event::Extend {
             job,
             at,
@@ -391,14 +397,73 @@ impl Engine {
         };
         match self.core.handle(now, extend) {
             Ok(_) => Ok(Answer::Extended),
+            // A held job refused at its last piece is withdrawn by the scheduler.
+            Err(e) if self.core.job(job).is_none() => Err(self.withdrawn(job, &e.to_string())),
             Err(e) => Err(Refusal::from(e)),
         }
+    }
+
+    /// The last piece of held job `job`: adds it without closing the job, then checks the
+    /// whole job's inputs against the store as a submission is checked. Returns the closing
+    /// extension left to send (no tasks), or withdraws the job and says why.
+    fn check_held_whole(
+        &mut self,
+        now: u64,
+        job: JobId,
+        at: u32,
+        more: TaskSet,
+    ) -> Result<(u32, TaskSet), Refusal> {
+        let none = match &more {
+            TaskSet::Lines(_) => TaskSet::Lines(Default::default()),
+            _ => TaskSet::List(Vec::new()),
+        };
+        let add = Event::Extend {
+            job,
+            at,
+            more,
+            close: false,
+        };
+        self.core.handle(now, add).map_err(Refusal::from)?;
+        self.journal_records(now);
+        let Some(j) = self.core.job(job) else {
+            return Err(Refusal::from(format!("job {job} does not exist")));
+        };
+        let missing = self.store_of(&j.spec).and_then(|store| {
+            super::inputs::missing_input(&self.core, store, job, &j.spec, &j.tasks)
+        });
+        let len = j.len();
+        if let Some(why) = missing {
+            let _ = self.core.handle(now, Event::Cancel { job });
+            self.journal_records(now);
+            let _ = self.core.handle(now, Event::Forget { job });
+            return Err(self.withdrawn(job, &why));
+        }
+        Ok((len, none))
+    }
+
+    /// The refusal of a held job's last piece, after the job was withdrawn (its key freed).
+    fn withdrawn(&mut self, job: JobId, why: &str) -> Refusal {
+        self.keys.retain(|_, j| *j != job);
+        tracing::info!("job {job} refused at its last piece and withdrawn: {why}");
+        Refusal::from(format!(
+            "{why}; job {job}, sent in pieces, is withdrawn: none of its tasks runs"
+        ))
+    }
+
+    /// The store a job's files are read from: its own, else the server's.
+    fn store_of<'a>(&'a self, spec: &'a kestrel_core::JobSpec) -> Option<&'a str> {
+        spec.placement.store.as_deref().or(self.store.as_deref())
     }
 
     /// Why `job`'s queued or staging tasks wait, if they do: no worker can take them (the
     /// scheduler's stall), or their store fails, as a worker said lately (within three
     /// heartbeats: a worker whose reads fail says so at each) of a job not done.
     fn waiting(&self, job: JobId, now: u64) -> Option<String> {
+        if self.core.job(job).is_some_and(|j| j.held() && j.open) {
+            return Some(
+                "its tasks wait for the rest of the job, which its client is still sending in pieces: a job in a task graph is linked whole".to_string(),
+            );
+        }
         if let Some(stall) = self.core.stall(job) {
             return Some(stall.to_string());
         }

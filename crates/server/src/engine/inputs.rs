@@ -9,17 +9,18 @@
 
 use kestrel_core::files::cached_name;
 use kestrel_core::placeholders::try_each_name;
-use kestrel_core::{JobSpec, Scheduler, TaskSet};
+use kestrel_core::{JobId, JobSpec, Scheduler, TaskSet};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::ffi::OsString;
 use std::path::Path;
 
-/// Why the job cannot be taken, if an input of one of its tasks is nowhere: not written by
+/// Why job `job` cannot be taken, if an input of one of its tasks is nowhere: not written by
 /// any task known to `core` or by another task of the job, and not in `store` (a directory;
 /// an HTTP store is not looked at here: its tasks fail at run time saying what is missing).
 pub(super) fn missing_input(
     core: &Scheduler,
     store: &str,
+    job: JobId,
     spec: &JobSpec,
     tasks: &TaskSet,
 ) -> Option<String> {
@@ -27,7 +28,7 @@ pub(super) fn missing_input(
     if files.inputs.is_empty() || store.contains("://") {
         return None;
     }
-    let job = core.next_job_id().to_string();
+    let job = job.to_string();
     // What the job's own tasks write.
     let mut own: FxHashSet<String> = FxHashSet::default();
     let _ = try_each_name(tasks, &job, 0, &files.outputs, |_, _, name| {

@@ -47,6 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kbench.plots import plot_elsewhere
 from kbench.procs import stop_groups
 
 REPO = Path(__file__).resolve().parent.parent
@@ -618,18 +619,7 @@ def _plot(res: dict, png: Path) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        venv = Path(os.environ.get("KESTREL_BENCH_VENV", "~/.cache/kestrel-bench")).expanduser()
-        py = venv / "bin" / "python"
-        if py.exists() and not os.environ.get("KESTREL_DIFFUSION_PLOT"):
-            tmp = Path(tempfile.mkstemp(suffix=".json")[1])
-            tmp.write_text(json.dumps(res))
-            env = dict(os.environ, KESTREL_DIFFUSION_PLOT="1")
-            cmd = [str(py), __file__, "--plot-only", str(tmp), str(png)]
-            r = subprocess.run(cmd, env=env, check=False)
-            tmp.unlink()
-            return r.returncode == 0
-        log("no matplotlib: the sweep goes without its plot")
-        return False
+        return plot_elsewhere(Path(__file__), res, png)
     sweep = grouped(res["sweep"], lambda r: r["share"])
     xs = sorted(sweep)
     secs = [med_row(sweep[x])["seconds"] for x in xs]

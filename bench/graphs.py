@@ -22,7 +22,8 @@ store (each is written once; every task runs once or the run fails). The totals 
 against the store's own counter (`slow-store stats`, which also counts TCP/IP and HTTP headers).
 Each mosaic is compared with the serial one: `cmp`, else pixel by pixel with a small FITS reader
 (equal when the largest difference is at floating-point rounding level). Writes the raw results
-as JSON and docs/benchmarks-graphs.md. Needs root (the store's namespace) and Debian's Montage
+as JSON, docs/benchmarks-graphs.md and docs/graphs.png (with matplotlib, from the benchmark venv
+if this Python lacks it). Needs root (the store's namespace) and Debian's Montage
 (installed if missing); standard library only.
 """
 
@@ -44,6 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from kbench.plots import plot_elsewhere
 from kbench.procs import stop_groups
 
 REPO = Path(__file__).resolve().parent.parent
@@ -521,12 +523,72 @@ def write_doc(res: dict, doc: Path) -> None:
         f"largest relative difference is at most {ROUNDING:g} (the mosaic is float64; tiles "
         "summed in another order differ in the last bits).\n"
     )
+    png = doc.parent / "graphs.png"
+    if _plot(res, png):
+        a(f"![Montage: time per grid, and store traffic per stage]({png.name})\n")
     for g in sorted(grids, key=int):
         _traffic_section(a, g, grids[g])
     _cpu_section(a, grids)
     _notes(a)
     doc.write_text("\n".join(L).rstrip() + "\n")
     log(f"wrote {doc}")
+
+
+def _plot(res: dict, png: Path) -> bool:
+    """docs/graphs.png: the run times per grid, and each stage's store traffic at the largest
+    grid, (a) against (b)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return plot_elsewhere(Path(__file__), res, png)
+    grids = {g: G for g, G in res["grids"].items() if G.get("runs")}
+    gs = sorted(grids, key=int)
+    if not gs:
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5), width_ratios=[1, 1.6])
+    modes = [("serial", "serial", "tab:grey"), ("store", "(a) store", "tab:red")]
+    modes.append(("local", "(b) local", "tab:blue"))
+    width = 0.26
+    for k, (mode, label, color) in enumerate(modes):
+        secs = [med([r[mode]["seconds"] for r in grids[g]["runs"]]) for g in gs]
+        xs = [i + (k - 1) * width for i in range(len(gs))]
+        bars = ax1.bar(xs, secs, width, label=label, color=color)
+        ax1.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax1.set_xticks(range(len(gs)), [f"G = {g}\n({grids[g]['tiles']} tiles)" for g in gs])
+    ax1.set_ylabel("run time (s), median")
+    ax1.set_title("Montage mosaic, time")
+    ax1.legend()
+    big = gs[-1]
+    runs = grids[big]["runs"]
+    sa, sb = _stage_rows(runs, "store"), _stage_rows(runs, "local")
+    stages = [st for st in STAGES if st in sa or st in sb]
+    ys = range(len(stages))
+    for k, (rows, label, color) in enumerate(
+        [(sa, "(a) store", "tab:red"), (sb, "(b) local", "tab:blue")]
+    ):
+        mbs = [
+            (rows.get(st, {}).get("read_bytes", 0) + rows.get(st, {}).get("written_bytes", 0)) / 1e6
+            for st in stages
+        ]
+        ax2.barh([y + (-0.2 if k == 0 else 0.2) for y in ys], mbs, 0.4, label=label, color=color)
+    ax2.set_yticks(list(ys), stages)
+    ax2.invert_yaxis()
+    ax2.set_xlabel("MB read from and written to the store, median")
+    ta = med([r["store"]["read_bytes"] + r["store"]["written_bytes"] for r in runs]) / 1e6
+    tb = med([r["local"]["read_bytes"] + r["local"]["written_bytes"] for r in runs]) / 1e6
+    ax2.set_title(
+        f"store traffic per stage, G = {big}: {ta:,.0f} MB (a), {tb:,.0f} MB (b), "
+        f"{(1 - tb / ta) * 100:.0f}% less"
+    )
+    ax2.legend()
+    fig.suptitle(f"slow store at {res['rate']}, {res['workers']} workers x {res['slots']} slots")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def _mosaic_word(runs: list[dict], mode: str) -> str:
@@ -689,6 +751,8 @@ def _notes(a) -> None:
 
 
 def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--plot-only":
+        return 0 if _plot(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])) else 1
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

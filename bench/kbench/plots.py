@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -48,6 +50,27 @@ def ensure_matplotlib() -> str | None:
     env = dict(os.environ, KESTREL_BENCH_IN_VENV="1")
     os.execve(str(py), [str(py), str(BENCH / "run.py"), *sys.argv[1:]], env)
     return None  # not reached
+
+
+def plot_elsewhere(script: Path, res: dict, png: Path) -> bool:
+    """Draws `png` from `res` by running `script --plot-only RES PNG` with the benchmark venv's
+    Python, for a script run (as root) by a Python without matplotlib. False when there is no
+    venv with matplotlib (`ensure_matplotlib` makes one) or the plot failed."""
+    root = Path(os.environ.get("KESTREL_BENCH_VENV", "~/.cache/kestrel-bench")).expanduser()
+    py = root / "bin" / "python"
+    if not py.exists() or os.environ.get("KESTREL_BENCH_IN_VENV"):
+        log(f"no matplotlib (none in {root} either): {png.name} is not drawn")
+        return False
+    fd, name = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        tmp.write_text(json.dumps(res))
+        env = dict(os.environ, KESTREL_BENCH_IN_VENV="1")
+        cmd = [str(py), str(script), "--plot-only", str(tmp), str(png)]
+        return subprocess.run(cmd, env=env, check=False).returncode == 0
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ----- plots -----------------------------------------------------------------------------------

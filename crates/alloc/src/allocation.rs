@@ -1,0 +1,117 @@
+//! One allocation: a batch job that runs a worker on each of its nodes.
+
+use crate::params::Micros;
+use serde::{Deserialize, Serialize};
+
+/// An allocation's number, unique in the server (never given out twice).
+pub type AllocId = u32;
+
+/// A worker's number, as the server gives them.
+pub type WorkerId = u32;
+
+/// Where an allocation is in its life.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocState {
+    /// Decided and journaled; the submit command has not answered yet.
+    Submitting,
+    /// In the batch queue, waiting for nodes.
+    Queued,
+    /// Its nodes are given (the batch system says so, or a worker of it connected).
+    Running,
+    /// Its workers were told to finish what they run and leave, all together.
+    Draining,
+    /// Cancel asked of the batch system; waiting for it to end.
+    Canceling,
+    /// Over.
+    Ended(Ending),
+}
+
+impl AllocState {
+    /// Whether it is over.
+    pub fn is_ended(&self) -> bool {
+        matches!(self, AllocState::Ended(_))
+    }
+
+    /// Whether it waits for nodes (decided, or in the batch queue).
+    pub fn is_pending(&self) -> bool {
+        matches!(self, AllocState::Submitting | AllocState::Queued)
+    }
+
+    /// A word for tables: queued, running, finished, failed...
+    pub fn word(&self) -> &'static str {
+        match self {
+            AllocState::Submitting => "submitting",
+            AllocState::Queued => "queued",
+            AllocState::Running => "running",
+            AllocState::Draining => "draining",
+            AllocState::Canceling => "canceling",
+            AllocState::Ended(Ending::Finished) => "finished",
+            AllocState::Ended(Ending::Canceled) => "canceled",
+            AllocState::Ended(Ending::Failed(_)) => "failed",
+            AllocState::Ended(Ending::SubmitFailed(_)) => "not submitted",
+        }
+    }
+}
+
+/// How an allocation ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ending {
+    /// It ran and ended (its workers left, or its time was up).
+    Finished,
+    /// Canceled by the allocator (work gone, released) or the user.
+    Canceled,
+    /// The batch system says it failed, or it ended before any worker of it connected: why.
+    Failed(String),
+    /// The submit command failed: its message.
+    SubmitFailed(String),
+}
+
+/// An allocation and what the allocator knows of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub id: AllocId,
+    /// Nodes asked for (one worker each).
+    pub nodes: u32,
+    /// The batch system's id for it, once submitted.
+    pub batch_id: Option<String>,
+    pub state: AllocState,
+    /// When it was decided.
+    pub submitted_us: Micros,
+    /// When its nodes were given.
+    pub started_us: Option<Micros>,
+    /// When it ended.
+    pub ended_us: Option<Micros>,
+    /// Its workers connected now.
+    pub workers: Vec<WorkerId>,
+    /// Workers of it that ever connected.
+    pub workers_seen: u32,
+}
+
+impl Allocation {
+    pub(crate) fn new(id: AllocId, nodes: u32, now: Micros) -> Allocation {
+        Allocation {
+            id,
+            nodes,
+            batch_id: None,
+            state: AllocState::Submitting,
+            submitted_us: now,
+            started_us: None,
+            ended_us: None,
+            workers: Vec::new(),
+            workers_seen: 0,
+        }
+    }
+
+    /// When its time limit ends it, once it runs.
+    pub fn ends_at(&self, time_limit_us: Micros) -> Option<Micros> {
+        self.started_us.map(|s| s.saturating_add(time_limit_us))
+    }
+
+    /// How long it waited in the batch queue (so far, if it still waits).
+    pub fn queue_wait_us(&self, now: Micros) -> Micros {
+        self.started_us
+            .or(self.ended_us)
+            .unwrap_or(now)
+            .saturating_sub(self.submitted_us)
+    }
+}

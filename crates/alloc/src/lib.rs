@@ -1,0 +1,102 @@
+//! Provisioning as a pure state machine (DESIGN.md "Provisioning"; Falkon §5.2).
+//!
+//! An [`Allocator`] holds allocation queues. Each tick it is given, per queue, the work that
+//! waits for that queue's workers ([`Demand`]) and the time, and it answers with [`Action`]s:
+//! submit an allocation of n nodes, cancel an allocation, drain an allocation's workers. What
+//! the batch system and the workers do comes back as events (`submitted`, `started`, `ended`,
+//! `worker_joined`, ...). Nothing here runs a command, reads a clock or touches a socket, so
+//! every decision is a unit test in virtual time, and a simulator can drive it.
+//!
+//! The policies:
+//! - acquisition ([`Acquire`]): the i-th request since work started to wait asks for 1, i,
+//!   2^(i-1) or all the nodes the work needs, never more than the queue's `--nodes`;
+//! - at most one submission per queue per tick, at most `backlog` allocations waiting in the
+//!   batch queue, and `max_allocs`/`max_workers` bounds;
+//! - distributed release: an allocation whose workers have all been idle for the idle timeout
+//!   is drained whole, never worker by worker; centralized release: while fewer than q tasks
+//!   wait, one allocation a tick is drained;
+//! - allocations still in the batch queue are canceled once the work has been gone for
+//!   [`WORK_GONE_GRACE_US`];
+//! - failed submissions (and allocations that end before any worker of theirs connects) back
+//!   off exponentially and, after `max_failures` in a row, pause the queue with the reason.
+
+mod allocation;
+mod params;
+mod queue;
+
+pub use allocation::{AllocId, AllocState, Allocation, Ending, WorkerId};
+pub use params::{Acquire, Micros, ParamsError, QueueParams};
+pub use queue::{
+    Action, Demand, Paused, Queue, QueueId, FIRST_BACKOFF_US, MAX_BACKOFF_US, WORK_GONE_GRACE_US,
+};
+
+use std::collections::BTreeMap;
+
+/// The queues of one server.
+#[derive(Clone, Debug, Default)]
+pub struct Allocator {
+    queues: BTreeMap<QueueId, Queue>,
+    next_queue: QueueId,
+    next_alloc: AllocId,
+}
+
+impl Allocator {
+    /// No queues.
+    pub fn new() -> Allocator {
+        Allocator {
+            queues: BTreeMap::new(),
+            next_queue: 1,
+            next_alloc: 1,
+        }
+    }
+
+    /// Adds a queue; its id.
+    pub fn add_queue(&mut self, params: QueueParams) -> Result<QueueId, ParamsError> {
+        params.check()?;
+        let id = self.next_queue;
+        self.next_queue += 1;
+        self.queues.insert(id, Queue::new(id, params));
+        Ok(id)
+    }
+
+    /// The queue `id`.
+    pub fn queue(&self, id: QueueId) -> Option<&Queue> {
+        self.queues.get(&id)
+    }
+
+    /// The queue `id`, to tell it what happened.
+    pub fn queue_mut(&mut self, id: QueueId) -> Option<&mut Queue> {
+        self.queues.get_mut(&id)
+    }
+
+    /// Every queue, by id.
+    pub fn queues(&self) -> impl Iterator<Item = &Queue> {
+        self.queues.values()
+    }
+
+    /// Removes queue `id` if none of its allocations is live, or (`force`) whatever they are;
+    /// returns the cancels of its live allocations, or `None` if it had some and not `force`.
+    pub fn remove_queue(&mut self, id: QueueId, force: bool) -> Option<Vec<Action>> {
+        let q = self.queues.get(&id)?;
+        let live: Vec<AllocId> = q.live().map(|a| a.id).collect();
+        if !live.is_empty() && !force {
+            return None;
+        }
+        self.queues.remove(&id);
+        Some(
+            live.into_iter()
+                .map(|alloc| Action::Cancel { queue: id, alloc })
+                .collect(),
+        )
+    }
+
+    /// One tick of every queue at `now`; `demand` says what waits for each queue's workers.
+    pub fn tick(&mut self, now: Micros, demand: impl Fn(&Queue) -> Demand) -> Vec<Action> {
+        let mut out = Vec::new();
+        for q in self.queues.values_mut() {
+            let d = demand(q);
+            out.extend(q.tick(now, &d, &mut self.next_alloc));
+        }
+        out
+    }
+}

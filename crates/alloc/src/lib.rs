@@ -19,8 +19,12 @@
 //!   [`WORK_GONE_GRACE_US`];
 //! - failed submissions (and allocations that end before any worker of theirs connects) back
 //!   off exponentially and, after `max_failures` in a row, pause the queue with the reason.
+//!
+//! [`backend`] holds what Slurm and PBS are told and answer, as text (pilot scripts, command
+//! lines, parsers): running the commands is the server's.
 
 mod allocation;
+pub mod backend;
 mod params;
 mod queue;
 

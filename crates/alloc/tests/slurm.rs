@@ -1,0 +1,280 @@
+//! The pilot scripts on a real Slurm: `../shared/slurm/test-cluster` (started here if it is
+//! not running and this runs as root; skipped, saying why, where it cannot be). The "worker"
+//! is a stand-in script that records where it ran and with what arguments, so this checks what
+//! the batch system does with the pilot: one worker per node of a multi-node allocation, the
+//! end time passed, the user's arguments reaching `sbatch`/`qsub`.
+
+use kestrel_alloc::backend::{pbs, slurm, BatchState, Pilot};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn run(argv: &[String]) -> Output {
+    Command::new(&argv[0])
+        .args(&argv[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", argv[0]))
+}
+
+/// Whether a Slurm answers here, starting the shared test cluster if need be (once for all
+/// the tests of this file, which run at the same time).
+fn slurm_here() -> Result<(), String> {
+    static HERE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    HERE.get_or_init(start_slurm).clone()
+}
+
+fn start_slurm() -> Result<(), String> {
+    let answers = || {
+        Command::new("sinfo")
+            .arg("-h")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if answers() {
+        return Ok(());
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/slurm/test-cluster");
+    if !script.exists() {
+        return Err(format!("no Slurm here and no {}", script.display()));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("no Slurm here, and starting the test cluster needs root".into());
+    }
+    let out = Command::new(&script)
+        .arg("start")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() && answers() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the test cluster did not start: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+macro_rules! need_slurm {
+    () => {
+        if let Err(why) = slurm_here() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// Whether `qsub` is here, installing Debian's `slurm-wlm-torque` (PBS commands that drive
+/// Slurm) if it is not and this runs as root.
+fn qsub_here() -> Result<(), String> {
+    let here = || Command::new("qsub").arg("--help").output().is_ok();
+    if here() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("no qsub, and installing slurm-wlm-torque needs root".into());
+    }
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "slurm-wlm-torque"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !install() {
+        let _ = Command::new("apt-get").args(["update", "-qq"]).output();
+        install();
+    }
+    if here() {
+        Ok(())
+    } else {
+        Err("no qsub: `apt-get install slurm-wlm-torque` failed".into())
+    }
+}
+
+/// A stand-in for `kestrel` that appends `NODE ARGS` to `log` and exits.
+fn fake_kestrel(dir: &Path, log: &Path) -> PathBuf {
+    let path = dir.join("kestrel");
+    let body = format!(
+        "#!/bin/sh\necho \"${{SLURMD_NODENAME:-?}} $*\" >> {}\n",
+        log.display()
+    );
+    std::fs::write(&path, body).expect("fake kestrel");
+    let _ = Command::new("chmod").arg("+x").arg(&path).status();
+    path
+}
+
+fn pilot(dir: &Path, kestrel: &Path, nodes: u32, name: &str) -> Pilot {
+    Pilot {
+        job_name: name.into(),
+        nodes,
+        time_limit_us: 120_000_000,
+        kestrel: kestrel.display().to_string(),
+        access: dir.join("access.json").display().to_string(),
+        alloc: 7,
+        worker_args: vec!["--slots".into(), "2".into()],
+        stdout: dir.join("pilot.out").display().to_string(),
+        stderr: dir.join("pilot.err").display().to_string(),
+    }
+}
+
+/// Waits (at most 90 s) until `squeue` no longer shows `id` as queued or running.
+fn wait_ended(id: &str) -> BatchState {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(90) {
+        let out = run(&slurm::query(&[id]));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let gone =
+            !out.status.success() && slurm::query_knows_none(&String::from_utf8_lossy(&out.stderr));
+        let state = slurm::parse_query(&text)
+            .into_iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, s)| s);
+        match state {
+            Some(BatchState::Queued | BatchState::Running) => {}
+            Some(s) => return s,
+            None if gone || out.status.success() => return BatchState::Finished,
+            None => {}
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("batch job {id} did not end within 90 s");
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The stand-in's log: (node, arguments) per worker started.
+fn started(log: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut rows: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, a)| (n.to_string(), a.to_string()))
+        .collect();
+    rows.sort();
+    rows
+}
+
+fn check_two_workers(log: &Path, dir: &Path, before: u64) {
+    let rows = started(log);
+    assert_eq!(rows.len(), 2, "one worker per node: {rows:?}");
+    assert_ne!(rows[0].0, rows[1].0, "on two nodes: {rows:?}");
+    for (_, args) in &rows {
+        let want = format!(
+            "worker start --access {} --alloc 7 --ends-at ",
+            dir.join("access.json").display()
+        );
+        assert!(args.starts_with(&want), "{args}");
+        assert!(args.ends_with(" --slots 2"), "{args}");
+        let end: u64 = args[want.len()..]
+            .split(' ')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no end time in {args}"));
+        assert!(
+            end >= before + 120 && end <= now_s() + 120,
+            "ends at {end}, started after {before}"
+        );
+    }
+}
+
+#[test]
+fn a_two_node_slurm_allocation_runs_one_worker_on_each_node() {
+    need_slurm!();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("started");
+    let kestrel = fake_kestrel(dir.path(), &log);
+    let p = pilot(dir.path(), &kestrel, 2, "kestrel-test-2n");
+    let script = dir.path().join("pilot.sh");
+    std::fs::write(&script, slurm::script(&p)).expect("script");
+    let before = now_s();
+    let out = run(&slurm::submit(&script.display().to_string(), &[], false));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = slurm::parse_submit(&String::from_utf8_lossy(&out.stdout)).expect("job id");
+    assert_eq!(wait_ended(&id), BatchState::Finished);
+    check_two_workers(&log, dir.path(), before);
+    let said = std::fs::read_to_string(dir.path().join("pilot.out")).unwrap_or_default();
+    assert!(said.contains("kestrel pilot: allocation 7"), "{said}");
+    assert!(said.contains("the workers ended with status 0"), "{said}");
+}
+
+#[test]
+fn a_wrong_partition_is_refused_with_slurms_message_and_a_held_test_leaves_nothing() {
+    need_slurm!();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("started");
+    let kestrel = fake_kestrel(dir.path(), &log);
+    let p = pilot(dir.path(), &kestrel, 1, "kestrel-test-dry");
+    let script = dir.path().join("pilot.sh");
+    std::fs::write(&script, slurm::script(&p)).expect("script");
+    let path = script.display().to_string();
+    let wrong = vec!["--partition".to_string(), "no-such-partition".to_string()];
+    let out = run(&slurm::submit(&path, &wrong, true));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid partition"), "{err}");
+    // The dry run of a right one: held, then canceled; it never ran.
+    let out = run(&slurm::submit(&path, &[], true));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = slurm::parse_submit(&String::from_utf8_lossy(&out.stdout)).expect("job id");
+    let ids = [id.as_str()];
+    let listed = slurm::parse_query(&String::from_utf8_lossy(&run(&slurm::query(&ids)).stdout));
+    assert_eq!(listed, vec![(id.clone(), BatchState::Queued)]);
+    assert!(run(&slurm::cancel(&ids)).status.success());
+    assert!(matches!(wait_ended(&id), BatchState::Failed(w) if w.starts_with("CANCELLED")));
+    assert!(started(&log).is_empty(), "a held job never runs");
+}
+
+#[test]
+fn the_torque_pilot_through_qsub_runs_one_worker_on_each_node() {
+    need_slurm!();
+    if let Err(why) = qsub_here() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("started");
+    let kestrel = fake_kestrel(dir.path(), &log);
+    let p = pilot(dir.path(), &kestrel, 2, "kestrel-test-pbs");
+    let script = dir.path().join("pilot.sh");
+    std::fs::write(&script, pbs::script(&p, pbs::Flavor::Torque)).expect("script");
+    let before = now_s();
+    let out = run(&pbs::submit(&p, &script.display().to_string(), &[], false));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let id = pbs::parse_submit(&String::from_utf8_lossy(&out.stdout)).expect("job id");
+    // qstat lists it until it ends.
+    let start = Instant::now();
+    loop {
+        let listed = pbs::parse_query(&String::from_utf8_lossy(&run(&pbs::query(&[&id])).stdout));
+        let live = listed.iter().any(|(i, s)| {
+            pbs::same_id(&id, i) && matches!(s, BatchState::Queued | BatchState::Running)
+        });
+        if !live {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "job {id} did not end"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    check_two_workers(&log, dir.path(), before);
+}

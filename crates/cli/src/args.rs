@@ -308,6 +308,14 @@ pub enum WorkerCommand {
         /// server's secret; at most 10 are served at once
         #[arg(long, value_name = "HOST:PORT|off")]
         peer_listen: Option<String>,
+        /// When the allocation this worker runs in ends, in seconds since the epoch
+        /// (`date +%s`): from 30 s before then it takes no new task, and before then only
+        /// tasks whose `--timeout` ends in time. Kestrel's pilot scripts set it
+        #[arg(long, value_name = "SECONDS")]
+        ends_at: Option<u64>,
+        /// The allocation this worker runs in, as Kestrel's pilot scripts number it
+        #[arg(long, value_name = "ID")]
+        alloc: Option<u32>,
     },
     /// List connected workers (quarantined ones with the reason)
     List,

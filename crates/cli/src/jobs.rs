@@ -46,8 +46,15 @@ pub struct TaskOptions {
     /// Run a failed task again up to N more times
     #[arg(long, value_name = "N")]
     pub retries: Option<u32>,
-    /// Kill a task's whole process group after this long, e.g. 90s, 10m, 2h
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    /// Kill a task's whole process group after this long, e.g. 90s, 10m, 2h. Also its
+    /// declared length: a worker whose allocation ends sooner is not given it
+    /// (`--time-limit` is the same option, as HyperQueue's `--time-request`)
+    #[arg(
+        long,
+        visible_alias = "time-limit",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
     pub timeout: Option<String>,
     /// Where each task's stdout goes: `none`; `stream`, kept by the server with the job (no
     /// file per task; read it with `kestrel job cat`), the first 1M of each task's output, or

@@ -111,8 +111,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             cache_policy,
             store_readers,
             peer_listen,
+            ends_at,
+            alloc,
         }) => {
             let offer = Offer {
+                ends_at,
+                alloc,
                 slots,
                 gpus,
                 mem,
@@ -245,6 +249,9 @@ async fn server_until_stopped(server: kestrel_server::RunningServer) {
 
 /// What `worker start` offers to tasks.
 struct Offer {
+    /// When its allocation ends (seconds since the epoch), and which allocation that is.
+    ends_at: Option<u64>,
+    alloc: Option<u32>,
     slots: Option<u32>,
     gpus: u32,
     mem: Option<String>,
@@ -270,6 +277,8 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     config.named = jobs::parse_named(&offer.resource)?;
     config.prefetch = offer.prefetch.unwrap_or(slots);
     config.cache = Some(offer.cache);
+    config.ends_at_s = offer.ends_at;
+    config.alloc = offer.alloc;
     config.exec = exec.into();
     config.reconnect_for = session::reconnect_for(g, session::WORKER)?;
     config.server_dir = path.parent().map(|p| p.display().to_string());

@@ -289,3 +289,30 @@ fn reaper_of(worker: i32) -> Option<i32> {
         proc_info(p).is_some_and(|(comm, ppid, _)| comm == "kestrel-reaper" && ppid == worker)
     })
 }
+
+#[test]
+fn a_task_that_would_outlive_its_workers_allocation_waits_for_another_worker() {
+    let mut c = Cluster::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    // The allocation ends in 20 s plus the 30 s the server keeps clear before an end.
+    let ends = (now + 50).to_string();
+    c.add_worker_with(1, &["--ends-at", &ends, "--alloc", "7"]);
+    c.wait_workers(1);
+    c.run(&["submit", "--timeout", "60s", "--array", "1-2", "--", "true"])
+        .ok();
+    c.run(&["submit", "--timeout", "5s", "--array", "1", "--", "true"])
+        .ok();
+    // The 5 s task fits and runs; the 60 s ones do not and wait.
+    c.run(&["job", "wait", "2"]).ok();
+    let waiting: Vec<String> = task_rows(&c, "1")
+        .iter()
+        .map(|t| t["state"].as_str().unwrap_or("?").to_string())
+        .collect();
+    assert_eq!(waiting, vec!["queued", "queued"]);
+    // A worker with no end takes them.
+    c.add_worker(1);
+    c.run(&["job", "wait", "1"]).ok();
+}

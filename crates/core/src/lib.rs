@@ -28,7 +28,7 @@ pub use policy::{DispatchPolicy, FirstAvailable, Offer};
 pub use sched::restore::RestoreError;
 pub use sched::{
     Accepted, Config, Counts, Event, Job, Reply, Resumed, SchedError, Scheduler, Stall, Timing,
-    Worker, WorkerOffer, WorkflowGraph, DROP_GRACE_US,
+    Worker, WorkerOffer, WorkflowGraph, DROP_GRACE_US, END_MARGIN_US,
 };
 pub use spec::{
     After, IdRanges, IdRun, JobId, JobSpec, Keep, LineList, Placement, PolicyName, RangeError,

@@ -32,8 +32,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// what a job or worker that uses data diffusion sends ([`FILES_VERSION`]). Version 9 adds
 /// the trailing fields of task graphs (a job's `after`, parent and output modes, a task's
 /// `Waiting` state, the deletion of intermediate files), left out when unused
-/// ([`GRAPH_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
+/// ([`ALLOC_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 10;
+
+/// The first version in which a worker says which allocation it runs in and when that ends:
+/// a worker does not send them to an older server.
+pub const ALLOC_VERSION: u32 = 10;
 
 /// The first version that carries task graphs: a client does not send `after`, a parent or
 /// output modes to an older server.

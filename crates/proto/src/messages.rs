@@ -94,8 +94,9 @@ pub enum FromWorker {
     Revoked { tasks: Vec<(JobId, TaskIndex)> },
 }
 
-/// What a worker offers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What a worker offers. Encoded by hand (see its `Serialize`): an old server refuses a longer
+/// array, so the trailing optional fields go only as far as the last one set.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Registration {
     pub hostname: String,
     pub slots: u32,
@@ -117,6 +118,50 @@ pub struct Registration {
     /// jobs that declare files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheInfo>,
+    /// The allocation it runs in, as the pilot script that started it says (`--alloc`).
+    #[serde(default)]
+    pub alloc: Option<u32>,
+    /// When that allocation ends, in seconds since the epoch (`--ends-at`): the server starts
+    /// no task there that could outlive it.
+    #[serde(default)]
+    pub ends_at_s: Option<u64>,
+}
+
+impl Serialize for Registration {
+    /// `[hostname, slots, gpus, prefetch, exec, resume, mem, named, cache?, alloc?,
+    /// ends_at_s?]`: `cache` (version 8) and `alloc`, `ends_at_s` (version 10) go up to the
+    /// last one set, a field before it as nil, so a worker without them reads as in version 7.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let trailing = if self.ends_at_s.is_some() {
+            3
+        } else if self.alloc.is_some() {
+            2
+        } else if self.cache.is_some() {
+            1
+        } else {
+            0
+        };
+        let mut st = s.serialize_struct("Registration", 8 + trailing)?;
+        st.serialize_field("hostname", &self.hostname)?;
+        st.serialize_field("slots", &self.slots)?;
+        st.serialize_field("gpus", &self.gpus)?;
+        st.serialize_field("prefetch", &self.prefetch)?;
+        st.serialize_field("exec", &self.exec)?;
+        st.serialize_field("resume", &self.resume)?;
+        st.serialize_field("mem", &self.mem)?;
+        st.serialize_field("named", &self.named)?;
+        if trailing >= 1 {
+            st.serialize_field("cache", &self.cache)?;
+        }
+        if trailing >= 2 {
+            st.serialize_field("alloc", &self.alloc)?;
+        }
+        if trailing >= 3 {
+            st.serialize_field("ends_at_s", &self.ends_at_s)?;
+        }
+        st.end()
+    }
 }
 
 /// A worker's cache as it registers: where peers fetch from it, how big it may grow, and

@@ -206,6 +206,8 @@ fn worker_to_server() {
             mem: 8 << 30,
             named: vec![("licenses".into(), 4)],
             cache: None,
+            alloc: None,
+            ends_at_s: None,
         }),
     );
     // Version 8: a worker with a cache says so, and reports what it gains and loses.
@@ -225,6 +227,25 @@ fn worker_to_server() {
                 capacity: 20 << 30,
                 held: vec![("raw/1.fits".into(), 1 << 20)],
             }),
+            alloc: None,
+            ends_at_s: None,
+        }),
+    );
+    // A worker a pilot script started says which allocation it runs in and when that ends.
+    golden(
+        "register-alloc",
+        FromWorker::Register(Registration {
+            hostname: "n1".into(),
+            slots: 4,
+            gpus: 0,
+            prefetch: 4,
+            exec: "process".into(),
+            resume: None,
+            mem: 4 << 30,
+            named: vec![],
+            cache: None,
+            alloc: Some(7),
+            ends_at_s: Some(1_795_000_000),
         }),
     );
     golden(

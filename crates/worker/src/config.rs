@@ -41,6 +41,10 @@ pub struct WorkerConfig {
     /// Its file cache (data diffusion); `None` gives it none, and it takes no task of a job
     /// that declares files.
     pub cache: Option<CacheConfig>,
+    /// The allocation it runs in, if a pilot script started it.
+    pub alloc: Option<u32>,
+    /// When its allocation ends, in seconds since the epoch.
+    pub ends_at_s: Option<u64>,
 }
 
 /// Where and how big a worker's file cache is.
@@ -101,6 +105,8 @@ impl WorkerConfig {
             reconnect_for: Duration::from_secs(120),
             on_connect: None,
             cache: Some(CacheConfig::default()),
+            alloc: None,
+            ends_at_s: None,
         }
     }
 

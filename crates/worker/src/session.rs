@@ -11,10 +11,10 @@ use crate::{Connected, Handover, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
 use kestrel_proto::client::connect_as;
 use kestrel_proto::messages::{CacheChange, CacheInfo, FromWorker, Registration, Resume, ToWorker};
-use kestrel_proto::FILES_VERSION;
 use kestrel_proto::{
     Access, ClientError, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
 };
+use kestrel_proto::{ALLOC_VERSION, FILES_VERSION};
 use rustc_hash::FxHashSet;
 use std::time::Duration;
 
@@ -213,6 +213,12 @@ impl Session<'_> {
                 gpus: self.config.gpus,
                 mem: self.config.mem,
                 named: self.config.named.clone(),
+                // An older server refuses the longer registration.
+                alloc: self.config.alloc.filter(|_| self.version >= ALLOC_VERSION),
+                ends_at_s: self
+                    .config
+                    .ends_at_s
+                    .filter(|_| self.version >= ALLOC_VERSION),
                 cache: self
                     .ledger
                     .files

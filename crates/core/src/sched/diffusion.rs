@@ -348,6 +348,7 @@ impl Scheduler {
         }
         let need = j.need;
         if !w.can_ever_run(need)
+            || !w.fits_time(j, now_us)
             || w.room_for(need, j.prefetch_for(w, self.config.prefetch_horizon_us)) == 0
         {
             return Offered::Unfit;

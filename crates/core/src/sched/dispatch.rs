@@ -105,7 +105,11 @@ impl Scheduler {
             };
             let need = j.need;
             // Windowed jobs are placed from the window; a job with files needs a cache.
-            if !w.can_ever_run(need) || j.windowed || (j.has_files() && !w.offer.stages_files) {
+            if !w.can_ever_run(need)
+                || j.windowed
+                || (j.has_files() && !w.offer.stages_files)
+                || !w.fits_time(j, now_us)
+            {
                 return Some(0);
             }
             let prefetch = match depth {

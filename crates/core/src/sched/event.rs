@@ -66,6 +66,15 @@ pub enum Event {
         /// What the worker offers.
         offer: WorkerOffer,
     },
+    /// A worker's allocation ends at `at_us` (the scheduler's clock): from
+    /// [`END_MARGIN_US`](super::worker::END_MARGIN_US) before then it takes no new task, and
+    /// before then only tasks whose `--timeout` fits in the time left.
+    WorkerEnds {
+        /// The worker.
+        worker: WorkerId,
+        /// When its allocation ends.
+        at_us: u64,
+    },
     /// A message came from a worker: it is alive.
     WorkerSeen {
         /// The worker heard from.
@@ -238,6 +247,14 @@ impl Scheduler {
                 Reply::Done
             }
             Event::WorkerJoined { offer } => Reply::Joined(self.worker_joined(now_us, offer)),
+            Event::WorkerEnds { worker, at_us } => {
+                let w = self
+                    .workers
+                    .get_mut(&worker)
+                    .ok_or(SchedError::NoSuchWorker(worker))?;
+                w.ends_at_us = Some(at_us);
+                Reply::Done
+            }
             Event::WorkerSeen { worker } => {
                 self.worker_seen(now_us, worker);
                 Reply::Done

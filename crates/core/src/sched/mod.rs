@@ -33,7 +33,7 @@ pub use graph::{WorkflowGraph, DROP_GRACE_US};
 pub use job::{Counts, Job, Timing};
 pub use resume::Resumed;
 pub use stall::Stall;
-pub use worker::{Worker, WorkerOffer};
+pub use worker::{Worker, WorkerOffer, END_MARGIN_US};
 
 use crate::files::FileIndex;
 use crate::outcome::{Command, Record};

@@ -7,6 +7,11 @@ use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
 use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 
+/// How long before its allocation's end a worker takes no more tasks: it leaves then, and
+/// what it still runs goes back to the queue (`kestrel worker start --ends-at` leaves this
+/// much before the end too).
+pub const END_MARGIN_US: u64 = 30_000_000;
+
 /// What a worker offers when it joins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerOffer {
@@ -59,6 +64,8 @@ pub struct Worker {
     /// Tasks it reported running when it resumed that were already assigned to another worker:
     /// the first successful result of either run is kept.
     pub(super) duplicates: FxHashSet<(JobId, TaskIndex)>,
+    /// When its allocation ends (see [`super::Event::WorkerEnds`]), on the scheduler's clock.
+    pub ends_at_us: Option<u64>,
 }
 
 impl Worker {
@@ -113,6 +120,21 @@ impl Worker {
     /// How many tasks needing `need` still fit, holding `prefetch` cpus' worth beyond its slots.
     pub(super) fn room_for(&self, need: Resources, prefetch: u32) -> u32 {
         self.capacity(prefetch).minus(&self.used).times_fits(&need)
+    }
+
+    /// Whether a task of `job` started at `now_us` ends before this worker's allocation does:
+    /// a task that declares its longest run (`--timeout`) must fit in the time left; one that
+    /// declares none starts only until [`END_MARGIN_US`] before the end (the worker drains).
+    pub(super) fn fits_time(&self, job: &Job, now_us: u64) -> bool {
+        let Some(end) = self.ends_at_us else {
+            return true;
+        };
+        let longest = job
+            .spec
+            .template
+            .timeout_ms
+            .map_or(0, |ms| ms.saturating_mul(1000));
+        now_us.saturating_add(longest).saturating_add(END_MARGIN_US) <= end
     }
 
     /// Whether a task needing `need` could ever run here.

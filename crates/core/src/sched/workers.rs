@@ -42,6 +42,7 @@ impl Scheduler {
                 revoking: Vec::new(),
                 revoking_cpus: 0,
                 duplicates: FxHashSet::default(),
+                ends_at_us: None,
             },
         );
         id

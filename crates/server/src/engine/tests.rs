@@ -119,6 +119,8 @@ impl Server {
             mem: 0,
             named: Vec::new(),
             cache: None,
+            alloc: None,
+            ends_at_s: None,
         };
         self.batch([Inbound::WorkerJoin {
             registration,

@@ -46,6 +46,16 @@ impl Engine {
             epoch: self.epoch,
         });
         tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
+        if let Some(end) = r.ends_at_s {
+            let at_us = end.saturating_mul(1_000_000);
+            if at_us <= now {
+                tracing::warn!(
+                    worker = id,
+                    "worker joined after its allocation's end (--ends-at {end}): it gets no task"
+                );
+            }
+            self.event(now, Event::WorkerEnds { worker: id, at_us });
+        }
         if let Some(resume) = r.resume {
             self.resume(now, id, resume);
         }

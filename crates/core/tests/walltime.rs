@@ -1,0 +1,116 @@
+//! Workers whose allocation ends: a task is started only if it can end before then.
+
+mod common;
+
+use common::{array, spec, staging_worker, Events};
+use kestrel_core::*;
+
+const S: u64 = 1_000_000;
+
+/// The tasks assigned by one scheduling pass at `now`, as (worker, job, count).
+fn assigned(s: &mut Scheduler, now: u64) -> Vec<(WorkerId, JobId, u32)> {
+    s.handle(now, Event::Schedule).unwrap();
+    s.take_commands()
+        .into_iter()
+        .flat_map(|c| match c {
+            Command::Assign { worker, runs } => runs
+                .into_iter()
+                .map(|r| (worker, r.job, r.count))
+                .collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn timed(name: &str, secs: u64) -> JobSpec {
+    let mut sp = spec(name);
+    sp.template.timeout_ms = Some(secs * 1000);
+    sp
+}
+
+#[test]
+fn a_task_declared_at_30_s_is_not_started_on_a_worker_with_20_s_left() {
+    let mut s = Scheduler::new(Config::default());
+    let short = staging_worker(&mut s, 1);
+    let long = staging_worker(&mut s, 1);
+    let now = 100 * S;
+    // `short` ends in 20 s plus the margin, `long` in an hour.
+    s.handle(
+        0,
+        Event::WorkerEnds {
+            worker: short,
+            at_us: now + 20 * S + END_MARGIN_US,
+        },
+    )
+    .unwrap();
+    s.handle(
+        0,
+        Event::WorkerEnds {
+            worker: long,
+            at_us: now + 3600 * S,
+        },
+    )
+    .unwrap();
+    let job = s.submit(now, timed("thirty", 30), array(2), false).unwrap();
+    let got = assigned(&mut s, now);
+    assert_eq!(
+        got,
+        vec![(long, job, 1)],
+        "only the worker with time left takes one"
+    );
+    // A 10 s task fits where 30 s did not.
+    let quick = s.submit(now, timed("ten", 10), array(1), false).unwrap();
+    assert_eq!(assigned(&mut s, now), vec![(short, quick, 1)]);
+}
+
+#[test]
+fn a_worker_near_its_end_takes_no_task_that_declares_no_length() {
+    let mut s = Scheduler::new(Config::default());
+    let w = staging_worker(&mut s, 2);
+    s.handle(
+        0,
+        Event::WorkerEnds {
+            worker: w,
+            at_us: 100 * S,
+        },
+    )
+    .unwrap();
+    let job = s.submit(0, spec("plain"), array(3), false).unwrap();
+    // Long before the end it runs them.
+    assert_eq!(assigned(&mut s, 0), vec![(w, job, 2)]);
+    // Within the margin of its end it drains: the third waits for another worker.
+    let ends = vec![Finished::at_once(
+        job,
+        0,
+        100 * S - END_MARGIN_US + 1,
+        RunEnd::Success,
+    )];
+    s.handle(
+        100 * S - END_MARGIN_US + 1,
+        Event::TasksEnded { worker: w, ends },
+    )
+    .unwrap();
+    assert!(assigned(&mut s, 100 * S - END_MARGIN_US + 1).is_empty());
+    let other = staging_worker(&mut s, 1);
+    assert_eq!(
+        assigned(&mut s, 100 * S - END_MARGIN_US + 2),
+        vec![(other, job, 1)]
+    );
+}
+
+#[test]
+fn a_worker_with_no_end_takes_anything() {
+    let mut s = Scheduler::new(Config::default());
+    let w = staging_worker(&mut s, 1);
+    let job = s.submit(0, timed("day", 86_400), array(1), false).unwrap();
+    assert_eq!(assigned(&mut s, 0), vec![(w, job, 1)]);
+    assert!(s
+        .handle(
+            0,
+            Event::WorkerEnds {
+                worker: 99,
+                at_us: 0
+            }
+        )
+        .is_err());
+}

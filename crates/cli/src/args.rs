@@ -90,6 +90,9 @@ pub enum Command {
     /// List the tasks of a job, show one in full, or print one's output
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Allocation queues: workers that come when work waits and leave when it is done
+    #[command(subcommand)]
+    Alloc(crate::alloc::AllocCommand),
     /// Print a shell completion script
     #[command(
         after_help = "Examples:\n  kestrel completions bash > ~/.local/share/bash-completion/completions/kestrel\n  kestrel completions zsh > ~/.zfunc/_kestrel        # with fpath+=~/.zfunc before compinit\n  kestrel completions fish > ~/.config/fish/completions/kestrel.fish"

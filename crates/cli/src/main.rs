@@ -1,6 +1,7 @@
 //! The `kestrel` command: parses arguments, calls into the server, worker and protocol crates,
 //! and prints results.
 
+mod alloc;
 mod args;
 mod cat;
 mod client_cmds;
@@ -94,6 +95,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Submit(a) => client_cmds::submit(&g, a).await,
         Command::Job(c) => client_cmds::job(&g, c).await,
         Command::Task(c) => queries::task(&g, c).await,
+        Command::Alloc(c) => alloc::alloc(&g, c).await,
         Command::Completions { shell } => Ok(completions::print(shell)),
         Command::Worker(WorkerCommand::List) => client_cmds::worker_list(&g).await,
         Command::Worker(WorkerCommand::Resume { worker }) => {

@@ -540,6 +540,78 @@ pub enum Ask {
         from: u32,
         max_bytes: u32,
     },
+    /// Add an allocation queue (version 10).
+    AllocAdd(Box<AllocQueueSpec>),
+    /// The allocation queues, with their allocations (version 10).
+    AllocList,
+    /// Stop a queue making allocations (its allocations go on), or let it again.
+    AllocPause {
+        queue: u32,
+        paused: bool,
+    },
+    /// Remove a queue: refused while it has live allocations, unless `force` (they are
+    /// canceled).
+    AllocRemove {
+        queue: u32,
+        force: bool,
+    },
+}
+
+/// An allocation queue as `kestrel alloc add` gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocQueueSpec {
+    /// `local`, `slurm` or `pbs`.
+    pub backend: String,
+    /// A name for `alloc list`.
+    pub name: Option<String>,
+    /// Nodes per allocation, at most.
+    pub nodes: u32,
+    /// Task slots a worker offers on a node (its `--slots`).
+    pub slots_per_node: u32,
+    pub time_limit_ms: u64,
+    pub max_allocs: Option<u32>,
+    pub max_workers: Option<u32>,
+    pub backlog: u32,
+    /// `None`: idle workers never leave.
+    pub idle_timeout_ms: Option<u64>,
+    /// `one`, `additive`, `exponential` or `all`.
+    pub acquire: String,
+    /// More `kestrel worker start` arguments.
+    pub worker_args: Vec<String>,
+    /// Arguments of the batch system's submit command (`--partition`, `-q`, ...).
+    pub batch_args: Vec<String>,
+}
+
+/// A queue as `alloc list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocQueueView {
+    pub id: u32,
+    pub spec: AllocQueueSpec,
+    /// Why it makes no allocations, if it is paused.
+    pub paused: Option<String>,
+    /// The last failure of its batch system's commands.
+    pub last_error: Option<String>,
+    pub allocations: Vec<AllocView>,
+}
+
+/// One allocation as `alloc list` and `alloc info` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocView {
+    pub id: u32,
+    /// The batch system's id (a process id for `local`).
+    pub batch_id: Option<String>,
+    /// submitting, queued, running, draining, canceling, finished, canceled, failed,
+    /// not submitted.
+    pub state: String,
+    /// Why it failed, if it did.
+    pub reason: Option<String>,
+    pub nodes: u32,
+    /// Its workers connected now.
+    pub workers: Vec<WorkerId>,
+    pub submitted_ms: u64,
+    /// How long it waited in the batch queue (so far).
+    pub queue_wait_ms: u64,
+    pub ended_ms: Option<u64>,
 }
 
 /// Server to client.
@@ -600,6 +672,12 @@ pub enum Answer {
     Task(Box<TaskDetail>),
     /// The answer to `JobGraph`.
     Graph(Box<WorkflowView>),
+    /// The answer to `AllocAdd`.
+    AllocAdded {
+        queue: u32,
+    },
+    /// The answer to `AllocList`.
+    AllocQueues(Vec<AllocQueueView>),
 }
 
 /// Tasks past which a workflow's graph is drawn job by job: a drawing of more is unreadable,

@@ -18,6 +18,7 @@ pub mod journal;
 mod lock;
 mod outbox;
 mod outputs;
+mod provision;
 mod start;
 mod views;
 

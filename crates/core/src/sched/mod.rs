@@ -293,6 +293,22 @@ impl Scheduler {
         self.ready.len() + self.window.len() as u64
     }
 
+    /// Ready tasks and the cpus they hold, over every live job: the work an allocation queue
+    /// provisions for. One look per live job, never per task.
+    pub fn ready_demand(&self) -> (u64, u64) {
+        let mut tasks = 0u64;
+        let mut cpus = 0u64;
+        for j in self.live_jobs.iter().filter_map(|id| self.jobs.get(id)) {
+            if j.canceled {
+                continue;
+            }
+            let n = u64::from(j.counts.ready);
+            tasks += n;
+            cpus += n * u64::from(j.need.cpus.max(1));
+        }
+        (tasks, cpus)
+    }
+
     /// Jobs with tasks not yet terminal.
     pub fn live_jobs(&self) -> usize {
         self.live_jobs.len()

@@ -123,6 +123,22 @@ impl Engine {
                 lines,
                 close,
             } => self.extend(now, job, at, TaskSet::Lines(lines), close),
+            Ask::AllocAdd(spec) => self
+                .provision
+                .add(*spec)
+                .map(|queue| Answer::AllocAdded { queue })
+                .map_err(Refusal::from),
+            Ask::AllocList => Ok(Answer::AllocQueues(self.provision.views(now))),
+            Ask::AllocPause { queue, paused } => self
+                .provision
+                .pause(queue, paused)
+                .map(|()| Answer::AllocQueues(self.provision.views(now)))
+                .map_err(Refusal::from),
+            Ask::AllocRemove { queue, force } => self
+                .provision
+                .remove(queue, force)
+                .map(|()| Answer::AllocQueues(self.provision.views(now)))
+                .map_err(Refusal::from),
             Ask::JobList => Ok(Answer::Jobs(
                 self.core.jobs().map(views::job_summary).collect(),
             )),

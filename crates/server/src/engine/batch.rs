@@ -53,6 +53,11 @@ impl Engine {
         self.event(now, Event::Tick);
         self.journal_records(now);
         self.send_progress(now);
+        for (worker, reason) in self.provision.tick(now, &self.core) {
+            if let Some(w) = self.conns.workers.get(&worker) {
+                w.outbox.send(&ToWorker::Shutdown { reason });
+            }
+        }
     }
 
     /// Ends a batch: commits its inputs, schedules once, sends the commands and commits again
@@ -71,7 +76,8 @@ impl Engine {
     }
 
     /// Tells every worker the server is going away.
-    fn shut_down(&self) {
+    fn shut_down(&mut self) {
+        self.provision.shut_down();
         let bye = ToWorker::Shutdown {
             reason: "the server is stopping".into(),
         };

@@ -96,6 +96,8 @@ pub struct Engine {
     /// Jobs whose tasks wait for a failing store, with the latest reason a worker gave and
     /// when (see [`Engine::store_waiting`]).
     store_trouble: FxHashMap<JobId, (String, u64)>,
+    /// Allocation queues and the workers they brought.
+    provision: crate::provision::Provision,
 }
 
 impl Engine {
@@ -152,6 +154,10 @@ impl Engine {
             outputs: OutputLog::default(),
             clock: now_us,
             store: config.store.clone(),
+            provision: crate::provision::Provision::new(
+                config.dir.join(kestrel_proto::ACCESS_FILE),
+                config.dir.clone(),
+            ),
         }
     }
 

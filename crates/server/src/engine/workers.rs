@@ -46,6 +46,15 @@ impl Engine {
             epoch: self.epoch,
         });
         tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
+        if let Some(alloc) = r.alloc {
+            if !self.provision.worker_joined(now, id, alloc) {
+                tracing::warn!(
+                    worker = id,
+                    alloc,
+                    "the worker says it runs in allocation {alloc}, which no queue of this server made (another server's pilot, or a removed queue): it runs tasks as any worker"
+                );
+            }
+        }
         if let Some(end) = r.ends_at_s {
             let at_us = end.saturating_mul(1_000_000);
             if at_us <= now {
@@ -184,6 +193,7 @@ impl Engine {
         if self.conns.workers.remove(&worker).is_some() {
             tracing::info!(worker, "worker left: {reason}");
         }
+        self.provision.worker_left(worker);
         self.event(now, Event::WorkerLost { worker });
     }
 

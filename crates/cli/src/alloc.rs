@@ -1,0 +1,222 @@
+//! `kestrel alloc`: allocation queues. The server asks the batch system (or, with `local`,
+//! this machine) for workers while work waits, and lets them go when they idle.
+
+use crate::args::Global;
+use crate::output::{self, Format};
+use crate::session;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use comfy_table::Cell;
+use kestrel_proto::messages::{AllocQueueSpec, AllocQueueView, Answer, Ask};
+use std::process::ExitCode;
+
+#[derive(Subcommand, Debug)]
+pub enum AllocCommand {
+    /// Add a queue: while tasks wait, it asks for allocations that start workers; an
+    /// allocation whose workers all idle for --idle-timeout is given back whole
+    #[command(
+        after_help = "Examples:\n  kestrel alloc add local --time-limit 1h --max-workers 4 --worker-args \"--slots 2\"\n  kestrel alloc add local --time-limit 30m --acquire one --idle-timeout 30s\n\nOnly the `local` backend (worker processes on the server's machine) is available yet;\nslurm and pbs queues are being built. Queues are not kept across a server restart yet."
+    )]
+    Add(AddArgs),
+    /// List the queues and their allocations
+    List,
+    /// Stop a queue asking for allocations (its allocations go on)
+    Pause {
+        /// The queue, as `kestrel alloc list` shows it
+        queue: u32,
+    },
+    /// Let a paused queue ask for allocations again (its failure count starts afresh)
+    Resume {
+        /// The queue
+        queue: u32,
+    },
+    /// Remove a queue; with --force its allocations that have not ended are canceled
+    Remove {
+        /// The queue
+        queue: u32,
+        /// Cancel its allocations that have not ended
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Worker processes on the server's machine
+    Local,
+    /// Slurm allocations (not available yet)
+    Slurm,
+    /// PBS allocations (not available yet)
+    Pbs,
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    /// Where allocations come from
+    #[arg(value_enum)]
+    backend: Backend,
+    /// How long each allocation lasts, e.g. 1h, 30m; its workers take no task that would
+    /// outlive it
+    #[arg(long, value_name = "DURATION")]
+    time_limit: String,
+    /// Nodes (one worker each) per allocation, at most
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    nodes: u32,
+    /// Allocations that have not ended, at most
+    #[arg(long, value_name = "M")]
+    max_allocs: Option<u32>,
+    /// Workers of this queue, at most
+    #[arg(long, value_name = "W")]
+    max_workers: Option<u32>,
+    /// Allocations waiting in the batch queue, at most
+    #[arg(long, default_value_t = 1, value_name = "B")]
+    backlog: u32,
+    /// An allocation whose workers have all run nothing this long is given back, e.g. 2m;
+    /// `never` keeps them
+    #[arg(long, default_value = "2m", value_name = "DURATION|never")]
+    idle_timeout: String,
+    /// How big each request is: one node, one more than the last (additive), twice the last
+    /// (exponential), or all the waiting work needs (Falkon's acquisition policies)
+    #[arg(long, default_value = "all", value_parser = ["one", "additive", "exponential", "all"])]
+    acquire: String,
+    /// A name for `alloc list`
+    #[arg(long)]
+    name: Option<String>,
+    /// More `kestrel worker start` arguments for its workers, e.g. "--slots 2 --cache-size 10G"
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    worker_args: Option<String>,
+    /// Arguments of the batch system's submit command (after --), e.g. --partition debug
+    #[arg(last = true, value_name = "BATCH ARGS")]
+    batch_args: Vec<String>,
+}
+
+pub async fn alloc(g: &Global, c: AllocCommand) -> Result<ExitCode> {
+    let ask = match c {
+        AllocCommand::Add(a) => Ask::AllocAdd(Box::new(spec(a)?)),
+        AllocCommand::List => Ask::AllocList,
+        AllocCommand::Pause { queue } => Ask::AllocPause {
+            queue,
+            paused: true,
+        },
+        AllocCommand::Resume { queue } => Ask::AllocPause {
+            queue,
+            paused: false,
+        },
+        AllocCommand::Remove { queue, force } => Ask::AllocRemove { queue, force },
+    };
+    let mut s = session::open(g, session::ONE_SHOT).await?;
+    match s.call(ask).await? {
+        Answer::AllocAdded { queue } => {
+            if g.output == Format::Json {
+                output::json(&serde_json::json!({ "queue": queue }));
+            } else {
+                println!("allocation queue {queue} added; `kestrel alloc list` shows its allocations");
+            }
+        }
+        Answer::AllocQueues(queues) => show(g, &queues),
+        other => bail!("the server sent an unexpected answer ({other:?}); use the same kestrel version for the server and this client"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn spec(a: AddArgs) -> Result<AllocQueueSpec> {
+    let time_limit = crate::jobs::parse_duration(&a.time_limit)
+        .with_context(|| format!("--time-limit {:?}", a.time_limit))?;
+    let idle_timeout = match a.idle_timeout.trim() {
+        "never" | "inf" | "infinite" => None,
+        t => Some(
+            crate::jobs::parse_duration(t)
+                .with_context(|| format!("--idle-timeout {t:?}"))?
+                .as_millis() as u64,
+        ),
+    };
+    let worker_args = match &a.worker_args {
+        Some(text) => shlex::split(text).with_context(|| {
+            format!("--worker-args {text:?}: unbalanced quotes; quote it as a shell would")
+        })?,
+        None => Vec::new(),
+    };
+    // A worker's slots, to turn waiting tasks into nodes: its --slots, else this machine's.
+    let slots = worker_args
+        .iter()
+        .position(|w| w == "--slots")
+        .and_then(|i| worker_args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(crate::cpus);
+    let backend = match a.backend {
+        Backend::Local => "local",
+        Backend::Slurm => "slurm",
+        Backend::Pbs => "pbs",
+    };
+    Ok(AllocQueueSpec {
+        backend: backend.into(),
+        name: a.name,
+        nodes: a.nodes,
+        slots_per_node: slots,
+        time_limit_ms: time_limit.as_millis() as u64,
+        max_allocs: a.max_allocs,
+        max_workers: a.max_workers,
+        backlog: a.backlog,
+        idle_timeout_ms: idle_timeout,
+        acquire: a.acquire,
+        worker_args,
+        batch_args: a.batch_args,
+    })
+}
+
+fn show(g: &Global, queues: &[AllocQueueView]) {
+    if g.output == Format::Json {
+        output::json(&serde_json::json!({ "queues": queues }));
+        return;
+    }
+    if queues.is_empty() {
+        println!("no allocation queues; add one with `kestrel alloc add local --time-limit 1h`");
+        return;
+    }
+    for q in queues {
+        let s = &q.spec;
+        let state = q.paused.as_deref().unwrap_or("active");
+        println!(
+            "queue {}{} ({}): {}; up to {} node(s) per allocation, {} time limit, idle timeout {}, acquire {}",
+            q.id,
+            s.name.as_deref().map(|n| format!(" {n}")).unwrap_or_default(),
+            s.backend,
+            state,
+            s.nodes,
+            humantime::format_duration(std::time::Duration::from_millis(s.time_limit_ms)),
+            s.idle_timeout_ms
+                .map(|ms| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string())
+                .unwrap_or_else(|| "never".into()),
+            s.acquire,
+        );
+        if let Some(e) = &q.last_error {
+            println!("  last error: {e}");
+        }
+        if q.allocations.is_empty() {
+            println!("  no allocations yet");
+            continue;
+        }
+        let mut t = output::table(&[
+            "alloc", "batch id", "state", "nodes", "workers", "waited", "reason",
+        ]);
+        for a in &q.allocations {
+            let workers: Vec<String> = a.workers.iter().map(u32::to_string).collect();
+            t.add_row(vec![
+                Cell::new(a.id),
+                Cell::new(a.batch_id.as_deref().unwrap_or("-")),
+                Cell::new(&a.state),
+                Cell::new(a.nodes),
+                Cell::new(if workers.is_empty() {
+                    "-".into()
+                } else {
+                    workers.join(",")
+                }),
+                Cell::new(humantime::format_duration(
+                    std::time::Duration::from_millis(a.queue_wait_ms / 1000 * 1000),
+                )),
+                Cell::new(a.reason.as_deref().unwrap_or("")),
+            ]);
+        }
+        println!("{t}");
+    }
+}

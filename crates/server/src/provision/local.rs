@@ -1,0 +1,130 @@
+//! The `local` backend: an allocation is `nodes` worker processes on this machine, started by
+//! the server itself (`kestrel worker start --alloc A --ends-at T ...`), their output kept in
+//! `DIR/alloc/A/`. For a laptop, for tests, and for the same policies as on a cluster.
+
+use kestrel_alloc::AllocId;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// The worker processes of each local allocation.
+pub(super) struct Local {
+    access: PathBuf,
+    dir: PathBuf,
+    running: BTreeMap<AllocId, Vec<Child>>,
+}
+
+impl Local {
+    pub(super) fn new(access: PathBuf, dir: PathBuf) -> Local {
+        Local {
+            access,
+            dir,
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// Starts allocation `alloc`: `nodes` workers. Its "batch id" names the first process.
+    pub(super) fn start(
+        &mut self,
+        alloc: AllocId,
+        nodes: u32,
+        ends_at_s: u64,
+        worker_args: &[String],
+    ) -> Result<String, String> {
+        // This binary is `kestrel`: the server runs as `kestrel server start` or `kestrel run`.
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find the kestrel binary to start workers: {e}"))?;
+        let dir = self.dir.join(alloc.to_string());
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let mut children = Vec::new();
+        for node in 0..nodes {
+            let log = dir.join(format!("worker-{node}.log"));
+            let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+            let err = out
+                .try_clone()
+                .map_err(|e| format!("{}: {e}", log.display()))?;
+            let spawned = Command::new(&exe)
+                .args(["worker", "start", "--access"])
+                .arg(&self.access)
+                .args(["--alloc", &alloc.to_string()])
+                .args(["--ends-at", &ends_at_s.to_string()])
+                .args(worker_args)
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn();
+            match spawned {
+                Ok(child) => children.push(child),
+                Err(e) => {
+                    for mut c in children {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(format!("cannot start {}: {e}", exe.display()));
+                }
+            }
+        }
+        let id = format!("local:{}", children.first().map_or(0, Child::id));
+        self.running.insert(alloc, children);
+        Ok(id)
+    }
+
+    /// Allocations all of whose processes have exited, each with why it failed if one did not
+    /// exit cleanly.
+    pub(super) fn reap(&mut self) -> Vec<(AllocId, Option<String>)> {
+        let mut ended = Vec::new();
+        for (&alloc, children) in &mut self.running {
+            let mut failed = None;
+            let mut all = true;
+            for (node, c) in children.iter_mut().enumerate() {
+                match c.try_wait() {
+                    Ok(Some(status)) if !status.success() => {
+                        let log = self.dir.join(format!("{alloc}/worker-{node}.log"));
+                        failed.get_or_insert(format!(
+                            "worker process {} {status}; see {}",
+                            c.id(),
+                            log.display()
+                        ));
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => all = false,
+                    Err(e) => {
+                        failed.get_or_insert(format!("cannot wait for worker {}: {e}", c.id()));
+                    }
+                }
+            }
+            if all {
+                ended.push((alloc, failed));
+            }
+        }
+        for (alloc, _) in &ended {
+            self.running.remove(alloc);
+        }
+        ended
+    }
+
+    /// Stops an allocation's processes (SIGTERM: a worker gives its tasks back and exits).
+    pub(super) fn cancel(&mut self, alloc: AllocId) {
+        for c in self.running.get(&alloc).into_iter().flatten() {
+            terminate(c);
+        }
+    }
+
+    /// Stops every process (the server is stopping).
+    pub(super) fn stop_all(&mut self) {
+        for c in self.running.values().flatten() {
+            terminate(c);
+        }
+    }
+}
+
+fn terminate(c: &Child) {
+    if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+        // SAFETY: kill(2) with a pid this process spawned and has not reaped.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}

@@ -15,7 +15,7 @@ pub enum AllocCommand {
     /// Add a queue: while tasks wait, it asks for allocations that start workers; an
     /// allocation whose workers all idle for --idle-timeout is given back whole
     #[command(
-        after_help = "Examples:\n  kestrel alloc add local --time-limit 1h --max-workers 4 --worker-args \"--slots 2\"\n  kestrel alloc add local --time-limit 30m --acquire one --idle-timeout 30s\n\nOnly the `local` backend (worker processes on the server's machine) is available yet;\nslurm and pbs queues are being built. Queues are not kept across a server restart yet."
+        after_help = "Examples:\n  kestrel alloc add slurm --time-limit 1h --max-workers 16 -- --partition debug --account proj\n  kestrel alloc add pbs --time-limit 2h --nodes 4 -- -q workq -A proj\n  kestrel alloc add local --time-limit 30m --acquire one --idle-timeout 30s --worker-args \"--slots 2\"\n\nEach allocation runs one `kestrel worker` per node (a pilot script under the server\ndirectory, in alloc/ID/); its workers take no task that would outlive it. Queues are not\nkept across a server restart yet."
     )]
     Add(AddArgs),
     /// List the queues and their allocations
@@ -44,10 +44,12 @@ pub enum AllocCommand {
 pub enum Backend {
     /// Worker processes on the server's machine
     Local,
-    /// Slurm allocations (not available yet)
+    /// Slurm allocations (sbatch, squeue, scancel)
     Slurm,
-    /// PBS allocations (not available yet)
+    /// PBS Professional or OpenPBS allocations (qsub, qstat, qdel)
     Pbs,
+    /// Torque allocations (qsub, qstat, qdel)
+    Torque,
 }
 
 #[derive(Args, Debug)]
@@ -147,6 +149,7 @@ fn spec(a: AddArgs) -> Result<AllocQueueSpec> {
         Backend::Local => "local",
         Backend::Slurm => "slurm",
         Backend::Pbs => "pbs",
+        Backend::Torque => "torque",
     };
     Ok(AllocQueueSpec {
         backend: backend.into(),

@@ -48,29 +48,34 @@ fn a_local_queue_grows_under_a_backlog_runs_the_work_and_shrinks_to_nothing() {
     assert_eq!(workers["workers"].as_array().map(Vec::len), Some(0));
 }
 
+/// The one-line error of a command that must fail.
+fn refused(c: &Cluster, args: &[&str]) -> String {
+    c.run(args).failed().one_line_error().to_string()
+}
+
 #[test]
 fn alloc_commands_refuse_what_cannot_work() {
     let c = Cluster::new();
-    let err = c
-        .run(&["alloc", "add", "slurm", "--time-limit", "1h"])
-        .failed()
-        .one_line_error()
-        .to_string();
-    assert!(err.contains("not available yet"), "{err}");
-    let err = c
-        .run(&["alloc", "add", "local", "--time-limit", "10s"])
-        .failed()
-        .one_line_error()
-        .to_string();
+    let err = refused(
+        &c,
+        &[
+            "alloc",
+            "add",
+            "local",
+            "--time-limit",
+            "1h",
+            "--backlog",
+            "0",
+        ],
+    );
+    assert!(err.contains("--backlog must be at least 1"), "{err}");
+    let err = refused(&c, &["alloc", "add", "local", "--time-limit", "10s"]);
     assert!(err.contains("--time-limit must be at least 1m"), "{err}");
-    let err = c
-        .run(&["alloc", "pause", "9"])
-        .failed()
-        .one_line_error()
-        .to_string();
+    let err = refused(&c, &["alloc", "pause", "9"]);
     assert!(err.contains("no allocation queue 9"), "{err}");
-    let err = c
-        .run(&[
+    let err = refused(
+        &c,
+        &[
             "alloc",
             "add",
             "local",
@@ -78,10 +83,8 @@ fn alloc_commands_refuse_what_cannot_work() {
             "1h",
             "--worker-args",
             "\"--slots",
-        ])
-        .failed()
-        .one_line_error()
-        .to_string();
+        ],
+    );
     assert!(err.contains("unbalanced quotes"), "{err}");
     let out = c.run(&["alloc", "list"]).ok().stdout.clone();
     assert!(out.contains("no allocation queues"), "{out}");

@@ -1,11 +1,13 @@
 //! Allocation queues inside the server: the [`kestrel_alloc::Allocator`] decides, this module
 //! tells it what the scheduler sees (ready work, its workers' free slots and idleness) and
-//! carries out what it asks for with a backend. Only the `local` backend (worker processes
-//! on this machine) is driven yet; Slurm and PBS come next (issue 14), and queues are not
-//! journaled yet.
+//! carries out what it asks for with a backend: worker processes on this machine (`local`),
+//! or Slurm and PBS through their commands, run off the engine's thread (`batch`). Queues are
+//! not journaled yet (issue 14).
 
+mod batch;
 mod local;
 
+use kestrel_alloc::backend::{pbs, BatchState};
 use kestrel_alloc::{
     Acquire, Action, AllocId, AllocState, Allocator, Demand, Ending, Paused, QueueId, QueueParams,
     WorkerId,
@@ -26,6 +28,7 @@ pub struct Provision {
     allocator: Allocator,
     specs: FxHashMap<QueueId, AllocQueueSpec>,
     local: local::Local,
+    batch: batch::Runner,
     /// Workers that came from an allocation: (queue, allocation).
     origin: FxHashMap<WorkerId, (QueueId, AllocId)>,
     /// Since when each worker of a queue has run nothing.
@@ -42,7 +45,8 @@ impl Provision {
         Provision {
             allocator: Allocator::new(),
             specs: FxHashMap::default(),
-            local: local::Local::new(access, dir.join("alloc")),
+            local: local::Local::new(access.clone(), dir.join("alloc")),
+            batch: batch::Runner::new(access, dir.join("alloc")),
             origin: FxHashMap::default(),
             idle_since: FxHashMap::default(),
             last_tick_us: 0,
@@ -51,9 +55,9 @@ impl Provision {
 
     /// `kestrel alloc add`: checks the spec and adds the queue.
     pub fn add(&mut self, spec: AllocQueueSpec) -> Result<QueueId, String> {
-        if spec.backend != "local" {
+        if spec.backend != "local" && batch::System::named(&spec.backend).is_none() {
             return Err(format!(
-                "the {} backend is not available yet: only `local` queues can be added (issue 14)",
+                "no backend {:?}: local, slurm, pbs or torque",
                 spec.backend
             ));
         }
@@ -100,17 +104,27 @@ impl Provision {
 
     /// `kestrel alloc remove`: its live allocations are canceled (with `force`).
     pub fn remove(&mut self, queue: QueueId, force: bool) -> Result<(), String> {
-        if self.allocator.queue(queue).is_none() {
+        let Some(q) = self.allocator.queue(queue) else {
             return Err(no_queue(queue));
-        }
+        };
+        let ids: Vec<String> = q.live().filter_map(|a| a.batch_id.clone()).collect();
         let Some(cancels) = self.allocator.remove_queue(queue, force) else {
             return Err(format!(
                 "queue {queue} has allocations that have not ended; `kestrel alloc remove {queue} --force` cancels them"
             ));
         };
-        for a in cancels {
-            if let Action::Cancel { alloc, .. } = a {
-                self.local.cancel(alloc);
+        let system = self
+            .specs
+            .get(&queue)
+            .and_then(|s| batch::System::named(&s.backend));
+        match system {
+            Some(system) => self.batch.cancel(system, ids),
+            None => {
+                for a in cancels {
+                    if let Action::Cancel { alloc, .. } = a {
+                        self.local.cancel(alloc);
+                    }
+                }
             }
         }
         self.specs.remove(&queue);
@@ -152,6 +166,8 @@ impl Provision {
             return Vec::new();
         }
         self.last_tick_us = now;
+        self.apply_answers(now);
+        self.query_batch();
         for (alloc, failed) in self.local.reap() {
             if let Some(q) = self.queue_of(alloc) {
                 if let Some(queue) = self.allocator.queue_mut(q) {
@@ -199,7 +215,7 @@ impl Provision {
                     alloc,
                     nodes,
                 } => self.submit(now, queue, alloc, nodes),
-                Action::Cancel { alloc, .. } => self.local.cancel(alloc),
+                Action::Cancel { queue, alloc } => self.cancel(queue, alloc),
                 Action::Drain { alloc, workers, .. } => {
                     tracing::info!(alloc, workers = workers.len(), "allocation released");
                     drains.extend(workers.into_iter().map(|w| (w, RELEASED.to_string())));
@@ -227,10 +243,109 @@ impl Provision {
         }
     }
 
+    /// What the batch systems answered since the last tick, told to the queues.
+    fn apply_answers(&mut self, now: u64) {
+        for answer in self.batch.answers() {
+            match answer {
+                batch::Answer::Submitted {
+                    queue,
+                    alloc,
+                    result,
+                } => {
+                    let Some(q) = self.allocator.queue_mut(queue) else {
+                        continue;
+                    };
+                    match result {
+                        Ok(id) => {
+                            tracing::info!(queue, alloc, batch_id = %id, "allocation submitted");
+                            q.submitted(alloc, id);
+                        }
+                        Err(e) => {
+                            tracing::warn!(queue, alloc, "allocation not submitted: {e}");
+                            q.submit_failed(now, alloc, e);
+                        }
+                    }
+                }
+                batch::Answer::Queried {
+                    queue,
+                    asked,
+                    result,
+                } => {
+                    let Some(q) = self.allocator.queue_mut(queue) else {
+                        continue;
+                    };
+                    let rows = match result {
+                        Ok(rows) => rows,
+                        Err(e) => {
+                            // Changes nothing: asked again at the next tick.
+                            tracing::warn!(queue, "querying the allocations failed: {e}");
+                            q.last_error = Some(format!("querying the allocations failed: {e}"));
+                            continue;
+                        }
+                    };
+                    let live: Vec<(AllocId, String)> = q
+                        .live()
+                        .filter_map(|a| Some((a.id, a.batch_id.clone()?)))
+                        .filter(|(_, id)| asked.contains(id))
+                        .collect();
+                    for (alloc, id) in live {
+                        let state = rows
+                            .iter()
+                            .find(|(listed, _)| pbs::same_id(&id, listed))
+                            .map(|(_, s)| s.clone());
+                        match state {
+                            Some(BatchState::Queued) => {}
+                            Some(BatchState::Running) => q.started(now, alloc),
+                            Some(BatchState::Finished) | None => q.ended(now, alloc, None),
+                            Some(BatchState::Failed(why)) => q.ended(now, alloc, Some(why)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One query per batch queue for all its allocations that have a batch id.
+    fn query_batch(&mut self) {
+        for q in self.allocator.queues() {
+            let Some(system) = self
+                .specs
+                .get(&q.id)
+                .and_then(|s| batch::System::named(&s.backend))
+            else {
+                continue;
+            };
+            let ids: Vec<String> = q.live().filter_map(|a| a.batch_id.clone()).collect();
+            self.batch.query(system, q.id, ids);
+        }
+    }
+
+    fn cancel(&mut self, queue: QueueId, alloc: AllocId) {
+        let system = self
+            .specs
+            .get(&queue)
+            .and_then(|s| batch::System::named(&s.backend));
+        match system {
+            None => self.local.cancel(alloc),
+            Some(system) => {
+                let id = self
+                    .allocator
+                    .queue(queue)
+                    .and_then(|q| q.allocations.get(&alloc))
+                    .and_then(|a| a.batch_id.clone());
+                self.batch.cancel(system, id.into_iter().collect());
+            }
+        }
+    }
+
     fn submit(&mut self, now: u64, queue: QueueId, alloc: AllocId, nodes: u32) {
         let Some(spec) = self.specs.get(&queue) else {
             return;
         };
+        if let Some(system) = batch::System::named(&spec.backend) {
+            self.batch.submit(system, (queue, alloc, nodes), spec);
+            return;
+        }
         let ends_at_s = (now + spec.time_limit_ms.saturating_mul(1000)) / 1_000_000;
         let result = self.local.start(alloc, nodes, ends_at_s, &spec.worker_args);
         let Some(q) = self.allocator.queue_mut(queue) else {

@@ -87,6 +87,11 @@ pub struct AddArgs {
     /// More `kestrel worker start` arguments for its workers, e.g. "--slots 2 --cache-size 10G"
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     worker_args: Option<String>,
+    /// Skip the check at `alloc add`: by default a held test allocation is submitted and
+    /// canceled, so what the batch system refuses (a wrong partition or account) is refused
+    /// now, with its own message
+    #[arg(long)]
+    no_dry_run: bool,
     /// Arguments of the batch system's submit command (after --), e.g. --partition debug
     #[arg(last = true, value_name = "BATCH ARGS")]
     batch_args: Vec<String>,
@@ -164,6 +169,7 @@ fn spec(a: AddArgs) -> Result<AllocQueueSpec> {
         acquire: a.acquire,
         worker_args,
         batch_args: a.batch_args,
+        dry_run: !a.no_dry_run,
     })
 }
 

@@ -106,3 +106,37 @@ fn a_slurm_queue_brings_workers_for_the_work_and_gives_the_allocations_back() {
         "{said}"
     );
 }
+
+#[test]
+fn a_wrong_partition_is_refused_at_alloc_add_with_slurms_message() {
+    if let Err(why) = slurm_here() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let c = Cluster::new();
+    let out = c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--",
+        "--partition",
+        "no-such-partition",
+    ]);
+    let err = out.failed().stderr.clone();
+    assert!(
+        err.contains("the queue was not added") && err.contains("invalid partition"),
+        "{err}"
+    );
+    let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+    assert_eq!(v["queues"].as_array().map(Vec::len), Some(0));
+    // A right one is taken once its held test allocation was taken and canceled.
+    c.run(&["alloc", "add", "slurm", "--time-limit", "5m"]).ok();
+    let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+    assert_eq!(v["queues"][0]["paused"], Value::Null, "{v}");
+    assert_eq!(
+        v["queues"][0]["allocations"].as_array().map(Vec::len),
+        Some(0)
+    );
+}

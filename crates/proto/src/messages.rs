@@ -580,6 +580,9 @@ pub struct AllocQueueSpec {
     pub worker_args: Vec<String>,
     /// Arguments of the batch system's submit command (`--partition`, `-q`, ...).
     pub batch_args: Vec<String>,
+    /// Submit a held test allocation and cancel it before taking the queue, so that what the
+    /// batch system refuses is refused at `alloc add`.
+    pub dry_run: bool,
 }
 
 /// A queue as `alloc list` shows it.

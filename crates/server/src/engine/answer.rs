@@ -123,11 +123,12 @@ impl Engine {
                 lines,
                 close,
             } => self.extend(now, job, at, TaskSet::Lines(lines), close),
-            Ask::AllocAdd(spec) => self
-                .provision
-                .add(*spec)
-                .map(|queue| Answer::AllocAdded { queue })
-                .map_err(Refusal::from),
+            Ask::AllocAdd(spec) => match self.provision.add(*spec, (conn, req.id)) {
+                Ok(crate::provision::Added::Now(queue)) => Ok(Answer::AllocAdded { queue }),
+                // Answered once the held test allocation was taken and canceled.
+                Ok(crate::provision::Added::Checking) => return,
+                Err(e) => Err(Refusal::from(e)),
+            },
             Ask::AllocList => Ok(Answer::AllocQueues(self.provision.views(now))),
             Ask::AllocPause { queue, paused } => self
                 .provision

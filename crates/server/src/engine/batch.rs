@@ -53,10 +53,14 @@ impl Engine {
         self.event(now, Event::Tick);
         self.journal_records(now);
         self.send_progress(now);
-        for (worker, reason) in self.provision.tick(now, &self.core) {
+        let sends = self.provision.tick(now, &self.core);
+        for (worker, reason) in sends.drains {
             if let Some(w) = self.conns.workers.get(&worker) {
                 w.outbox.send(&ToWorker::Shutdown { reason });
             }
+        }
+        for (conn, id, result) in sends.replies {
+            self.conns.send_now(conn, id, result);
         }
     }
 

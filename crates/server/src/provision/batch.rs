@@ -42,6 +42,12 @@ pub(super) enum Answer {
         alloc: AllocId,
         result: Result<String, String>,
     },
+    /// The held test allocation of a queue being added: canceled at once; whether the batch
+    /// system took it.
+    DryRun {
+        queue: QueueId,
+        result: Result<(), String>,
+    },
     /// One query of a queue's allocations: each listed id's state; ids not listed have ended.
     Queried {
         queue: QueueId,
@@ -120,6 +126,46 @@ impl Runner {
                 alloc,
                 result,
             });
+        });
+    }
+
+    /// Submits a held test allocation for queue `queue` and cancels it (`alloc add`'s dry run).
+    pub(super) fn dry_run(&self, system: System, queue: QueueId, spec: &AllocQueueSpec) {
+        let tx = self.tx.clone();
+        // Allocation 0 is never given out: the test's files go to alloc/0/.
+        let (pilot, script) = match self.prepare(system, (queue, 0, spec.nodes), spec) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = tx.send(Answer::DryRun {
+                    queue,
+                    result: Err(e),
+                });
+                return;
+            }
+        };
+        let path = script.display().to_string();
+        let argv = match system {
+            System::Slurm => slurm::submit(&path, &spec.batch_args, true),
+            System::Pbs(_) => pbs::submit(&pilot, &path, &spec.batch_args, true),
+        };
+        tokio::spawn(async move {
+            let submitted = run(&argv).await.and_then(|(stdout, _)| match system {
+                System::Slurm => slurm::parse_submit(&stdout),
+                System::Pbs(_) => pbs::parse_submit(&stdout),
+            });
+            let result = match submitted {
+                Ok(id) => {
+                    let cancel = match system {
+                        System::Slurm => slurm::cancel(&[&id]),
+                        System::Pbs(_) => pbs::cancel(&[&id]),
+                    };
+                    run(&cancel).await.map(|_| ()).map_err(|e| {
+                        format!("the held test allocation {id} was taken but not canceled ({e}): cancel it by hand")
+                    })
+                }
+                Err(e) => Err(e),
+            };
+            let _ = tx.send(Answer::DryRun { queue, result });
         });
     }
 

@@ -7,13 +7,14 @@
 mod batch;
 mod local;
 
+use crate::outbox::ConnId;
 use kestrel_alloc::backend::{pbs, BatchState};
 use kestrel_alloc::{
     Acquire, Action, AllocId, AllocState, Allocator, Demand, Ending, Paused, QueueId, QueueParams,
     WorkerId,
 };
 use kestrel_core::Scheduler;
-use kestrel_proto::messages::{AllocQueueSpec, AllocQueueView, AllocView};
+use kestrel_proto::messages::{AllocQueueSpec, AllocQueueView, AllocView, Answer, Refusal};
 use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
@@ -33,11 +34,30 @@ pub struct Provision {
     origin: FxHashMap<WorkerId, (QueueId, AllocId)>,
     /// Since when each worker of a queue has run nothing.
     idle_since: FxHashMap<WorkerId, u64>,
+    /// Queues waiting for their dry run, with the `alloc add` request to answer.
+    checking: FxHashMap<QueueId, (ConnId, u64)>,
     last_tick_us: u64,
 }
 
-/// Workers to tell to leave (all of an allocation's at once).
-pub type Drains = Vec<(WorkerId, String)>;
+/// What a tick asks the engine to send.
+#[derive(Default)]
+pub struct Sends {
+    /// Workers to tell to leave (all of an allocation's at once), with why.
+    pub drains: Vec<(WorkerId, String)>,
+    /// Answers to `alloc add` that waited for the dry run: (connection, request, answer).
+    pub replies: Replies,
+}
+
+/// Answers to send: (connection, request, answer).
+pub type Replies = Vec<(ConnId, u64, Result<Answer, Refusal>)>;
+
+/// How `alloc add` went.
+pub enum Added {
+    /// The queue is taken.
+    Now(QueueId),
+    /// A held test allocation checks it first; the answer comes with a later tick.
+    Checking,
+}
 
 impl Provision {
     /// No queues yet; `access` is the access file local workers connect with.
@@ -49,12 +69,14 @@ impl Provision {
             batch: batch::Runner::new(access, dir.join("alloc")),
             origin: FxHashMap::default(),
             idle_since: FxHashMap::default(),
+            checking: FxHashMap::default(),
             last_tick_us: 0,
         }
     }
 
-    /// `kestrel alloc add`: checks the spec and adds the queue.
-    pub fn add(&mut self, spec: AllocQueueSpec) -> Result<QueueId, String> {
+    /// `kestrel alloc add` (request `asker`): checks the spec and adds the queue; a batch
+    /// queue with a dry run is paused until its held test allocation was taken and canceled.
+    pub fn add(&mut self, spec: AllocQueueSpec, asker: (ConnId, u64)) -> Result<Added, String> {
         if spec.backend != "local" && batch::System::named(&spec.backend).is_none() {
             return Err(format!(
                 "no backend {:?}: local, slurm, pbs or torque",
@@ -83,9 +105,23 @@ impl Provision {
             .allocator
             .add_queue(params)
             .map_err(|e| e.to_string())?;
+        let system = batch::System::named(&spec.backend).filter(|_| spec.dry_run);
+        if let Some(system) = system {
+            if let Some(q) = self.allocator.queue_mut(id) {
+                q.paused = Some(Paused::Failing(
+                    "being checked with a held test allocation".into(),
+                ));
+            }
+            self.batch.dry_run(system, id, &spec);
+            self.checking.insert(id, asker);
+            self.specs.insert(id, spec);
+            // Its answer is looked for at the next tick.
+            self.last_tick_us = 0;
+            return Ok(Added::Checking);
+        }
         tracing::info!(queue = id, backend = %spec.backend, "allocation queue added");
         self.specs.insert(id, spec);
-        Ok(id)
+        Ok(Added::Now(id))
     }
 
     /// `kestrel alloc pause|resume`.
@@ -161,12 +197,13 @@ impl Provision {
 
     /// Once a second: what the backends saw, then the allocator's decisions, carried out.
     /// Returns the workers to tell to leave.
-    pub fn tick(&mut self, now: u64, core: &Scheduler) -> Drains {
+    pub fn tick(&mut self, now: u64, core: &Scheduler) -> Sends {
+        let mut sends = Sends::default();
         if self.specs.is_empty() || now.saturating_sub(self.last_tick_us) < TICK_US {
-            return Vec::new();
+            return sends;
         }
         self.last_tick_us = now;
-        self.apply_answers(now);
+        self.apply_answers(now, &mut sends.replies);
         self.query_batch();
         for (alloc, failed) in self.local.reap() {
             if let Some(q) = self.queue_of(alloc) {
@@ -207,7 +244,7 @@ impl Provision {
                 idle,
             }
         });
-        let mut drains = Vec::new();
+        let drains = &mut sends.drains;
         for a in actions {
             match a {
                 Action::Submit {
@@ -222,7 +259,7 @@ impl Provision {
                 }
             }
         }
-        drains
+        sends
     }
 
     fn queue_of(&self, alloc: AllocId) -> Option<QueueId> {
@@ -244,9 +281,32 @@ impl Provision {
     }
 
     /// What the batch systems answered since the last tick, told to the queues.
-    fn apply_answers(&mut self, now: u64) {
+    fn apply_answers(&mut self, now: u64, replies: &mut Replies) {
         for answer in self.batch.answers() {
             match answer {
+                batch::Answer::DryRun { queue, result } => {
+                    let Some((conn, id)) = self.checking.remove(&queue) else {
+                        continue;
+                    };
+                    let answer = match result {
+                        Ok(()) => {
+                            if let Some(q) = self.allocator.queue_mut(queue) {
+                                q.resume();
+                            }
+                            tracing::info!(queue, "allocation queue added after its dry run");
+                            Ok(Answer::AllocAdded { queue })
+                        }
+                        Err(e) => {
+                            self.allocator.remove_queue(queue, true);
+                            self.specs.remove(&queue);
+                            tracing::info!(queue, "allocation queue refused by its dry run: {e}");
+                            Err(Refusal::from(format!(
+                                "the queue was not added: its held test allocation was refused: {e}; fix the batch arguments (after --), or add the queue with --no-dry-run"
+                            )))
+                        }
+                    };
+                    replies.push((conn, id, answer));
+                }
                 batch::Answer::Submitted {
                     queue,
                     alloc,

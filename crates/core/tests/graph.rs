@@ -818,3 +818,29 @@ fn a_replayed_journal_holds_and_links_a_job_sent_in_pieces_as_it_was() {
     let mut now = 0;
     assert_eq!(run(&mut s, w, &mut now, |_, _| true), vec![(1, 1), (1, 0)]);
 }
+
+#[test]
+fn a_job_canceled_while_sent_in_pieces_is_not_retried_and_an_open_array_is_refused() {
+    let (mut s, w) = setup(1);
+    let (spec, first) = lines_job(&["{line}"], &["{line}.o"], &["x.o"]);
+    let job = s.submit(0, spec, first, true).unwrap();
+    assert_eq!(state(&s, job, 0), TaskState::Waiting);
+    s.handle(0, Event::Cancel { job }).unwrap();
+    assert!(s.job(job).unwrap().is_done());
+    let err = s
+        .handle(
+            0,
+            Event::Retry {
+                job,
+                failed_only: false,
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("submit it again"), "{err}");
+    assert!(run(&mut s, w, &mut 0, |_, _| true).is_empty());
+    let (spec, tasks) = files_job("arr", 2, &[], &["a/{task}"]);
+    assert!(
+        s.submit(0, spec, tasks, true).is_err(),
+        "an open array never ends"
+    );
+}

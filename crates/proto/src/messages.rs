@@ -116,7 +116,7 @@ pub struct Registration {
     pub named: Vec<(String, u32)>,
     /// Its cache, if it has one (version 8): only a worker with a cache is given tasks of
     /// jobs that declare files.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cache: Option<CacheInfo>,
     /// The allocation it runs in, as the pilot script that started it says (`--alloc`).
     #[serde(default)]

@@ -160,8 +160,11 @@ pub fn task_range(j: &Job, state: Option<TaskState>, offset: u32, limit: u32) ->
                 rows.push(task_row(j, index));
             }
         }
-        // Untouched tasks read as queued (or canceled in a canceled job): walk every index.
-        Some(s @ (TaskState::Ready | TaskState::Canceled)) => {
+        // Untouched tasks read as queued (or canceled in a canceled job, waiting in a held
+        // one): walk every index.
+        Some(s @ (TaskState::Ready | TaskState::Canceled)) | Some(s @ TaskState::Waiting)
+            if s != TaskState::Waiting || j.held() =>
+        {
             let found = (0..j.len()).filter(|&i| j.record(i).state == s);
             rows.extend(
                 found

@@ -188,6 +188,12 @@ impl Session<'_> {
         access: &Access,
     ) -> Result<Result<(WorkerId, u64), SessionEnd>, WorkerError> {
         let exec = self.exec.kind();
+        if self.version < ALLOC_VERSION && self.config.ends_at_s.is_some() {
+            tracing::warn!(
+                "the server speaks protocol {}, older than {ALLOC_VERSION}: it is not told when this worker's allocation ends (--ends-at), and may start tasks that outlive it; upgrade the server",
+                self.version
+            );
+        }
         let l = &mut *self.ledger;
         // Results whose output would make the registration too big are reported as still
         // running; their ends follow in the first updates.

@@ -207,7 +207,10 @@ impl Scheduler {
             let cpus = w.offer.resources.cpus;
             total += u64::from(cpus);
             busy += u64::from(w.used.cpus.min(cpus));
-            if w.offer.stages_files && w.room_for(Resources::ONE_CPU, w.offer.prefetch) > 0 {
+            if w.offer.stages_files
+                && w.before_end_margin(now_us)
+                && w.room_for(Resources::ONE_CPU, w.offer.prefetch) > 0
+            {
                 free.insert(w.id);
             }
         }

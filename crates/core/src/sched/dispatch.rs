@@ -78,7 +78,7 @@ impl Scheduler {
                 }
             }
         }
-        self.steal();
+        self.steal(now_us);
     }
 
     /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends
@@ -87,7 +87,7 @@ impl Scheduler {
         let Some(w) = self.workers.get_mut(&id) else {
             return;
         };
-        if w.quarantined.is_some() {
+        if w.quarantined.is_some() || !w.before_end_margin(now_us) {
             return;
         }
         let horizon = self.config.prefetch_horizon_us;
@@ -170,14 +170,14 @@ impl Scheduler {
     /// ([`Command::Revoke`]); what they give back ([`Self::tasks_revoked`]) goes to the front
     /// of the queue and from there to the idle slots. Only one request per worker is out at a
     /// time, and no more is asked back than the idle slots can take.
-    fn steal(&mut self) {
+    fn steal(&mut self, now_us: u64) {
         let min_run = self.config.steal_min_run_us;
         // Idle cpus are on open workers only (the others have no room at all).
         let idle: u32 = self
             .open
             .iter()
             .filter_map(|id| self.workers.get(id))
-            .filter(|w| w.quarantined.is_none())
+            .filter(|w| w.quarantined.is_none() && w.before_end_margin(now_us))
             .map(|w| w.idle_cpus())
             .sum();
         if idle == 0 {
@@ -204,7 +204,7 @@ impl Scheduler {
         let thieves: Vec<Resources> = self
             .workers
             .values()
-            .filter(|w| w.quarantined.is_none() && w.idle_cpus() > 0)
+            .filter(|w| w.quarantined.is_none() && w.before_end_margin(now_us) && w.idle_cpus() > 0)
             .map(|w| w.offer.resources)
             .collect();
         for (waiting, victim) in victims {

@@ -523,13 +523,15 @@ impl Scheduler {
 
     /// Whether a job of `spec` submitted in pieces (`open`) waits for its last piece before
     /// any of its tasks may run: whether it may take part in a graph, whose links are known
-    /// only with all its tasks (a task may read a file that a later piece writes).
+    /// only with all its tasks (a task may read a file that a later piece writes). Decided
+    /// from the spec alone, so a replayed journal decides the same, whatever files other
+    /// jobs wrote meanwhile.
     pub fn holds_until_closed(&self, spec: &crate::spec::JobSpec, open: bool) -> bool {
         let files = &spec.template.files;
         open && !(spec.after.is_empty()
             && spec.parent.is_none()
             && files.outputs.is_empty()
-            && (self.graph.produced.is_empty() || files.inputs.is_empty()))
+            && files.inputs.is_empty())
     }
 
     /// Links newly inserted job `id` into the graph, or, if it is submitted in pieces and may
@@ -562,9 +564,8 @@ impl Scheduler {
             return Ok(());
         };
         j.held = true;
-        for i in 0..j.len() {
-            j.set_state(i, TaskState::Waiting);
-        }
+        // Every task of a new job is ready: all are counted waiting instead.
+        j.counts.waiting += std::mem::take(&mut j.counts.ready);
         self.enter_workflow(id, &joined);
         Ok(())
     }
@@ -573,32 +574,20 @@ impl Scheduler {
     /// as if submitted whole. On an error (what [`Self::link_graph`] refuses) nothing of it
     /// has changed: its tasks still wait.
     pub(super) fn release_held(&mut self, id: JobId) -> Result<(), SchedError> {
+        let links = self.plan_links(id)?;
         let Some(j) = self.jobs.get_mut(&id) else {
             return Ok(());
         };
-        let waiting: Vec<TaskIndex> = (0..j.len())
-            .filter(|&i| j.table.get(i).state == TaskState::Waiting)
-            .collect();
-        for &i in &waiting {
-            j.set_state(i, TaskState::Ready);
-        }
-        if let Err(e) = self.link_graph(id) {
-            if let Some(j) = self.jobs.get_mut(&id) {
-                for &i in &waiting {
-                    j.set_state(i, TaskState::Waiting);
-                }
-            }
-            return Err(e);
-        }
-        if let Some(j) = self.jobs.get_mut(&id) {
-            j.held = false;
-        }
+        // Its tasks are all stored ready: counted so again, then linked as a new job's are.
+        j.held = false;
+        j.counts.ready += std::mem::take(&mut j.counts.waiting);
+        self.commit_links(id, links);
         Ok(())
     }
 
     /// The ready spans of a job just linked (its tasks not waiting), for the queue.
     pub(super) fn ready_spans(&self, id: JobId) -> Vec<Span> {
-        let Some(j) = self.jobs.get(&id) else {
+        let Some(j) = self.jobs.get(&id).filter(|j| !j.held) else {
             return Vec::new();
         };
         if j.counts.waiting == 0 {

@@ -131,6 +131,8 @@ pub struct Job {
     pub(super) feeds: bool,
     /// A job of a graph submitted in pieces: all its tasks wait until the last piece, since
     /// only then are its dependencies known (a task may read a file a later piece writes).
+    /// They stay stored ready and untouched (no record is written for a million held tasks),
+    /// are counted waiting, and read as waiting ([`Job::record`]); none is queued.
     pub(super) held: bool,
 }
 
@@ -206,6 +208,9 @@ impl Job {
         let mut r = self.table.get(index);
         if self.canceled && matches!(r.state, TaskState::Ready | TaskState::Waiting) {
             r.state = TaskState::Canceled;
+        } else if self.held && r.state == TaskState::Ready {
+            // Stored ready (untouched), counted waiting: see `held`.
+            r.state = TaskState::Waiting;
         }
         r
     }

@@ -16,6 +16,10 @@ impl Scheduler {
         open: bool,
         key: Option<String>,
     ) -> Result<JobId, SchedError> {
+        if open && matches!(&tasks, TaskSet::Array(_)) {
+            // Nothing can be added to an array: open, it would never end.
+            return Err(SchedError::NotAList(self.next_job));
+        }
         if open && matches!(&tasks, TaskSet::List(_) | TaskSet::Lines(_)) && tasks.is_empty() {
             spec.validate_spec()?;
         } else {
@@ -87,10 +91,8 @@ impl Scheduler {
         if j.canceled {
             j.counts.canceled += end - start;
         } else if j.held {
-            j.counts.ready += end - start;
-            for i in start..end {
-                j.set_state(i, TaskState::Waiting);
-            }
+            // Stored ready, counted waiting (see `Job::held`).
+            j.counts.waiting += end - start;
         } else {
             j.counts.ready += end - start;
             self.ready.push_new(
@@ -102,7 +104,6 @@ impl Scheduler {
                 },
             );
         }
-        let release = close && j.held && !j.canceled;
         if close {
             j.open = false;
             if j.is_empty() && !j.canceled {
@@ -110,6 +111,7 @@ impl Scheduler {
                 j.canceled = true;
             }
         }
+        let release = close && j.held && !j.canceled;
         if numbered {
             self.number_inputs(job, start);
         }
@@ -203,6 +205,10 @@ impl Scheduler {
         let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
         if j.canceled && failed_only {
             return Err(SchedError::RetryCanceled(job));
+        }
+        if j.held {
+            // Never linked into its graph: its tasks were never ready, and only part came.
+            return Err(SchedError::RetryIncomplete(job));
         }
         let mut spans: Vec<Span> = Vec::new();
         let (mut failed, mut canceled) = (0u32, 0u32);

@@ -82,6 +82,9 @@ pub enum SchedError {
     /// A canceled job cannot be retried without `--all`.
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
     RetryCanceled(JobId),
+    /// A job canceled while it was being sent in pieces holds only part of its tasks.
+    #[error("job {0} was canceled while its tasks were still being sent in pieces, so it holds only part of them; submit it again")]
+    RetryIncomplete(JobId),
     /// More names of resources than the scheduler tells apart.
     #[error("resource '{name}' would be the server's {max}th name of a resource, past the most it tells apart ({known}); use one of those names", max = MAX_NAMED + 1)]
     TooManyNames {

@@ -7,9 +7,9 @@ use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
 use rustc_hash::FxHashSet;
 use std::collections::BTreeMap;
 
-/// How long before its allocation's end a worker takes no more tasks: it leaves then, and
-/// what it still runs goes back to the queue (`kestrel worker start --ends-at` leaves this
-/// much before the end too).
+/// How long before its allocation's end a worker takes no more tasks: what it still runs then
+/// may be killed with it by the batch system, and goes back to the queue as a lost worker's
+/// tasks do.
 pub const END_MARGIN_US: u64 = 30_000_000;
 
 /// What a worker offers when it joins.
@@ -129,12 +129,23 @@ impl Worker {
         let Some(end) = self.ends_at_us else {
             return true;
         };
+        if job.spec.template.timeout_ms.is_none() {
+            return self.before_end_margin(now_us);
+        }
         let longest = job
             .spec
             .template
             .timeout_ms
             .map_or(0, |ms| ms.saturating_mul(1000));
         now_us.saturating_add(longest).saturating_add(END_MARGIN_US) <= end
+    }
+
+    /// Whether it still takes tasks at `now_us`: it is not within [`END_MARGIN_US`] of its
+    /// allocation's end. One that does not is left out of scheduling passes and of work
+    /// stealing altogether, not asked job by job.
+    pub fn before_end_margin(&self, now_us: u64) -> bool {
+        self.ends_at_us
+            .is_none_or(|end| now_us.saturating_add(END_MARGIN_US) <= end)
     }
 
     /// Whether a task needing `need` could ever run here.

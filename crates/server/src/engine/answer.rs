@@ -415,7 +415,9 @@ impl Engine {
         match self.core.handle(now, extend) {
             Ok(_) => Ok(Answer::Extended),
             // A held job refused at its last piece is withdrawn by the scheduler.
-            Err(e) if self.core.job(job).is_none() => Err(self.withdrawn(job, &e.to_string())),
+            Err(e) if held && self.core.job(job).is_none() => {
+                Err(self.withdrawn(job, &e.to_string()))
+            }
             Err(e) => Err(Refusal::from(e)),
         }
     }

@@ -95,7 +95,7 @@ impl Allocator {
     }
 
     /// One tick of every queue at `now`; `demand` says what waits for each queue's workers.
-    pub fn tick(&mut self, now: Micros, demand: impl Fn(&Queue) -> Demand) -> Vec<Action> {
+    pub fn tick(&mut self, now: Micros, mut demand: impl FnMut(&Queue) -> Demand) -> Vec<Action> {
         let mut out = Vec::new();
         for q in self.queues.values_mut() {
             let d = demand(q);

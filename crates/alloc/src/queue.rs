@@ -164,12 +164,14 @@ impl Queue {
         }
     }
 
-    /// A worker of `alloc` connected: the allocation runs, and the queue works.
+    /// A worker of `alloc` connected: the allocation runs, and the queue works. False (the
+    /// worker is to leave) when the allocation is unknown, over, or being released or
+    /// canceled: its workers were told to leave already, or the batch system will kill them.
     pub fn worker_joined(&mut self, now: Micros, alloc: AllocId, worker: WorkerId) -> bool {
         let Some(a) = self.allocations.get_mut(&alloc) else {
             return false;
         };
-        if a.state.is_ended() {
+        if a.state.is_ended() || matches!(a.state, AllocState::Draining | AllocState::Canceling) {
             return false;
         }
         if a.state.is_pending() {

@@ -426,3 +426,28 @@ fn settings_that_cannot_work_are_refused_with_what_to_change() {
         .to_string()
         .contains("--time-limit"));
 }
+
+#[test]
+fn a_worker_that_comes_to_a_released_allocation_is_turned_away() {
+    let p = QueueParams {
+        idle_timeout_us: Some(10 * S),
+        ..params(Acquire::All, 2)
+    };
+    let mut al = Allocator::new();
+    let q = al.add_queue(QueueParams { nodes: 2, ..p }).unwrap();
+    let acts = al.tick(0, |_| waiting(8));
+    let [(alloc, 2)] = submits(&acts)[..] else {
+        panic!("{acts:?}");
+    };
+    let queue = al.queue_mut(q).unwrap();
+    queue.submitted(alloc, "b1".into());
+    assert!(queue.worker_joined(S, alloc, 1));
+    // Its one worker idles: the allocation is drained before its second worker comes.
+    let idle = Demand {
+        idle: vec![(1, S)],
+        ..Demand::default()
+    };
+    let drained = al.tick(20 * S, |_| idle.clone());
+    assert!(matches!(drained[..], [Action::Drain { .. }]), "{drained:?}");
+    assert!(!al.queue_mut(q).unwrap().worker_joined(21 * S, alloc, 2));
+}

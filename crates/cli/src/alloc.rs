@@ -15,7 +15,7 @@ pub enum AllocCommand {
     /// Add a queue: while tasks wait, it asks for allocations that start workers; an
     /// allocation whose workers all idle for --idle-timeout is given back whole
     #[command(
-        after_help = "Examples:\n  kestrel alloc add slurm --time-limit 1h --max-workers 16 -- --partition debug --account proj\n  kestrel alloc add pbs --time-limit 2h --nodes 4 -- -q workq -A proj\n  kestrel alloc add local --time-limit 30m --acquire one --idle-timeout 30s --worker-args \"--slots 2\"\n\nEach allocation runs one `kestrel worker` per node (a pilot script under the server\ndirectory, in alloc/ID/); its workers take no task that would outlive it. Queues are not\nkept across a server restart yet."
+        after_help = "Examples:\n  kestrel alloc add slurm --time-limit 1h --max-workers 16 --worker-args \"--slots 32\" -- --partition debug --account proj\n  kestrel alloc add pbs --time-limit 2h --nodes 4 --worker-args \"--slots 64\" -- -q workq -A proj\n  kestrel alloc add local --time-limit 30m --acquire one --idle-timeout 30s --worker-args \"--slots 2\"\n\nEach allocation runs one `kestrel worker` per node (a pilot script under the server\ndirectory, in alloc/ID/); its workers take no task that would outlive it. Queues are not\nkept across a server restart yet."
     )]
     Add(AddArgs),
     /// List the queues and their allocations
@@ -143,13 +143,30 @@ fn spec(a: AddArgs) -> Result<AllocQueueSpec> {
         })?,
         None => Vec::new(),
     };
-    // A worker's slots, to turn waiting tasks into nodes: its --slots, else this machine's.
-    let slots = worker_args
+    // A worker's slots, to turn waiting tasks into nodes: its --slots, else this machine's
+    // cores (said when they stand for a batch system's nodes: this is likely a login node).
+    let given = worker_args
         .iter()
-        .position(|w| w == "--slots")
-        .and_then(|i| worker_args.get(i + 1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(crate::cpus);
+        .enumerate()
+        .find_map(|(i, w)| match w.strip_prefix("--slots") {
+            Some("") => worker_args.get(i + 1).map(String::as_str),
+            Some(rest) => rest.strip_prefix('='),
+            None => None,
+        });
+    let slots = match given {
+        Some(n) => n.parse().ok().filter(|&n: &u32| n > 0).with_context(|| {
+            format!("--worker-args: --slots {n:?} is not a number of slots above 0")
+        })?,
+        None => {
+            let cpus = crate::cpus();
+            if a.backend != Backend::Local {
+                eprintln!(
+                    "warning: --worker-args has no --slots: this machine's {cpus} cores stand for a compute node's when waiting tasks are turned into nodes; give --worker-args \"--slots N\" with the nodes' cores"
+                );
+            }
+            cpus
+        }
+    };
     let backend = match a.backend {
         Backend::Local => "local",
         Backend::Slurm => "slurm",
@@ -220,9 +237,9 @@ fn show(g: &Global, queues: &[AllocQueueView]) {
                 } else {
                     workers.join(",")
                 }),
-                Cell::new(humantime::format_duration(
-                    std::time::Duration::from_millis(a.queue_wait_ms / 1000 * 1000),
-                )),
+                Cell::new(output::duration(std::time::Duration::from_millis(
+                    a.queue_wait_ms,
+                ))),
                 Cell::new(a.reason.as_deref().unwrap_or("")),
             ]);
         }

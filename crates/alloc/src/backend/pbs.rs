@@ -113,6 +113,14 @@ pub fn query(ids: &[&str]) -> Vec<String> {
     argv
 }
 
+/// Whether a failed `qstat` failed only because some of its ids are no longer known (a job
+/// that has finished): its table still lists the others, and the missing ones have ended.
+/// PBS Professional says "Job has finished", Torque "Unknown Job Id".
+pub fn query_knows_some_not(stderr: &str) -> bool {
+    let lower = stderr.to_ascii_lowercase();
+    lower.contains("unknown job id") || lower.contains("job has finished")
+}
+
 /// The states in `qstat`'s default table (`Job id  Name  User  Time Use  S  Queue`): the
 /// rows after the `---` line; ids it does not list have ended.
 pub fn parse_query(stdout: &str) -> Vec<(String, BatchState)> {

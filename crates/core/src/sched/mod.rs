@@ -296,13 +296,15 @@ impl Scheduler {
         self.ready.len() + self.window.len() as u64
     }
 
-    /// Ready tasks and the cpus they hold, over every live job: the work an allocation queue
-    /// provisions for. One look per live job, never per task.
-    pub fn ready_demand(&self) -> (u64, u64) {
+    /// Ready tasks and the cpus they hold, over every live job whose tasks could end within
+    /// an allocation of `time_limit_us` (their `--timeout` and the end margin fit in it): the
+    /// work an allocation queue provisions for. One look per live job, never per task.
+    pub fn ready_demand_within(&self, time_limit_us: u64) -> (u64, u64) {
         let mut tasks = 0u64;
         let mut cpus = 0u64;
         for j in self.live_jobs.iter().filter_map(|id| self.jobs.get(id)) {
-            if j.canceled {
+            let longest = j.spec.template.timeout_ms.unwrap_or(0).saturating_mul(1000);
+            if j.canceled || longest.saturating_add(worker::END_MARGIN_US) > time_limit_us {
                 continue;
             }
             let n = u64::from(j.counts.ready);

@@ -47,12 +47,17 @@ impl Engine {
         });
         tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
         if let Some(alloc) = r.alloc {
-            if !self.provision.worker_joined(now, id, alloc) {
-                tracing::warn!(
+            match self.provision.worker_joined(now, id, alloc) {
+                crate::provision::Joined::Work => {}
+                crate::provision::Joined::Leave(reason) => {
+                    tracing::info!(worker = id, alloc, "worker told to leave: {reason}");
+                    outbox.send(&ToWorker::Shutdown { reason });
+                }
+                crate::provision::Joined::Unknown => tracing::warn!(
                     worker = id,
                     alloc,
                     "the worker says it runs in allocation {alloc}, which no queue of this server made (another server's pilot, or a removed queue): it runs tasks as any worker"
-                );
+                ),
             }
         }
         if let Some(end) = r.ends_at_s {

@@ -31,6 +31,68 @@ impl System {
             _ => None,
         }
     }
+
+    fn script(self, p: &Pilot) -> String {
+        match self {
+            System::Slurm => slurm::script(p),
+            System::Pbs(flavor) => pbs::script(p, flavor),
+        }
+    }
+
+    fn submit_argv(
+        self,
+        p: &Pilot,
+        script: &str,
+        batch_args: &[String],
+        hold: bool,
+    ) -> Vec<String> {
+        match self {
+            System::Slurm => slurm::submit(script, batch_args, hold),
+            System::Pbs(_) => pbs::submit(p, script, batch_args, hold),
+        }
+    }
+
+    fn parse_submit(self, stdout: &str) -> Result<String, String> {
+        match self {
+            System::Slurm => slurm::parse_submit(stdout),
+            System::Pbs(_) => pbs::parse_submit(stdout),
+        }
+    }
+
+    fn cancel_argv(self, ids: &[&str]) -> Vec<String> {
+        match self {
+            System::Slurm => slurm::cancel(ids),
+            System::Pbs(_) => pbs::cancel(ids),
+        }
+    }
+
+    /// The states a query's output lists; ids it does not list have ended. A query that
+    /// failed only because some of its ids are no longer known still answers for the rest:
+    /// `squeue` of only unknown ids, and `qstat` of any finished one, exit with an error.
+    fn query(self, ids: &[&str], ran: Ran) -> Result<Vec<(String, BatchState)>, String> {
+        match self {
+            System::Slurm if ran.ok => Ok(slurm::parse_query(&ran.stdout)),
+            System::Slurm if slurm::query_knows_none(&ran.stderr) => Ok(Vec::new()),
+            System::Pbs(_) if ran.ok || pbs::query_knows_some_not(&ran.stderr) => {
+                Ok(pbs::parse_query(&ran.stdout))
+            }
+            _ => Err(ran.failure(&self.query_argv(ids)[0])),
+        }
+    }
+
+    fn query_argv(self, ids: &[&str]) -> Vec<String> {
+        match self {
+            System::Slurm => slurm::query(ids),
+            System::Pbs(_) => pbs::query(ids),
+        }
+    }
+
+    fn family(self) -> &'static str {
+        match self {
+            System::Slurm => "Slurm",
+            System::Pbs(_) => "PBS",
+        }
+    }
 }
 
 /// What a command answered.
@@ -40,12 +102,13 @@ pub(super) enum Answer {
     Submitted {
         queue: QueueId,
         alloc: AllocId,
+        system: System,
         result: Result<String, String>,
     },
-    /// The held test allocation of a queue being added: canceled at once; whether the batch
-    /// system took it.
+    /// The dry run of a queue being added (check number `check`): whether its held test
+    /// allocation was taken (and then canceled).
     DryRun {
-        queue: QueueId,
+        check: u32,
         result: Result<(), String>,
     },
     /// One query of a queue's allocations: each listed id's state; ids not listed have ended.
@@ -90,8 +153,7 @@ impl Runner {
         out
     }
 
-    /// Writes allocation `alloc` of `queue` (`spec`)'s pilot script for `nodes` nodes and
-    /// submits it.
+    /// Writes allocation `alloc` of `queue`'s pilot script for `nodes` nodes and submits it.
     pub(super) fn submit(
         &self,
         system: System,
@@ -99,89 +161,89 @@ impl Runner {
         spec: &AllocQueueSpec,
     ) {
         let tx = self.tx.clone();
-        let prepared = self.prepare(system, (queue, alloc, nodes), spec);
-        let (pilot, script) = match prepared {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = tx.send(Answer::Submitted {
-                    queue,
-                    alloc,
-                    result: Err(e),
-                });
-                return;
-            }
-        };
-        let path = script.display().to_string();
-        let argv = match system {
-            System::Slurm => slurm::submit(&path, &spec.batch_args, false),
-            System::Pbs(_) => pbs::submit(&pilot, &path, &spec.batch_args, false),
-        };
+        let name = format!("kestrel-q{queue}-a{alloc}");
+        let job = self.submit_job(
+            system,
+            &alloc.to_string(),
+            name,
+            (alloc, nodes),
+            spec,
+            false,
+        );
         tokio::spawn(async move {
-            let result = run(&argv).await.and_then(|(stdout, _)| match system {
-                System::Slurm => slurm::parse_submit(&stdout),
-                System::Pbs(_) => pbs::parse_submit(&stdout),
-            });
+            let result = job.await;
             let _ = tx.send(Answer::Submitted {
                 queue,
                 alloc,
+                system,
                 result,
             });
         });
     }
 
-    /// Submits a held test allocation for queue `queue` and cancels it (`alloc add`'s dry run).
-    pub(super) fn dry_run(&self, system: System, queue: QueueId, spec: &AllocQueueSpec) {
+    /// Submits a held test allocation of a queue being added (check number `check`) and
+    /// cancels it: `alloc add`'s dry run. Its files go to `alloc/check-N/`.
+    pub(super) fn dry_run(&self, system: System, check: u32, spec: &AllocQueueSpec) {
         let tx = self.tx.clone();
-        // Allocation 0 is never given out: the test's files go to alloc/0/.
-        let (pilot, script) = match self.prepare(system, (queue, 0, spec.nodes), spec) {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = tx.send(Answer::DryRun {
-                    queue,
-                    result: Err(e),
-                });
-                return;
-            }
-        };
-        let path = script.display().to_string();
-        let argv = match system {
-            System::Slurm => slurm::submit(&path, &spec.batch_args, true),
-            System::Pbs(_) => pbs::submit(&pilot, &path, &spec.batch_args, true),
-        };
+        let name = format!("kestrel-check{check}");
+        let job = self.submit_job(
+            system,
+            &format!("check-{check}"),
+            name,
+            (0, spec.nodes),
+            spec,
+            true,
+        );
         tokio::spawn(async move {
-            let submitted = run(&argv).await.and_then(|(stdout, _)| match system {
-                System::Slurm => slurm::parse_submit(&stdout),
-                System::Pbs(_) => pbs::parse_submit(&stdout),
-            });
-            let result = match submitted {
+            let result = match job.await {
                 Ok(id) => {
-                    let cancel = match system {
-                        System::Slurm => slurm::cancel(&[&id]),
-                        System::Pbs(_) => pbs::cancel(&[&id]),
-                    };
-                    run(&cancel).await.map(|_| ()).map_err(|e| {
+                    let cancel = system.cancel_argv(&[&id]);
+                    run(&cancel, system).await.map(|_| ()).map_err(|e| {
                         format!("the held test allocation {id} was taken but not canceled ({e}): cancel it by hand")
                     })
                 }
                 Err(e) => Err(e),
             };
-            let _ = tx.send(Answer::DryRun { queue, result });
+            let _ = tx.send(Answer::DryRun { check, result });
         });
+    }
+
+    /// Writes a pilot script under `alloc/DIR/` and returns the submission to run: the batch
+    /// id, or why not.
+    fn submit_job(
+        &self,
+        system: System,
+        dir: &str,
+        job_name: String,
+        (alloc, nodes): (AllocId, u32),
+        spec: &AllocQueueSpec,
+        hold: bool,
+    ) -> impl std::future::Future<Output = Result<String, String>> + Send + 'static {
+        let prepared = self.prepare(system, dir, job_name, (alloc, nodes), spec);
+        let batch_args = spec.batch_args.clone();
+        async move {
+            let (pilot, script) = prepared?;
+            let argv = system.submit_argv(&pilot, &script.display().to_string(), &batch_args, hold);
+            let ran = run(&argv, system).await?;
+            system.parse_submit(&ran.stdout)
+        }
     }
 
     fn prepare(
         &self,
         system: System,
-        (queue, alloc, nodes): (QueueId, AllocId, u32),
+        dir: &str,
+        job_name: String,
+        (alloc, nodes): (AllocId, u32),
         spec: &AllocQueueSpec,
     ) -> Result<(Pilot, PathBuf), String> {
         let exe = std::env::current_exe()
             .map_err(|e| format!("cannot find the kestrel binary for the pilot: {e}"))?;
-        let dir = self.dir.join(alloc.to_string());
+        let dir = self.dir.join(dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let pilot = Pilot {
-            job_name: format!("kestrel-q{queue}-a{alloc}"),
+            job_name,
             nodes,
             time_limit_us: spec.time_limit_ms.saturating_mul(1000),
             kestrel: exe.display().to_string(),
@@ -191,12 +253,8 @@ impl Runner {
             stdout: dir.join("stdout").display().to_string(),
             stderr: dir.join("stderr").display().to_string(),
         };
-        let text = match system {
-            System::Slurm => slurm::script(&pilot),
-            System::Pbs(flavor) => pbs::script(&pilot, flavor),
-        };
         let script = dir.join("pilot.sh");
-        std::fs::write(&script, text)
+        std::fs::write(&script, system.script(&pilot))
             .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
         Ok((pilot, script))
     }
@@ -207,20 +265,11 @@ impl Runner {
             return;
         }
         self.querying.push(queue);
-        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let argv = match system {
-            System::Slurm => slurm::query(&refs),
-            System::Pbs(_) => pbs::query(&refs),
-        };
         let tx = self.tx.clone();
         tokio::spawn(async move {
-            let result = match run(&argv).await {
-                Ok((stdout, _)) => Ok(match system {
-                    System::Slurm => slurm::parse_query(&stdout),
-                    System::Pbs(_) => pbs::parse_query(&stdout),
-                }),
-                // squeue of ids it no longer knows: they have all ended.
-                Err(e) if system == System::Slurm && slurm::query_knows_none(&e) => Ok(Vec::new()),
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            let result = match run_any(&system.query_argv(&refs), system).await {
+                Ok(ran) => system.query(&refs, ran),
                 Err(e) => Err(e),
             };
             let _ = tx.send(Answer::Queried {
@@ -236,22 +285,49 @@ impl Runner {
         if ids.is_empty() {
             return;
         }
-        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let argv = match system {
-            System::Slurm => slurm::cancel(&refs),
-            System::Pbs(_) => pbs::cancel(&refs),
-        };
         tokio::spawn(async move {
-            if let Err(e) = run(&argv).await {
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            if let Err(e) = run(&system.cancel_argv(&refs), system).await {
                 tracing::warn!("canceling allocations failed: {e}");
             }
         });
     }
 }
 
-/// Runs `argv` with [`COMMAND_LIMIT`]; its stdout and stderr, or why it failed (its stderr, or
-/// that it could not start or hung).
-async fn run(argv: &[String]) -> Result<(String, String), String> {
+/// What a command printed, and whether it succeeded.
+struct Ran {
+    ok: bool,
+    status: String,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    /// Why it failed, in the batch system's words.
+    fn failure(&self, program: &str) -> String {
+        // Debian's qsub wrapper says what went wrong on stdout.
+        let said = if self.stderr.is_empty() {
+            self.stdout.trim()
+        } else {
+            &self.stderr
+        };
+        format!("`{program}` failed ({}): {said}", self.status)
+    }
+}
+
+/// Runs `argv`; what it printed, or why it failed (its words, or that it could not start or
+/// hung).
+async fn run(argv: &[String], system: System) -> Result<Ran, String> {
+    let ran = run_any(argv, system).await?;
+    if ran.ok {
+        Ok(ran)
+    } else {
+        Err(ran.failure(&argv[0]))
+    }
+}
+
+/// Runs `argv` with [`COMMAND_LIMIT`]; what it printed, however it exited.
+async fn run_any(argv: &[String], system: System) -> Result<Ran, String> {
     let Some((program, args)) = argv.split_first() else {
         return Err("no command".into());
     };
@@ -272,27 +348,16 @@ async fn run(argv: &[String]) -> Result<(String, String), String> {
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(format!(
                 "`{program}` is not on the server's PATH: is this a {} login node?",
-                if program.starts_with('q') {
-                    "PBS"
-                } else {
-                    "Slurm"
-                }
+                system.family()
             ))
         }
         Ok(Err(e)) => return Err(format!("`{program}` could not run: {e}")),
         Ok(Ok(out)) => out,
     };
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if out.status.success() {
-        Ok((stdout, stderr))
-    } else {
-        // Debian's qsub wrapper says what went wrong on stdout.
-        let said = if stderr.is_empty() {
-            stdout.trim().to_string()
-        } else {
-            stderr
-        };
-        Err(format!("`{program}` failed ({}): {said}", out.status))
-    }
+    Ok(Ran {
+        ok: out.status.success(),
+        status: out.status.to_string(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    })
 }

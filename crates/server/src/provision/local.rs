@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The worker processes of each local allocation.
 pub(super) struct Local {
@@ -41,10 +42,14 @@ impl Local {
         let mut children = Vec::new();
         for node in 0..nodes {
             let log = dir.join(format!("worker-{node}.log"));
-            let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-            let err = out
-                .try_clone()
-                .map_err(|e| format!("{}: {e}", log.display()))?;
+            let files = File::create(&log).and_then(|out| Ok((out.try_clone()?, out)));
+            let (out, err) = match files {
+                Ok(f) => f,
+                Err(e) => {
+                    stop_and_reap(&mut children);
+                    return Err(format!("{}: {e}", log.display()));
+                }
+            };
             let spawned = Command::new(&exe)
                 .args(["worker", "start", "--access"])
                 .arg(&self.access)
@@ -58,10 +63,7 @@ impl Local {
             match spawned {
                 Ok(child) => children.push(child),
                 Err(e) => {
-                    for mut c in children {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
+                    stop_and_reap(&mut children);
                     return Err(format!("cannot start {}: {e}", exe.display()));
                 }
             }
@@ -112,11 +114,34 @@ impl Local {
         }
     }
 
-    /// Stops every process (the server is stopping).
+    /// Stops every process and reaps it (the server is stopping): SIGTERM, then SIGKILL for
+    /// those still there after a few seconds.
     pub(super) fn stop_all(&mut self) {
         for c in self.running.values().flatten() {
             terminate(c);
         }
+        let deadline = Instant::now() + STOP_WAIT;
+        for c in self.running.values_mut().flatten() {
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        self.running.clear();
+    }
+}
+
+/// How long stopping waits for workers to exit on SIGTERM.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// Kills and reaps processes of an allocation that could not start whole.
+fn stop_and_reap(children: &mut Vec<Child>) {
+    for mut c in children.drain(..) {
+        let _ = c.kill();
+        let _ = c.wait();
     }
 }
 

@@ -8,7 +8,7 @@ mod batch;
 mod local;
 
 use crate::outbox::ConnId;
-use kestrel_alloc::backend::{pbs, BatchState};
+use kestrel_alloc::backend::BatchState;
 use kestrel_alloc::{
     Acquire, Action, AllocId, AllocState, Allocator, Demand, Ending, Paused, QueueId, QueueParams,
     WorkerId,
@@ -21,21 +21,52 @@ use std::path::PathBuf;
 /// How often the allocator decides (in microseconds of the server's clock).
 const TICK_US: u64 = 1_000_000;
 
+/// Queries in a row that must miss an allocation before it counts as ended: a job the batch
+/// system has just taken may not be listed yet.
+const MISSES_TO_END: u8 = 2;
+
+/// Failures in a row after which a queue pauses itself.
+const MAX_FAILURES: u32 = 3;
+
 /// What a drained worker is told when its allocation is released.
 pub const RELEASED: &str = "its allocation was released";
+
+/// Where a queue's allocations come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Local,
+    Batch(batch::System),
+}
+
+/// A queue as the server keeps it beside the allocator's state.
+struct Side {
+    spec: AllocQueueSpec,
+    backend: Backend,
+}
+
+/// A Slurm or PBS queue waiting for its dry run before it is added.
+struct Check {
+    spec: AllocQueueSpec,
+    system: batch::System,
+    params: QueueParams,
+    asker: (ConnId, u64),
+}
 
 /// The server's allocation queues and the processes and workers they brought.
 pub struct Provision {
     allocator: Allocator,
-    specs: FxHashMap<QueueId, AllocQueueSpec>,
+    sides: FxHashMap<QueueId, Side>,
     local: local::Local,
     batch: batch::Runner,
     /// Workers that came from an allocation: (queue, allocation).
     origin: FxHashMap<WorkerId, (QueueId, AllocId)>,
     /// Since when each worker of a queue has run nothing.
     idle_since: FxHashMap<WorkerId, u64>,
-    /// Queues waiting for their dry run, with the `alloc add` request to answer.
-    checking: FxHashMap<QueueId, (ConnId, u64)>,
+    /// Queues being checked by a dry run, by check number.
+    checking: FxHashMap<u32, Check>,
+    next_check: u32,
+    /// Allocations the last queries did not list, and how many times in a row.
+    missed: FxHashMap<AllocId, u8>,
     last_tick_us: u64,
 }
 
@@ -59,30 +90,44 @@ pub enum Added {
     Checking,
 }
 
+/// What a worker that names an allocation is to do.
+pub enum Joined {
+    /// Work: its allocation is live.
+    Work,
+    /// Leave at once, for this reason: its allocation is being released or is over.
+    Leave(String),
+    /// No queue of this server made that allocation.
+    Unknown,
+}
+
 impl Provision {
     /// No queues yet; `access` is the access file local workers connect with.
     pub fn new(access: PathBuf, dir: PathBuf) -> Provision {
         Provision {
             allocator: Allocator::new(),
-            specs: FxHashMap::default(),
+            sides: FxHashMap::default(),
             local: local::Local::new(access.clone(), dir.join("alloc")),
             batch: batch::Runner::new(access, dir.join("alloc")),
             origin: FxHashMap::default(),
             idle_since: FxHashMap::default(),
             checking: FxHashMap::default(),
+            next_check: 1,
+            missed: FxHashMap::default(),
             last_tick_us: 0,
         }
     }
 
-    /// `kestrel alloc add` (request `asker`): checks the spec and adds the queue; a batch
-    /// queue with a dry run is paused until its held test allocation was taken and canceled.
+    /// `kestrel alloc add` (request `asker`): checks the spec and adds the queue. A Slurm or
+    /// PBS queue with a dry run is added only once its held test allocation was taken and
+    /// canceled ([`Added::Checking`]; the answer goes out from a later tick).
     pub fn add(&mut self, spec: AllocQueueSpec, asker: (ConnId, u64)) -> Result<Added, String> {
-        if spec.backend != "local" && batch::System::named(&spec.backend).is_none() {
-            return Err(format!(
-                "no backend {:?}: local, slurm, pbs or torque",
-                spec.backend
-            ));
-        }
+        let backend = match spec.backend.as_str() {
+            "local" => Backend::Local,
+            other => Backend::Batch(
+                batch::System::named(other)
+                    .ok_or_else(|| format!("no backend {other:?}: local, slurm, pbs or torque"))?,
+            ),
+        };
         let acquire = Acquire::parse(&spec.acquire).ok_or_else(|| {
             format!(
                 "--acquire {:?} is not one of one, additive, exponential, all",
@@ -99,29 +144,42 @@ impl Provision {
             idle_timeout_us: spec.idle_timeout_ms.map(|ms| ms.saturating_mul(1000)),
             release_below: None,
             acquire,
-            max_failures: QueueParams::new(0, 1).max_failures,
+            max_failures: MAX_FAILURES,
         };
-        let id = self
-            .allocator
-            .add_queue(params)
-            .map_err(|e| e.to_string())?;
-        let system = batch::System::named(&spec.backend).filter(|_| spec.dry_run);
-        if let Some(system) = system {
-            if let Some(q) = self.allocator.queue_mut(id) {
-                q.paused = Some(Paused::Failing(
-                    "being checked with a held test allocation".into(),
-                ));
-            }
-            self.batch.dry_run(system, id, &spec);
-            self.checking.insert(id, asker);
-            self.specs.insert(id, spec);
+        params.check().map_err(|e| e.to_string())?;
+        if let (Backend::Batch(system), true) = (backend, spec.dry_run) {
+            let check = self.next_check;
+            self.next_check += 1;
+            self.batch.dry_run(system, check, &spec);
+            self.checking.insert(
+                check,
+                Check {
+                    spec,
+                    system,
+                    params,
+                    asker,
+                },
+            );
             // Its answer is looked for at the next tick.
             self.last_tick_us = 0;
             return Ok(Added::Checking);
         }
+        Ok(Added::Now(self.take_queue(params, spec, backend)?))
+    }
+
+    fn take_queue(
+        &mut self,
+        params: QueueParams,
+        spec: AllocQueueSpec,
+        backend: Backend,
+    ) -> Result<QueueId, String> {
+        let id = self
+            .allocator
+            .add_queue(params)
+            .map_err(|e| e.to_string())?;
         tracing::info!(queue = id, backend = %spec.backend, "allocation queue added");
-        self.specs.insert(id, spec);
-        Ok(Added::Now(id))
+        self.sides.insert(id, Side { spec, backend });
+        Ok(id)
     }
 
     /// `kestrel alloc pause|resume`.
@@ -138,51 +196,44 @@ impl Provision {
         Ok(())
     }
 
-    /// `kestrel alloc remove`: its live allocations are canceled (with `force`).
+    /// `kestrel alloc remove`: its live allocations are canceled (with `force`). One still
+    /// being submitted is canceled when its batch id comes back.
     pub fn remove(&mut self, queue: QueueId, force: bool) -> Result<(), String> {
         let Some(q) = self.allocator.queue(queue) else {
             return Err(no_queue(queue));
         };
-        let ids: Vec<String> = q.live().filter_map(|a| a.batch_id.clone()).collect();
-        let Some(cancels) = self.allocator.remove_queue(queue, force) else {
+        // Taken before the queue goes: what its cancels need.
+        let live: Vec<(AllocId, Option<String>)> =
+            q.live().map(|a| (a.id, a.batch_id.clone())).collect();
+        if self.allocator.remove_queue(queue, force).is_none() {
             return Err(format!(
                 "queue {queue} has allocations that have not ended; `kestrel alloc remove {queue} --force` cancels them"
             ));
-        };
-        let system = self
-            .specs
-            .get(&queue)
-            .and_then(|s| batch::System::named(&s.backend));
-        match system {
-            Some(system) => self.batch.cancel(system, ids),
-            None => {
-                for a in cancels {
-                    if let Action::Cancel { alloc, .. } = a {
-                        self.local.cancel(alloc);
-                    }
-                }
+        }
+        if let Some(side) = self.sides.remove(&queue) {
+            for (alloc, batch_id) in live {
+                self.cancel_with(side.backend, alloc, batch_id);
             }
         }
-        self.specs.remove(&queue);
         Ok(())
     }
 
-    /// A worker registered saying it runs in allocation `alloc`: whether the server knows it.
-    pub fn worker_joined(&mut self, now: u64, worker: WorkerId, alloc: AllocId) -> bool {
-        let queues: Vec<QueueId> = self.allocator.queues().map(|q| q.id).collect();
-        for q in queues {
-            let Some(queue) = self.allocator.queue_mut(q) else {
-                continue;
-            };
-            if queue.allocations.contains_key(&alloc) {
-                let taken = queue.worker_joined(now, alloc, worker);
-                if taken {
-                    self.origin.insert(worker, (q, alloc));
-                }
-                return taken;
-            }
+    /// A worker registered saying it runs in allocation `alloc`.
+    pub fn worker_joined(&mut self, now: u64, worker: WorkerId, alloc: AllocId) -> Joined {
+        let Some(q) = self.queue_of(alloc) else {
+            return Joined::Unknown;
+        };
+        let Some(queue) = self.allocator.queue_mut(q) else {
+            return Joined::Unknown;
+        };
+        if queue.worker_joined(now, alloc, worker) {
+            self.origin.insert(worker, (q, alloc));
+            Joined::Work
+        } else {
+            Joined::Leave(format!(
+                "its allocation {alloc} is being released or is over"
+            ))
         }
-        false
     }
 
     /// A worker is gone.
@@ -196,15 +247,13 @@ impl Provision {
     }
 
     /// Once a second: what the backends saw, then the allocator's decisions, carried out.
-    /// Returns the workers to tell to leave.
     pub fn tick(&mut self, now: u64, core: &Scheduler) -> Sends {
         let mut sends = Sends::default();
-        if self.specs.is_empty() || now.saturating_sub(self.last_tick_us) < TICK_US {
+        if now.saturating_sub(self.last_tick_us) < TICK_US {
             return sends;
         }
         self.last_tick_us = now;
         self.apply_answers(now, &mut sends.replies);
-        self.query_batch();
         for (alloc, failed) in self.local.reap() {
             if let Some(q) = self.queue_of(alloc) {
                 if let Some(queue) = self.allocator.queue_mut(q) {
@@ -212,39 +261,37 @@ impl Provision {
                 }
             }
         }
+        if self.sides.is_empty() {
+            return sends;
+        }
+        self.query_batch();
         self.note_idleness(now, core);
-        let (queued_tasks, queued_slots) = core.ready_demand();
-        let origin = &self.origin;
-        let idle_since = &self.idle_since;
-        let actions = self.allocator.tick(now, |q| {
-            let mine = origin
-                .iter()
-                .filter(|(_, &(queue, _))| queue == q.id)
-                .map(|(&w, _)| w);
-            let mut free = 0u64;
-            let mut idle = Vec::new();
-            for w in mine {
-                if let Some(worker) = core.worker(w) {
-                    let fits = worker
-                        .ends_at_us
-                        .is_none_or(|end| now + kestrel_core::END_MARGIN_US < end);
-                    if fits && worker.quarantined.is_none() {
-                        let cpus = worker.offer.resources.cpus;
-                        free += u64::from(cpus.saturating_sub(worker.used.cpus));
-                    }
-                }
-                if let Some(&since) = idle_since.get(&w) {
-                    idle.push((w, since));
+        // Each queue's workers, in one walk.
+        let mut mine: FxHashMap<QueueId, (u64, Vec<(WorkerId, u64)>)> = FxHashMap::default();
+        for (&w, &(q, _)) in &self.origin {
+            let entry = mine.entry(q).or_default();
+            if let Some(worker) = core.worker(w) {
+                if worker.before_end_margin(now) && worker.quarantined.is_none() {
+                    let cpus = worker.offer.resources.cpus;
+                    entry.0 += u64::from(cpus.saturating_sub(worker.used.cpus));
                 }
             }
+            if let Some(&since) = self.idle_since.get(&w) {
+                entry.1.push((w, since));
+            }
+        }
+        let actions = self.allocator.tick(now, |q| {
+            // Only tasks that could end within this queue's allocations.
+            let (queued_tasks, queued_slots) = core.ready_demand_within(q.params.time_limit_us);
+            let (free_slots, mut idle) = mine.remove(&q.id).unwrap_or_default();
+            idle.sort_unstable();
             Demand {
                 queued_tasks,
                 queued_slots,
-                free_slots: free,
+                free_slots,
                 idle,
             }
         });
-        let drains = &mut sends.drains;
         for a in actions {
             match a {
                 Action::Submit {
@@ -252,10 +299,20 @@ impl Provision {
                     alloc,
                     nodes,
                 } => self.submit(now, queue, alloc, nodes),
-                Action::Cancel { queue, alloc } => self.cancel(queue, alloc),
+                Action::Cancel { queue, alloc } => {
+                    let batch_id = self
+                        .allocator
+                        .queue(queue)
+                        .and_then(|q| q.allocations.get(&alloc))
+                        .and_then(|a| a.batch_id.clone());
+                    if let Some(backend) = self.sides.get(&queue).map(|s| s.backend) {
+                        self.cancel_with(backend, alloc, batch_id);
+                    }
+                }
                 Action::Drain { alloc, workers, .. } => {
                     tracing::info!(alloc, workers = workers.len(), "allocation released");
-                    drains.extend(workers.into_iter().map(|w| (w, RELEASED.to_string())));
+                    let why = || RELEASED.to_string();
+                    sends.drains.extend(workers.into_iter().map(|w| (w, why())));
                 }
             }
         }
@@ -284,81 +341,116 @@ impl Provision {
     fn apply_answers(&mut self, now: u64, replies: &mut Replies) {
         for answer in self.batch.answers() {
             match answer {
-                batch::Answer::DryRun { queue, result } => {
-                    let Some((conn, id)) = self.checking.remove(&queue) else {
-                        continue;
-                    };
-                    let answer = match result {
-                        Ok(()) => {
-                            if let Some(q) = self.allocator.queue_mut(queue) {
-                                q.resume();
-                            }
-                            tracing::info!(queue, "allocation queue added after its dry run");
-                            Ok(Answer::AllocAdded { queue })
-                        }
-                        Err(e) => {
-                            self.allocator.remove_queue(queue, true);
-                            self.specs.remove(&queue);
-                            tracing::info!(queue, "allocation queue refused by its dry run: {e}");
-                            Err(Refusal::from(format!(
-                                "the queue was not added: its held test allocation was refused: {e}; fix the batch arguments (after --), or add the queue with --no-dry-run"
-                            )))
-                        }
-                    };
-                    replies.push((conn, id, answer));
-                }
+                batch::Answer::DryRun { check, result } => self.checked(check, result, replies),
                 batch::Answer::Submitted {
                     queue,
                     alloc,
+                    system,
                     result,
-                } => {
-                    let Some(q) = self.allocator.queue_mut(queue) else {
-                        continue;
-                    };
-                    match result {
-                        Ok(id) => {
-                            tracing::info!(queue, alloc, batch_id = %id, "allocation submitted");
-                            q.submitted(alloc, id);
-                        }
-                        Err(e) => {
-                            tracing::warn!(queue, alloc, "allocation not submitted: {e}");
-                            q.submit_failed(now, alloc, e);
-                        }
-                    }
-                }
+                } => self.submitted(now, (queue, alloc), system, result),
                 batch::Answer::Queried {
                     queue,
                     asked,
                     result,
-                } => {
-                    let Some(q) = self.allocator.queue_mut(queue) else {
-                        continue;
-                    };
-                    let rows = match result {
-                        Ok(rows) => rows,
-                        Err(e) => {
-                            // Changes nothing: asked again at the next tick.
-                            tracing::warn!(queue, "querying the allocations failed: {e}");
-                            q.last_error = Some(format!("querying the allocations failed: {e}"));
-                            continue;
-                        }
-                    };
-                    let live: Vec<(AllocId, String)> = q
-                        .live()
-                        .filter_map(|a| Some((a.id, a.batch_id.clone()?)))
-                        .filter(|(_, id)| asked.contains(id))
-                        .collect();
-                    for (alloc, id) in live {
-                        let state = rows
-                            .iter()
-                            .find(|(listed, _)| pbs::same_id(&id, listed))
-                            .map(|(_, s)| s.clone());
-                        match state {
-                            Some(BatchState::Queued) => {}
-                            Some(BatchState::Running) => q.started(now, alloc),
-                            Some(BatchState::Finished) | None => q.ended(now, alloc, None),
-                            Some(BatchState::Failed(why)) => q.ended(now, alloc, Some(why)),
-                        }
+                } => self.queried(now, queue, &asked, result),
+            }
+        }
+    }
+
+    fn checked(&mut self, check: u32, result: Result<(), String>, replies: &mut Replies) {
+        let Some(c) = self.checking.remove(&check) else {
+            return;
+        };
+        let (conn, id) = c.asker;
+        let answer = match result {
+            Ok(()) => self
+                .take_queue(c.params, c.spec, Backend::Batch(c.system))
+                .map(|queue| Answer::AllocAdded { queue })
+                .map_err(Refusal::from),
+            Err(e) => {
+                tracing::info!("allocation queue refused by its dry run: {e}");
+                Err(Refusal::from(format!(
+                    "the queue was not added: its held test allocation was refused: {e}; fix the batch arguments (after --), or add the queue with --no-dry-run"
+                )))
+            }
+        };
+        replies.push((conn, id, answer));
+    }
+
+    fn submitted(
+        &mut self,
+        now: u64,
+        (queue, alloc): (QueueId, AllocId),
+        system: batch::System,
+        result: Result<String, String>,
+    ) {
+        let waiting = self.allocator.queue_mut(queue).filter(|q| {
+            q.allocations
+                .get(&alloc)
+                .is_some_and(|a| a.state == AllocState::Submitting)
+        });
+        match (result, waiting) {
+            (Ok(id), Some(q)) => {
+                tracing::info!(queue, alloc, batch_id = %id, "allocation submitted");
+                q.submitted(alloc, id);
+            }
+            (Err(e), Some(q)) => {
+                tracing::warn!(queue, alloc, "allocation not submitted: {e}");
+                q.submit_failed(now, alloc, e);
+            }
+            // Its queue was removed while the submission was under way: nobody would own it.
+            (Ok(id), None) => {
+                tracing::info!(alloc, batch_id = %id, "canceling an allocation whose queue was removed");
+                self.batch.cancel(system, vec![id]);
+            }
+            (Err(_), None) => {}
+        }
+    }
+
+    fn queried(
+        &mut self,
+        now: u64,
+        queue: QueueId,
+        asked: &[String],
+        result: Result<Vec<(String, BatchState)>, String>,
+    ) {
+        let Some(q) = self.allocator.queue_mut(queue) else {
+            return;
+        };
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Changes nothing: asked again at the next tick.
+                tracing::warn!(queue, "querying the allocations failed: {e}");
+                q.last_error = Some(format!("querying the allocations failed: {e}"));
+                return;
+            }
+        };
+        // By the id's first part: PBS may list `123.server` for `123`.
+        let base = |id: &str| id.split('.').next().unwrap_or(id).to_string();
+        let states: FxHashMap<String, BatchState> =
+            rows.into_iter().map(|(id, s)| (base(&id), s)).collect();
+        let live: Vec<(AllocId, String)> = q
+            .live()
+            .filter_map(|a| Some((a.id, a.batch_id.clone()?)))
+            .filter(|(_, id)| asked.contains(id))
+            .collect();
+        for (alloc, id) in live {
+            let state = states.get(&base(&id)).cloned();
+            if state.is_some() {
+                self.missed.remove(&alloc);
+            }
+            match state {
+                Some(BatchState::Queued) => {}
+                Some(BatchState::Running) => q.started(now, alloc),
+                Some(BatchState::Finished) => q.ended(now, alloc, None),
+                Some(BatchState::Failed(why)) => q.ended(now, alloc, Some(why)),
+                None => {
+                    let n = self.missed.entry(alloc).or_default();
+                    *n += 1;
+                    if *n >= MISSES_TO_END {
+                        self.missed.remove(&alloc);
+                        q.ended(now, alloc, None);
                     }
                 }
             }
@@ -368,11 +460,7 @@ impl Provision {
     /// One query per batch queue for all its allocations that have a batch id.
     fn query_batch(&mut self) {
         for q in self.allocator.queues() {
-            let Some(system) = self
-                .specs
-                .get(&q.id)
-                .and_then(|s| batch::System::named(&s.backend))
-            else {
+            let Some(Backend::Batch(system)) = self.sides.get(&q.id).map(|s| s.backend) else {
                 continue;
             };
             let ids: Vec<String> = q.live().filter_map(|a| a.batch_id.clone()).collect();
@@ -380,29 +468,19 @@ impl Provision {
         }
     }
 
-    fn cancel(&mut self, queue: QueueId, alloc: AllocId) {
-        let system = self
-            .specs
-            .get(&queue)
-            .and_then(|s| batch::System::named(&s.backend));
-        match system {
-            None => self.local.cancel(alloc),
-            Some(system) => {
-                let id = self
-                    .allocator
-                    .queue(queue)
-                    .and_then(|q| q.allocations.get(&alloc))
-                    .and_then(|a| a.batch_id.clone());
-                self.batch.cancel(system, id.into_iter().collect());
-            }
+    fn cancel_with(&mut self, backend: Backend, alloc: AllocId, batch_id: Option<String>) {
+        match backend {
+            Backend::Local => self.local.cancel(alloc),
+            Backend::Batch(system) => self.batch.cancel(system, batch_id.into_iter().collect()),
         }
     }
 
     fn submit(&mut self, now: u64, queue: QueueId, alloc: AllocId, nodes: u32) {
-        let Some(spec) = self.specs.get(&queue) else {
+        let Some(side) = self.sides.get(&queue) else {
             return;
         };
-        if let Some(system) = batch::System::named(&spec.backend) {
+        let spec = &side.spec;
+        if let Backend::Batch(system) = side.backend {
             self.batch.submit(system, (queue, alloc, nodes), spec);
             return;
         }
@@ -428,7 +506,7 @@ impl Provision {
         self.allocator
             .queues()
             .filter_map(|q| {
-                let spec = self.specs.get(&q.id)?.clone();
+                let spec = self.sides.get(&q.id)?.spec.clone();
                 Some(AllocQueueView {
                     id: q.id,
                     spec,
@@ -462,8 +540,8 @@ impl Provision {
             .collect()
     }
 
-    /// The server stops: the local workers are told by the server; their processes are
-    /// reaped here so none is left behind.
+    /// The server stops: the local workers (also told by the server) are stopped and reaped,
+    /// so none is left behind.
     pub fn shut_down(&mut self) {
         self.local.stop_all();
     }

@@ -117,6 +117,15 @@ class Cluster:
         self.logs: list = []
         logs = root / "logs"
         logs.mkdir(parents=True)
+        try:
+            self._start(logs, url, cache)
+        except BaseException:
+            # Started in their own sessions: nothing else would stop them.
+            self.stop()
+            raise
+
+    def _start(self, logs: Path, url: str, cache: str) -> None:
+        root = self.root
         self.spawn(
             ["server", "start", "--host", "127.0.0.1", "--no-journal"]
             + ["--store", url, "--policy", "good-cache-compute"],
@@ -581,7 +590,7 @@ def _plot(res: dict, png: Path) -> bool:
     tb = med([r["local"]["read_bytes"] + r["local"]["written_bytes"] for r in runs]) / 1e6
     ax2.set_title(
         f"store traffic per stage, G = {big}: {ta:,.0f} MB (a), {tb:,.0f} MB (b), "
-        f"{(1 - tb / ta) * 100:.0f}% less"
+        f"{(1 - tb / ta) * 100 if ta else float('nan'):.0f}% less"
     )
     ax2.legend()
     fig.suptitle(f"slow store at {res['rate']}, {res['workers']} workers x {res['slots']} slots")

@@ -16,6 +16,16 @@ from kbench.stats import med
 # ----- matplotlib: the one dependency outside the standard library -----------------------------
 
 
+def venv_root() -> Path:
+    """The benchmark venv: $KESTREL_BENCH_VENV, else ~/.cache/kestrel-bench of the user who ran
+    the benchmark (under sudo, the invoking user's home, not root's)."""
+    if os.environ.get("KESTREL_BENCH_VENV"):
+        return Path(os.environ["KESTREL_BENCH_VENV"]).expanduser()
+    user = os.environ.get("SUDO_USER")
+    home = Path(f"~{user}").expanduser() if user else Path.home()
+    return home / ".cache" / "kestrel-bench"
+
+
 def ensure_matplotlib() -> str | None:
     """Makes `import matplotlib` work, re-running this script in a venv if needed.
 
@@ -29,7 +39,7 @@ def ensure_matplotlib() -> str | None:
         pass
     if os.environ.get("KESTREL_BENCH_IN_VENV"):
         return "matplotlib is not importable even in the benchmark venv"
-    root = Path(os.environ.get("KESTREL_BENCH_VENV", "~/.cache/kestrel-bench")).expanduser()
+    root = venv_root()
     py = root / "bin" / "python"
     ok = (
         py.exists()
@@ -56,7 +66,7 @@ def plot_elsewhere(script: Path, res: dict, png: Path) -> bool:
     """Draws `png` from `res` by running `script --plot-only RES PNG` with the benchmark venv's
     Python, for a script run (as root) by a Python without matplotlib. False when there is no
     venv with matplotlib (`ensure_matplotlib` makes one) or the plot failed."""
-    root = Path(os.environ.get("KESTREL_BENCH_VENV", "~/.cache/kestrel-bench")).expanduser()
+    root = venv_root()
     py = root / "bin" / "python"
     if not py.exists() or os.environ.get("KESTREL_BENCH_IN_VENV"):
         log(f"no matplotlib (none in {root} either): {png.name} is not drawn")

@@ -75,6 +75,7 @@ cat_tables() {
 chunks() {
   local max=$1 i=0 line="" x
   shift
+  [ $# -gt 0 ] || return 0
   local k=$((($# + max - 1) / max))
   local size=$((($# + k - 1) / k))
   for x in "$@"; do
@@ -214,7 +215,10 @@ EOF
     done < <(chunks $MAX $(awk '{ print $1 "." $2 }' "$N/jobs/pairs.txt"))
     job mBgModel "$N/proj.tbl $parts" "$KEEP:$N/corrections.tbl" bgmodel
   } > "$N/jobs/diff.toml"
-  "${KESTREL:-kestrel}" submit --file "$N/jobs/diff.toml" >/dev/null
+  # Keyed by the submitting task: run again (retried, or re-run to remake lost files), it
+  # submits nothing twice.
+  "${KESTREL:-kestrel}" submit --key "$N-$KESTREL_JOB_ID-$KESTREL_TASK_ID-diff" \
+    --file "$N/jobs/diff.toml" >/dev/null
 }
 
 # difffit I.J PLUS PLUS_AREA MINUS MINUS_AREA HDR: mDiffFit, the difference of two overlapping
@@ -282,7 +286,8 @@ EOF
     job mAdd "$N/template.hdr $parts" "persist:$N/mosaic.fits" \
       add "{input:$N/template.hdr}" "$N/mosaic.fits"
   } > "$N/jobs/background.toml"
-  "${KESTREL:-kestrel}" submit --file "$N/jobs/background.toml" >/dev/null
+  "${KESTREL:-kestrel}" submit --key "$N-$KESTREL_JOB_ID-$KESTREL_TASK_ID-background" \
+    --file "$N/jobs/background.toml" >/dev/null
 }
 
 # background TILE IMAGE AREA PROJ_TBL CORRECTIONS: mBackground, the tile with its correction

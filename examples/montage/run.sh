@@ -64,7 +64,15 @@ if [ -z "$SRV" ]; then
       --cache-dir "$RUN/cache-$i" > "$RUN/worker-$i.log" 2>&1 &
     PIDS+=($!)
   done
-  until [ "$(k worker list --output json | grep -c '"slots"')" -ge "$WORKERS" ]; do sleep 0.1; done
+  waited=0
+  until [ "$(k worker list --output json | grep -c '"slots"')" -ge "$WORKERS" ]; do
+    for p in "${PIDS[@]:1}"; do
+      kill -0 "$p" 2>/dev/null || { cat "$RUN"/worker-*.log >&2; exit 1; }
+    done
+    waited=$((waited + 1))
+    [ "$waited" -lt 600 ] || { echo "run.sh: workers did not connect within 60 s" >&2; exit 1; }
+    sleep 0.1
+  done
 fi
 
 # The first stages; mOverlaps and mBgModel submit the rest when they know it.

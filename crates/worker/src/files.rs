@@ -49,6 +49,10 @@ pub struct WorkerFiles {
     /// Wakes the session to report the cache now rather than at the next heartbeat: copies
     /// made for `--replicas` count only once the server knows of them.
     pub(crate) report_now: tokio::sync::Notify,
+    /// Copies for `--replicas` under way, each with whether the server has since deleted the
+    /// file (`DropFiles`): a copy that lands after its file was deleted is thrown away, or it
+    /// would be kept (never evicted) and reported held for a file nobody owns.
+    replicating: Mutex<FxHashMap<String, bool>>,
 }
 
 /// The worker's files, as its threads and its session hold them.
@@ -66,7 +70,43 @@ impl WorkerFiles {
             peers: Peers::default(),
             ahead: Prefetched::default(),
             report_now: tokio::sync::Notify::new(),
+            replicating: Mutex::new(FxHashMap::default()),
         }
+    }
+
+    /// Copies of `files` are about to be made (called in message order, before the copies
+    /// start off the session's loop).
+    pub(crate) fn replicas_begin(&self, files: &[FileSources]) {
+        let mut r = self
+            .replicating
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for f in files {
+            r.insert(f.file.clone(), false);
+        }
+    }
+
+    /// The server deleted `names` (called in message order): copies of them under way are
+    /// thrown away when they land.
+    pub(crate) fn replicas_dropped(&self, names: &[String]) {
+        let mut r = self
+            .replicating
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for n in names {
+            if let Some(dropped) = r.get_mut(n) {
+                *dropped = true;
+            }
+        }
+    }
+
+    /// The copy of `name` is done: whether its file was deleted meanwhile.
+    fn replica_end(&self, name: &str) -> bool {
+        let mut r = self
+            .replicating
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        r.remove(name).unwrap_or(false)
     }
 
     /// What the cache gained and lost and where inputs came from, since the last call: for
@@ -655,6 +695,7 @@ pub(crate) fn replicate(files: Vec<FileSources>, cache: &WorkerFiles) {
     for f in files {
         let key = f.file;
         if lock(cache).keep(&key) {
+            cache.replica_end(&key);
             continue;
         }
         let partial = lock(cache).partial_path();
@@ -665,9 +706,10 @@ pub(crate) fn replicate(files: Vec<FileSources>, cache: &WorkerFiles) {
                 Fetched::Got(size, digest) => Some((size, digest)),
                 _ => None,
             });
-        let Some((size, digest)) = got else {
+        let dropped = cache.replica_end(&key);
+        let Some((size, digest)) = got.filter(|_| !dropped) else {
             let _ = fs::remove_file(&partial);
-            tracing::debug!(file = %key, "no peer served a copy of an intermediate file");
+            tracing::debug!(file = %key, dropped, "no copy kept of an intermediate file");
             continue;
         };
         let mut c = lock(cache);

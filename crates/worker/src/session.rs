@@ -424,12 +424,14 @@ impl Session<'_> {
             // copies come over the network, and a workflow's files may be thousands to unlink.
             ToWorker::Replicate { files } => {
                 if let Some(f) = &l.files {
+                    f.replicas_begin(&files);
                     let f = f.clone();
                     tokio::task::spawn_blocking(move || crate::files::replicate(files, &f));
                 }
             }
             ToWorker::DropFiles { files } => {
                 if let Some(f) = &l.files {
+                    f.replicas_dropped(&files);
                     let f = f.clone();
                     tokio::task::spawn_blocking(move || {
                         let gone: Vec<_> = {

@@ -384,19 +384,40 @@ impl Provision {
         system: batch::System,
         result: Result<String, String>,
     ) {
-        let waiting = self.allocator.queue_mut(queue).filter(|q| {
+        // Live: its workers may have connected already, before this answer was read.
+        let live = self.allocator.queue_mut(queue).filter(|q| {
             q.allocations
                 .get(&alloc)
-                .is_some_and(|a| a.state == AllocState::Submitting)
+                .is_some_and(|a| !a.state.is_ended())
         });
-        match (result, waiting) {
+        match (result, live) {
             (Ok(id), Some(q)) => {
                 tracing::info!(queue, alloc, batch_id = %id, "allocation submitted");
-                q.submitted(alloc, id);
+                let canceling = q
+                    .allocations
+                    .get(&alloc)
+                    .is_some_and(|a| a.state == AllocState::Canceling);
+                q.submitted(alloc, id.clone());
+                if canceling {
+                    self.batch.cancel(system, vec![id]);
+                }
             }
             (Err(e), Some(q)) => {
-                tracing::warn!(queue, alloc, "allocation not submitted: {e}");
-                q.submit_failed(now, alloc, e);
+                let submitting = q
+                    .allocations
+                    .get(&alloc)
+                    .is_some_and(|a| a.state == AllocState::Submitting);
+                if submitting {
+                    tracing::warn!(queue, alloc, "allocation not submitted: {e}");
+                    q.submit_failed(now, alloc, e);
+                } else {
+                    // Its workers came anyway (a submit command that timed out after taking it).
+                    tracing::warn!(
+                        queue,
+                        alloc,
+                        "the submit command failed, but the allocation runs: {e}"
+                    );
+                }
             }
             // Its queue was removed while the submission was under way: nobody would own it.
             (Ok(id), None) => {

@@ -63,6 +63,41 @@ impl Allocator {
         Ok(id)
     }
 
+    /// Puts back queue `id` as an earlier run of the server left it (kept in its journal):
+    /// its allocations as they were, with none of their workers connected yet (those that
+    /// still run connect again). Ids given out later stay above every id restored.
+    pub fn restore_queue(
+        &mut self,
+        id: QueueId,
+        params: QueueParams,
+        paused: Option<Paused>,
+        allocations: Vec<Allocation>,
+    ) -> Result<(), ParamsError> {
+        params.check()?;
+        let mut q = Queue::new(id, params);
+        q.paused = paused;
+        for mut a in allocations {
+            a.workers.clear();
+            self.next_alloc = self.next_alloc.max(a.id.saturating_add(1));
+            q.allocations.insert(a.id, a);
+        }
+        self.next_queue = self.next_queue.max(id.saturating_add(1));
+        self.queues.insert(id, q);
+        Ok(())
+    }
+
+    /// The ids the next queue and the next allocation will get: kept with the queues, so that
+    /// a restarted server never gives out an id twice (a batch job is found by its name).
+    pub fn next_ids(&self) -> (QueueId, AllocId) {
+        (self.next_queue, self.next_alloc)
+    }
+
+    /// Ids below these are not given out again (see [`Allocator::next_ids`]).
+    pub fn skip_ids(&mut self, next_queue: QueueId, next_alloc: AllocId) {
+        self.next_queue = self.next_queue.max(next_queue);
+        self.next_alloc = self.next_alloc.max(next_alloc);
+    }
+
     /// The queue `id`.
     pub fn queue(&self, id: QueueId) -> Option<&Queue> {
         self.queues.get(&id)

@@ -451,3 +451,57 @@ fn a_worker_that_comes_to_a_released_allocation_is_turned_away() {
     assert!(matches!(drained[..], [Action::Drain { .. }]), "{drained:?}");
     assert!(!al.queue_mut(q).unwrap().worker_joined(21 * S, alloc, 2));
 }
+
+#[test]
+fn a_restored_queue_counts_its_allocations_and_never_reuses_an_id() {
+    // Before a restart: a 2-node queue with one allocation queued, one running.
+    let mut before = Allocator::new();
+    let p = QueueParams {
+        backlog: 1,
+        max_workers: Some(4),
+        ..params(Acquire::All, 2)
+    };
+    let q = before.add_queue(p.clone()).unwrap();
+    for t in 0..2 {
+        let acts = before.tick(t * S, |_| waiting(100));
+        for (alloc, _) in submits(&acts) {
+            before
+                .queue_mut(q)
+                .unwrap()
+                .submitted(alloc, format!("b{alloc}"));
+        }
+        if t == 0 {
+            before.queue_mut(q).unwrap().worker_joined(S / 2, 1, 7);
+        }
+    }
+    let kept: Vec<Allocation> = before
+        .queue(q)
+        .unwrap()
+        .allocations
+        .values()
+        .cloned()
+        .collect();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let (next_queue, next_alloc) = before.next_ids();
+
+    let mut after = Allocator::new();
+    after.skip_ids(next_queue, next_alloc);
+    after.restore_queue(q, p, None, kept).unwrap();
+    let queue = after.queue(q).unwrap();
+    // Workers connect again by themselves: none is counted yet.
+    assert!(queue.allocations.values().all(|a| a.workers.is_empty()));
+    // Both allocations hold the 4 workers' worth: nothing more is asked.
+    let acts = after.tick(3 * S, |_| waiting(100));
+    assert_eq!(submits(&acts), vec![], "{acts:?}");
+    // Once they have ended (the second with no worker: a failure, backed off), the next
+    // allocation gets a new id.
+    for alloc in [1, 2] {
+        after.queue_mut(q).unwrap().ended(4 * S, alloc, None);
+    }
+    let acts = after.tick(4 * S + FIRST_BACKOFF_US, |_| waiting(100));
+    assert_eq!(submits(&acts).first().map(|s| s.0), Some(next_alloc));
+    assert_eq!(
+        after.add_queue(params(Acquire::One, 1)).unwrap(),
+        next_queue
+    );
+}

@@ -89,3 +89,94 @@ fn alloc_commands_refuse_what_cannot_work() {
     let out = c.run(&["alloc", "list"]).ok().stdout.clone();
     assert!(out.contains("no allocation queues"), "{out}");
 }
+
+/// The worker processes of a local allocation, named in its batch id (`local:PID,PID`).
+fn local_pids(alloc: &Value) -> Vec<i32> {
+    alloc["batch_id"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("local:"))
+        .map(|pids| pids.split(',').filter_map(|p| p.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// SIGKILLs processes when dropped: the workers a killed server started are nobody's children.
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) of a pid this test read from the server's own listing.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_killed_server_takes_its_queue_back_and_adopts_the_allocation_that_runs() {
+    let mut c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "local",
+        "--time-limit",
+        "10m",
+        "--max-workers",
+        "1",
+        "--idle-timeout",
+        "2s",
+        "--worker-args",
+        "--slots 1",
+    ])
+    .ok();
+    // Each task waits for a file, so the work outlives the server.
+    let go = c.path("go");
+    c.run(&[
+        "submit",
+        "--array",
+        "1-4",
+        "--",
+        "sh",
+        "-c",
+        &format!("while [ ! -e {go} ]; do sleep 0.05; done"),
+    ])
+    .ok();
+    let alloc = poll("the allocation's worker", Duration::from_secs(60), || {
+        let q = queues(&c);
+        let a = q[0]["allocations"][0].clone();
+        (a["state"] == "running" && a["workers"].as_array().map(Vec::len) == Some(1)).then_some(a)
+    });
+    let _reaper = KillOnDrop(local_pids(&alloc));
+    assert_eq!(local_pids(&alloc).len(), 1, "{alloc:?}");
+
+    c.kill_server();
+    c.start_server();
+
+    // The queue is back, with the same allocation, and its worker connects again.
+    let q = queues(&c);
+    assert_eq!(q.len(), 1, "{q:?}");
+    assert_eq!(q[0]["spec"]["max_workers"], 1, "{q:?}");
+    poll("the worker to come back", Duration::from_secs(60), || {
+        let a = queues(&c)[0]["allocations"].clone();
+        (a.as_array().map(Vec::len) == Some(1)
+            && a[0]["id"] == alloc["id"]
+            && a[0]["state"] == "running"
+            && a[0]["workers"].as_array().map(Vec::len) == Some(1))
+        .then_some(())
+    });
+    std::fs::write(&go, "").unwrap();
+    c.run(&["job", "wait", "1"]).ok();
+    // Released after its idle timeout; no second allocation was ever made.
+    let allocs = poll("the allocation to end", Duration::from_secs(60), || {
+        let a = queues(&c)[0]["allocations"].clone();
+        (a[0]["state"] == "finished").then_some(a)
+    });
+    assert_eq!(allocs.as_array().map(Vec::len), Some(1), "{allocs:?}");
+    let pid = local_pids(&alloc)[0];
+    poll(
+        "the adopted worker to exit",
+        Duration::from_secs(30),
+        || (!alive(pid)).then_some(()),
+    );
+}

@@ -162,6 +162,12 @@ pub fn same_id(ours: &str, listed: &str) -> bool {
     ours == listed || base(ours) == base(listed)
 }
 
+/// The query that finds an allocation whose batch id was never learned (a crash between
+/// journaling it and `qsub`'s answer), by its job name: `qselect -N NAME`, one id a line.
+pub fn find_by_name(name: &str) -> Vec<String> {
+    vec!["qselect".into(), "-N".into(), pbs_name(name)]
+}
+
 /// The cancel command for the given batch ids.
 pub fn cancel(ids: &[&str]) -> Vec<String> {
     let mut argv = vec!["qdel".to_string()];

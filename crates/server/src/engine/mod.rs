@@ -138,6 +138,7 @@ impl Engine {
             intermediates_deleted: None,
             intermediates_remade: None,
         };
+        let server_id = crate::journal::new_server_id();
         Engine {
             core,
             conns: Conns::default(),
@@ -147,17 +148,18 @@ impl Engine {
             stopping: false,
             ignored_reports: 0,
             store_trouble: FxHashMap::default(),
-            server_id: crate::journal::new_server_id(),
+            provision: crate::provision::Provision::new(
+                config.dir.join(kestrel_proto::ACCESS_FILE),
+                config.dir.clone(),
+                &server_id,
+            ),
+            server_id,
             epoch: rand::random(),
             durable: Durability::default(),
             keys: FxHashMap::default(),
             outputs: OutputLog::default(),
             clock: now_us,
             store: config.store.clone(),
-            provision: crate::provision::Provision::new(
-                config.dir.join(kestrel_proto::ACCESS_FILE),
-                config.dir.clone(),
-            ),
         }
     }
 
@@ -172,6 +174,12 @@ impl Engine {
             if !meta.server_id.is_empty() {
                 self.server_id = meta.server_id;
             }
+        }
+        let now = self.now();
+        match self.provision.restore(journal.path(), &self.server_id, now) {
+            Ok(Some(line)) => tracing::info!("{line}"),
+            Ok(None) => {}
+            Err(e) => return Err(journal.damaged(format!("its allocation queues: {e}"))),
         }
         self.durable.journal = Some(journal);
         Ok(restored)

@@ -240,7 +240,7 @@ impl Journal {
     }
 
     /// The error for a file that turned out unreadable, with why.
-    pub(super) fn damaged(&self, err: impl ToString) -> JournalError {
+    pub(crate) fn damaged(&self, err: impl ToString) -> JournalError {
         JournalError::Damaged {
             path: self.path.clone(),
             err: err.to_string(),

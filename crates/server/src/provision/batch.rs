@@ -87,6 +87,13 @@ impl System {
         }
     }
 
+    fn find_argv(self, name: &str) -> Vec<String> {
+        match self {
+            System::Slurm => slurm::find_by_name(name),
+            System::Pbs(_) => pbs::find_by_name(name),
+        }
+    }
+
     fn family(self) -> &'static str {
         match self {
             System::Slurm => "Slurm",
@@ -110,6 +117,13 @@ pub(super) enum Answer {
     DryRun {
         check: u32,
         result: Result<(), String>,
+    },
+    /// The search for `alloc`'s batch job by its name `name`: its id if there is one.
+    Found {
+        queue: QueueId,
+        alloc: AllocId,
+        name: String,
+        result: Result<Option<String>, String>,
     },
     /// One query of a queue's allocations: each listed id's state; ids not listed have ended.
     Queried {
@@ -158,10 +172,10 @@ impl Runner {
         &self,
         system: System,
         (queue, alloc, nodes): (QueueId, AllocId, u32),
+        name: String,
         spec: &AllocQueueSpec,
     ) {
         let tx = self.tx.clone();
-        let name = format!("kestrel-q{queue}-a{alloc}");
         let job = self.submit_job(
             system,
             &alloc.to_string(),
@@ -257,6 +271,23 @@ impl Runner {
         std::fs::write(&script, system.script(&pilot))
             .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
         Ok((pilot, script))
+    }
+
+    /// Looks for the batch job named `name` of allocation `alloc`, whose submission never
+    /// answered (the server stopped meanwhile).
+    pub(super) fn find(&self, system: System, (queue, alloc): (QueueId, AllocId), name: String) {
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let result = run(&system.find_argv(&name), system)
+                .await
+                .map(|ran| ran.stdout.split_whitespace().next().map(str::to_string));
+            let _ = tx.send(Answer::Found {
+                queue,
+                alloc,
+                name,
+                result,
+            });
+        });
     }
 
     /// Asks for the state of `ids`, all of `queue`'s, in one command, unless one is under way.

@@ -1,6 +1,8 @@
 //! The `local` backend: an allocation is `nodes` worker processes on this machine, started by
 //! the server itself (`kestrel worker start --alloc A --ends-at T ...`), their output kept in
 //! `DIR/alloc/A/`. For a laptop, for tests, and for the same policies as on a cluster.
+//! A restarted server adopts the processes an earlier run started (named in the allocation's
+//! "batch id", `local:PID,PID`): they are not its children, so they are watched by pid.
 
 use kestrel_alloc::AllocId;
 use std::collections::BTreeMap;
@@ -14,6 +16,8 @@ pub(super) struct Local {
     access: PathBuf,
     dir: PathBuf,
     running: BTreeMap<AllocId, Vec<Child>>,
+    /// Processes an earlier run of the server started, by allocation.
+    adopted: BTreeMap<AllocId, Vec<libc::pid_t>>,
 }
 
 impl Local {
@@ -22,7 +26,25 @@ impl Local {
             access,
             dir,
             running: BTreeMap::new(),
+            adopted: BTreeMap::new(),
         }
+    }
+
+    /// Watches the processes of allocation `alloc` that an earlier run of the server started,
+    /// named by its batch id; false if none of them is alive.
+    pub(super) fn adopt(&mut self, alloc: AllocId, batch_id: &str) -> bool {
+        let pids: Vec<libc::pid_t> = batch_id
+            .strip_prefix("local:")
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|p| p.parse().ok())
+            .filter(|&p| p > 0 && alive(p))
+            .collect();
+        if pids.is_empty() {
+            return false;
+        }
+        self.adopted.insert(alloc, pids);
+        true
     }
 
     /// Starts allocation `alloc`: `nodes` workers. Its "batch id" names the first process.
@@ -68,7 +90,8 @@ impl Local {
                 }
             }
         }
-        let id = format!("local:{}", children.first().map_or(0, Child::id));
+        let pids: Vec<String> = children.iter().map(|c| c.id().to_string()).collect();
+        let id = format!("local:{}", pids.join(","));
         self.running.insert(alloc, children);
         Ok(id)
     }
@@ -104,6 +127,14 @@ impl Local {
         for (alloc, _) in &ended {
             self.running.remove(alloc);
         }
+        // Adopted processes are not this server's children: their exit status is unknown.
+        self.adopted.retain(|&alloc, pids| {
+            pids.retain(|&p| alive(p));
+            if pids.is_empty() {
+                ended.push((alloc, None));
+            }
+            !pids.is_empty()
+        });
         ended
     }
 
@@ -111,6 +142,9 @@ impl Local {
     pub(super) fn cancel(&mut self, alloc: AllocId) {
         for c in self.running.get(&alloc).into_iter().flatten() {
             terminate(c);
+        }
+        for &pid in self.adopted.get(&alloc).into_iter().flatten() {
+            signal(pid, libc::SIGTERM);
         }
     }
 
@@ -120,6 +154,10 @@ impl Local {
         for c in self.running.values().flatten() {
             terminate(c);
         }
+        for &pid in self.adopted.values().flatten() {
+            signal(pid, libc::SIGTERM);
+        }
+        self.adopted.clear();
         let deadline = Instant::now() + STOP_WAIT;
         for c in self.running.values_mut().flatten() {
             while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
@@ -147,9 +185,21 @@ fn stop_and_reap(children: &mut Vec<Child>) {
 
 fn terminate(c: &Child) {
     if let Ok(pid) = libc::pid_t::try_from(c.id()) {
-        // SAFETY: kill(2) with a pid this process spawned and has not reaped.
+        signal(pid, libc::SIGTERM);
+    }
+}
+
+fn signal(pid: libc::pid_t, sig: libc::c_int) {
+    // SAFETY: kill(2) takes any pid; a positive one names a single process.
+    if pid > 0 {
         unsafe {
-            libc::kill(pid, libc::SIGTERM);
+            libc::kill(pid, sig);
         }
     }
+}
+
+/// Whether process `pid` exists (and is not a zombie of ours, which adopted ones never are).
+fn alive(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
 }

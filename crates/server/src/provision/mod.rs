@@ -1,17 +1,19 @@
 //! Allocation queues inside the server: the [`kestrel_alloc::Allocator`] decides, this module
 //! tells it what the scheduler sees (ready work, its workers' free slots and idleness) and
 //! carries out what it asks for with a backend: worker processes on this machine (`local`),
-//! or Slurm and PBS through their commands, run off the engine's thread (`batch`). Queues are
-//! not journaled yet (issue 14).
+//! or Slurm and PBS through their commands, run off the engine's thread (`batch`). Queues and
+//! allocations are kept in the journal file (`store`): an allocation is written before its
+//! submit command runs, and a restarted server adopts what its allocations became.
 
 mod batch;
 mod local;
+mod store;
 
 use crate::outbox::ConnId;
 use kestrel_alloc::backend::BatchState;
 use kestrel_alloc::{
-    Acquire, Action, AllocId, AllocState, Allocator, Demand, Ending, Paused, QueueId, QueueParams,
-    WorkerId,
+    Acquire, Action, AllocId, AllocState, Allocation, Allocator, Demand, Ending, Paused, QueueId,
+    QueueParams, WorkerId,
 };
 use kestrel_core::Scheduler;
 use kestrel_proto::messages::{AllocQueueSpec, AllocQueueView, AllocView, Answer, Refusal};
@@ -68,6 +70,15 @@ pub struct Provision {
     /// Allocations the last queries did not list, and how many times in a row.
     missed: FxHashMap<AllocId, u8>,
     last_tick_us: u64,
+    /// Where queues and allocations are kept (none without a journal).
+    store: Option<store::Store>,
+    /// What the store holds of each allocation, to write only what changed.
+    kept: FxHashMap<AllocId, Allocation>,
+    /// What the store holds of each queue's pause, and of the next ids.
+    kept_paused: FxHashMap<QueueId, Option<Paused>>,
+    kept_ids: (QueueId, AllocId),
+    /// Names this server's batch jobs (from its id), so that they are found again by name.
+    tag: String,
 }
 
 /// What a tick asks the engine to send.
@@ -101,8 +112,9 @@ pub enum Joined {
 }
 
 impl Provision {
-    /// No queues yet; `access` is the access file local workers connect with.
-    pub fn new(access: PathBuf, dir: PathBuf) -> Provision {
+    /// No queues yet; `access` is the access file local workers connect with; `server_id`
+    /// names the batch jobs.
+    pub fn new(access: PathBuf, dir: PathBuf, server_id: &str) -> Provision {
         Provision {
             allocator: Allocator::new(),
             sides: FxHashMap::default(),
@@ -114,39 +126,168 @@ impl Provision {
             next_check: 1,
             missed: FxHashMap::default(),
             last_tick_us: 0,
+            store: None,
+            kept: FxHashMap::default(),
+            kept_paused: FxHashMap::default(),
+            kept_ids: (1, 1),
+            tag: server_id.chars().take(6).collect(),
         }
+    }
+
+    /// Keeps queues in the journal file `path` from now on, after taking back those an
+    /// earlier run of the server kept there (`server_id`: the journal's): allocations that
+    /// were live are adopted, looked for by name if their batch id was never learned, or
+    /// found ended. Returns a line for the log, if anything was restored.
+    pub fn restore(
+        &mut self,
+        path: &std::path::Path,
+        server_id: &str,
+        now: u64,
+    ) -> Result<Option<String>, String> {
+        self.tag = server_id.chars().take(6).collect();
+        let store = store::Store::open(path)?;
+        let saved = store.load()?;
+        self.allocator.skip_ids(saved.next_ids.0, saved.next_ids.1);
+        self.kept_ids = saved.next_ids;
+        let (mut queues, mut live) = (0, 0);
+        for sq in saved.queues {
+            let (params, backend) = match queue_params(&sq.spec) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(
+                        queue = sq.id,
+                        "an allocation queue kept in the journal is not taken back: {e}"
+                    );
+                    continue;
+                }
+            };
+            for a in &sq.allocations {
+                self.kept.insert(
+                    a.id,
+                    Allocation {
+                        workers: Vec::new(),
+                        ..a.clone()
+                    },
+                );
+            }
+            self.kept_paused.insert(sq.id, sq.paused.clone());
+            let alive: Vec<Allocation> = sq
+                .allocations
+                .iter()
+                .filter(|a| !a.state.is_ended())
+                .cloned()
+                .collect();
+            self.allocator
+                .restore_queue(sq.id, params, sq.paused, sq.allocations)
+                .map_err(|e| format!("allocation queue {}: {e}", sq.id))?;
+            self.sides.insert(
+                sq.id,
+                Side {
+                    spec: sq.spec,
+                    backend,
+                },
+            );
+            queues += 1;
+            live += alive.len();
+            for a in alive {
+                self.adopt(now, sq.id, backend, a);
+            }
+        }
+        self.store = Some(store);
+        if let Err(e) = self.save() {
+            tracing::error!("cannot keep the allocation queues in the journal: {e}");
+        }
+        Ok((queues > 0).then(|| {
+            format!("{queues} allocation queue(s) taken back from the journal, with {live} allocation(s) that had not ended")
+        }))
+    }
+
+    /// An allocation that had not ended when the server stopped: what became of it is asked
+    /// of the batch system, or of its processes.
+    fn adopt(&mut self, now: u64, queue: QueueId, backend: Backend, a: Allocation) {
+        let Some(q) = self.allocator.queue_mut(queue) else {
+            return;
+        };
+        match (backend, a.batch_id) {
+            (Backend::Batch(system), None) => {
+                let name = self.job_name(a.id);
+                tracing::info!(queue, alloc = a.id, "looking for batch job {name}: the server stopped before its submission answered");
+                self.batch.find(system, (queue, a.id), name);
+            }
+            (Backend::Batch(system), Some(id)) => {
+                if a.state == AllocState::Canceling {
+                    self.batch.cancel(system, vec![id]);
+                }
+            }
+            (Backend::Local, Some(id)) => {
+                if !self.local.adopt(a.id, &id) {
+                    q.ended(now, a.id, None);
+                }
+            }
+            (Backend::Local, None) => q.ended(
+                now,
+                a.id,
+                Some("the server stopped before starting it".into()),
+            ),
+        }
+    }
+
+    /// The batch job name of allocation `alloc`: short enough for PBS (15 characters), and
+    /// unique to this server's journal.
+    fn job_name(&self, alloc: AllocId) -> String {
+        format!("k{}-a{alloc}", self.tag)
+    }
+
+    /// Writes what changed since the last save: allocations, queues' pauses, the next ids.
+    fn save(&mut self) -> Result<(), String> {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        let mut rows = Vec::new();
+        for q in self.allocator.queues() {
+            for a in q.allocations.values() {
+                let same = self.kept.get(&a.id).is_some_and(|k| {
+                    k.state == a.state
+                        && k.batch_id == a.batch_id
+                        && k.started_us == a.started_us
+                        && k.ended_us == a.ended_us
+                        && k.workers_seen == a.workers_seen
+                });
+                if !same {
+                    rows.push((q.id, a));
+                }
+            }
+        }
+        let ids = self.allocator.next_ids();
+        if !rows.is_empty() || ids != self.kept_ids {
+            store.put_allocations(&rows, ids)?;
+            for (_, a) in rows {
+                self.kept.insert(
+                    a.id,
+                    Allocation {
+                        workers: Vec::new(),
+                        ..a.clone()
+                    },
+                );
+            }
+            self.kept_ids = ids;
+        }
+        for q in self.allocator.queues() {
+            if self.kept_paused.get(&q.id) != Some(&q.paused) {
+                if let Some(side) = self.sides.get(&q.id) {
+                    store.put_queue(q.id, &side.spec, q.paused.as_ref())?;
+                    self.kept_paused.insert(q.id, q.paused.clone());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `kestrel alloc add` (request `asker`): checks the spec and adds the queue. A Slurm or
     /// PBS queue with a dry run is added only once its held test allocation was taken and
     /// canceled ([`Added::Checking`]; the answer goes out from a later tick).
     pub fn add(&mut self, spec: AllocQueueSpec, asker: (ConnId, u64)) -> Result<Added, String> {
-        let backend = match spec.backend.as_str() {
-            "local" => Backend::Local,
-            other => Backend::Batch(
-                batch::System::named(other)
-                    .ok_or_else(|| format!("no backend {other:?}: local, slurm, pbs or torque"))?,
-            ),
-        };
-        let acquire = Acquire::parse(&spec.acquire).ok_or_else(|| {
-            format!(
-                "--acquire {:?} is not one of one, additive, exponential, all",
-                spec.acquire
-            )
-        })?;
-        let params = QueueParams {
-            nodes: spec.nodes,
-            slots_per_node: spec.slots_per_node,
-            time_limit_us: spec.time_limit_ms.saturating_mul(1000),
-            max_allocs: spec.max_allocs,
-            max_workers: spec.max_workers,
-            backlog: spec.backlog,
-            idle_timeout_us: spec.idle_timeout_ms.map(|ms| ms.saturating_mul(1000)),
-            release_below: None,
-            acquire,
-            max_failures: MAX_FAILURES,
-        };
-        params.check().map_err(|e| e.to_string())?;
+        let (params, backend) = queue_params(&spec)?;
         if let (Backend::Batch(system), true) = (backend, spec.dry_run) {
             let check = self.next_check;
             self.next_check += 1;
@@ -177,6 +318,15 @@ impl Provision {
             .allocator
             .add_queue(params)
             .map_err(|e| e.to_string())?;
+        if let Some(store) = &self.store {
+            if let Err(e) = store.put_queue(id, &spec, None) {
+                let _ = self.allocator.remove_queue(id, true);
+                return Err(format!(
+                    "the queue was not added: the journal cannot keep it: {e}"
+                ));
+            }
+            self.kept_paused.insert(id, None);
+        }
         tracing::info!(queue = id, backend = %spec.backend, "allocation queue added");
         self.sides.insert(id, Side { spec, backend });
         Ok(id)
@@ -193,7 +343,9 @@ impl Provision {
         } else {
             q.resume();
         }
-        Ok(())
+        self.save().map_err(|e| {
+            format!("the journal cannot keep this: {e}; it holds until the server restarts")
+        })
     }
 
     /// `kestrel alloc remove`: its live allocations are canceled (with `force`). One still
@@ -212,7 +364,14 @@ impl Provision {
         }
         if let Some(side) = self.sides.remove(&queue) {
             for (alloc, batch_id) in live {
+                self.kept.remove(&alloc);
                 self.cancel_with(side.backend, alloc, batch_id);
+            }
+        }
+        self.kept_paused.remove(&queue);
+        if let Some(store) = self.store.as_mut() {
+            if let Err(e) = store.remove_queue(queue) {
+                tracing::error!(queue, "the journal cannot forget the removed queue: {e}");
             }
         }
         Ok(())
@@ -280,7 +439,7 @@ impl Provision {
                 entry.1.push((w, since));
             }
         }
-        let actions = self.allocator.tick(now, |q| {
+        let mut actions = self.allocator.tick(now, |q| {
             // Only tasks that could end within this queue's allocations.
             let (queued_tasks, queued_slots) = core.ready_demand_within(q.params.time_limit_us);
             let (free_slots, mut idle) = mine.remove(&q.id).unwrap_or_default();
@@ -292,6 +451,23 @@ impl Provision {
                 idle,
             }
         });
+        // New allocations are journaled before they are submitted; one that cannot be is not.
+        if let Err(e) = self.save() {
+            tracing::error!("cannot journal the allocations: {e}");
+            actions.retain(|a| match *a {
+                Action::Submit { queue, alloc, .. } => {
+                    if let Some(q) = self.allocator.queue_mut(queue) {
+                        q.submit_failed(
+                            now,
+                            alloc,
+                            format!("the journal cannot keep it, so it was not submitted: {e}"),
+                        );
+                    }
+                    false
+                }
+                _ => true,
+            });
+        }
         for a in actions {
             match a {
                 Action::Submit {
@@ -315,6 +491,9 @@ impl Provision {
                     sends.drains.extend(workers.into_iter().map(|w| (w, why())));
                 }
             }
+        }
+        if let Err(e) = self.save() {
+            tracing::error!("cannot journal the allocations: {e}");
         }
         sends
     }
@@ -353,6 +532,12 @@ impl Provision {
                     asked,
                     result,
                 } => self.queried(now, queue, &asked, result),
+                batch::Answer::Found {
+                    queue,
+                    alloc,
+                    name,
+                    result,
+                } => self.found(now, (queue, alloc), &name, result),
             }
         }
     }
@@ -425,6 +610,39 @@ impl Provision {
                 self.batch.cancel(system, vec![id]);
             }
             (Err(_), None) => {}
+        }
+    }
+
+    /// What the search by name for an allocation whose submission never answered found.
+    fn found(
+        &mut self,
+        now: u64,
+        (queue, alloc): (QueueId, AllocId),
+        name: &str,
+        result: Result<Option<String>, String>,
+    ) {
+        let Some(q) = self.allocator.queue_mut(queue) else {
+            return;
+        };
+        match result {
+            Ok(Some(id)) => {
+                tracing::info!(queue, alloc, batch_id = %id, "allocation found again by its job name");
+                q.submitted(alloc, id);
+            }
+            Ok(None) => {
+                tracing::info!(queue, alloc, "batch job {name} was never submitted");
+                q.ended(
+                    now,
+                    alloc,
+                    Some(format!(
+                        "the server stopped while submitting it, and the batch system has no job {name}"
+                    )),
+                );
+            }
+            Err(e) => {
+                tracing::warn!(queue, alloc, "cannot look for batch job {name}: {e}");
+                q.ended(now, alloc, Some(format!("the server stopped while submitting it, and looking for its job failed ({e}): if job {name} is in the batch queue, cancel it by hand")));
+            }
         }
     }
 
@@ -502,7 +720,8 @@ impl Provision {
         };
         let spec = &side.spec;
         if let Backend::Batch(system) = side.backend {
-            self.batch.submit(system, (queue, alloc, nodes), spec);
+            self.batch
+                .submit(system, (queue, alloc, nodes), self.job_name(alloc), spec);
             return;
         }
         let ends_at_s = (now + spec.time_limit_ms.saturating_mul(1000)) / 1_000_000;
@@ -566,6 +785,37 @@ impl Provision {
     pub fn shut_down(&mut self) {
         self.local.stop_all();
     }
+}
+
+/// The allocator's parameters and the backend of a queue as `alloc add` gave it.
+fn queue_params(spec: &AllocQueueSpec) -> Result<(QueueParams, Backend), String> {
+    let backend = match spec.backend.as_str() {
+        "local" => Backend::Local,
+        other => Backend::Batch(
+            batch::System::named(other)
+                .ok_or_else(|| format!("no backend {other:?}: local, slurm, pbs or torque"))?,
+        ),
+    };
+    let acquire = Acquire::parse(&spec.acquire).ok_or_else(|| {
+        format!(
+            "--acquire {:?} is not one of one, additive, exponential, all",
+            spec.acquire
+        )
+    })?;
+    let params = QueueParams {
+        nodes: spec.nodes,
+        slots_per_node: spec.slots_per_node,
+        time_limit_us: spec.time_limit_ms.saturating_mul(1000),
+        max_allocs: spec.max_allocs,
+        max_workers: spec.max_workers,
+        backlog: spec.backlog,
+        idle_timeout_us: spec.idle_timeout_ms.map(|ms| ms.saturating_mul(1000)),
+        release_below: None,
+        acquire,
+        max_failures: MAX_FAILURES,
+    };
+    params.check().map_err(|e| e.to_string())?;
+    Ok((params, backend))
 }
 
 fn no_queue(queue: QueueId) -> String {

@@ -85,6 +85,9 @@ pub struct Allocation {
     pub workers: Vec<WorkerId>,
     /// Workers of it that ever connected.
     pub workers_seen: u32,
+    /// CPU-microseconds its workers spent running tasks.
+    #[serde(default)]
+    pub busy_cpu_us: Micros,
 }
 
 impl Allocation {
@@ -99,12 +102,24 @@ impl Allocation {
             ended_us: None,
             workers: Vec::new(),
             workers_seen: 0,
+            busy_cpu_us: 0,
         }
     }
 
     /// When its time limit ends it, once it runs.
     pub fn ends_at(&self, time_limit_us: Micros) -> Option<Micros> {
         self.started_us.map(|s| s.saturating_add(time_limit_us))
+    }
+
+    /// CPU-microseconds its slots were held, `slots` a node, from its start to its end (or to
+    /// `now`).
+    pub fn held_cpu_us(&self, slots: u32, now: Micros) -> Micros {
+        let Some(start) = self.started_us else {
+            return 0;
+        };
+        let end = self.ended_us.unwrap_or(now);
+        end.saturating_sub(start)
+            .saturating_mul(u64::from(self.nodes) * u64::from(slots))
     }
 
     /// How long it waited in the batch queue (so far, if it still waits).

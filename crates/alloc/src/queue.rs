@@ -186,6 +186,13 @@ impl Queue {
         true
     }
 
+    /// A worker of `alloc` spent `cpu_us` CPU-microseconds running a task.
+    pub fn task_ran(&mut self, alloc: AllocId, cpu_us: Micros) {
+        if let Some(a) = self.allocations.get_mut(&alloc) {
+            a.busy_cpu_us = a.busy_cpu_us.saturating_add(cpu_us);
+        }
+    }
+
     /// A worker of `alloc` left.
     pub fn worker_left(&mut self, alloc: AllocId, worker: WorkerId) {
         if let Some(a) = self.allocations.get_mut(&alloc) {

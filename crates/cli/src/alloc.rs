@@ -7,7 +7,7 @@ use crate::session;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::Cell;
-use kestrel_proto::messages::{AllocQueueSpec, AllocQueueView, Answer, Ask};
+use kestrel_proto::messages::{AllocLogView, AllocQueueSpec, AllocQueueView, Answer, Ask};
 use std::process::ExitCode;
 
 #[derive(Subcommand, Debug)]
@@ -15,11 +15,31 @@ pub enum AllocCommand {
     /// Add a queue: while tasks wait, it asks for allocations that start workers; an
     /// allocation whose workers all idle for --idle-timeout is given back whole
     #[command(
-        after_help = "Examples:\n  kestrel alloc add slurm --time-limit 1h --max-workers 16 --worker-args \"--slots 32\" -- --partition debug --account proj\n  kestrel alloc add pbs --time-limit 2h --nodes 4 --worker-args \"--slots 64\" -- -q workq -A proj\n  kestrel alloc add local --time-limit 30m --acquire one --idle-timeout 30s --worker-args \"--slots 2\"\n\nEach allocation runs one `kestrel worker` per node (a pilot script under the server\ndirectory, in alloc/ID/); its workers take no task that would outlive it. Queues are not\nkept across a server restart yet."
+        after_help = "Examples:\n  kestrel alloc add slurm --time-limit 1h --max-workers 16 --worker-args \"--slots 32\" -- --partition debug --account proj\n  kestrel alloc add pbs --time-limit 2h --nodes 4 --worker-args \"--slots 64\" -- -q workq -A proj\n  kestrel alloc add local --time-limit 30m --acquire one --idle-timeout 30s --worker-args \"--slots 2\"\n\nEach allocation runs one `kestrel worker` per node (a pilot script under the server\ndirectory, in alloc/ID/); its workers take no task that would outlive it. Queues and their\nallocations are kept in the server's journal: a restarted server takes them back and adopts\nthe allocations that still run."
     )]
     Add(AddArgs),
     /// List the queues and their allocations
     List,
+    /// One queue in detail: its settings, and each allocation's nodes, wait in the batch
+    /// queue, run time, and CPU-seconds busy vs idle
+    Info {
+        /// The queue, as `kestrel alloc list` shows it
+        queue: u32,
+    },
+    /// The pilot script and batch output of a queue's allocations (a local queue's worker
+    /// logs), kept under the server directory in alloc/ID/
+    #[command(
+        after_help = "Examples:\n  kestrel alloc log 1            every allocation of queue 1, the last 20 lines of each file\n  kestrel alloc log 1 7 -n 200   allocation 7 only, its last 200 lines"
+    )]
+    Log {
+        /// The queue
+        queue: u32,
+        /// One allocation of it (all of them if not given)
+        alloc: Option<u32>,
+        /// Lines shown of each file, from its end
+        #[arg(short = 'n', long, default_value_t = 20, value_name = "N")]
+        lines: u32,
+    },
     /// Stop a queue asking for allocations (its allocations go on)
     Pause {
         /// The queue, as `kestrel alloc list` shows it
@@ -98,9 +118,22 @@ pub struct AddArgs {
 }
 
 pub async fn alloc(g: &Global, c: AllocCommand) -> Result<ExitCode> {
+    let info_of = match c {
+        AllocCommand::Info { queue } => Some(queue),
+        _ => None,
+    };
     let ask = match c {
         AllocCommand::Add(a) => Ask::AllocAdd(Box::new(spec(a)?)),
-        AllocCommand::List => Ask::AllocList,
+        AllocCommand::List | AllocCommand::Info { .. } => Ask::AllocList,
+        AllocCommand::Log {
+            queue,
+            alloc,
+            lines,
+        } => Ask::AllocLog {
+            queue,
+            alloc,
+            lines,
+        },
         AllocCommand::Pause { queue } => Ask::AllocPause {
             queue,
             paused: true,
@@ -120,7 +153,16 @@ pub async fn alloc(g: &Global, c: AllocCommand) -> Result<ExitCode> {
                 println!("allocation queue {queue} added; `kestrel alloc list` shows its allocations");
             }
         }
-        Answer::AllocQueues(queues) => show(g, &queues),
+        Answer::AllocQueues(queues) => match info_of {
+            Some(id) => {
+                let Some(q) = queues.iter().find(|q| q.id == id) else {
+                    bail!("no allocation queue {id}; `kestrel alloc list` shows them");
+                };
+                info(g, q);
+            }
+            None => show(g, &queues),
+        },
+        Answer::AllocLogs(logs) => show_logs(g, &logs),
         other => bail!("the server sent an unexpected answer ({other:?}); use the same kestrel version for the server and this client"),
     }
     Ok(ExitCode::SUCCESS)
@@ -188,6 +230,168 @@ fn spec(a: AddArgs) -> Result<AllocQueueSpec> {
         batch_args: a.batch_args,
         dry_run: !a.no_dry_run,
     })
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// CPU-seconds, for tables.
+fn cpu_s(ms: u64) -> String {
+    format!("{:.1}", ms as f64 / 1000.0)
+}
+
+fn ms(ms: u64) -> String {
+    output::duration(std::time::Duration::from_millis(ms))
+}
+
+/// `kestrel alloc info Q`.
+fn info(g: &Global, q: &AllocQueueView) {
+    if g.output == Format::Json {
+        output::json(q);
+        return;
+    }
+    let s = &q.spec;
+    let line = |k: &str, v: String| println!("{k:<14}{v}");
+    line(
+        "queue",
+        format!(
+            "{}{} ({})",
+            q.id,
+            s.name
+                .as_deref()
+                .map(|n| format!(" {n}"))
+                .unwrap_or_default(),
+            s.backend
+        ),
+    );
+    line("state", q.paused.clone().unwrap_or_else(|| "active".into()));
+    if let Some(e) = &q.last_error {
+        line("last error", e.clone());
+    }
+    line(
+        "allocations",
+        format!(
+            "up to {} node(s) each, {} slot(s) a node, time limit {}",
+            s.nodes,
+            s.slots_per_node,
+            ms(s.time_limit_ms)
+        ),
+    );
+    let bound = |v: Option<u32>| v.map_or("no limit".into(), |v| v.to_string());
+    line(
+        "limits",
+        format!(
+            "max allocations {}, max workers {}, backlog {}",
+            bound(s.max_allocs),
+            bound(s.max_workers),
+            s.backlog
+        ),
+    );
+    line(
+        "policy",
+        format!(
+            "acquire {}, idle timeout {}",
+            s.acquire,
+            s.idle_timeout_ms.map_or("never".into(), ms)
+        ),
+    );
+    if !s.worker_args.is_empty() {
+        line(
+            "worker args",
+            shlex::try_join(s.worker_args.iter().map(String::as_str)).unwrap_or_default(),
+        );
+    }
+    if !s.batch_args.is_empty() {
+        line(
+            "batch args",
+            shlex::try_join(s.batch_args.iter().map(String::as_str)).unwrap_or_default(),
+        );
+    }
+    let (held, busy): (u64, u64) = q
+        .allocations
+        .iter()
+        .fold((0, 0), |(h, b), a| (h + a.held_cpu_ms, b + a.busy_cpu_ms));
+    line(
+        "CPU-seconds",
+        format!(
+            "{} held by allocations, {} running tasks, {} idle",
+            cpu_s(held),
+            cpu_s(busy),
+            cpu_s(held.saturating_sub(busy))
+        ),
+    );
+    if q.allocations.is_empty() {
+        println!("no allocations yet");
+        return;
+    }
+    let mut t = output::table(&[
+        "alloc",
+        "batch id",
+        "state",
+        "nodes",
+        "workers",
+        "waited",
+        "ran",
+        "busy CPU-s",
+        "idle CPU-s",
+        "reason",
+    ]);
+    for a in &q.allocations {
+        let workers: Vec<String> = a.workers.iter().map(u32::to_string).collect();
+        let ran = a.started_ms.map_or("-".into(), |start| {
+            let end = a.ended_ms.unwrap_or_else(now_ms);
+            ms(end.saturating_sub(start))
+        });
+        t.add_row(vec![
+            Cell::new(a.id),
+            Cell::new(a.batch_id.as_deref().unwrap_or("-")),
+            Cell::new(&a.state),
+            Cell::new(a.nodes),
+            Cell::new(if workers.is_empty() {
+                "-".into()
+            } else {
+                workers.join(",")
+            }),
+            Cell::new(ms(a.queue_wait_ms)),
+            Cell::new(ran),
+            Cell::new(cpu_s(a.busy_cpu_ms)),
+            Cell::new(cpu_s(a.held_cpu_ms.saturating_sub(a.busy_cpu_ms))),
+            Cell::new(a.reason.as_deref().unwrap_or("")),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// `kestrel alloc log`.
+fn show_logs(g: &Global, logs: &[AllocLogView]) {
+    if g.output == Format::Json {
+        output::json(&serde_json::json!({ "allocations": logs }));
+        return;
+    }
+    if logs.is_empty() {
+        println!("the queue has made no allocations yet");
+    }
+    for a in logs {
+        println!(
+            "== allocation {} ({}, batch id {})",
+            a.alloc,
+            a.state,
+            a.batch_id.as_deref().unwrap_or("-")
+        );
+        for f in &a.files {
+            match f.size {
+                None => println!("-- {} (not there)", f.path),
+                Some(0) => println!("-- {} (empty)", f.path),
+                Some(n) => {
+                    println!("-- {} ({})", f.path, output::bytes(n));
+                    println!("{}", f.tail);
+                }
+            }
+        }
+    }
 }
 
 fn show(g: &Global, queues: &[AllocQueueView]) {

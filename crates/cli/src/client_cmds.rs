@@ -553,7 +553,9 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
     } else if ws.is_empty() {
         println!("no workers connected; start one with `kestrel worker start`");
     } else {
-        let mut t = output::table(&[
+        // Which allocation each worker came from, once an allocation queue started any.
+        let from_allocs = ws.iter().any(|w| w.alloc.is_some());
+        let mut header = vec![
             "id",
             "host",
             "address",
@@ -568,9 +570,13 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
             "runs failed",
             "last seen",
             "state",
-        ]);
+        ];
+        if from_allocs {
+            header.insert(1, "allocation");
+        }
+        let mut t = output::table(&header);
         for w in &ws {
-            t.add_row(vec![
+            let mut row = vec![
                 Cell::new(w.id),
                 Cell::new(&w.hostname),
                 Cell::new(&w.address),
@@ -586,7 +592,14 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
                 Cell::new(w.failed),
                 Cell::new(output::ago(w.last_seen_us)),
                 Cell::new(output::worker_state(w)),
-            ]);
+            ];
+            if from_allocs {
+                let origin = w
+                    .alloc
+                    .map_or("-".into(), |(q, a)| format!("{a} (queue {q})"));
+                row.insert(1, Cell::new(origin));
+            }
+            t.add_row(row);
         }
         println!("{t}");
     }

@@ -411,6 +411,10 @@ pub struct WorkerView {
     /// Bytes its file cache holds (as last reported) and may hold; `null` without a cache.
     pub cache_used: Option<u64>,
     pub cache_capacity: Option<u64>,
+    /// The allocation queue and allocation that started it; `null` for a worker started by
+    /// hand.
+    pub alloc_queue: Option<u32>,
+    pub alloc: Option<u32>,
 }
 
 impl From<&WorkerRow> for WorkerView {
@@ -425,6 +429,8 @@ impl From<&WorkerRow> for WorkerView {
             resources: w.named.iter().cloned().collect(),
             prefetch: w.prefetch,
             exec: w.exec.clone(),
+            alloc_queue: w.alloc.map(|(q, _)| q),
+            alloc: w.alloc.map(|(_, a)| a),
             tasks: w.tasks,
             finished: w.finished,
             failed: w.failed,

@@ -31,7 +31,17 @@ fn a_local_queue_grows_under_a_backlog_runs_the_work_and_shrinks_to_nothing() {
         "--slots 1",
     ])
     .ok();
-    c.run(&["submit", "--array", "1-10", "--", "true"]).ok();
+    c.run(&["submit", "--array", "1-10", "--", "sleep", "0.2"])
+        .ok();
+    // Each worker says which allocation started it.
+    let w = poll("a worker from the queue", Duration::from_secs(60), || {
+        let ws = c.run(&["worker", "list", "--output", "json"]).ok().json();
+        ws["workers"].as_array()?.first().cloned()
+    });
+    assert_eq!(w["alloc_queue"], 1, "{w:?}");
+    assert!(w["alloc"].as_u64().is_some(), "{w:?}");
+    let table = c.run(&["worker", "list"]).ok().stdout.clone();
+    assert!(table.contains("(queue 1)"), "{table}");
     c.run(&["job", "wait", "1"]).ok();
     // Every allocation ends once its worker has idled 2 s; none is left running.
     let allocs = poll("the allocations to end", Duration::from_secs(60), || {
@@ -46,6 +56,41 @@ fn a_local_queue_grows_under_a_backlog_runs_the_work_and_shrinks_to_nothing() {
     );
     let workers = c.run(&["worker", "list", "--output", "json"]).ok().json();
     assert_eq!(workers["workers"].as_array().map(Vec::len), Some(0));
+    // The tasks' 2 CPU-seconds are counted busy; the allocations held at least that.
+    let info = c
+        .run(&["alloc", "info", "1", "--output", "json"])
+        .ok()
+        .json();
+    let sum = |key: &str| -> u64 {
+        info["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a[key].as_u64().unwrap())
+            .sum()
+    };
+    let (busy, held) = (sum("busy_cpu_ms"), sum("held_cpu_ms"));
+    assert!((2_000..4_000).contains(&busy), "busy {busy} ms: {info}");
+    assert!(held >= busy, "held {held} < busy {busy}: {info}");
+    let text = c.run(&["alloc", "info", "1"]).ok().stdout.clone();
+    assert!(text.contains("running tasks"), "{text}");
+    // Each allocation's worker log is kept and shown.
+    let logs = c
+        .run(&["alloc", "log", "1", "--output", "json"])
+        .ok()
+        .json();
+    let files = &logs["allocations"][0]["files"];
+    assert!(
+        files[0]["path"].as_str().unwrap().ends_with("worker-0.log"),
+        "{logs}"
+    );
+    assert!(files[0]["size"].as_u64().is_some(), "{logs}");
+    let err = c
+        .run(&["alloc", "log", "1", "99"])
+        .failed()
+        .one_line_error()
+        .to_string();
+    assert!(err.contains("no allocation 99"), "{err}");
 }
 
 /// The one-line error of a command that must fail.

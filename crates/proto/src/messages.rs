@@ -555,6 +555,13 @@ pub enum Ask {
         queue: u32,
         force: bool,
     },
+    /// The pilot scripts and logs of a queue's allocations (or of one), the last `lines` lines
+    /// of each.
+    AllocLog {
+        queue: u32,
+        alloc: Option<u32>,
+        lines: u32,
+    },
 }
 
 /// An allocation queue as `kestrel alloc add` gives it.
@@ -615,6 +622,34 @@ pub struct AllocView {
     /// How long it waited in the batch queue (so far).
     pub queue_wait_ms: u64,
     pub ended_ms: Option<u64>,
+    /// When its nodes were given.
+    #[serde(default)]
+    pub started_ms: Option<u64>,
+    /// CPU-milliseconds its slots were held (slots × time from start to end, or to now) and
+    /// spent running tasks; the difference was idle.
+    #[serde(default)]
+    pub held_cpu_ms: u64,
+    #[serde(default)]
+    pub busy_cpu_ms: u64,
+}
+
+/// The files of one allocation (`kestrel alloc log`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocLogView {
+    pub alloc: u32,
+    pub batch_id: Option<String>,
+    pub state: String,
+    /// Its pilot script, the batch job's stdout and stderr, or its local workers' logs.
+    pub files: Vec<LogFile>,
+}
+
+/// A file the server keeps, and its last lines.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogFile {
+    pub path: String,
+    /// Bytes in the file; `None` if it does not exist (yet).
+    pub size: Option<u64>,
+    pub tail: String,
 }
 
 /// Server to client.
@@ -681,6 +716,8 @@ pub enum Answer {
     },
     /// The answer to `AllocList`.
     AllocQueues(Vec<AllocQueueView>),
+    /// The answer to `AllocLog`.
+    AllocLogs(Vec<AllocLogView>),
 }
 
 /// Tasks past which a workflow's graph is drawn job by job: a drawing of more is unreadable,
@@ -1063,6 +1100,10 @@ pub struct WorkerRow {
     /// worker without a cache).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<(u64, u64)>,
+    /// The allocation it runs in, and that allocation's queue, if an allocation queue of this
+    /// server started it (version 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc: Option<(u32, u32)>,
 }
 
 /// The result of canceling one job.

@@ -521,6 +521,12 @@ fn client_requests() {
             from: 3,
             max_bytes: 65536,
         },
+        Ask::AllocList,
+        Ask::AllocLog {
+            queue: 1,
+            alloc: Some(7),
+            lines: 20,
+        },
     ];
     for (i, body) in asks.into_iter().enumerate() {
         golden(&format!("request-{i:02}"), Request { id: 9, body });
@@ -625,6 +631,7 @@ fn server_answers() {
             mem: 8 << 30,
             named: vec![("licenses".into(), 4)],
             cache: None,
+            alloc: None,
         }]),
         Answer::Canceled(vec![
             CancelResult {
@@ -727,6 +734,23 @@ fn server_answers() {
             worker_host: Some("node1".into()),
             line: Some("a.dat".into()),
         })),
+        Answer::AllocLogs(vec![AllocLogView {
+            alloc: 7,
+            batch_id: Some("123".into()),
+            state: "running".into(),
+            files: vec![
+                LogFile {
+                    path: "/srv/kestrel/alloc/7/stdout".into(),
+                    size: Some(60),
+                    tail: "kestrel pilot: allocation 7, batch job 123".into(),
+                },
+                LogFile {
+                    path: "/srv/kestrel/alloc/7/stderr".into(),
+                    size: None,
+                    tail: String::new(),
+                },
+            ],
+        }]),
     ];
     for (i, answer) in answers.into_iter().enumerate() {
         golden(

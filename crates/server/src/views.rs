@@ -241,6 +241,7 @@ pub fn worker_row(
     address: String,
     exec: String,
     cache: Option<(u64, u64)>,
+    alloc: Option<(u32, u32)>,
 ) -> WorkerRow {
     WorkerRow {
         id: w.id,
@@ -259,6 +260,7 @@ pub fn worker_row(
         mem: w.offer.resources.mem,
         named: w.offer.named.clone(),
         cache,
+        alloc,
     }
 }
 

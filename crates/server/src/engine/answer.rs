@@ -135,6 +135,15 @@ impl Engine {
                 .pause(queue, paused)
                 .map(|()| Answer::AllocQueues(self.provision.views(now)))
                 .map_err(Refusal::from),
+            Ask::AllocLog {
+                queue,
+                alloc,
+                lines,
+            } => self
+                .provision
+                .logs(queue, alloc, lines)
+                .map(Answer::AllocLogs)
+                .map_err(Refusal::from),
             Ask::AllocRemove { queue, force } => self
                 .provision
                 .remove(queue, force)
@@ -167,6 +176,7 @@ impl Engine {
                             c.map(|c| c.peer.to_string()).unwrap_or_default(),
                             c.map(|c| c.exec.clone()).unwrap_or_default(),
                             cache,
+                            self.provision.origin_of(w.id),
                         )
                     })
                     .collect(),

@@ -254,6 +254,17 @@ impl Engine {
         ends: Vec<kestrel_core::Finished>,
         outputs: Vec<TaskOutput>,
     ) {
+        if self.provision.origin_of(worker).is_some() {
+            // What the worker's allocation spent on tasks, for its busy vs idle CPU-seconds.
+            let cpu_us: u64 = ends
+                .iter()
+                .map(|f| {
+                    let cpus = self.core.job(f.job).map_or(1, |j| j.need.cpus.max(1));
+                    f.finished_us.saturating_sub(f.started_us) * u64::from(cpus)
+                })
+                .sum();
+            self.provision.task_ran(worker, cpu_us);
+        }
         if let Reply::Reports { ignored, .. } = self.event(now, Event::TasksEnded { worker, ends })
         {
             self.ignored_reports += u64::from(ignored);

@@ -16,7 +16,9 @@ use kestrel_alloc::{
     QueueParams, WorkerId,
 };
 use kestrel_core::Scheduler;
-use kestrel_proto::messages::{AllocQueueSpec, AllocQueueView, AllocView, Answer, Refusal};
+use kestrel_proto::messages::{
+    AllocLogView, AllocQueueSpec, AllocQueueView, AllocView, Answer, LogFile, Refusal,
+};
 use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
@@ -79,6 +81,8 @@ pub struct Provision {
     kept_ids: (QueueId, AllocId),
     /// Names this server's batch jobs (from its id), so that they are found again by name.
     tag: String,
+    /// Where each allocation's files are: `alloc/A/`.
+    dir: PathBuf,
 }
 
 /// What a tick asks the engine to send.
@@ -131,6 +135,7 @@ impl Provision {
             kept_paused: FxHashMap::default(),
             kept_ids: (1, 1),
             tag: server_id.chars().take(6).collect(),
+            dir: dir.join("alloc"),
         }
     }
 
@@ -392,6 +397,20 @@ impl Provision {
             Joined::Leave(format!(
                 "its allocation {alloc} is being released or is over"
             ))
+        }
+    }
+
+    /// The queue and allocation worker `worker` came from, if one of this server's.
+    pub fn origin_of(&self, worker: WorkerId) -> Option<(QueueId, AllocId)> {
+        self.origin.get(&worker).copied()
+    }
+
+    /// Worker `worker` ran tasks for `cpu_us` CPU-microseconds (counted for its allocation).
+    pub fn task_ran(&mut self, worker: WorkerId, cpu_us: u64) {
+        if let Some(&(q, alloc)) = self.origin.get(&worker) {
+            if let Some(queue) = self.allocator.queue_mut(q) {
+                queue.task_ran(alloc, cpu_us);
+            }
         }
     }
 
@@ -773,11 +792,51 @@ impl Provision {
                             submitted_ms: a.submitted_us / 1000,
                             queue_wait_ms: a.queue_wait_us(now) / 1000,
                             ended_ms: a.ended_us.map(|t| t / 1000),
+                            started_ms: a.started_us.map(|t| t / 1000),
+                            held_cpu_ms: a.held_cpu_us(q.params.slots_per_node, now) / 1000,
+                            busy_cpu_ms: a.busy_cpu_us / 1000,
                         })
                         .collect(),
                 })
             })
             .collect()
+    }
+
+    /// `kestrel alloc log`: the files of queue `queue`'s allocations (or of `alloc` only),
+    /// the last `lines` lines of each.
+    pub fn logs(
+        &self,
+        queue: QueueId,
+        alloc: Option<AllocId>,
+        lines: u32,
+    ) -> Result<Vec<AllocLogView>, String> {
+        let q = self.allocator.queue(queue).ok_or_else(|| no_queue(queue))?;
+        let backend = self.sides.get(&queue).map(|s| s.backend);
+        if let Some(a) = alloc.filter(|a| !q.allocations.contains_key(a)) {
+            return Err(format!(
+                "queue {queue} has no allocation {a}; `kestrel alloc info {queue}` lists them"
+            ));
+        }
+        let lines = lines.min(MAX_LOG_LINES) as usize;
+        Ok(q.allocations
+            .values()
+            .filter(|a| alloc.is_none_or(|x| x == a.id))
+            .map(|a| {
+                let dir = self.dir.join(a.id.to_string());
+                let names: Vec<String> = match backend {
+                    Some(Backend::Local) => {
+                        (0..a.nodes).map(|n| format!("worker-{n}.log")).collect()
+                    }
+                    _ => ["pilot.sh", "stdout", "stderr"].map(String::from).to_vec(),
+                };
+                AllocLogView {
+                    alloc: a.id,
+                    batch_id: a.batch_id.clone(),
+                    state: a.state.word().to_string(),
+                    files: names.iter().map(|n| tail(&dir.join(n), lines)).collect(),
+                }
+            })
+            .collect())
     }
 
     /// The server stops: the local workers (also told by the server) are stopped and reaped,
@@ -816,6 +875,36 @@ fn queue_params(spec: &AllocQueueSpec) -> Result<(QueueParams, Backend), String>
     };
     params.check().map_err(|e| e.to_string())?;
     Ok((params, backend))
+}
+
+/// Lines `alloc log` shows of a file, at most.
+const MAX_LOG_LINES: u32 = 10_000;
+
+/// The last `lines` lines of `path` (read from its last 1 MiB at most).
+fn tail(path: &std::path::Path, lines: usize) -> LogFile {
+    use std::io::{Read, Seek, SeekFrom};
+    const WINDOW: u64 = 1 << 20;
+    let read = || -> std::io::Result<(u64, String)> {
+        let mut f = std::fs::File::open(path)?;
+        let size = f.metadata()?.len();
+        f.seek(SeekFrom::Start(size.saturating_sub(WINDOW)))?;
+        let mut bytes = Vec::new();
+        f.take(WINDOW).read_to_end(&mut bytes)?;
+        let text = String::from_utf8_lossy(&bytes);
+        let all: Vec<&str> = text.lines().collect();
+        let from = all.len().saturating_sub(lines);
+        Ok((size, all[from..].join("\n")))
+    };
+    let (size, tail) = match read() {
+        Ok((size, tail)) => (Some(size), tail),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, String::new()),
+        Err(e) => (None, format!("(cannot read it: {e})")),
+    };
+    LogFile {
+        path: path.display().to_string(),
+        size,
+        tail,
+    }
 }
 
 fn no_queue(queue: QueueId) -> String {

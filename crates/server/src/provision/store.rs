@@ -211,6 +211,7 @@ mod tests {
             ended_us: None,
             workers: vec![3, 4],
             workers_seen: 2,
+            busy_cpu_us: 5_000_000,
         }
     }
 

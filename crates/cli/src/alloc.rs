@@ -7,7 +7,9 @@ use crate::session;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::Cell;
-use kestrel_proto::messages::{AllocLogView, AllocQueueSpec, AllocQueueView, Answer, Ask};
+use kestrel_proto::messages::{
+    AllocLogView, AllocQueueSpec, AllocQueueView, AllocView, Answer, Ask,
+};
 use std::process::ExitCode;
 
 #[derive(Subcommand, Debug)]
@@ -340,29 +342,38 @@ fn info(g: &Global, q: &AllocQueueView) {
         "reason",
     ]);
     for a in &q.allocations {
-        let workers: Vec<String> = a.workers.iter().map(u32::to_string).collect();
         let ran = a.started_ms.map_or("-".into(), |start| {
             let end = a.ended_ms.unwrap_or_else(now_ms);
             ms(end.saturating_sub(start))
         });
-        t.add_row(vec![
-            Cell::new(a.id),
-            Cell::new(a.batch_id.as_deref().unwrap_or("-")),
-            Cell::new(&a.state),
-            Cell::new(a.nodes),
-            Cell::new(if workers.is_empty() {
-                "-".into()
-            } else {
-                workers.join(",")
-            }),
-            Cell::new(ms(a.queue_wait_ms)),
+        let mut row = first_cells(a);
+        row.extend([
             Cell::new(ran),
             Cell::new(cpu_s(a.busy_cpu_ms)),
             Cell::new(cpu_s(a.held_cpu_ms.saturating_sub(a.busy_cpu_ms))),
             Cell::new(a.reason.as_deref().unwrap_or("")),
         ]);
+        t.add_row(row);
     }
     println!("{t}");
+}
+
+/// What `alloc list` and `alloc info` both show of an allocation: id, batch id, state, nodes,
+/// workers, and its wait in the batch queue.
+fn first_cells(a: &AllocView) -> Vec<Cell> {
+    let workers: Vec<String> = a.workers.iter().map(u32::to_string).collect();
+    vec![
+        Cell::new(a.id),
+        Cell::new(a.batch_id.as_deref().unwrap_or("-")),
+        Cell::new(&a.state),
+        Cell::new(a.nodes),
+        Cell::new(if workers.is_empty() {
+            "-".into()
+        } else {
+            workers.join(",")
+        }),
+        Cell::new(ms(a.queue_wait_ms)),
+    ]
 }
 
 /// `kestrel alloc log`.
@@ -430,22 +441,9 @@ fn show(g: &Global, queues: &[AllocQueueView]) {
             "alloc", "batch id", "state", "nodes", "workers", "waited", "reason",
         ]);
         for a in &q.allocations {
-            let workers: Vec<String> = a.workers.iter().map(u32::to_string).collect();
-            t.add_row(vec![
-                Cell::new(a.id),
-                Cell::new(a.batch_id.as_deref().unwrap_or("-")),
-                Cell::new(&a.state),
-                Cell::new(a.nodes),
-                Cell::new(if workers.is_empty() {
-                    "-".into()
-                } else {
-                    workers.join(",")
-                }),
-                Cell::new(output::duration(std::time::Duration::from_millis(
-                    a.queue_wait_ms,
-                ))),
-                Cell::new(a.reason.as_deref().unwrap_or("")),
-            ]);
+            let mut row = first_cells(a);
+            row.push(Cell::new(a.reason.as_deref().unwrap_or("")));
+            t.add_row(row);
         }
         println!("{t}");
     }

@@ -8,7 +8,20 @@ use common::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// The test cluster has 4 nodes: its tests take turns, so that each finds them free.
+static SLURM: Mutex<()> = Mutex::new(());
+
+/// The cluster to oneself, or why the test is skipped.
+fn take_slurm() -> Option<std::sync::MutexGuard<'static, ()>> {
+    if let Err(why) = slurm_here() {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    Some(SLURM.lock().unwrap_or_else(|e| e.into_inner()))
+}
 
 /// Whether a Slurm answers here, starting the shared test cluster if need be.
 fn slurm_here() -> Result<(), String> {
@@ -56,10 +69,9 @@ fn in_squeue(batch_id: &str) -> bool {
 
 #[test]
 fn a_slurm_queue_brings_workers_for_the_work_and_gives_the_allocations_back() {
-    if let Err(why) = slurm_here() {
-        eprintln!("skipped: {why}");
+    let Some(_slurm) = take_slurm() else {
         return;
-    }
+    };
     let c = Cluster::new();
     c.run(&[
         "alloc",
@@ -109,10 +121,9 @@ fn a_slurm_queue_brings_workers_for_the_work_and_gives_the_allocations_back() {
 
 #[test]
 fn a_wrong_partition_is_refused_at_alloc_add_with_slurms_message() {
-    if let Err(why) = slurm_here() {
-        eprintln!("skipped: {why}");
+    let Some(_slurm) = take_slurm() else {
         return;
-    }
+    };
     let c = Cluster::new();
     let out = c.run(&[
         "alloc",
@@ -139,4 +150,334 @@ fn a_wrong_partition_is_refused_at_alloc_add_with_slurms_message() {
         v["queues"][0]["allocations"].as_array().map(Vec::len),
         Some(0)
     );
+}
+
+/// Polls until every allocation of the first queue has ended; returns them.
+fn all_ended(c: &Cluster, limit: Duration) -> Vec<Value> {
+    poll_every(
+        "the allocations to end",
+        limit,
+        Duration::from_millis(500),
+        || {
+            let a = allocations(c);
+            let over = !a.is_empty()
+                && a.iter().all(|x| {
+                    matches!(
+                        x["state"].as_str(),
+                        Some("finished" | "canceled" | "failed" | "not submitted")
+                    )
+                });
+            over.then_some(a)
+        },
+    )
+}
+
+fn assert_none_in_squeue(allocs: &[Value]) {
+    for a in allocs {
+        if let Some(id) = a["batch_id"].as_str() {
+            assert!(!in_squeue(id), "allocation {id} is still in squeue");
+        }
+    }
+}
+
+fn job_counts(c: &Cluster, job: &str) -> Value {
+    c.run(&["job", "info", job, "--output", "json"]).ok().json()["counts"].clone()
+}
+
+#[test]
+fn a_queue_grows_to_four_nodes_under_a_backlog_runs_2000_tasks_and_shrinks_to_none() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    let c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--max-workers",
+        "4",
+        "--backlog",
+        "1",
+        "--acquire",
+        "one",
+        "--idle-timeout",
+        "3s",
+        "--worker-args",
+        "--slots 4",
+    ])
+    .ok();
+    c.run(&["submit", "--array", "1-2000", "--", "sleep", "0.1"])
+        .ok();
+    // Watch the queue grow while the work runs: never more than one allocation waiting.
+    let mut peak_workers = 0;
+    let mut peak_pending = 0;
+    poll_every(
+        "the 2,000 tasks",
+        Duration::from_secs(240),
+        Duration::from_millis(300),
+        || {
+            let a = allocations(&c);
+            let pending = a
+                .iter()
+                .filter(|x| matches!(x["state"].as_str(), Some("submitting" | "queued")))
+                .count();
+            let workers: usize = a
+                .iter()
+                .map(|x| x["workers"].as_array().map_or(0, Vec::len))
+                .sum();
+            peak_pending = peak_pending.max(pending);
+            peak_workers = peak_workers.max(workers);
+            (job_counts(&c, "1")["finished"] == 2000).then_some(())
+        },
+    );
+    assert_eq!(peak_workers, 4, "the queue should grow to 4 nodes");
+    assert!(peak_pending <= 1, "backlog 1, but {peak_pending} waited");
+    // Released once idle: nothing is left in Slurm.
+    let allocs = all_ended(&c, Duration::from_secs(120));
+    assert!(allocs.len() >= 4, "{allocs:?}");
+    assert!(
+        allocs.iter().all(|a| a["state"] == "finished"),
+        "{allocs:?}"
+    );
+    assert_none_in_squeue(&allocs);
+    let info = c
+        .run(&["alloc", "info", "1", "--output", "json"])
+        .ok()
+        .json();
+    let busy: u64 = info["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["busy_cpu_ms"].as_u64().unwrap())
+        .sum();
+    // 2,000 tasks of 0.1 s: at least 200 CPU-seconds busy.
+    assert!(busy >= 200_000, "busy {busy} ms: {info}");
+}
+
+#[test]
+fn a_server_killed_while_allocations_run_adopts_them_after_its_restart() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    let mut c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--max-workers",
+        "2",
+        "--acquire",
+        "one",
+        "--idle-timeout",
+        "3s",
+        "--worker-args",
+        "--slots 1",
+    ])
+    .ok();
+    // The tasks wait for a file, so that the allocations outlive the server.
+    let go = c.path("go");
+    c.run(&[
+        "submit",
+        "--array",
+        "1-4",
+        "--",
+        "sh",
+        "-c",
+        &format!("while [ ! -e {go} ]; do sleep 0.1; done"),
+    ])
+    .ok();
+    let before = poll_every(
+        "two allocations running a worker each",
+        Duration::from_secs(120),
+        Duration::from_millis(300),
+        || {
+            let a = allocations(&c);
+            let running = a
+                .iter()
+                .filter(|x| {
+                    x["state"] == "running" && x["workers"].as_array().map(Vec::len) == Some(1)
+                })
+                .count();
+            (running == 2).then_some(a)
+        },
+    );
+    c.kill_server();
+    c.start_server();
+    // The same allocations, their workers back, and none submitted twice.
+    poll_every(
+        "the workers to come back",
+        Duration::from_secs(120),
+        Duration::from_millis(300),
+        || {
+            let a = allocations(&c);
+            let back = a.len() == 2
+                && a.iter().all(|x| {
+                    x["state"] == "running" && x["workers"].as_array().map(Vec::len) == Some(1)
+                });
+            back.then_some(())
+        },
+    );
+    let after = allocations(&c);
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(b["id"], a["id"]);
+        assert_eq!(b["batch_id"], a["batch_id"]);
+        assert!(in_squeue(a["batch_id"].as_str().unwrap()));
+    }
+    std::fs::write(&go, "").unwrap();
+    c.run(&["job", "wait", "1"]).ok();
+    let allocs = all_ended(&c, Duration::from_secs(120));
+    assert_eq!(allocs.len(), 2, "none submitted twice: {allocs:?}");
+    assert!(
+        allocs.iter().all(|a| a["state"] == "finished"),
+        "{allocs:?}"
+    );
+    assert_none_in_squeue(&allocs);
+}
+
+#[test]
+fn an_sbatch_that_starts_failing_mid_run_pauses_the_queue_instead_of_flooding() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    let mut c = Cluster::new();
+    // An sbatch that fails while a file exists, and counts its calls.
+    let bin = c.root().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let (broken, calls) = (c.path("broken"), c.path("sbatch-calls"));
+    let real = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v sbatch"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let wrapper = bin.join("sbatch");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho call >> {calls}\nif [ -e {broken} ]; then echo 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2; exit 1; fi\nexec {} \"$@\"\n",
+            real.trim()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    c.server_env.push(("PATH".into(), path));
+    c.kill_server();
+    c.start_server();
+    c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--max-workers",
+        "1",
+        "--idle-timeout",
+        "2s",
+        "--worker-args",
+        "--slots 2",
+    ])
+    .ok();
+    c.run(&["submit", "--array", "1-4", "--", "true"]).ok();
+    c.run(&["job", "wait", "1"]).ok();
+    all_ended(&c, Duration::from_secs(120));
+    // Now sbatch fails: three tries, further and further apart, then the queue pauses.
+    std::fs::write(&broken, "").unwrap();
+    let count = || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let good = count();
+    c.run(&["submit", "--array", "1-4", "--", "true"]).ok();
+    let paused = poll_every(
+        "the queue to pause itself",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || {
+            let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+            v["queues"][0]["paused"].as_str().map(str::to_string)
+        },
+    );
+    assert!(paused.contains("3 failures in a row"), "{paused}");
+    assert!(paused.contains("Socket timed out"), "{paused}");
+    assert!(paused.contains("kestrel alloc resume 1"), "{paused}");
+    assert_eq!(count() - good, 3, "three submissions, no flood");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(count() - good, 3, "paused: nothing more is submitted");
+    assert_eq!(
+        job_counts(&c, "2")["queued"],
+        4,
+        "the tasks wait, none lost"
+    );
+    // Mended and resumed, the work runs.
+    std::fs::remove_file(&broken).unwrap();
+    c.run(&["alloc", "resume", "1"]).ok();
+    c.run(&["job", "wait", "2"]).ok();
+    let allocs = all_ended(&c, Duration::from_secs(120));
+    assert_none_in_squeue(&allocs);
+}
+
+#[test]
+fn an_allocation_killed_at_its_time_limit_loses_no_task() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    let c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "1m",
+        "--max-workers",
+        "1",
+        "--idle-timeout",
+        "2s",
+        "--worker-args",
+        "--slots 1",
+    ])
+    .ok();
+    // Its first run outlives the allocation (Slurm kills it at the time limit); the run
+    // again, in the next allocation, finds its mark and ends.
+    let mark = c.path("mark");
+    c.run(&[
+        "submit",
+        "--",
+        "sh",
+        "-c",
+        &format!("if [ -e {mark} ]; then exit 0; fi; touch {mark}; sleep 150"),
+    ])
+    .ok();
+    poll_every(
+        "the job to end",
+        Duration::from_secs(300),
+        Duration::from_secs(1),
+        || {
+            let counts = job_counts(&c, "1");
+            (counts["finished"] == 1).then_some(())
+        },
+    );
+    let allocs = all_ended(&c, Duration::from_secs(120));
+    assert!(allocs.len() >= 2, "a second allocation ran it: {allocs:?}");
+    // Run twice: once lost with the allocation Slurm killed, once to its end.
+    let task = task_rows(&c, "1").remove(0);
+    assert_eq!(task["state"], "finished", "{task}");
+    assert_eq!(task["lost"], 1, "{task}");
+    assert_eq!(task["failures"], 0, "{task}");
+    let first = c.run(&["alloc", "log", "1", "1"]).ok().stdout.clone();
+    assert!(first.contains("DUE TO TIME LIMIT"), "{first}");
+    assert_none_in_squeue(&allocs);
 }

@@ -247,6 +247,8 @@ pub struct Cluster {
     probes: std::cell::Cell<u32>,
     /// Extra arguments of `kestrel server start` (e.g. a short heartbeat).
     server_args: Vec<String>,
+    /// Environment variables of the server started next (e.g. a PATH with wrapped commands).
+    pub server_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -277,6 +279,7 @@ impl Cluster {
             starts: 0,
             probes: std::cell::Cell::new(0),
             server_args: args.iter().map(|a| a.to_string()).collect(),
+            server_env: Vec::new(),
         };
         c.start_server();
         c
@@ -320,6 +323,7 @@ impl Cluster {
             .arg("--server-dir")
             .arg(&self.server_dir)
             .args(&self.server_args)
+            .envs(self.server_env.iter().map(|(k, v)| (k, v)))
             .current_dir(&self.work)
             .stdout(log.try_clone().unwrap())
             .stderr(log);

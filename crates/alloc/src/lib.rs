@@ -130,11 +130,29 @@ impl Allocator {
     }
 
     /// One tick of every queue at `now`; `demand` says what waits for each queue's workers.
+    ///
+    /// Queues are ticked in order of id, and each is left only the work that the ones before
+    /// it do not cover with their free slots and the allocations they wait for (those of this
+    /// tick included): two queues never both ask for the same tasks, and a later queue brings
+    /// what an earlier one cannot (its limits reached, its backlog full).
     pub fn tick(&mut self, now: Micros, mut demand: impl FnMut(&Queue) -> Demand) -> Vec<Action> {
         let mut out = Vec::new();
+        let mut covered: u64 = 0;
         for q in self.queues.values_mut() {
-            let d = demand(q);
+            let mut d = demand(q);
+            let slots = d.queued_slots;
+            d.queued_slots = slots.saturating_sub(covered);
+            // The tasks left, in proportion to their slots, rounded up.
+            d.queued_tasks = if slots == 0 {
+                0
+            } else {
+                (u128::from(d.queued_tasks) * u128::from(d.queued_slots))
+                    .div_ceil(u128::from(slots)) as u64
+            };
             out.extend(q.tick(now, &d, &mut self.next_alloc));
+            covered = covered
+                .saturating_add(d.free_slots)
+                .saturating_add(q.pending_slots());
         }
         out
     }

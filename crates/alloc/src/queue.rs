@@ -99,6 +99,14 @@ impl Queue {
         self.allocations.values().filter(|a| !a.state.is_ended())
     }
 
+    /// Slots the allocations still waiting for their nodes will bring.
+    pub fn pending_slots(&self) -> u64 {
+        self.live()
+            .filter(|a| a.state.is_pending())
+            .map(|a| u64::from(a.nodes) * u64::from(self.params.slots_per_node))
+            .sum()
+    }
+
     /// The submit command answered with the batch system's id.
     pub fn submitted(&mut self, alloc: AllocId, batch_id: String) {
         if let Some(a) = self.allocations.get_mut(&alloc) {

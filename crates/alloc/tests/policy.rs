@@ -505,3 +505,35 @@ fn a_restored_queue_counts_its_allocations_and_never_reuses_an_id() {
         next_queue
     );
 }
+
+#[test]
+fn queues_split_the_work_in_order_and_never_ask_twice_for_the_same_tasks() {
+    let mut al = Allocator::new();
+    let p = QueueParams {
+        max_workers: Some(1),
+        ..params(Acquire::One, 1)
+    };
+    let (q1, q2) = (al.add_queue(p.clone()).unwrap(), al.add_queue(p).unwrap());
+    // One 4-slot worker's worth of work: the first queue's allocation covers it.
+    let acts = al.tick(0, |_| waiting(4));
+    let by_queue = |acts: &[Action], q: QueueId| {
+        acts.iter()
+            .filter(|a| matches!(a, Action::Submit { queue, .. } if *queue == q))
+            .count()
+    };
+    assert_eq!(
+        (by_queue(&acts, q1), by_queue(&acts, q2)),
+        (1, 0),
+        "{acts:?}"
+    );
+    // Twice that: the first queue is at its limit, the second brings the rest.
+    let acts = al.tick(S, |_| waiting(8));
+    assert_eq!(
+        (by_queue(&acts, q1), by_queue(&acts, q2)),
+        (0, 1),
+        "{acts:?}"
+    );
+    // Nothing more is asked while both wait for their nodes.
+    let acts = al.tick(2 * S, |_| waiting(8));
+    assert!(submits(&acts).is_empty(), "{acts:?}");
+}

@@ -225,3 +225,50 @@ fn a_killed_server_takes_its_queue_back_and_adopts_the_allocation_that_runs() {
         || (!alive(pid)).then_some(()),
     );
 }
+
+#[test]
+fn two_queues_do_not_both_ask_for_the_same_work() {
+    let c = Cluster::new();
+    for _ in 0..2 {
+        c.run(&[
+            "alloc",
+            "add",
+            "local",
+            "--time-limit",
+            "10m",
+            "--max-workers",
+            "1",
+            "--idle-timeout",
+            "1s",
+            "--worker-args",
+            "--slots 1",
+        ])
+        .ok();
+    }
+    // One task: the first queue's allocation covers it, so the second asks for nothing.
+    c.run(&["submit", "--", "sleep", "1"]).ok();
+    c.run(&["job", "wait", "1"]).ok();
+    let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+    let made = |q: usize| v["queues"][q]["allocations"].as_array().map_or(0, Vec::len);
+    assert_eq!((made(0), made(1)), (1, 0), "{v}");
+    // Once that allocation is given back, two tasks of one slot each: the first queue brings
+    // one worker (its limit), the second the other.
+    poll(
+        "the first allocation to end",
+        Duration::from_secs(60),
+        || (queues(&c)[0]["allocations"][0]["state"] == "finished").then_some(()),
+    );
+    c.run(&["submit", "--array", "1-2", "--", "sleep", "1"])
+        .ok();
+    c.run(&["job", "wait", "2"]).ok();
+    let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+    let made = |q: usize| v["queues"][q]["allocations"].as_array().map_or(0, Vec::len);
+    assert!(made(1) >= 1, "{v}");
+    poll("the allocations to end", Duration::from_secs(60), || {
+        let q = queues(&c);
+        q.iter()
+            .flat_map(|q| q["allocations"].as_array().cloned().unwrap_or_default())
+            .all(|a| a["state"] == "finished")
+            .then_some(())
+    });
+}

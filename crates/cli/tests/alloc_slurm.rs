@@ -481,3 +481,58 @@ fn an_allocation_killed_at_its_time_limit_loses_no_task() {
     assert!(first.contains("DUE TO TIME LIMIT"), "{first}");
     assert_none_in_squeue(&allocs);
 }
+
+#[test]
+fn a_two_node_allocation_runs_a_worker_on_each_node_and_both_leave_together() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    let c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--nodes",
+        "2",
+        "--max-workers",
+        "2",
+        "--acquire",
+        "all",
+        "--idle-timeout",
+        "3s",
+        "--worker-args",
+        "--slots 1",
+    ])
+    .ok();
+    c.run(&["submit", "--array", "1-8", "--", "sleep", "0.5"])
+        .ok();
+    let hosts = poll_every(
+        "two workers of one allocation",
+        Duration::from_secs(120),
+        Duration::from_millis(300),
+        || {
+            let ws = c.run(&["worker", "list", "--output", "json"]).ok().json();
+            let ws = ws["workers"].as_array()?.clone();
+            let mut hosts: Vec<String> = ws
+                .iter()
+                .filter(|w| w["alloc"] == 1)
+                .map(|w| w["hostname"].as_str().unwrap_or("").to_string())
+                .collect();
+            hosts.sort();
+            (hosts.len() == 2).then_some(hosts)
+        },
+    );
+    // (The test cluster's emulated nodes share this machine's host name.)
+    assert_eq!(hosts.len(), 2, "one worker per node: {hosts:?}");
+    c.run(&["job", "wait", "1"]).ok();
+    // Released whole: the allocation ends with both its workers gone, none before the other.
+    let allocs = all_ended(&c, Duration::from_secs(120));
+    assert_eq!(allocs.len(), 1, "{allocs:?}");
+    assert_eq!(allocs[0]["state"], "finished", "{allocs:?}");
+    assert_eq!(allocs[0]["nodes"], 2, "{allocs:?}");
+    let ws = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    assert_eq!(ws["workers"].as_array().map(Vec::len), Some(0), "{ws}");
+    assert_none_in_squeue(&allocs);
+}

@@ -4,7 +4,11 @@
 //! the batch system does with the pilot: one worker per node of a multi-node allocation, the
 //! end time passed, the user's arguments reaching `sbatch`/`qsub`.
 
+#[path = "support/slurm_cluster.rs"]
+mod slurm_cluster;
+
 use kestrel_alloc::backend::{pbs, slurm, BatchState, Pilot};
+use slurm_cluster::{qsub_here, slurm_here};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -16,45 +20,6 @@ fn run(argv: &[String]) -> Output {
         .unwrap_or_else(|e| panic!("{}: {e}", argv[0]))
 }
 
-/// Whether a Slurm answers here, starting the shared test cluster if need be (once for all
-/// the tests of this file, which run at the same time).
-fn slurm_here() -> Result<(), String> {
-    static HERE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    HERE.get_or_init(start_slurm).clone()
-}
-
-fn start_slurm() -> Result<(), String> {
-    let answers = || {
-        Command::new("sinfo")
-            .arg("-h")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if answers() {
-        return Ok(());
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/slurm/test-cluster");
-    if !script.exists() {
-        return Err(format!("no Slurm here and no {}", script.display()));
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("no Slurm here, and starting the test cluster needs root".into());
-    }
-    let out = Command::new(&script)
-        .arg("start")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() && answers() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the test cluster did not start: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 macro_rules! need_slurm {
     () => {
         if let Err(why) = slurm_here() {
@@ -62,35 +27,6 @@ macro_rules! need_slurm {
             return;
         }
     };
-}
-
-/// Whether `qsub` is here, installing Debian's `slurm-wlm-torque` (PBS commands that drive
-/// Slurm) if it is not and this runs as root.
-fn qsub_here() -> Result<(), String> {
-    let here = || Command::new("qsub").arg("--help").output().is_ok();
-    if here() {
-        return Ok(());
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("no qsub, and installing slurm-wlm-torque needs root".into());
-    }
-    let install = || {
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "slurm-wlm-torque"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !install() {
-        let _ = Command::new("apt-get").args(["update", "-qq"]).output();
-        install();
-    }
-    if here() {
-        Ok(())
-    } else {
-        Err("no qsub: `apt-get install slurm-wlm-torque` failed".into())
-    }
 }
 
 /// A stand-in for `kestrel` that appends `NODE ARGS` to `log` and exits.

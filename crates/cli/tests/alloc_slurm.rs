@@ -3,10 +3,12 @@
 //! work waits, their workers run it, and the allocations end once the workers idle.
 
 mod common;
+#[path = "../../alloc/tests/support/slurm_cluster.rs"]
+mod slurm_cluster;
 
 use common::*;
 use serde_json::Value;
-use std::path::Path;
+use slurm_cluster::{qsub_here, slurm_here};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -21,35 +23,6 @@ fn take_slurm() -> Option<std::sync::MutexGuard<'static, ()>> {
         return None;
     }
     Some(SLURM.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-/// Whether a Slurm answers here, starting the shared test cluster if need be.
-fn slurm_here() -> Result<(), String> {
-    let answers = || {
-        Command::new("sinfo")
-            .arg("-h")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if answers() {
-        return Ok(());
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/slurm/test-cluster");
-    if !script.exists() {
-        return Err(format!("no Slurm here and no {}", script.display()));
-    }
-    let out = Command::new(&script)
-        .arg("start")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() && answers() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the test cluster did not start: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
 }
 
 fn allocations(c: &Cluster) -> Vec<Value> {
@@ -535,4 +508,43 @@ fn a_two_node_allocation_runs_a_worker_on_each_node_and_both_leave_together() {
     let ws = c.run(&["worker", "list", "--output", "json"]).ok().json();
     assert_eq!(ws["workers"].as_array().map(Vec::len), Some(0), "{ws}");
     assert_none_in_squeue(&allocs);
+}
+
+#[test]
+fn a_torque_queue_through_qsub_brings_workers_and_gives_them_back() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    if let Err(why) = qsub_here() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let c = Cluster::new();
+    // Debian's qsub drives the same Slurm: the PBS backend's submit, query and cancel.
+    c.run(&[
+        "alloc",
+        "add",
+        "torque",
+        "--time-limit",
+        "5m",
+        "--max-workers",
+        "1",
+        "--idle-timeout",
+        "2s",
+        "--worker-args",
+        "--slots 2",
+    ])
+    .ok();
+    c.run(&["submit", "--array", "1-6", "--", "sleep", "0.2"])
+        .ok();
+    c.run(&["job", "wait", "1"]).ok();
+    let allocs = all_ended(&c, Duration::from_secs(120));
+    assert!(
+        allocs.iter().all(|a| a["state"] == "finished"),
+        "{allocs:?}"
+    );
+    assert_none_in_squeue(&allocs);
+    let log = c.run(&["alloc", "log", "1", "1"]).ok().stdout.clone();
+    assert!(log.contains("#PBS"), "{log}");
+    assert!(log.contains("kestrel pilot: allocation 1"), "{log}");
 }

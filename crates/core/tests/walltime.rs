@@ -114,3 +114,65 @@ fn a_worker_with_no_end_takes_anything() {
         )
         .is_err());
 }
+
+#[test]
+fn a_worker_entering_its_end_margin_gives_back_the_tasks_waiting_there() {
+    let mut s = Scheduler::new(Config::default());
+    // One slot and one task's prefetch: a second task waits there for the slot.
+    let w = s.worker_joined(
+        0,
+        WorkerOffer {
+            hostname: "w".into(),
+            resources: Resources {
+                cpus: 1,
+                ..Resources::NONE
+            },
+            prefetch: 1,
+            named: vec![],
+            stages_files: true,
+        },
+    );
+    s.handle(
+        0,
+        Event::WorkerEnds {
+            worker: w,
+            at_us: 100 * S,
+        },
+    )
+    .unwrap();
+    let job = s.submit(0, spec("plain"), array(2), false).unwrap();
+    assert_eq!(assigned(&mut s, 0), vec![(w, job, 2)]);
+    let started = vec![Started {
+        job,
+        index: 0,
+        at_us: S,
+    }];
+    s.handle(S, Event::TasksStarted { worker: w, started })
+        .unwrap();
+    let revokes = |s: &mut Scheduler, now: u64| {
+        s.handle(now, Event::Schedule).unwrap();
+        s.take_commands()
+            .into_iter()
+            .filter_map(|c| match c {
+                Command::Revoke { worker, tasks } => Some((worker, tasks)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // Before the margin nothing is asked back.
+    assert!(revokes(&mut s, 2 * S).is_empty());
+    // Within it, the waiting task is; the running one stays to finish.
+    let at = 100 * S - END_MARGIN_US + 1;
+    assert_eq!(revokes(&mut s, at), vec![(w, vec![(job, 1)])]);
+    // Given back, it goes to another worker, counting no attempt.
+    s.handle(
+        at,
+        Event::TasksRevoked {
+            worker: w,
+            tasks: vec![(job, 1)],
+        },
+    )
+    .unwrap();
+    let other = staging_worker(&mut s, 1);
+    assert_eq!(assigned(&mut s, at + 1), vec![(other, job, 1)]);
+}

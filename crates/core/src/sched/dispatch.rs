@@ -79,6 +79,48 @@ impl Scheduler {
             }
         }
         self.steal(now_us);
+        self.reclaim_from_ending(now_us);
+    }
+
+    /// A worker within its end margin drains: tasks it holds that have not started (waiting
+    /// there for a slot) are asked back ([`Command::Revoke`]) rather than left to start in the
+    /// last seconds and die with the allocation. What it runs, it finishes.
+    fn reclaim_from_ending(&mut self, now_us: u64) {
+        let ending: Vec<WorkerId> = self
+            .workers
+            .values()
+            .filter(|w| {
+                !w.before_end_margin(now_us) && w.revoking.is_empty() && w.waiting_cpus() > 0
+            })
+            .map(|w| w.id)
+            .collect();
+        for id in ending {
+            let jobs = &self.jobs;
+            let mut holds = holder(jobs, id);
+            let tasks: Vec<(JobId, TaskIndex)> = self.workers[&id].ledger.held_of(
+                |_| true,
+                |job, index| {
+                    holds(job, index)
+                        && jobs
+                            .get(&job)
+                            .is_some_and(|j| j.table.get(index).state == TaskState::Assigned)
+                },
+            );
+            if tasks.is_empty() {
+                continue;
+            }
+            let cpus = tasks
+                .iter()
+                .map(|(job, _)| jobs.get(job).map_or(0, |j| j.need.cpus))
+                .sum();
+            let w = self
+                .workers
+                .get_mut(&id)
+                .expect("an ending worker is a worker");
+            w.revoking = tasks.clone();
+            w.revoking_cpus = cpus;
+            self.commands.push(Command::Revoke { worker: id, tasks });
+        }
     }
 
     /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends

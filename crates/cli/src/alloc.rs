@@ -170,6 +170,25 @@ pub async fn alloc(g: &Global, c: AllocCommand) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `kestrel run --alloc "..."`: the arguments of `kestrel alloc add` in one string.
+pub fn parse_queue(text: &str) -> Result<AllocQueueSpec> {
+    #[derive(clap::Parser)]
+    #[command(name = "--alloc", no_binary_name = true)]
+    struct Queue {
+        #[command(flatten)]
+        add: AddArgs,
+    }
+    let words = shlex::split(text).with_context(|| {
+        format!("--alloc {text:?}: unbalanced quotes; quote it as a shell would")
+    })?;
+    let q = <Queue as clap::Parser>::try_parse_from(words).map_err(|e| {
+        let first = e.render().to_string();
+        let first = first.lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+        anyhow::anyhow!("--alloc {text:?}: {first}; it takes the arguments of `kestrel alloc add`, e.g. \"local --time-limit 30m --max-workers 4\"")
+    })?;
+    spec(q.add)
+}
+
 fn spec(a: AddArgs) -> Result<AllocQueueSpec> {
     let time_limit = crate::jobs::parse_duration(&a.time_limit)
         .with_context(|| format!("--time-limit {:?}", a.time_limit))?;

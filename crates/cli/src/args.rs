@@ -182,9 +182,15 @@ pub struct SubmitArgs {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Local workers to start
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub workers: u32,
+    /// Local workers to start [default: 1, or none with --alloc]
+    #[arg(long, value_name = "N")]
+    pub workers: Option<u32>,
+    /// Workers that come and go with the work, from an allocation queue: the arguments of
+    /// `kestrel alloc add`, e.g. --alloc "local --time-limit 30m --max-workers 4 --idle-timeout
+    /// 5s --worker-args '--slots 2'" or --alloc "slurm --time-limit 1h --max-workers 16
+    /// --worker-args '--slots 32' -- --partition debug"
+    #[arg(long, value_name = "QUEUE")]
+    pub alloc: Option<String>,
     /// Slots per worker [default: the number of CPUs divided among the workers]
     #[arg(long, value_name = "N")]
     pub slots: Option<u32>,

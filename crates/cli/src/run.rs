@@ -17,17 +17,27 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
-    if a.workers == 0 {
-        bail!("--workers must be at least 1");
+    let queue = a
+        .alloc
+        .as_deref()
+        .map(crate::alloc::parse_queue)
+        .transpose()?;
+    let n_workers = a.workers.unwrap_or(if queue.is_some() { 0 } else { 1 });
+    if n_workers == 0 && queue.is_none() {
+        bail!(
+            "--workers must be at least 1 (or give --alloc for workers from an allocation queue)"
+        );
     }
     let subs = submissions(&a.shape, &a.options, a.command)?;
     let slots = a
         .slots
-        .unwrap_or_else(|| (crate::cpus() / a.workers).max(1));
+        .unwrap_or_else(|| (crate::cpus() / n_workers.max(1)).max(1));
     if slots == 0 {
         bail!("--slots must be at least 1");
     }
-    refuse_impossible(&subs, slots)?;
+    if n_workers > 0 {
+        refuse_impossible(&subs, slots)?;
+    }
     let tasks: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
     // Which outputs are streamed, to print them before the embedded server goes away.
     let streamed: Vec<[bool; 2]> = subs
@@ -64,7 +74,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     })
     .await?;
     let mut workers = Vec::new();
-    for _ in 0..a.workers {
+    for _ in 0..n_workers {
         let mut config = WorkerConfig::new(slots);
         config.prefetch = a.prefetch.unwrap_or(slots);
         config.exec = a.exec.into();
@@ -78,6 +88,12 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     let mut conn = Connection::open(Target::Fixed(server.access.clone()), Reconnect::NEVER).await?;
     let quiet = a.quiet || g.output == Format::Json;
     let outcome = async {
+        if let Some(spec) = queue {
+            match conn.client().call(Ask::AllocAdd(Box::new(spec))).await? {
+                Answer::AllocAdded { .. } => {}
+                other => bail!("unexpected answer to adding the allocation queue: {other:?}"),
+            }
+        }
         let ids: Vec<_> = conn
             .submit(&keyed(subs, None))
             .await?
@@ -104,11 +120,16 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             counts.add(&j.counts);
         }
         let all: Vec<u32> = jobs.iter().map(|j| j.id).collect();
+        // What the allocation queue brought, for the summary.
+        let allocs = match client.call(Ask::AllocList).await? {
+            Answer::AllocQueues(q) => q.iter().map(|q| q.allocations.len()).sum::<usize>(),
+            _ => 0,
+        };
         if counts.failed > 0 && g.output == Format::Table {
             // The embedded server goes away with this process: show the failures now.
             crate::queries::show_failures(client, &all).await;
         }
-        Ok::<_, anyhow::Error>((counts, all))
+        Ok::<_, anyhow::Error>((counts, all, allocs))
     };
     // Ctrl-C or a TERM stops the run: its tasks are stopped with the workers (and its
     // temporary server directory removed) instead of the process dying where it stands.
@@ -132,7 +153,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         out_dirs.finish(&std::env::current_dir().unwrap_or_default());
         return Ok(ExitCode::from(130));
     };
-    let (counts, jobs) = outcome?;
+    let (counts, jobs, allocs) = outcome?;
     let total = counts.total().max(tasks);
     let rate = total as f64 / wall.as_secs_f64().max(1e-9);
     let here = std::env::current_dir().unwrap_or_default();
@@ -141,18 +162,25 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         Format::Json => output::json(&RunView {
             jobs: jobs.clone(),
             tasks: total,
-            workers: a.workers,
+            workers: n_workers,
             slots,
             counts: CountsView::from(&counts),
             wall_us: wall.as_micros() as u64,
             tasks_per_s: rate,
         }),
         Format::Table => {
+            let on = if a.alloc.is_some() && n_workers == 0 {
+                format!("workers of {}", output::plural(allocs as u64, "allocation"))
+            } else {
+                format!(
+                    "{} x {}",
+                    output::plural(n_workers, "worker"),
+                    output::plural(slots, "slot")
+                )
+            };
             output::say(format_args!(
-                "{} on {} x {}: {} in {} ({rate:.1} tasks/s)",
+                "{} on {on}: {} in {} ({rate:.1} tasks/s)",
                 output::plural(total, "task"),
-                output::plural(a.workers, "worker"),
-                output::plural(slots, "slot"),
                 output::counts(&counts),
                 output::duration(wall),
             ));

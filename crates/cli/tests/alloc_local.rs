@@ -272,3 +272,25 @@ fn two_queues_do_not_both_ask_for_the_same_work() {
             .then_some(())
     });
 }
+
+#[test]
+fn kestrel_run_grows_its_workers_from_an_allocation_queue_and_refuses_a_wrong_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |alloc: &str| {
+        let mut k = kestrel();
+        k.current_dir(dir.path()).args([
+            "run", "--quiet", "--alloc", alloc, "--array", "1-6", "--", "sleep", "0.2",
+        ]);
+        run_bounded(k, Duration::from_secs(120))
+    };
+    let out =
+        run("local --time-limit 10m --max-workers 2 --idle-timeout 2s --worker-args '--slots 1'");
+    let said = &out.ok().stdout;
+    assert!(said.contains("6 tasks on workers of"), "{said}");
+    let out = run("local --time-limt 10m");
+    let err = out.failed().one_line_error().to_string();
+    assert!(
+        err.contains("--time-limt") && err.contains("kestrel alloc add"),
+        "{err}"
+    );
+}

@@ -548,3 +548,39 @@ fn a_torque_queue_through_qsub_brings_workers_and_gives_them_back() {
     assert!(log.contains("#PBS"), "{log}");
     assert!(log.contains("kestrel pilot: allocation 1"), "{log}");
 }
+
+#[test]
+fn a_stopping_server_cancels_allocations_still_waiting_for_nodes() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    let mut c = Cluster::new();
+    // Held back by Slurm for an hour: it waits in the queue.
+    c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--worker-args",
+        "--slots 1",
+        "--",
+        "--begin=now+1hour",
+    ])
+    .ok();
+    c.run(&["submit", "--", "true"]).ok();
+    let id = poll_every(
+        "an allocation waiting in Slurm",
+        Duration::from_secs(60),
+        Duration::from_millis(300),
+        || {
+            let a = allocations(&c);
+            let a = a.first()?;
+            (a["state"] == "queued").then(|| a["batch_id"].as_str().map(str::to_string))?
+        },
+    );
+    assert!(in_squeue(&id));
+    c.run(&["server", "stop"]).ok();
+    c.wait_server_exit(Duration::from_secs(30));
+    assert!(!in_squeue(&id), "allocation {id} was left in squeue");
+}

@@ -494,6 +494,11 @@ impl Engine {
             );
         }
         if let Some(stall) = self.core.stall(job) {
+            if stall == kestrel_core::Stall::NoWorkers {
+                if let Some(why) = self.provision.awaited() {
+                    return Some(why);
+                }
+            }
             return Some(stall.to_string());
         }
         let (why, at) = self.store_trouble.get(&job)?;

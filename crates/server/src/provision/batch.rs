@@ -325,6 +325,42 @@ impl Runner {
     }
 }
 
+/// Cancels batch job `id` at once, on the calling thread (the server is stopping: its runtime
+/// will not run a spawned command), waiting for the command at most [`STOP_CANCEL_LIMIT`].
+pub(super) fn cancel_now(system: System, id: &str) -> Result<(), String> {
+    let argv = system.cancel_argv(&[id]);
+    let mut child = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("`{}` could not run: {e}", argv[0]))?;
+    let deadline = std::time::Instant::now() + STOP_CANCEL_LIMIT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) if s.success() => return Ok(()),
+            Ok(Some(s)) => return Err(format!("`{}` failed ({s})", argv[0])),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "`{}` did not answer within {} s",
+                    argv[0],
+                    STOP_CANCEL_LIMIT.as_secs()
+                ));
+            }
+            Err(e) => return Err(format!("cannot wait for `{}`: {e}", argv[0])),
+        }
+    }
+}
+
+/// How long a cancel at the server's stop may take.
+const STOP_CANCEL_LIMIT: Duration = Duration::from_secs(5);
+
 /// What a command printed, and whether it succeeded.
 struct Ran {
     ok: bool,

@@ -414,6 +414,37 @@ impl Provision {
         }
     }
 
+    /// What the allocation queues are doing about work that has no worker: said instead of
+    /// "start a worker" while a queue is active; `None` without queues.
+    pub fn awaited(&self) -> Option<String> {
+        let mut pending = 0;
+        let mut paused = Vec::new();
+        let mut queues = 0;
+        for q in self.allocator.queues() {
+            queues += 1;
+            pending += q.live().filter(|a| a.state.is_pending()).count();
+            if let Some(p) = &q.paused {
+                paused.push(match p {
+                    Paused::ByUser => {
+                        format!("queue {} is paused (`kestrel alloc resume {}`)", q.id, q.id)
+                    }
+                    Paused::Failing(why) => format!("queue {} paused itself: {why}", q.id),
+                });
+            }
+        }
+        if queues == 0 {
+            return None;
+        }
+        if paused.len() == queues {
+            return Some(format!("no worker is connected, and {}", paused.join("; ")));
+        }
+        Some(if pending > 0 {
+            format!("no worker is connected yet: {pending} allocation(s) are on their way (`kestrel alloc list`)")
+        } else {
+            "no worker is connected yet: the allocation queues ask for some at their next tick (`kestrel alloc list`)".to_string()
+        })
+    }
+
     /// A worker is gone.
     pub fn worker_left(&mut self, worker: WorkerId) {
         self.idle_since.remove(&worker);
@@ -840,9 +871,27 @@ impl Provision {
     }
 
     /// The server stops: the local workers (also told by the server) are stopped and reaped,
-    /// so none is left behind.
+    /// and batch allocations still waiting for nodes are canceled (they would start to find no
+    /// server), so none is left behind. Running ones end as their workers, told to stop, leave.
     pub fn shut_down(&mut self) {
         self.local.stop_all();
+        let mut waiting: Vec<(batch::System, String)> = Vec::new();
+        for q in self.allocator.queues() {
+            let Some(Backend::Batch(system)) = self.sides.get(&q.id).map(|s| s.backend) else {
+                continue;
+            };
+            waiting.extend(
+                q.live()
+                    .filter(|a| a.state == AllocState::Queued)
+                    .filter_map(|a| Some((system, a.batch_id.clone()?))),
+            );
+        }
+        for (system, id) in waiting {
+            tracing::info!(batch_id = %id, "canceling an allocation still waiting for nodes: the server stops");
+            if let Err(e) = batch::cancel_now(system, &id) {
+                tracing::warn!("{e}; cancel batch job {id} by hand");
+            }
+        }
     }
 }
 

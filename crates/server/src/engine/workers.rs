@@ -198,7 +198,7 @@ impl Engine {
         if self.conns.workers.remove(&worker).is_some() {
             tracing::info!(worker, "worker left: {reason}");
         }
-        self.provision.worker_left(worker);
+        self.provision.worker_left(now, worker);
         self.event(now, Event::WorkerLost { worker });
     }
 

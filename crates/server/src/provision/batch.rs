@@ -290,10 +290,11 @@ impl Runner {
         });
     }
 
-    /// Asks for the state of `ids`, all of `queue`'s, in one command, unless one is under way.
-    pub(super) fn query(&mut self, system: System, queue: QueueId, ids: Vec<String>) {
+    /// Asks for the state of `ids`, all of `queue`'s, in one command, unless one is under way;
+    /// whether it asked.
+    pub(super) fn query(&mut self, system: System, queue: QueueId, ids: Vec<String>) -> bool {
         if ids.is_empty() || self.querying.contains(&queue) {
-            return;
+            return false;
         }
         self.querying.push(queue);
         let tx = self.tx.clone();
@@ -309,6 +310,7 @@ impl Runner {
                 result,
             });
         });
+        true
     }
 
     /// Cancels batch jobs; a failure is only logged (the next query shows what is left).

@@ -25,9 +25,23 @@ use std::path::PathBuf;
 /// How often the allocator decides (in microseconds of the server's clock).
 const TICK_US: u64 = 1_000_000;
 
-/// Queries in a row that must miss an allocation before it counts as ended: a job the batch
-/// system has just taken may not be listed yet.
+/// Queries in a row that must miss an allocation before it counts as ended, if none of its
+/// workers ever connected: a job the batch system has just taken may not be listed yet. One
+/// whose workers came was listed for sure, and one miss ends it.
 const MISSES_TO_END: u8 = 2;
+
+/// When the batch system is asked about an allocation again (HQ asks rarely, and learns the
+/// rest from its workers; so does Kestrel): one waiting for nodes soon after its submission,
+/// then less and less often; one whose workers are all connected only as a safety net; one
+/// whose workers have all left (done, drained, killed) soon, to see it end.
+const FIRST_QUERY_US: u64 = 5_000_000;
+const MAX_PENDING_QUERY_US: u64 = 60_000_000;
+const WORKING_QUERY_US: u64 = 300_000_000;
+const LEFT_QUERY_US: u64 = 2_000_000;
+
+/// How long a drained allocation, whose workers have left, may take to end by itself (its
+/// pilot exits with its workers) before it is canceled.
+const DRAINED_END_US: u64 = 15_000_000;
 
 /// Failures in a row after which a queue pauses itself.
 const MAX_FAILURES: u32 = 3;
@@ -71,6 +85,10 @@ pub struct Provision {
     next_check: u32,
     /// Allocations the last queries did not list, and how many times in a row.
     missed: FxHashMap<AllocId, u8>,
+    /// When each allocation with a batch id is next asked about, and the last interval.
+    next_query: FxHashMap<AllocId, (u64, u64)>,
+    /// Drained allocations left to end by themselves, canceled if still live by then.
+    cancel_at: FxHashMap<AllocId, u64>,
     last_tick_us: u64,
     /// Where queues and allocations are kept (none without a journal).
     store: Option<store::Store>,
@@ -129,6 +147,8 @@ impl Provision {
             checking: FxHashMap::default(),
             next_check: 1,
             missed: FxHashMap::default(),
+            next_query: FxHashMap::default(),
+            cancel_at: FxHashMap::default(),
             last_tick_us: 0,
             store: None,
             kept: FxHashMap::default(),
@@ -445,12 +465,25 @@ impl Provision {
         })
     }
 
-    /// A worker is gone.
-    pub fn worker_left(&mut self, worker: WorkerId) {
+    /// A worker is gone (at `now`).
+    pub fn worker_left(&mut self, now: u64, worker: WorkerId) {
         self.idle_since.remove(&worker);
         if let Some((q, alloc)) = self.origin.remove(&worker) {
             if let Some(queue) = self.allocator.queue_mut(q) {
                 queue.worker_left(alloc, worker);
+                let gone = queue
+                    .allocations
+                    .get(&alloc)
+                    .is_some_and(|a| a.workers.is_empty() && a.batch_id.is_some());
+                if gone
+                    && matches!(
+                        self.sides.get(&q).map(|s| s.backend),
+                        Some(Backend::Batch(_))
+                    )
+                {
+                    // Its pilot may be ending: see it end soon.
+                    self.query_soon(now, alloc);
+                }
             }
         }
     }
@@ -473,7 +506,8 @@ impl Provision {
         if self.sides.is_empty() {
             return sends;
         }
-        self.query_batch();
+        self.query_batch(now);
+        self.cancel_overdue(now);
         self.note_idleness(now, core);
         // Each queue's workers, in one walk.
         let mut mine: FxHashMap<QueueId, (u64, Vec<(WorkerId, u64)>)> = FxHashMap::default();
@@ -526,13 +560,21 @@ impl Provision {
                     nodes,
                 } => self.submit(now, queue, alloc, nodes),
                 Action::Cancel { queue, alloc } => {
-                    let batch_id = self
+                    let a = self
                         .allocator
                         .queue(queue)
-                        .and_then(|q| q.allocations.get(&alloc))
-                        .and_then(|a| a.batch_id.clone());
-                    if let Some(backend) = self.sides.get(&queue).map(|s| s.backend) {
-                        self.cancel_with(backend, alloc, batch_id);
+                        .and_then(|q| q.allocations.get(&alloc));
+                    let batch_id = a.and_then(|a| a.batch_id.clone());
+                    let drained = a.is_some_and(|a| a.workers_seen > 0);
+                    match self.sides.get(&queue).map(|s| s.backend) {
+                        // Its workers have left, so its pilot ends by itself: asked about
+                        // soon, and canceled only if it has not ended by then.
+                        Some(Backend::Batch(_)) if drained => {
+                            self.cancel_at.insert(alloc, now + DRAINED_END_US);
+                            self.query_soon(now, alloc);
+                        }
+                        Some(backend) => self.cancel_with(backend, alloc, batch_id),
+                        None => {}
                     }
                 }
                 Action::Drain { alloc, workers, .. } => {
@@ -628,6 +670,8 @@ impl Provision {
         match (result, live) {
             (Ok(id), Some(q)) => {
                 tracing::info!(queue, alloc, batch_id = %id, "allocation submitted");
+                self.next_query
+                    .insert(alloc, (now + FIRST_QUERY_US, FIRST_QUERY_US));
                 let canceling = q
                     .allocations
                     .get(&alloc)
@@ -709,9 +753,21 @@ impl Provision {
         let rows = match result {
             Ok(rows) => rows,
             Err(e) => {
-                // Changes nothing: asked again at the next tick.
+                // Changes nothing: asked again, a little later each time it fails.
                 tracing::warn!(queue, "querying the allocations failed: {e}");
                 q.last_error = Some(format!("querying the allocations failed: {e}"));
+                let ids: Vec<AllocId> = q
+                    .live()
+                    .filter(|a| a.batch_id.as_ref().is_some_and(|id| asked.contains(id)))
+                    .map(|a| a.id)
+                    .collect();
+                for a in ids {
+                    let last = self.next_query.get(&a).map_or(0, |&(_, i)| i);
+                    let wait = last
+                        .saturating_mul(2)
+                        .clamp(LEFT_QUERY_US, MAX_PENDING_QUERY_US);
+                    self.next_query.insert(a, (now + wait, wait));
+                }
                 return;
             }
         };
@@ -724,8 +780,12 @@ impl Provision {
             .filter_map(|a| Some((a.id, a.batch_id.clone()?)))
             .filter(|(_, id)| asked.contains(id))
             .collect();
-        for (alloc, id) in live {
-            let state = states.get(&base(&id)).cloned();
+        for &(alloc, ref id) in &live {
+            let state = states.get(&base(id)).cloned();
+            let misses_to_end = match q.allocations.get(&alloc) {
+                Some(a) if a.workers_seen > 0 => 1,
+                _ => MISSES_TO_END,
+            };
             if state.is_some() {
                 self.missed.remove(&alloc);
             }
@@ -737,23 +797,111 @@ impl Provision {
                 None => {
                     let n = self.missed.entry(alloc).or_default();
                     *n += 1;
-                    if *n >= MISSES_TO_END {
+                    if *n >= misses_to_end {
                         self.missed.remove(&alloc);
                         q.ended(now, alloc, None);
                     }
                 }
             }
         }
+        let asked_about: Vec<Allocation> = live
+            .iter()
+            .filter_map(|(a, _)| q.allocations.get(a).cloned())
+            .collect();
+        for a in asked_about {
+            if a.state.is_ended() {
+                self.next_query.remove(&a.id);
+                self.cancel_at.remove(&a.id);
+                self.missed.remove(&a.id);
+            } else {
+                self.reschedule(now, &a);
+            }
+        }
     }
 
-    /// One query per batch queue for all its allocations that have a batch id.
-    fn query_batch(&mut self) {
+    /// One query per batch queue for all its allocations that have a batch id, once one of
+    /// them is due (see [`FIRST_QUERY_US`]).
+    fn query_batch(&mut self, now: u64) {
         for q in self.allocator.queues() {
             let Some(Backend::Batch(system)) = self.sides.get(&q.id).map(|s| s.backend) else {
                 continue;
             };
-            let ids: Vec<String> = q.live().filter_map(|a| a.batch_id.clone()).collect();
-            self.batch.query(system, q.id, ids);
+            let live: Vec<(AllocId, String)> = q
+                .live()
+                .filter_map(|a| Some((a.id, a.batch_id.clone()?)))
+                .collect();
+            let due = live
+                .iter()
+                .any(|(a, _)| self.next_query.get(a).is_none_or(|&(at, _)| at <= now));
+            if due
+                && self.batch.query(
+                    system,
+                    q.id,
+                    live.iter().map(|(_, id)| id.clone()).collect(),
+                )
+            {
+                // Asked: the next time is set when the answer comes; meanwhile not due.
+                for (a, _) in &live {
+                    let e = self.next_query.entry(*a).or_insert((0, 0));
+                    e.0 = u64::MAX;
+                }
+            }
+        }
+    }
+
+    /// Allocation `alloc` is to be asked about at the next tick but one.
+    fn query_soon(&mut self, now: u64, alloc: AllocId) {
+        let e = self.next_query.entry(alloc).or_insert((0, 0));
+        e.0 = e.0.min(now + LEFT_QUERY_US);
+        e.1 = LEFT_QUERY_US;
+    }
+
+    /// When to ask about `a` again, after an answer at `now` that left it `a.state`.
+    fn reschedule(&mut self, now: u64, a: &Allocation) {
+        let last = self.next_query.get(&a.id).map_or(0, |&(_, i)| i);
+        let slower = |from: u64| last.saturating_mul(2).clamp(from, MAX_PENDING_QUERY_US);
+        let interval = match a.state {
+            AllocState::Queued | AllocState::Submitting => slower(FIRST_QUERY_US),
+            // Given its nodes, its workers not yet connected.
+            _ if a.workers_seen == 0 && !self.missed.contains_key(&a.id) => slower(FIRST_QUERY_US),
+            // Its workers gone: soon, then less often if it lingers.
+            _ if self.missed.contains_key(&a.id) || a.workers.is_empty() => slower(LEFT_QUERY_US),
+            _ => WORKING_QUERY_US,
+        };
+        self.next_query.insert(a.id, (now + interval, interval));
+    }
+
+    /// Drained allocations that did not end by themselves in time are canceled.
+    fn cancel_overdue(&mut self, now: u64) {
+        let overdue: Vec<AllocId> = self
+            .cancel_at
+            .iter()
+            .filter(|&(_, &at)| at <= now)
+            .map(|(&a, _)| a)
+            .collect();
+        for alloc in overdue {
+            self.cancel_at.remove(&alloc);
+            let Some(q) = self.queue_of(alloc) else {
+                continue;
+            };
+            let Some(a) = self
+                .allocator
+                .queue(q)
+                .and_then(|x| x.allocations.get(&alloc))
+            else {
+                continue;
+            };
+            if a.state.is_ended() {
+                continue;
+            }
+            let batch_id = a.batch_id.clone();
+            if let Some(backend) = self.sides.get(&q).map(|s| s.backend) {
+                tracing::info!(
+                    alloc,
+                    "a drained allocation did not end by itself: canceling it"
+                );
+                self.cancel_with(backend, alloc, batch_id);
+            }
         }
     }
 

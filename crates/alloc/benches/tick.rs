@@ -42,6 +42,7 @@ fn tick(c: &mut Criterion) {
         queued_slots: 1_000_000,
         free_slots: 0,
         idle: (1..=1000).step_by(2).map(|w| (w, 10 * S)).collect(),
+        covered_elsewhere: 0,
     };
     c.bench_function("tick: 1,000 allocations, 1M queued tasks", |b| {
         b.iter_batched(

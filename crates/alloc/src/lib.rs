@@ -131,28 +131,37 @@ impl Allocator {
 
     /// One tick of every queue at `now`; `demand` says what waits for each queue's workers.
     ///
-    /// Queues are ticked in order of id, and each is left only the work that the ones before
-    /// it do not cover with their free slots and the allocations they wait for (those of this
-    /// tick included): two queues never both ask for the same tasks, and a later queue brings
-    /// what an earlier one cannot (its limits reached, its backlog full).
+    /// Several queues share the waiting work: each asks only for what the *other* queues do
+    /// not cover with their free slots and the allocations they wait for (those decided earlier
+    /// in this tick included), a queue's cover counting no more than the work it can take
+    /// itself (its time limit may leave tasks out). So two queues never both ask for the same
+    /// tasks, a queue does not ask again for what another's allocation will bring, and a later
+    /// queue brings what an earlier one cannot (its limits reached, its backlog full). Queues
+    /// decide in order of id.
     pub fn tick(&mut self, now: Micros, mut demand: impl FnMut(&Queue) -> Demand) -> Vec<Action> {
+        let demands: Vec<Demand> = self.queues.values().map(&mut demand).collect();
+        let cover = |q: &Queue, d: &Demand| {
+            d.free_slots
+                .saturating_add(q.pending_slots())
+                .min(d.queued_slots)
+        };
+        let mut covers: Vec<u64> = self
+            .queues
+            .values()
+            .zip(&demands)
+            .map(|(q, d)| cover(q, d))
+            .collect();
         let mut out = Vec::new();
-        let mut covered: u64 = 0;
-        for q in self.queues.values_mut() {
-            let mut d = demand(q);
-            let slots = d.queued_slots;
-            d.queued_slots = slots.saturating_sub(covered);
-            // The tasks left, in proportion to their slots, rounded up.
-            d.queued_tasks = if slots == 0 {
-                0
-            } else {
-                (u128::from(d.queued_tasks) * u128::from(d.queued_slots))
-                    .div_ceil(u128::from(slots)) as u64
-            };
+        for (i, (q, mut d)) in self.queues.values_mut().zip(demands).enumerate() {
+            let others: u64 = covers
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .map(|(_, c)| c)
+                .sum();
+            d.covered_elsewhere = others;
             out.extend(q.tick(now, &d, &mut self.next_alloc));
-            covered = covered
-                .saturating_add(d.free_slots)
-                .saturating_add(q.pending_slots());
+            covers[i] = cover(q, &d);
         }
         out
     }

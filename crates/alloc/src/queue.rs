@@ -29,6 +29,9 @@ pub struct Demand {
     pub free_slots: u64,
     /// This queue's workers that run nothing, with since when.
     pub idle: Vec<(WorkerId, Micros)>,
+    /// Slots of that work that other queues' free slots and waiting allocations will take
+    /// (set by [`crate::Allocator::tick`]): not asked for again here.
+    pub covered_elsewhere: u64,
 }
 
 /// What the allocator asks the backend or the server to do.
@@ -194,6 +197,16 @@ impl Queue {
         true
     }
 
+    /// The server cancels `alloc` itself (it stops): over once the batch system says so, and
+    /// not counted as a failure then.
+    pub fn cancel(&mut self, alloc: AllocId) {
+        if let Some(a) = self.allocations.get_mut(&alloc) {
+            if !a.state.is_ended() {
+                a.state = AllocState::Canceling;
+            }
+        }
+    }
+
     /// A worker of `alloc` spent `cpu_us` CPU-microseconds running a task.
     pub fn task_ran(&mut self, alloc: AllocId, cpu_us: Micros) {
         if let Some(a) = self.allocations.get_mut(&alloc) {
@@ -342,7 +355,10 @@ impl Queue {
     /// workers nor the allocations already waiting will bring.
     fn acquire(&mut self, now: Micros, demand: &Demand, id: AllocId) -> Option<Action> {
         let p = &self.params;
-        let want_slots = demand.queued_slots.saturating_sub(demand.free_slots);
+        let want_slots = demand
+            .queued_slots
+            .saturating_sub(demand.free_slots)
+            .saturating_sub(demand.covered_elsewhere);
         let pending: u64 = self
             .live()
             .filter(|a| a.state.is_pending())

@@ -87,6 +87,7 @@ fn a_queue_grows_from_zero_to_four_nodes_under_a_backlog_and_waits_for_its_alloc
             queued_slots: 1000,
             free_slots: free,
             idle: vec![],
+            covered_elsewhere: 0,
         });
         let queue = al.queue_mut(q).unwrap();
         let pending = queue.live().filter(|a| a.state.is_pending()).count();
@@ -119,6 +120,7 @@ fn free_slots_of_running_workers_are_counted_before_asking() {
         queued_slots: 8,
         free_slots: 8,
         idle: vec![],
+        covered_elsewhere: 0,
     });
     assert!(acts.is_empty(), "{acts:?}");
     let acts = al.tick(S, |_| Demand {
@@ -126,6 +128,7 @@ fn free_slots_of_running_workers_are_counted_before_asking() {
         queued_slots: 9,
         free_slots: 8,
         idle: vec![],
+        covered_elsewhere: 0,
     });
     assert_eq!(submits(&acts), vec![(1, 1)], "one slot short: one node");
 }
@@ -388,6 +391,7 @@ fn centralized_release_drains_one_allocation_a_tick_while_little_work_waits() {
         queued_slots: 1,
         free_slots: 12,
         idle: vec![],
+        covered_elsewhere: 0,
     };
     let acts = al.tick(10 * S, |_| few.clone());
     let drained: Vec<_> = acts
@@ -536,4 +540,65 @@ fn queues_split_the_work_in_order_and_never_ask_twice_for_the_same_tasks() {
     // Nothing more is asked while both wait for their nodes.
     let acts = al.tick(2 * S, |_| waiting(8));
     assert!(submits(&acts).is_empty(), "{acts:?}");
+}
+
+#[test]
+fn idle_slots_of_a_queue_that_cannot_take_the_work_do_not_hold_another_back() {
+    let mut al = Allocator::new();
+    let (q1, q2) = (
+        al.add_queue(params(Acquire::One, 1)).unwrap(),
+        al.add_queue(params(Acquire::One, 1)).unwrap(),
+    );
+    // Queue 1 has 8 idle slots but its time limit leaves the waiting tasks out (it sees
+    // none); queue 2 sees them all.
+    let acts = al.tick(0, |q| {
+        if q.id == q1 {
+            Demand {
+                free_slots: 8,
+                ..Demand::default()
+            }
+        } else {
+            waiting(8)
+        }
+    });
+    let asked: Vec<QueueId> = acts
+        .iter()
+        .filter_map(|a| match a {
+            Action::Submit { queue, .. } => Some(*queue),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, vec![q2], "{acts:?}");
+}
+
+#[test]
+fn a_queue_does_not_ask_again_for_what_another_queues_allocation_will_bring() {
+    let mut al = Allocator::new();
+    let q1 = al
+        .add_queue(QueueParams {
+            backlog: 1,
+            ..params(Acquire::One, 1)
+        })
+        .unwrap();
+    let q2 = al.add_queue(params(Acquire::One, 1)).unwrap();
+    // 8 slots wait (two 4-slot nodes' worth): each queue asks for one node.
+    let acts = al.tick(0, |_| waiting(8));
+    assert_eq!(submits(&acts).len(), 2, "{acts:?}");
+    for (alloc, _) in submits(&acts) {
+        for q in [q1, q2] {
+            al.queue_mut(q)
+                .unwrap()
+                .submitted(alloc, format!("b{alloc}"));
+        }
+    }
+    // Queue 1's node comes and takes 4 tasks; queue 2's is still on its way.
+    al.queue_mut(q1).unwrap().worker_joined(S, 1, 1);
+    for t in 2..10 {
+        let acts = al.tick(t * S, |_| waiting(4));
+        assert!(submits(&acts).is_empty(), "tick {t}: {acts:?}");
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Cancel { .. })),
+            "tick {t}: queue 2's allocation is still needed: {acts:?}"
+        );
+    }
 }

@@ -36,7 +36,7 @@ pub enum AllocCommand {
     Log {
         /// The queue
         queue: u32,
-        /// One allocation of it (all of them if not given)
+        /// One allocation of it (the newest 20 if not given)
         alloc: Option<u32>,
         /// Lines shown of each file, from its end
         #[arg(short = 'n', long, default_value_t = 20, value_name = "N")]

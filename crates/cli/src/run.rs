@@ -38,6 +38,21 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     if n_workers > 0 {
         refuse_impossible(&subs, slots)?;
     }
+    if let (Some(q), 0) = (&queue, n_workers) {
+        // The queue's workers take no task that would outlive their allocation (30 s margin).
+        for s in &subs {
+            if let Some(t) = s.spec.template.timeout_ms {
+                if t.saturating_add(30_000) > q.time_limit_ms {
+                    bail!(
+                        "job {:?}: its tasks' --timeout {} and a 30 s margin do not fit in the queue's --time-limit {}, so no allocation would run them; give the queue a longer --time-limit",
+                        s.spec.name,
+                        output::duration(Duration::from_millis(t)),
+                        output::duration(Duration::from_millis(q.time_limit_ms))
+                    );
+                }
+            }
+        }
+    }
     let tasks: u64 = subs.iter().map(|s| s.tasks.len() as u64).sum();
     // Which outputs are streamed, to print them before the embedded server goes away.
     let streamed: Vec<[bool; 2]> = subs

@@ -495,7 +495,7 @@ impl Engine {
         }
         if let Some(stall) = self.core.stall(job) {
             if stall == kestrel_core::Stall::NoWorkers {
-                if let Some(why) = self.provision.awaited() {
+                if let Some(why) = self.provision.awaited(&self.core) {
                     return Some(why);
                 }
             }

@@ -260,9 +260,11 @@ impl Engine {
                 .iter()
                 .map(|f| {
                     let cpus = self.core.job(f.job).map_or(1, |j| j.need.cpus.max(1));
-                    f.finished_us.saturating_sub(f.started_us) * u64::from(cpus)
+                    f.finished_us
+                        .saturating_sub(f.started_us)
+                        .saturating_mul(u64::from(cpus))
                 })
-                .sum();
+                .fold(0u64, u64::saturating_add);
             self.provision.task_ran(worker, cpu_us);
         }
         if let Reply::Reports { ignored, .. } = self.event(now, Event::TasksEnded { worker, ends })

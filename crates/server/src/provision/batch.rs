@@ -122,6 +122,7 @@ pub(super) enum Answer {
     Found {
         queue: QueueId,
         alloc: AllocId,
+        system: System,
         name: String,
         result: Result<Option<String>, String>,
     },
@@ -284,6 +285,7 @@ impl Runner {
             let _ = tx.send(Answer::Found {
                 queue,
                 alloc,
+                system,
                 name,
                 result,
             });
@@ -327,10 +329,10 @@ impl Runner {
     }
 }
 
-/// Cancels batch job `id` at once, on the calling thread (the server is stopping: its runtime
+/// Cancels batch jobs `ids` at once, in one command, on the calling thread (the server is stopping: its runtime
 /// will not run a spawned command), waiting for the command at most [`STOP_CANCEL_LIMIT`].
-pub(super) fn cancel_now(system: System, id: &str) -> Result<(), String> {
-    let argv = system.cancel_argv(&[id]);
+pub(super) fn cancel_now(system: System, ids: &[&str]) -> Result<(), String> {
+    let argv = system.cancel_argv(ids);
     let mut child = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())

@@ -38,7 +38,7 @@ impl Local {
             .unwrap_or("")
             .split(',')
             .filter_map(|p| p.parse().ok())
-            .filter(|&p| p > 0 && alive(p))
+            .filter(|&p| runs_worker_of(p, alloc))
             .collect();
         if pids.is_empty() {
             return false;
@@ -129,7 +129,7 @@ impl Local {
         }
         // Adopted processes are not this server's children: their exit status is unknown.
         self.adopted.retain(|&alloc, pids| {
-            pids.retain(|&p| alive(p));
+            pids.retain(|&p| runs_worker_of(p, alloc));
             if pids.is_empty() {
                 ended.push((alloc, None));
             }
@@ -198,8 +198,56 @@ fn signal(pid: libc::pid_t, sig: libc::c_int) {
     }
 }
 
+/// Whether process `pid` is a worker of allocation `alloc` (`kestrel worker start ... --alloc
+/// A`), so that a pid reused since (after a reboot, or by the time an adopted worker exited)
+/// is neither watched nor signalled. Where `/proc` cannot tell, that the process exists.
+fn runs_worker_of(pid: libc::pid_t, alloc: AllocId) -> bool {
+    if !alive(pid) {
+        return false;
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return !std::path::Path::new("/proc/self/cmdline").exists();
+    };
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let alloc = alloc.to_string();
+    args.contains(&b"worker".as_slice())
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"--alloc" && w[1] == alloc.as_bytes())
+}
+
 /// Whether process `pid` exists (and is not a zombie of ours, which adopted ones never are).
 fn alive(pid: libc::pid_t) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_worker_of_the_allocation_is_adopted() {
+        // A process whose arguments are those of a worker of allocation 3.
+        let mut child = Command::new("sh")
+            .args(["-c", "sleep 30", "worker", "--alloc", "3"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as libc::pid_t;
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(runs_worker_of(pid, 3));
+        assert!(!runs_worker_of(pid, 4), "another allocation's");
+        // This test process exists but is no worker: a reused pid is not adopted.
+        assert!(!runs_worker_of(std::process::id() as libc::pid_t, 3));
+        let mut local = Local::new(PathBuf::from("access"), PathBuf::from("dir"));
+        assert!(local.adopt(3, &format!("local:{pid},999999999")));
+        assert!(!local.adopt(5, &format!("local:{pid}")));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            local.reap(),
+            vec![(3, None)],
+            "over once its worker is gone"
+        );
+    }
 }

@@ -39,6 +39,16 @@ const MAX_PENDING_QUERY_US: u64 = 60_000_000;
 const WORKING_QUERY_US: u64 = 300_000_000;
 const LEFT_QUERY_US: u64 = 2_000_000;
 
+/// Busy CPU-microseconds an allocation gathers before they are journaled again (they are at
+/// every other change, and at the server's stop).
+const BUSY_SAVE_US: u64 = 60_000_000;
+
+/// Characters of the server's id in its batch job names.
+const TAG_CHARS: usize = 4;
+
+/// Searches by name for an allocation whose submission never answered, before giving up.
+const FIND_TRIES: u8 = 3;
+
 /// How long a drained allocation, whose workers have left, may take to end by itself (its
 /// pilot exits with its workers) before it is canceled.
 const DRAINED_END_US: u64 = 15_000_000;
@@ -87,6 +97,8 @@ pub struct Provision {
     missed: FxHashMap<AllocId, u8>,
     /// When each allocation with a batch id is next asked about, and the last interval.
     next_query: FxHashMap<AllocId, (u64, u64)>,
+    /// Searches by name that failed, by allocation.
+    find_tries: FxHashMap<AllocId, u8>,
     /// Drained allocations left to end by themselves, canceled if still live by then.
     cancel_at: FxHashMap<AllocId, u64>,
     last_tick_us: u64,
@@ -149,12 +161,13 @@ impl Provision {
             missed: FxHashMap::default(),
             next_query: FxHashMap::default(),
             cancel_at: FxHashMap::default(),
+            find_tries: FxHashMap::default(),
             last_tick_us: 0,
             store: None,
             kept: FxHashMap::default(),
             kept_paused: FxHashMap::default(),
             kept_ids: (1, 1),
-            tag: server_id.chars().take(6).collect(),
+            tag: server_id.chars().take(TAG_CHARS).collect(),
             dir: dir.join("alloc"),
         }
     }
@@ -169,7 +182,7 @@ impl Provision {
         server_id: &str,
         now: u64,
     ) -> Result<Option<String>, String> {
-        self.tag = server_id.chars().take(6).collect();
+        self.tag = server_id.chars().take(TAG_CHARS).collect();
         let store = store::Store::open(path)?;
         let saved = store.load()?;
         self.allocator.skip_ids(saved.next_ids.0, saved.next_ids.1);
@@ -257,14 +270,19 @@ impl Provision {
         }
     }
 
-    /// The batch job name of allocation `alloc`: short enough for PBS (15 characters), and
-    /// unique to this server's journal.
+    /// The batch job name of allocation `alloc`: short enough for PBS (15 characters, up to
+    /// allocation 99,999,999), and unique to this server's journal.
     fn job_name(&self, alloc: AllocId) -> String {
         format!("k{}-a{alloc}", self.tag)
     }
 
     /// Writes what changed since the last save: allocations, queues' pauses, the next ids.
     fn save(&mut self) -> Result<(), String> {
+        self.save_with(BUSY_SAVE_US)
+    }
+
+    /// [`Self::save`], writing busy time that changed by `busy_step` or more.
+    fn save_with(&mut self, busy_step: u64) -> Result<(), String> {
         let Some(store) = self.store.as_mut() else {
             return Ok(());
         };
@@ -277,6 +295,8 @@ impl Provision {
                         && k.started_us == a.started_us
                         && k.ended_us == a.ended_us
                         && k.workers_seen == a.workers_seen
+                        // Busy time is kept now and then, not at every task end.
+                        && a.busy_cpu_us.abs_diff(k.busy_cpu_us) < busy_step
                 });
                 if !same {
                     rows.push((q.id, a));
@@ -436,12 +456,16 @@ impl Provision {
 
     /// What the allocation queues are doing about work that has no worker: said instead of
     /// "start a worker" while a queue is active; `None` without queues.
-    pub fn awaited(&self) -> Option<String> {
+    pub fn awaited(&self, core: &Scheduler) -> Option<String> {
         let mut pending = 0;
         let mut paused = Vec::new();
         let mut queues = 0;
+        let mut fitting = 0;
         for q in self.allocator.queues() {
             queues += 1;
+            if core.ready_demand_within(q.params.time_limit_us).1 > 0 {
+                fitting += 1;
+            }
             pending += q.live().filter(|a| a.state.is_pending()).count();
             if let Some(p) = &q.paused {
                 paused.push(match p {
@@ -457,6 +481,9 @@ impl Provision {
         }
         if paused.len() == queues {
             return Some(format!("no worker is connected, and {}", paused.join("; ")));
+        }
+        if fitting == 0 && pending == 0 {
+            return Some("no worker is connected, and no allocation queue's --time-limit fits the waiting tasks (their --timeout plus a 30 s margin): add a queue with a longer one".to_string());
         }
         Some(if pending > 0 {
             format!("no worker is connected yet: {pending} allocation(s) are on their way (`kestrel alloc list`)")
@@ -533,6 +560,8 @@ impl Provision {
                 queued_slots,
                 free_slots,
                 idle,
+                // The allocator's, from the other queues.
+                covered_elsewhere: 0,
             }
         });
         // New allocations are journaled before they are submitted; one that cannot be is not.
@@ -627,9 +656,10 @@ impl Provision {
                 batch::Answer::Found {
                     queue,
                     alloc,
+                    system,
                     name,
                     result,
-                } => self.found(now, (queue, alloc), &name, result),
+                } => self.found(now, (queue, alloc), system, name, result),
             }
         }
     }
@@ -712,19 +742,29 @@ impl Provision {
         &mut self,
         now: u64,
         (queue, alloc): (QueueId, AllocId),
-        name: &str,
+        system: batch::System,
+        name: String,
         result: Result<Option<String>, String>,
     ) {
-        let Some(q) = self.allocator.queue_mut(queue) else {
-            return;
-        };
-        match result {
-            Ok(Some(id)) => {
+        let live = self.allocator.queue_mut(queue).filter(|q| {
+            q.allocations
+                .get(&alloc)
+                .is_some_and(|a| a.state == AllocState::Submitting)
+        });
+        match (result, live) {
+            (Ok(Some(id)), Some(q)) => {
                 tracing::info!(queue, alloc, batch_id = %id, "allocation found again by its job name");
+                self.find_tries.remove(&alloc);
                 q.submitted(alloc, id);
             }
-            Ok(None) => {
+            // Its queue was removed (or it was canceled) meanwhile: nobody would own it.
+            (Ok(Some(id)), None) => {
+                tracing::info!(alloc, batch_id = %id, "canceling a job found by name that no queue owns any more");
+                self.batch.cancel(system, vec![id]);
+            }
+            (Ok(None), Some(q)) => {
                 tracing::info!(queue, alloc, "batch job {name} was never submitted");
+                self.find_tries.remove(&alloc);
                 q.ended(
                     now,
                     alloc,
@@ -733,10 +773,23 @@ impl Provision {
                     )),
                 );
             }
-            Err(e) => {
-                tracing::warn!(queue, alloc, "cannot look for batch job {name}: {e}");
-                q.ended(now, alloc, Some(format!("the server stopped while submitting it, and looking for its job failed ({e}): if job {name} is in the batch queue, cancel it by hand")));
+            (Err(e), Some(q)) => {
+                let tries = self.find_tries.entry(alloc).or_default();
+                *tries += 1;
+                if *tries < FIND_TRIES {
+                    tracing::warn!(
+                        queue,
+                        alloc,
+                        "cannot look for batch job {name} (asking again): {e}"
+                    );
+                    self.batch.find(system, (queue, alloc), name);
+                } else {
+                    tracing::warn!(queue, alloc, "cannot look for batch job {name}: {e}");
+                    self.find_tries.remove(&alloc);
+                    q.ended(now, alloc, Some(format!("the server stopped while submitting it, and looking for its job failed ({e}): if job {name} is in the batch queue, cancel it by hand")));
+                }
             }
+            (_, None) => {}
         }
     }
 
@@ -997,8 +1050,14 @@ impl Provision {
             ));
         }
         let lines = lines.min(MAX_LOG_LINES) as usize;
+        // Without one named, the newest ones (each file's tail is up to 64 KiB).
+        let skip = match alloc {
+            Some(_) => 0,
+            None => q.allocations.len().saturating_sub(MAX_LOG_ALLOCS),
+        };
         Ok(q.allocations
             .values()
+            .skip(skip)
             .filter(|a| alloc.is_none_or(|x| x == a.id))
             .map(|a| {
                 let dir = self.dir.join(a.id.to_string());
@@ -1023,7 +1082,7 @@ impl Provision {
     /// server), so none is left behind. Running ones end as their workers, told to stop, leave.
     pub fn shut_down(&mut self) {
         self.local.stop_all();
-        let mut waiting: Vec<(batch::System, String)> = Vec::new();
+        let mut waiting: Vec<(batch::System, QueueId, AllocId, String)> = Vec::new();
         for q in self.allocator.queues() {
             let Some(Backend::Batch(system)) = self.sides.get(&q.id).map(|s| s.backend) else {
                 continue;
@@ -1031,13 +1090,38 @@ impl Provision {
             waiting.extend(
                 q.live()
                     .filter(|a| a.state == AllocState::Queued)
-                    .filter_map(|a| Some((system, a.batch_id.clone()?))),
+                    .filter_map(|a| Some((system, q.id, a.id, a.batch_id.clone()?))),
             );
         }
-        for (system, id) in waiting {
-            tracing::info!(batch_id = %id, "canceling an allocation still waiting for nodes: the server stops");
-            if let Err(e) = batch::cancel_now(system, &id) {
-                tracing::warn!("{e}; cancel batch job {id} by hand");
+        // Journaled as canceling first: a restarted server then sees them end as canceled,
+        // not as allocations that failed to bring a worker.
+        for (_, queue, alloc, _) in &waiting {
+            if let Some(q) = self.allocator.queue_mut(*queue) {
+                q.cancel(*alloc);
+            }
+        }
+        if let Err(e) = self.save_with(1) {
+            tracing::error!("cannot journal the allocations: {e}");
+        }
+        for system in [
+            batch::System::Slurm,
+            batch::System::Pbs(kestrel_alloc::backend::pbs::Flavor::Pro),
+            batch::System::Pbs(kestrel_alloc::backend::pbs::Flavor::Torque),
+        ] {
+            let ids: Vec<&str> = waiting
+                .iter()
+                .filter(|w| w.0 == system)
+                .map(|w| w.3.as_str())
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            tracing::info!(
+                ?ids,
+                "canceling allocations still waiting for nodes: the server stops"
+            );
+            if let Err(e) = batch::cancel_now(system, &ids) {
+                tracing::warn!("{e}; cancel batch jobs {} by hand", ids.join(" "));
             }
         }
     }
@@ -1074,6 +1158,14 @@ fn queue_params(spec: &AllocQueueSpec) -> Result<(QueueParams, Backend), String>
     Ok((params, backend))
 }
 
+/// Characters of a line `alloc log` shows, and bytes of one file's tail, at most: a reply
+/// for many allocations stays well within a message.
+const MAX_LINE_CHARS: usize = 2_000;
+const MAX_TAIL_BYTES: usize = 64 * 1024;
+
+/// Allocations `alloc log Q` shows without one named: the newest.
+const MAX_LOG_ALLOCS: usize = 20;
+
 /// Lines `alloc log` shows of a file, at most.
 const MAX_LOG_LINES: u32 = 10_000;
 
@@ -1088,9 +1180,28 @@ fn tail(path: &std::path::Path, lines: usize) -> LogFile {
         let mut bytes = Vec::new();
         f.take(WINDOW).read_to_end(&mut bytes)?;
         let text = String::from_utf8_lossy(&bytes);
-        let all: Vec<&str> = text.lines().collect();
+        let mut all: Vec<&str> = text.lines().collect();
+        if size > WINDOW && all.len() > 1 {
+            // The window began mid-line.
+            all.remove(0);
+        }
         let from = all.len().saturating_sub(lines);
-        Ok((size, all[from..].join("\n")))
+        let mut out = String::new();
+        for line in &all[from..] {
+            // Long lines are cut, and control characters (a terminal's escapes) shown as '?'.
+            let shown: String = line
+                .chars()
+                .take(MAX_LINE_CHARS)
+                .map(|c| if c.is_control() && c != '\t' { '?' } else { c })
+                .collect();
+            out.push_str(&shown);
+            out.push('\n');
+            if out.len() > MAX_TAIL_BYTES {
+                break;
+            }
+        }
+        out.pop();
+        Ok((size, out))
     };
     let (size, tail) = match read() {
         Ok((size, tail)) => (Some(size), tail),

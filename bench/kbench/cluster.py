@@ -29,9 +29,12 @@ def counts_of(doc: dict) -> dict:
 class Cluster:
     """A `kestrel server start` on 127.0.0.1 in a fresh directory, plus workers."""
 
-    def __init__(self, kbin: str, root: Path, name: str, journal: bool = True) -> None:
+    def __init__(
+        self, kbin: str, root: Path, name: str, journal: bool = True, env: dict | None = None
+    ) -> None:
         self.kbin = kbin
         self.journal = journal
+        self.env = env  # the server's environment (default: this one)
         self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
         self.sdir = self.dir / "server"
         self.server: subprocess.Popen | None = None
@@ -56,7 +59,7 @@ class Cluster:
         argv = self.k("server", "start", "--host", "127.0.0.1")
         if not self.journal:
             argv.append("--no-journal")
-        self.server = PROCS.start(argv, stdout=log_f, stderr=log_f, cwd=self.dir)
+        self.server = PROCS.start(argv, stdout=log_f, stderr=log_f, cwd=self.dir, env=self.env)
         access = self.sdir / "access.json"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

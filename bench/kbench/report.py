@@ -554,6 +554,11 @@ def report(res: dict, doc: Path, png: Path) -> None:
             "Lineage: a worker killed mid-run (issue 13)",
             "bench/graphs_lineage.py",
         ),
+        (
+            "benchmarks-provisioning.md",
+            "Workers from the batch system: Falkon's 18 stages on Slurm (issue 14)",
+            "bench/provisioning.py",
+        ),
     ):
         _copied_section(a, doc.with_name(part), title, writer)
     a("## How each figure was measured\n")

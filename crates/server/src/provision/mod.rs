@@ -550,9 +550,17 @@ impl Provision {
                 entry.1.push((w, since));
             }
         }
+        // Tasks workers have taken beyond their slots wait there for one: work a new worker
+        // gets by stealing, so it counts (without it, a stage whose tasks all fit in the
+        // prefetch windows of the workers up ran in rounds and asked for nothing).
+        let on_workers: u64 = core
+            .workers()
+            .map(|w| u64::from(w.used.cpus.saturating_sub(w.offer.resources.cpus)))
+            .sum();
         let mut actions = self.allocator.tick(now, |q| {
             // Only tasks that could end within this queue's allocations.
-            let (queued_tasks, queued_slots) = core.ready_demand_within(q.params.time_limit_us);
+            let (tasks, slots) = core.ready_demand_within(q.params.time_limit_us);
+            let (queued_tasks, queued_slots) = (tasks + on_workers, slots + on_workers);
             let (free_slots, mut idle) = mine.remove(&q.id).unwrap_or_default();
             idle.sort_unstable();
             Demand {

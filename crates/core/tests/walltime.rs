@@ -176,3 +176,41 @@ fn a_worker_entering_its_end_margin_gives_back_the_tasks_waiting_there() {
     let other = staging_worker(&mut s, 1);
     assert_eq!(assigned(&mut s, at + 1), vec![(other, job, 1)]);
 }
+
+#[test]
+fn work_packs_onto_the_fewest_allocations_so_the_others_can_idle_out() {
+    let mut s = Scheduler::new(Config::default());
+    let fixed = staging_worker(&mut s, 2);
+    let older = staging_worker(&mut s, 2);
+    let newer = staging_worker(&mut s, 2);
+    for (worker, hours) in [(older, 1), (newer, 2)] {
+        let at_us = hours * 3600 * S;
+        s.handle(0, Event::WorkerEnds { worker, at_us }).unwrap();
+    }
+    // Stage after stage of three tasks: the worker that costs nothing more to keep fills
+    // first, then the allocation with the most time left; the older one never gets a task
+    // (spread by the policy's rotation, every stage kept every allocation busy).
+    let mut now = S;
+    for stage in 0..6 {
+        let job = s
+            .submit(now, spec(&format!("stage-{stage}")), array(3), false)
+            .unwrap();
+        let mut got = assigned(&mut s, now);
+        got.sort_unstable();
+        let mut want = vec![(fixed, job, 2), (newer, job, 1)];
+        want.sort_unstable();
+        assert_eq!(got, want, "stage {stage}");
+        now += S;
+        for (worker, index) in [(fixed, 0), (fixed, 1), (newer, 2)] {
+            let ends = vec![Finished::at_once(job, index, now, RunEnd::Success)];
+            s.handle(now, Event::TasksEnded { worker, ends }).unwrap();
+        }
+    }
+    // With more work than the others hold, the older allocation takes its share.
+    let job = s.submit(now, spec("wide"), array(6), false).unwrap();
+    let mut got = assigned(&mut s, now);
+    got.sort_unstable();
+    let mut want = vec![(fixed, job, 2), (older, job, 2), (newer, job, 2)];
+    want.sort_unstable();
+    assert_eq!(got, want);
+}

@@ -32,6 +32,7 @@ impl Scheduler {
             // Only workers that may have room: the others would take nothing.
             let mut ids: Vec<WorkerId> = self.open.iter().copied().collect();
             self.policy.order_workers(&mut ids);
+            self.pack_allocations(&mut ids);
             // With more queued than all workers can hold, every window fills whatever the
             // order: one pass does it.
             let room: u64 = ids
@@ -80,6 +81,20 @@ impl Scheduler {
         }
         self.steal(now_us);
         self.reclaim_from_ending(now_us);
+    }
+
+    /// Workers of allocations (those that know their end) come after the others, the latest
+    /// end first; the policy's order stays within each group. Work left over by the workers
+    /// that cost nothing more to keep thus packs onto the fewest allocations, the newest first,
+    /// and the others idle until their queue's `--idle-timeout` gives them back whole: spread
+    /// over all of them (the policy's rotation), a few tasks a stage kept every node busy, and
+    /// none was ever released. Those ending soonest idle first, as they would leave first.
+    fn pack_allocations(&self, ids: &mut [WorkerId]) {
+        let end = |id: &WorkerId| self.workers.get(id).and_then(|w| w.ends_at_us);
+        if ids.iter().any(|id| end(id).is_some()) {
+            // Stable: equal keys (no end, or one allocation's workers) keep the policy's order.
+            ids.sort_by_key(|id| std::cmp::Reverse(end(id).unwrap_or(u64::MAX)));
+        }
     }
 
     /// A worker within its end margin drains: tasks it holds that have not started (waiting

@@ -106,6 +106,17 @@ impl Allocation {
         }
     }
 
+    /// Whether it counts against its queue's `--max-allocs` and `--max-workers`: not over,
+    /// and not being canceled with no worker of it connected. A released allocation whose
+    /// workers have left ends by itself within moments (its pilot exits with them), and one
+    /// canceled while it waited brings no worker (one that comes anyway is told to leave):
+    /// counted until the batch system confirms their end, they held back the allocations
+    /// that new work needed.
+    pub fn holds_nodes(&self) -> bool {
+        let gone = self.state == AllocState::Canceling && self.workers.is_empty();
+        !(self.state.is_ended() || gone)
+    }
+
     /// When its time limit ends it, once it runs.
     pub fn ends_at(&self, time_limit_us: Micros) -> Option<Micros> {
         self.started_us.map(|s| s.saturating_add(time_limit_us))

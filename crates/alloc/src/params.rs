@@ -128,6 +128,12 @@ impl QueueParams {
                     .into(),
             ));
         }
+        if self.release_below == Some(0) {
+            return Err(ParamsError(
+                "--release-below must be at least 1: it releases while fewer tasks than it wait"
+                    .into(),
+            ));
+        }
         if self.max_failures == 0 {
             return Err(ParamsError("the failure limit must be at least 1".into()));
         }

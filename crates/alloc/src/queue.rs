@@ -314,13 +314,19 @@ impl Queue {
         if demand.queued_tasks >= q || draining {
             return;
         }
-        // The allocation with the least time left goes first: it would leave soonest anyway.
+        // The least busy goes first (the fewest of its workers running something: it gives
+        // up the least), then the one with the least time left (it would leave soonest).
         let limit = self.params.time_limit_us;
+        let idle: std::collections::HashSet<WorkerId> =
+            demand.idle.iter().map(|&(w, _)| w).collect();
         let first = self
             .allocations
             .values_mut()
             .filter(|a| a.state == AllocState::Running && !a.workers.is_empty())
-            .min_by_key(|a| (a.ends_at(limit), a.id));
+            .min_by_key(|a| {
+                let busy = a.workers.iter().filter(|w| !idle.contains(w)).count();
+                (busy, a.ends_at(limit), a.id)
+            });
         if let Some(a) = first {
             a.state = AllocState::Draining;
             out.push(Action::Drain {
@@ -375,8 +381,9 @@ impl Queue {
             return None;
         }
         let waiting = self.live().filter(|a| a.state.is_pending()).count() as u64;
-        let live = self.live().count() as u64;
-        let live_nodes: u64 = self.live().map(|a| u64::from(a.nodes)).sum();
+        let holding = || self.allocations.values().filter(|a| a.holds_nodes());
+        let live = holding().count() as u64;
+        let live_nodes: u64 = holding().map(|a| u64::from(a.nodes)).sum();
         if waiting >= u64::from(p.backlog) || p.max_allocs.is_some_and(|m| live >= u64::from(m)) {
             return None;
         }

@@ -195,6 +195,35 @@ fn an_allocation_is_released_whole_once_all_its_workers_have_idled_long_enough()
 }
 
 #[test]
+fn a_released_allocation_whose_workers_left_does_not_hold_back_the_next_one() {
+    let p = QueueParams {
+        idle_timeout_us: Some(10 * S),
+        max_workers: Some(2),
+        ..params(Acquire::All, 2)
+    };
+    let (mut al, q, alloc) = running(2, p);
+    let idle = Demand {
+        idle: vec![(1, S), (2, S)],
+        ..Demand::default()
+    };
+    assert!(matches!(
+        al.tick(20 * S, |_| idle.clone())[..],
+        [Action::Drain { .. }]
+    ));
+    let queue = al.queue_mut(q).unwrap();
+    queue.worker_left(alloc, 1);
+    queue.worker_left(alloc, 2);
+    assert_eq!(
+        al.tick(21 * S, |_| Demand::default()),
+        vec![Action::Cancel { queue: q, alloc }]
+    );
+    // Work comes back before the batch system has said that the allocation ended: its nodes
+    // are free (its pilot exits with its workers), so a new one is asked for at once.
+    let acts = al.tick(22 * S, |_| waiting(8));
+    assert_eq!(submits(&acts), vec![(alloc + 1, 2)], "{acts:?}");
+}
+
+#[test]
 fn without_an_idle_timeout_idle_workers_stay() {
     let p = QueueParams {
         idle_timeout_us: None,
@@ -386,19 +415,24 @@ fn centralized_release_drains_one_allocation_a_tick_while_little_work_waits() {
         }
     }
     assert_eq!(al.queue(q).unwrap().live().count(), 3);
+    // Worker 2 runs nothing: its allocation gives up the least, so it goes first (before
+    // the oldest, which has the least time left).
     let few = Demand {
         queued_tasks: 1,
         queued_slots: 1,
         free_slots: 12,
-        idle: vec![],
+        idle: vec![(2, 5 * S)],
         covered_elsewhere: 0,
     };
     let acts = al.tick(10 * S, |_| few.clone());
     let drained: Vec<_> = acts
         .iter()
-        .filter(|a| matches!(a, Action::Drain { .. }))
+        .filter_map(|a| match a {
+            Action::Drain { alloc, workers, .. } => Some((*alloc, workers.clone())),
+            _ => None,
+        })
         .collect();
-    assert_eq!(drained.len(), 1, "{acts:?}");
+    assert_eq!(drained, vec![(2, vec![2])], "{acts:?}");
     // The next one only once the first has gone.
     assert!(al.tick(11 * S, |_| few.clone()).is_empty());
 }
@@ -429,6 +463,12 @@ fn settings_that_cannot_work_are_refused_with_what_to_change() {
         .unwrap_err()
         .to_string()
         .contains("--time-limit"));
+    let never = QueueParams {
+        release_below: Some(0),
+        ..params(Acquire::One, 1)
+    };
+    let err = al.add_queue(never).unwrap_err();
+    assert!(err.to_string().contains("--release-below"), "{err}");
 }
 
 #[test]

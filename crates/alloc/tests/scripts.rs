@@ -120,15 +120,12 @@ fn the_pbs_pilots_use_each_flavors_own_directives() {
 fn submit_commands_put_the_users_arguments_before_the_script() {
     let user = vec!["--partition".to_string(), "gpu".to_string()];
     assert_eq!(
-        slurm::submit("/s/pilot.sh", &user, true),
-        vec![
-            "sbatch",
-            "--parsable",
-            "--hold",
-            "--partition",
-            "gpu",
-            "/s/pilot.sh"
-        ]
+        slurm::submit("/s/pilot.sh", &user),
+        vec!["sbatch", "--parsable", "--partition", "gpu", "/s/pilot.sh"]
+    );
+    assert_eq!(
+        slurm::test_only("/s/pilot.sh", &user),
+        vec!["sbatch", "--test-only", "--partition", "gpu", "/s/pilot.sh"]
     );
     let p = pilot(1);
     let argv = pbs::submit(&p, "/s/pilot.sh", &["-q".into(), "short".into()], false);

@@ -130,7 +130,7 @@ fn a_two_node_slurm_allocation_runs_one_worker_on_each_node() {
     let script = dir.path().join("pilot.sh");
     std::fs::write(&script, slurm::script(&p)).expect("script");
     let before = now_s();
-    let out = run(&slurm::submit(&script.display().to_string(), &[], false));
+    let out = run(&slurm::submit(&script.display().to_string(), &[]));
     assert!(
         out.status.success(),
         "{}",
@@ -145,7 +145,7 @@ fn a_two_node_slurm_allocation_runs_one_worker_on_each_node() {
 }
 
 #[test]
-fn a_wrong_partition_is_refused_with_slurms_message_and_a_held_test_leaves_nothing() {
+fn a_wrong_partition_is_refused_with_slurms_message_and_a_test_only_dry_run_leaves_nothing() {
     need_slurm!();
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("started");
@@ -155,24 +155,26 @@ fn a_wrong_partition_is_refused_with_slurms_message_and_a_held_test_leaves_nothi
     std::fs::write(&script, slurm::script(&p)).expect("script");
     let path = script.display().to_string();
     let wrong = vec!["--partition".to_string(), "no-such-partition".to_string()];
-    let out = run(&slurm::submit(&path, &wrong, true));
+    let out = run(&slurm::test_only(&path, &wrong));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid partition"), "{err}");
-    // The dry run of a right one: held, then canceled; it never ran.
-    let out = run(&slurm::submit(&path, &[], true));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    // More nodes than the partition has is refused the same way.
+    let too_many = vec!["--nodes".to_string(), "99".to_string()];
+    let out = run(&slurm::test_only(&path, &too_many));
+    assert!(!out.status.success(), "99 nodes of 4 taken");
+    // The dry run of a right one: Slurm says when it would start, and takes no job.
+    let out = run(&slurm::test_only(&path, &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("to start at"), "{err}");
+    let listed = run(&slurm::find_by_name("kestrel-test-dry"));
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "",
+        "no job was taken"
     );
-    let id = slurm::parse_submit(&String::from_utf8_lossy(&out.stdout)).expect("job id");
-    let ids = [id.as_str()];
-    let listed = slurm::parse_query(&String::from_utf8_lossy(&run(&slurm::query(&ids)).stdout));
-    assert_eq!(listed, vec![(id.clone(), BatchState::Queued)]);
-    assert!(run(&slurm::cancel(&ids)).status.success());
-    assert!(matches!(wait_ended(&id), BatchState::Failed(w) if w.starts_with("CANCELLED")));
-    assert!(started(&log).is_empty(), "a held job never runs");
+    assert!(started(&log).is_empty(), "nothing ran");
 }
 
 #[test]

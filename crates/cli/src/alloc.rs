@@ -99,6 +99,11 @@ pub struct AddArgs {
     /// `never` keeps them
     #[arg(long, default_value = "2m", value_name = "DURATION|never")]
     idle_timeout: String,
+    /// Centralized release (Falkon's): while fewer than Q tasks wait for a slot, one
+    /// allocation a second is released, the least busy first (its workers finish what they
+    /// run and leave); beside --idle-timeout, which releases only allocations that idle
+    #[arg(long, value_name = "Q")]
+    release_below: Option<u64>,
     /// How big each request is: one node, one more than the last (additive), twice the last
     /// (exponential), or all the waiting work needs (Falkon's acquisition policies)
     #[arg(long, default_value = "all", value_parser = ["one", "additive", "exponential", "all"])]
@@ -109,9 +114,9 @@ pub struct AddArgs {
     /// More `kestrel worker start` arguments for its workers, e.g. "--slots 2 --cache-size 10G"
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     worker_args: Option<String>,
-    /// Skip the check at `alloc add`: by default a held test allocation is submitted and
-    /// canceled, so what the batch system refuses (a wrong partition or account) is refused
-    /// now, with its own message
+    /// Skip the check at `alloc add`: by default the batch system checks a test allocation
+    /// (Slurm: `sbatch --test-only`; PBS: a held job, then deleted), so what it refuses (a
+    /// wrong partition or account) is refused now, with its own message
     #[arg(long)]
     no_dry_run: bool,
     /// Arguments of the batch system's submit command (after --), e.g. --partition debug
@@ -250,6 +255,7 @@ fn spec(a: AddArgs) -> Result<AllocQueueSpec> {
         worker_args,
         batch_args: a.batch_args,
         dry_run: !a.no_dry_run,
+        release_below: a.release_below,
     })
 }
 
@@ -314,9 +320,12 @@ fn info(g: &Global, q: &AllocQueueView) {
     line(
         "policy",
         format!(
-            "acquire {}, idle timeout {}",
+            "acquire {}, idle timeout {}{}",
             s.acquire,
-            s.idle_timeout_ms.map_or("never".into(), ms)
+            s.idle_timeout_ms.map_or("never".into(), ms),
+            s.release_below
+                .map(|q| format!(", release while fewer than {q} tasks wait"))
+                .unwrap_or_default()
         ),
     );
     if !s.worker_args.is_empty() {

@@ -115,8 +115,18 @@ fn a_wrong_partition_is_refused_at_alloc_add_with_slurms_message() {
     );
     let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
     assert_eq!(v["queues"].as_array().map(Vec::len), Some(0));
-    // A right one is taken once its held test allocation was taken and canceled.
+    // A right one is taken once `sbatch --test-only` accepted it; no job was taken for it.
     c.run(&["alloc", "add", "slurm", "--time-limit", "5m"]).ok();
+    let listed = Command::new("squeue")
+        .args(["-h", "--states=all", "-o", "%o"])
+        .output()
+        .expect("squeue");
+    let scripts = String::from_utf8_lossy(&listed.stdout);
+    let dir = c.server_dir.display().to_string();
+    assert!(
+        !scripts.lines().any(|l| l.starts_with(&dir)),
+        "a job of this server is in squeue: {scripts}"
+    );
     let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
     assert_eq!(v["queues"][0]["paused"], Value::Null, "{v}");
     assert_eq!(

@@ -587,9 +587,14 @@ pub struct AllocQueueSpec {
     pub worker_args: Vec<String>,
     /// Arguments of the batch system's submit command (`--partition`, `-q`, ...).
     pub batch_args: Vec<String>,
-    /// Submit a held test allocation and cancel it before taking the queue, so that what the
-    /// batch system refuses is refused at `alloc add`.
+    /// Check a test allocation with the batch system before taking the queue (Slurm's
+    /// `sbatch --test-only`; a held PBS job, then canceled), so that what the batch system
+    /// refuses is refused at `alloc add`.
     pub dry_run: bool,
+    /// Centralized release: while fewer tasks than this wait, one allocation a tick finishes
+    /// what it runs and leaves. `None`: off.
+    #[serde(default)]
+    pub release_below: Option<u64>,
 }
 
 /// A queue as `alloc list` shows it.

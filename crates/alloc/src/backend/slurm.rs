@@ -30,13 +30,21 @@ pub fn script(p: &Pilot) -> String {
     )
 }
 
-/// The submit command: `sbatch --parsable [--hold] ARGS SCRIPT` (the user's arguments before
-/// the script, so a wrong partition is sbatch's to refuse).
-pub fn submit(script_path: &str, user_args: &[String], hold: bool) -> Vec<String> {
+/// The submit command: `sbatch --parsable ARGS SCRIPT` (the user's arguments before the
+/// script, so a wrong partition is sbatch's to refuse).
+pub fn submit(script_path: &str, user_args: &[String]) -> Vec<String> {
     let mut argv = vec!["sbatch".to_string(), "--parsable".to_string()];
-    if hold {
-        argv.push("--hold".into());
-    }
+    argv.extend(user_args.iter().cloned());
+    argv.push(script_path.to_string());
+    argv
+}
+
+/// The dry run of `alloc add`: `sbatch --test-only ARGS SCRIPT`. Slurm checks the job as it
+/// would a submission (partition, account, QOS, node counts) and says when it would start,
+/// but takes no job: one command, and nothing to cancel or to leave behind if the server
+/// stops meanwhile (a held job needs a second command to go away).
+pub fn test_only(script_path: &str, user_args: &[String]) -> Vec<String> {
+    let mut argv = vec!["sbatch".to_string(), "--test-only".to_string()];
     argv.extend(user_args.iter().cloned());
     argv.push(script_path.to_string());
     argv

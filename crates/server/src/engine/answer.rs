@@ -125,7 +125,7 @@ impl Engine {
             } => self.extend(now, job, at, TaskSet::Lines(lines), close),
             Ask::AllocAdd(spec) => match self.provision.add(*spec, (conn, req.id)) {
                 Ok(crate::provision::Added::Now(queue)) => Ok(Answer::AllocAdded { queue }),
-                // Answered once the held test allocation was taken and canceled.
+                // Answered once the batch system has checked a test allocation.
                 Ok(crate::provision::Added::Checking) => return,
                 Err(e) => Err(Refusal::from(e)),
             },

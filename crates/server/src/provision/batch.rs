@@ -47,7 +47,8 @@ impl System {
         hold: bool,
     ) -> Vec<String> {
         match self {
-            System::Slurm => slurm::submit(script, batch_args, hold),
+            // Slurm's dry run is `--test-only`, never a held job.
+            System::Slurm => slurm::submit(script, batch_args),
             System::Pbs(_) => pbs::submit(p, script, batch_args, hold),
         }
     }
@@ -196,29 +197,34 @@ impl Runner {
         });
     }
 
-    /// Submits a held test allocation of a queue being added (check number `check`) and
-    /// cancels it: `alloc add`'s dry run. Its files go to `alloc/check-N/`.
+    /// `alloc add`'s dry run of a queue being added (check number `check`): Slurm checks a
+    /// test allocation with `sbatch --test-only`; PBS, which has no such thing, is sent a held
+    /// one that is then canceled. Its files go to `alloc/check-N/`.
     pub(super) fn dry_run(&self, system: System, check: u32, spec: &AllocQueueSpec) {
         let tx = self.tx.clone();
-        let name = format!("kestrel-check{check}");
-        let job = self.submit_job(
-            system,
-            &format!("check-{check}"),
-            name,
-            (0, spec.nodes),
-            spec,
-            true,
-        );
-        tokio::spawn(async move {
-            let result = match job.await {
-                Ok(id) => {
-                    let cancel = system.cancel_argv(&[&id]);
-                    run(&cancel, system).await.map(|_| ()).map_err(|e| {
+        let (dir, name) = (format!("check-{check}"), format!("kestrel-check{check}"));
+        let checked: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = if system
+            == System::Slurm
+        {
+            let prepared = self.prepare(system, &dir, name, (0, spec.nodes), spec);
+            let batch_args = spec.batch_args.clone();
+            Box::pin(async move {
+                let (_, script) = prepared?;
+                let argv = slurm::test_only(&script.display().to_string(), &batch_args);
+                run(&argv, system).await.map(|_| ())
+            })
+        } else {
+            let job = self.submit_job(system, &dir, name, (0, spec.nodes), spec, true);
+            Box::pin(async move {
+                let id = job.await?;
+                let cancel = system.cancel_argv(&[&id]);
+                run(&cancel, system).await.map(|_| ()).map_err(|e| {
                         format!("the held test allocation {id} was taken but not canceled ({e}): cancel it by hand")
                     })
-                }
-                Err(e) => Err(e),
-            };
+            })
+        };
+        tokio::spawn(async move {
+            let result = checked.await;
             let _ = tx.send(Answer::DryRun { check, result });
         });
     }

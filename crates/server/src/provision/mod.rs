@@ -30,14 +30,19 @@ const TICK_US: u64 = 1_000_000;
 /// whose workers came was listed for sure, and one miss ends it.
 const MISSES_TO_END: u8 = 2;
 
-/// When the batch system is asked about an allocation again (HQ asks rarely, and learns the
-/// rest from its workers; so does Kestrel): one waiting for nodes soon after its submission,
-/// then less and less often; one whose workers are all connected only as a safety net; one
-/// whose workers have all left (done, drained, killed) soon, to see it end.
+/// When the batch system is asked about an allocation again (a big cluster's controller is
+/// shared by everyone, and its users' tools are asked to poll it sparingly; the workers tell
+/// the rest): one waiting for nodes a little after its submission, unless its workers have
+/// connected by then, and then less and less often; one whose workers are all connected never
+/// (they are the proof that it runs, and the batch system's kill of it ends their
+/// connections); one whose workers have left (released, done, killed) a few seconds later,
+/// to see it end: long enough for its pilot to have exited, and for allocations released
+/// together to be asked about in one query.
 const FIRST_QUERY_US: u64 = 5_000_000;
 const MAX_PENDING_QUERY_US: u64 = 60_000_000;
-const WORKING_QUERY_US: u64 = 300_000_000;
-const LEFT_QUERY_US: u64 = 2_000_000;
+const LEFT_QUERY_US: u64 = 5_000_000;
+/// Not asked (see [`FIRST_QUERY_US`]).
+const NOT_ASKED: u64 = u64::MAX;
 
 /// Busy CPU-microseconds an allocation gathers before they are journaled again (they are at
 /// every other change, and at the server's stop).
@@ -131,7 +136,7 @@ pub type Replies = Vec<(ConnId, u64, Result<Answer, Refusal>)>;
 pub enum Added {
     /// The queue is taken.
     Now(QueueId),
-    /// A held test allocation checks it first; the answer comes with a later tick.
+    /// A test allocation checks it first; the answer comes with a later tick.
     Checking,
 }
 
@@ -329,8 +334,9 @@ impl Provision {
     }
 
     /// `kestrel alloc add` (request `asker`): checks the spec and adds the queue. A Slurm or
-    /// PBS queue with a dry run is added only once its held test allocation was taken and
-    /// canceled ([`Added::Checking`]; the answer goes out from a later tick).
+    /// PBS queue with a dry run is added only once the batch system has accepted a test
+    /// allocation (Slurm's `--test-only`; a held PBS job, then canceled) ([`Added::Checking`];
+    /// the answer goes out from a later tick).
     pub fn add(&mut self, spec: AllocQueueSpec, asker: (ConnId, u64)) -> Result<Added, String> {
         let (params, backend) = queue_params(&spec)?;
         if let (Backend::Batch(system), true) = (backend, spec.dry_run) {
@@ -432,6 +438,16 @@ impl Provision {
         };
         if queue.worker_joined(now, alloc, worker) {
             self.origin.insert(worker, (q, alloc));
+            let whole = queue
+                .allocations
+                .get(&alloc)
+                .is_some_and(|a| a.workers.len() >= a.nodes as usize);
+            if whole {
+                // Its workers say it runs: the batch system need not be asked.
+                if let Some(e) = self.next_query.get_mut(&alloc) {
+                    e.0 = NOT_ASKED;
+                }
+            }
             Joined::Work
         } else {
             Joined::Leave(format!(
@@ -685,7 +701,7 @@ impl Provision {
             Err(e) => {
                 tracing::info!("allocation queue refused by its dry run: {e}");
                 Err(Refusal::from(format!(
-                    "the queue was not added: its held test allocation was refused: {e}; fix the batch arguments (after --), or add the queue with --no-dry-run"
+                    "the queue was not added: its test allocation was refused: {e}; fix the batch arguments (after --), or add the queue with --no-dry-run"
                 )))
             }
         };
@@ -708,12 +724,16 @@ impl Provision {
         match (result, live) {
             (Ok(id), Some(q)) => {
                 tracing::info!(queue, alloc, batch_id = %id, "allocation submitted");
-                self.next_query
-                    .insert(alloc, (now + FIRST_QUERY_US, FIRST_QUERY_US));
-                let canceling = q
-                    .allocations
-                    .get(&alloc)
-                    .is_some_and(|a| a.state == AllocState::Canceling);
+                let a = q.allocations.get(&alloc);
+                let canceling = a.is_some_and(|a| a.state == AllocState::Canceling);
+                // Its workers may all have connected before this answer was read.
+                let whole = a.is_some_and(|a| a.workers.len() >= a.nodes as usize);
+                let first = if whole {
+                    NOT_ASKED
+                } else {
+                    now + FIRST_QUERY_US
+                };
+                self.next_query.insert(alloc, (first, FIRST_QUERY_US));
                 q.submitted(alloc, id.clone());
                 if canceling {
                     self.batch.cancel(system, vec![id]);
@@ -927,9 +947,11 @@ impl Provision {
             _ if a.workers_seen == 0 && !self.missed.contains_key(&a.id) => slower(FIRST_QUERY_US),
             // Its workers gone: soon, then less often if it lingers.
             _ if self.missed.contains_key(&a.id) || a.workers.is_empty() => slower(LEFT_QUERY_US),
-            _ => WORKING_QUERY_US,
+            // Some of its workers are connected: they say it runs.
+            _ => NOT_ASKED,
         };
-        self.next_query.insert(a.id, (now + interval, interval));
+        self.next_query
+            .insert(a.id, (now.saturating_add(interval), interval));
     }
 
     /// Drained allocations that did not end by themselves in time are canceled.
@@ -1158,7 +1180,7 @@ fn queue_params(spec: &AllocQueueSpec) -> Result<(QueueParams, Backend), String>
         max_workers: spec.max_workers,
         backlog: spec.backlog,
         idle_timeout_us: spec.idle_timeout_ms.map(|ms| ms.saturating_mul(1000)),
-        release_below: None,
+        release_below: spec.release_below,
         acquire,
         max_failures: MAX_FAILURES,
     };

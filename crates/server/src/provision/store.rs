@@ -197,6 +197,7 @@ mod tests {
             worker_args: vec!["--slots".into(), "4".into()],
             batch_args: vec!["--partition=debug".into()],
             dry_run: true,
+            release_below: Some(2),
         }
     }
 

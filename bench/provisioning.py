@@ -3,7 +3,7 @@
 cluster, with workers only from allocations, against a static allocation of every node and
 against HyperQueue's autoalloc, in the shape of the dissertation's Tables 6-7.
 
-    python3 bench/provisioning.py [--scale 0.1] [--runs 1] [--grid partial|full]
+    python3 bench/provisioning.py [--scale 1] [--runs 1] [--grid partial|full]
                                   [--only KEY,...] [--no-hq] [--no-build] [--no-lock]
                                   [--output table|json] [--out bench/results/provisioning.json]
     python3 bench/provisioning.py --report bench/results/provisioning.json   # only the doc
@@ -12,7 +12,11 @@ The workload (`FALKON`): 18 stages of 1,000 tasks and 17,820 CPU-s, 60 s tasks e
 8/9/10 (120/6/12 s); the dissertation gives the shape and the totals, not the widths, so the
 widths are reconstructed (see `FALKON` and the doc). Scaled to the cluster: widths times
 slots/32 (rounded up; 32 machines were Falkon's peak, 16 slots are ours), durations times
---scale. Stages run one after another: stage k+1 is submitted when `submit --wait` of stage k
+--scale (default 1: Falkon's own 60 s tasks, about 25 min a configuration). The idle timeouts
+are Falkon's (15 s, 60 s, never) and are not scaled: at --scale 0.1 a 15 s timeout outlasts
+two and a half 6 s stages, so no node can be given back between stages, and whole 4-CPU nodes
+then waste about half of what the static allocation does whatever the provisioner (see
+`floor_idle`); use a smaller scale only for trials. Stages run one after another: stage k+1 is submitted when `submit --wait` of stage k
 returns. Tasks are `sleep`.
 
 Configurations (one fresh server each, in its own temporary directory; `--only` picks some):
@@ -76,7 +80,7 @@ HQ = SHARED / "anchors" / "bin" / "hq"
 TEST_CLUSTER = SHARED / "slurm" / "test-cluster"
 LOCK = Path("/tmp/kestrel-slurm.lock")
 PARTITION = "debug"
-TIME_LIMIT = "30m"  # of each allocation: longer than any configuration runs
+TIME_LIMIT = "1h"  # of each allocation: longer than any configuration runs
 PART_DOC = DOC.with_name("benchmarks-provisioning.md")
 PNG = DOC.with_name("provisioning.png")
 TITLE = "Workers from the batch system: Falkon's 18 stages on Slurm (issue 14)"
@@ -121,6 +125,18 @@ def workload(scale: float, slots: int) -> list[dict]:
 
 def ideal(stages: list[dict], slots: int) -> float:
     return sum(math.ceil(st["tasks"] / slots) * st["s"] for st in stages)
+
+
+def floor_idle(stages: list[dict], nodes: int, cpus: int) -> float:
+    """The CPU-s that whole nodes waste however they are provisioned: held at each stage are
+    only the nodes that stage uses, for its rounds, with no wait for nodes and no idle
+    timeout (an oracle); what its tasks leave of those nodes' CPUs is idle."""
+    idle = 0.0
+    for st in stages:
+        used = min(nodes, math.ceil(st["tasks"] / cpus))
+        rounds = math.ceil(st["tasks"] / (used * cpus))
+        idle += (used * cpus * rounds - st["tasks"]) * st["s"]
+    return idle
 
 
 def configs(grid: str, hq: bool) -> list[dict]:
@@ -799,12 +815,25 @@ def write_doc(res: dict) -> None:
         "to the end of the last allocation, so an idle timeout's tail after the last stage is "
         "in it (the column beside it shows how much), and with `never` and static the "
         "allocations are canceled as soon as the last stage ends. Allocations: batch jobs that "
-        "ran (not the held trial job of `alloc add`). Calls: every `sbatch`, `squeue`, "
-        "`scancel` and `scontrol` of the server and of what it started, the trial allocation "
-        "of `alloc add` included (static: the benchmark's own sbatch and scancel).\n"
+        "ran (not the test allocation of `alloc add`: Kestrel's is an `sbatch --test-only`, "
+        "which takes no job, HyperQueue's a held job that it cancels). Calls: every `sbatch`, "
+        "`squeue`, `scancel` and `scontrol` of the server and of what it started, the test "
+        "allocation of `alloc add` included (static: the benchmark's own sbatch and scancel).\n"
     )
     L.extend(md_table(res))
     a("")
+    floor = w.get("floor_idle_cpu_s")
+    static = next((c for c in res["configs"] if c["key"] == "static"), None)
+    si = static and static["median"]["idle_cpu_s"]
+    if floor is not None:
+        a(
+            f"The floor: whole nodes of {cl['cpus']} CPUs waste **{floor:,.0f} CPU-s** however "
+            "they are provisioned. That is what an oracle wastes that holds, at each stage, only "
+            "the nodes the stage uses, for its rounds, with no wait for nodes and no idle "
+            "timeout: a stage of 5 tasks leaves 3 CPUs of its second node idle"
+            + (f"; {floor / si:.0%} of the static allocation's idle CPU-s" if si else "")
+            + ".\n"
+        )
     call_lines(res, a)
     a("![makespan and idle CPU-seconds per configuration](provisioning.png)\n")
     a(
@@ -912,14 +941,13 @@ def stage_lines(res: dict, a) -> None:
     a("")
     a(
         f"With the static allocation the last stage ended at "
-        f"{static['samples'][0]['makespan_s']:.0f} s. How Kestrel sizes its requests matters here: a queue's demand is the "
-        "tasks *ready* on the server (`Scheduler::ready_demand_within`); tasks a worker has "
-        "taken beyond its free slots (its `--prefetch`, by default as many as its slots) are "
-        "no longer ready, so one 4-slot worker holding 8 tasks of a stage is, to the allocator, "
-        "no work waiting. So where a stage of 8 tasks (stage 5) meets a single worker, that "
-        "worker takes all 8 and runs them in two rounds (6 s more than static's, where the table shows it), and no second node is "
-        "asked for before the next stage; with 4-slot workers, stages 6 and 7 are short of "
-        "nodes the same way. The server logs of a run are kept under "
+        f"{static['samples'][0]['makespan_s']:.0f} s. A stage wider than the nodes up waits "
+        "for the nodes it asks for (Slurm starts a job here in about a second, and a worker "
+        "connects a second or two later): the ramp of stages 1-7 and the surge at stage 9 "
+        "after the narrow stage 8. Kestrel counts as waiting both the ready tasks and those "
+        "a worker holds beyond its free slots (its prefetch), which a new worker takes by "
+        "stealing. The narrow stages pack onto the newest allocations, and the idle timeout "
+        "gives the others back. The server logs of a run are kept under "
         "`bench/results/provisioning-logs/` (not committed).\n"
     )
 
@@ -1064,13 +1092,26 @@ def version(argv: list[str]) -> str | None:
     return r["out"].strip() if r["rc"] == 0 else None
 
 
+def save_partial(res: dict, out: Path) -> None:
+    """The results so far, after each configuration: a long run that is cut off keeps what
+    it measured (`--report` writes the doc from them)."""
+    part = json.loads(json.dumps(res))
+    part["partial"] = True
+    part["elapsed_s"] = time.monotonic() - T0
+    part["squeue_at_end"] = None
+    part["configs"] = [c for c in part["configs"] if c["samples"]]
+    summarize(part)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(part, indent=1))
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--plot-only":
         return 0 if _plot(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])) else 1
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--scale", type=float, default=0.1, help="task durations x S (default 0.1)")
+    ap.add_argument("--scale", type=float, default=1.0, help="task durations x S (default 1)")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--grid", choices=["partial", "full"], default="partial")
     ap.add_argument("--only", help="configuration keys, comma-separated (e.g. static,hq/15s)")
@@ -1112,6 +1153,7 @@ def main() -> int:
         "tasks": sum(s["tasks"] for s in stages),
         "cpu_s": sum(s["tasks"] * s["s"] for s in stages),
         "ideal_s": ideal(stages, cl["slots"]),
+        "floor_idle_cpu_s": floor_idle(stages, cl["nodes"], cl["cpus"]),
     }
     root = Path(tempfile.mkdtemp(prefix="kestrel-prov-"))
     res: dict = {
@@ -1148,6 +1190,7 @@ def main() -> int:
                     log(f"  FAILED: {e}")
                     s = {"error": str(e)[:2000]}
                 c["samples"].append(s)
+                save_partial(res, args.out)
                 if "error" not in s:
                     log(
                         f"  makespan {s['makespan_s']:.1f} s, held {s['alloc_cpu_s']:.0f} CPU-s, "

@@ -88,7 +88,16 @@ pub struct Allocation {
     /// CPU-microseconds its workers spent running tasks.
     #[serde(default)]
     pub busy_cpu_us: Micros,
+    /// Why the allocator canceled it, if it counts as failed (its workers never came).
+    #[serde(default)]
+    pub cancel_reason: Option<String>,
 }
+
+/// How long after its nodes are given an allocation's workers may take to connect. Until
+/// then the nodes of those not connected yet count as coming (a worker can take a while to
+/// start: a binary on a shared file system, a module load, a server restarting, which it
+/// waits 2 min for); an allocation none of whose workers came by then is canceled as failed.
+pub const WORKER_START_LIMIT_US: Micros = 300_000_000;
 
 impl Allocation {
     pub(crate) fn new(id: AllocId, nodes: u32, now: Micros) -> Allocation {
@@ -103,6 +112,7 @@ impl Allocation {
             workers: Vec::new(),
             workers_seen: 0,
             busy_cpu_us: 0,
+            cancel_reason: None,
         }
     }
 
@@ -115,6 +125,26 @@ impl Allocation {
     pub fn holds_nodes(&self) -> bool {
         let gone = self.state == AllocState::Canceling && self.workers.is_empty();
         !(self.state.is_ended() || gone)
+    }
+
+    /// Nodes whose workers are still to come at `now`: all of them while it waits in the
+    /// batch queue; once it runs, those whose worker has not connected, for
+    /// [`WORKER_START_LIMIT_US`]. Not asked for again meanwhile: with slow-starting workers,
+    /// a queue that saw its allocation run and no worker yet asked for another, and another.
+    pub fn nodes_to_come(&self, now: Micros) -> u32 {
+        match self.state {
+            AllocState::Submitting | AllocState::Queued => self.nodes,
+            AllocState::Running if !self.past_start_limit(now) => {
+                self.nodes.saturating_sub(self.workers_seen)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Whether its nodes were given more than [`WORKER_START_LIMIT_US`] before `now`.
+    pub fn past_start_limit(&self, now: Micros) -> bool {
+        self.started_us
+            .is_some_and(|s| now.saturating_sub(s) >= WORKER_START_LIMIT_US)
     }
 
     /// When its time limit ends it, once it runs.

@@ -28,7 +28,7 @@ pub mod backend;
 mod params;
 mod queue;
 
-pub use allocation::{AllocId, AllocState, Allocation, Ending, WorkerId};
+pub use allocation::{AllocId, AllocState, Allocation, Ending, WorkerId, WORKER_START_LIMIT_US};
 pub use params::{Acquire, Micros, ParamsError, QueueParams};
 pub use queue::{
     Action, Demand, Paused, Queue, QueueId, FIRST_BACKOFF_US, MAX_BACKOFF_US, WORK_GONE_GRACE_US,
@@ -142,7 +142,7 @@ impl Allocator {
         let demands: Vec<Demand> = self.queues.values().map(&mut demand).collect();
         let cover = |q: &Queue, d: &Demand| {
             d.free_slots
-                .saturating_add(q.pending_slots())
+                .saturating_add(q.pending_slots(now))
                 .min(d.queued_slots)
         };
         let mut covers: Vec<u64> = self

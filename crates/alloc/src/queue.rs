@@ -1,6 +1,6 @@
 //! One allocation queue: its allocations, and the decisions of each tick.
 
-use crate::allocation::{AllocId, AllocState, Allocation, Ending, WorkerId};
+use crate::allocation::{AllocId, AllocState, Allocation, Ending, WorkerId, WORKER_START_LIMIT_US};
 use crate::params::{Micros, QueueParams};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -102,11 +102,10 @@ impl Queue {
         self.allocations.values().filter(|a| !a.state.is_ended())
     }
 
-    /// Slots the allocations still waiting for their nodes will bring.
-    pub fn pending_slots(&self) -> u64 {
+    /// Slots the workers still to come will bring at `now` (see [`Allocation::nodes_to_come`]).
+    pub fn pending_slots(&self, now: Micros) -> u64 {
         self.live()
-            .filter(|a| a.state.is_pending())
-            .map(|a| u64::from(a.nodes) * u64::from(self.params.slots_per_node))
+            .map(|a| u64::from(a.nodes_to_come(now)) * u64::from(self.params.slots_per_node))
             .sum()
     }
 
@@ -158,7 +157,10 @@ impl Queue {
         a.state = AllocState::Ended(match failed {
             // Released after it ran: it did its work.
             _ if canceling && a.workers_seen > 0 => Ending::Finished,
-            _ if canceling => Ending::Canceled,
+            _ if canceling => match a.cancel_reason.clone() {
+                Some(why) => Ending::Failed(why),
+                None => Ending::Canceled,
+            },
             Some(why) => Ending::Failed(why),
             None if never_came => Ending::Failed("ended before any worker of it connected".into()),
             None => Ending::Finished,
@@ -254,6 +256,7 @@ impl Queue {
     /// allocation (and is moved on when one is made).
     pub fn tick(&mut self, now: Micros, demand: &Demand, next_alloc: &mut AllocId) -> Vec<Action> {
         let mut out = Vec::new();
+        self.give_up_on_silent(now, &mut out);
         self.release(now, demand, &mut out);
         self.cancel_unneeded(now, demand, &mut out);
         if let Some(a) = self.acquire(now, demand, *next_alloc) {
@@ -261,6 +264,30 @@ impl Queue {
             out.push(a);
         }
         out
+    }
+
+    /// Allocations that run and none of whose workers connected within
+    /// [`WORKER_START_LIMIT_US`] are canceled, as failures: their workers cannot start, or
+    /// cannot reach the server.
+    fn give_up_on_silent(&mut self, now: Micros, out: &mut Vec<Action>) {
+        let queue = self.id;
+        let mut failed = Vec::new();
+        for a in self.allocations.values_mut() {
+            if a.state == AllocState::Running && a.workers_seen == 0 && a.past_start_limit(now) {
+                let why = format!(
+                    "none of its workers connected within {} s of its start: they could not start, or could not reach the server; see `kestrel alloc log {queue} {}`",
+                    WORKER_START_LIMIT_US / 1_000_000,
+                    a.id
+                );
+                a.state = AllocState::Canceling;
+                a.cancel_reason = Some(why.clone());
+                out.push(Action::Cancel { queue, alloc: a.id });
+                failed.push(format!("allocation {} canceled: {why}", a.id));
+            }
+        }
+        for why in failed {
+            self.failed(now, why);
+        }
     }
 
     /// Distributed release (idle timeout), centralized release (few tasks waiting), and the
@@ -365,11 +392,7 @@ impl Queue {
             .queued_slots
             .saturating_sub(demand.free_slots)
             .saturating_sub(demand.covered_elsewhere);
-        let pending: u64 = self
-            .live()
-            .filter(|a| a.state.is_pending())
-            .map(|a| u64::from(a.nodes))
-            .sum();
+        let pending: u64 = self.live().map(|a| u64::from(a.nodes_to_come(now))).sum();
         let need = want_slots
             .div_ceil(u64::from(p.slots_per_node))
             .saturating_sub(pending);

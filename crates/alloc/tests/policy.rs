@@ -224,6 +224,62 @@ fn a_released_allocation_whose_workers_left_does_not_hold_back_the_next_one() {
 }
 
 #[test]
+fn workers_slow_to_start_are_waited_for_and_an_allocation_none_of_whose_came_fails() {
+    let mut al = Allocator::new();
+    let q = al.add_queue(params(Acquire::All, 2)).unwrap();
+    let acts = al.tick(0, |_| waiting(8));
+    assert_eq!(submits(&acts), vec![(1, 2)]);
+    let queue = al.queue_mut(q).unwrap();
+    queue.submitted(1, "b1".into());
+    // The batch system says it runs; one of its two workers connects, the other is slow.
+    queue.started(10 * S, 1);
+    assert!(queue.worker_joined(12 * S, 1, 1));
+    // The connected worker's 4 slots take half the work; the other half waits for the slow
+    // worker's node, which is coming: nothing more is asked.
+    let half = Demand {
+        free_slots: 4,
+        ..waiting(8)
+    };
+    for t in 13..60 {
+        assert!(
+            submits(&al.tick(t * S, |_| half.clone())).is_empty(),
+            "tick {t}"
+        );
+    }
+    // Past the start limit it no longer counts, and a node is asked for.
+    let late = 10 * S + WORKER_START_LIMIT_US;
+    assert_eq!(submits(&al.tick(late, |_| half.clone())), vec![(2, 1)]);
+    // An allocation that runs and none of whose workers ever connects is canceled, failed.
+    let queue = al.queue_mut(q).unwrap();
+    queue.submitted(2, "b2".into());
+    queue.started(late + S, 2);
+    let mut t = late + 2 * S;
+    while t < late + S + WORKER_START_LIMIT_US {
+        let acts = al.tick(t, |_| waiting(8));
+        assert!(
+            !acts.contains(&Action::Cancel { queue: q, alloc: 2 }),
+            "{acts:?}"
+        );
+        t += 10 * S;
+    }
+    let acts = al.tick(late + S + WORKER_START_LIMIT_US, |_| waiting(8));
+    assert!(
+        acts.contains(&Action::Cancel { queue: q, alloc: 2 }),
+        "{acts:?}"
+    );
+    let queue = al.queue_mut(q).unwrap();
+    let err = queue.last_error.clone().unwrap_or_default();
+    assert!(err.contains("none of its workers connected"), "{err}");
+    assert!(err.contains("kestrel alloc log 1 2"), "{err}");
+    queue.ended(late + 400 * S, 2, None);
+    assert!(
+        matches!(&queue.allocations[&2].state, AllocState::Ended(Ending::Failed(w)) if w.contains("none of its workers")),
+        "{:?}",
+        queue.allocations[&2].state
+    );
+}
+
+#[test]
 fn without_an_idle_timeout_idle_workers_stay() {
     let p = QueueParams {
         idle_timeout_us: None,

@@ -8,7 +8,7 @@
 mod slurm_cluster;
 
 use kestrel_alloc::backend::{pbs, slurm, BatchState, Pilot};
-use slurm_cluster::{qsub_here, slurm_here};
+use slurm_cluster::{qsub_here, take_cluster};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -22,10 +22,13 @@ fn run(argv: &[String]) -> Output {
 
 macro_rules! need_slurm {
     () => {
-        if let Err(why) = slurm_here() {
-            eprintln!("skipped: {why}");
-            return;
-        }
+        let _cluster = match take_cluster() {
+            Ok(lock) => lock,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        };
     };
 }
 

@@ -8,7 +8,7 @@ mod slurm_cluster;
 
 use common::*;
 use serde_json::Value;
-use slurm_cluster::{qsub_here, slurm_here};
+use slurm_cluster::{qsub_here, slurm_here, take_cluster, ClusterLock};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -16,13 +16,21 @@ use std::time::Duration;
 /// The test cluster has 4 nodes: its tests take turns, so that each finds them free.
 static SLURM: Mutex<()> = Mutex::new(());
 
-/// The cluster to oneself, or why the test is skipped.
-fn take_slurm() -> Option<std::sync::MutexGuard<'static, ()>> {
+/// The cluster to oneself (from this binary's other tests, and from other processes), or
+/// why the test is skipped.
+fn take_slurm() -> Option<(std::sync::MutexGuard<'static, ()>, ClusterLock)> {
     if let Err(why) = slurm_here() {
         eprintln!("skipped: {why}");
         return None;
     }
-    Some(SLURM.lock().unwrap_or_else(|e| e.into_inner()))
+    let turn = SLURM.lock().unwrap_or_else(|e| e.into_inner());
+    match take_cluster() {
+        Ok(lock) => Some((turn, lock)),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
 }
 
 fn allocations(c: &Cluster) -> Vec<Value> {

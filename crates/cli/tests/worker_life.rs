@@ -316,3 +316,30 @@ fn a_task_that_would_outlive_its_workers_allocation_waits_for_another_worker() {
     c.add_worker(1);
     c.run(&["job", "wait", "1"]).ok();
 }
+
+#[test]
+fn an_allocations_worker_waits_for_a_server_that_is_not_up_yet() {
+    let mut c = Cluster::new();
+    // The access file stays, naming a port nobody listens on any more.
+    c.kill_server();
+    // A plain worker reports a wrong address at once...
+    let plain = c.add_worker(1);
+    assert!(!c.wait_worker_exit(plain, Duration::from_secs(20)).success());
+    // ...but a pilot's worker keeps trying: its server may be restarting, and giving up
+    // would waste the allocation.
+    let pilot = c.add_worker_with(1, &["--alloc", "7", "--reconnect-for", "60s"]);
+    poll(
+        "the worker to say it tries again",
+        Duration::from_secs(20),
+        || {
+            c.worker_log()
+                .contains("cannot reach the server yet")
+                .then_some(())
+        },
+    );
+    assert!(c.worker_running(pilot), "{}", c.worker_log());
+    c.start_server();
+    let workers = c.wait_workers(1);
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    c.assert_serves();
+}

@@ -12,7 +12,7 @@ pub enum WorkerError {
     Proto(#[from] ProtoError),
     #[error("{0}")]
     Setup(String),
-    #[error("lost the server and could not reconnect within {0:?}: {1}")]
+    #[error("could not reach the server within {0:?}: {1}")]
     GaveUp(Duration, String),
 }
 

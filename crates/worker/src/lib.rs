@@ -141,8 +141,12 @@ async fn serve_until_done(
             }
             Ok(session::SessionEnd::Lost(reason)) => reason,
             // Once registered (a read or a write failed, the server may be restarting), try
-            // again with the carried tasks; before, a failure is the user's to fix.
-            Err(e) if state.carry.registered() && e.is_transient() => e.to_string(),
+            // again with the carried tasks. So does an allocation's worker that has not reached
+            // its server yet: the server may be restarting, and a worker that gave up at once
+            // would waste the allocation. Otherwise a failure is the user's to fix.
+            Err(e) if (state.carry.registered() || config.alloc.is_some()) && e.is_transient() => {
+                e.to_string()
+            }
             Err(e) => {
                 // Tasks carried over from an earlier connection run in their own process
                 // groups: stop them rather than leave them behind.
@@ -150,9 +154,16 @@ async fn serve_until_done(
                 return Err(e);
             }
         };
-        tracing::warn!(
-            "connection to the server lost ({reason}); reconnecting; tasks keep running"
-        );
+        if state.carry.registered() {
+            tracing::warn!(
+                "connection to the server lost ({reason}); reconnecting; tasks keep running"
+            );
+        } else {
+            tracing::warn!(
+                "cannot reach the server yet ({reason}); trying again for up to {} s",
+                config.reconnect_for.as_secs()
+            );
+        }
         access = match reconnect(config, access, &reason).await {
             Ok(a) => a,
             Err(e) => {

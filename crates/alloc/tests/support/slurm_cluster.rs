@@ -3,8 +3,54 @@
 //! (`slurm-wlm-torque`) installed on demand. Used by the tests of `kestrel-alloc` and of the
 //! CLI (included with `#[path]`, so both start it the same way).
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The lock file of the test cluster's nodes: held by a test while it uses them, and by the
+/// benchmarks (`bench/provisioning.py`) for their whole run, so that neither finds the
+/// other's jobs on the nodes.
+const LOCK: &str = "/tmp/kestrel-slurm.lock";
+
+/// How long a test waits for the cluster before it is skipped.
+const LOCK_WAIT: Duration = Duration::from_secs(3600);
+
+/// The test cluster's nodes to oneself while it lives (an exclusive `flock`).
+pub struct ClusterLock(#[allow(dead_code)] std::fs::File);
+
+/// Whether a Slurm answers here (see [`slurm_here`]), with its nodes to oneself: waits for
+/// whoever holds them (a benchmark, a test of another binary), saying so, at most
+/// [`LOCK_WAIT`].
+pub fn take_cluster() -> Result<ClusterLock, String> {
+    slurm_here()?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(LOCK)
+        .map_err(|e| format!("cannot open {LOCK}: {e}"))?;
+    let start = Instant::now();
+    let mut said = false;
+    loop {
+        // SAFETY: flock on a descriptor this function owns; it only returns a status.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(ClusterLock(file));
+        }
+        if start.elapsed() >= LOCK_WAIT {
+            return Err(format!(
+                "the Slurm test cluster was held by another process ({LOCK}) for {} min",
+                LOCK_WAIT.as_secs() / 60
+            ));
+        }
+        if !said {
+            eprintln!(
+                "waiting for the Slurm test cluster: another process holds {LOCK} (a benchmark?)"
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
 
 /// Whether a Slurm answers here, starting the test cluster if need be (once per test binary).
 pub fn slurm_here() -> Result<(), String> {

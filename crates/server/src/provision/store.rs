@@ -213,6 +213,7 @@ mod tests {
             workers: vec![3, 4],
             workers_seen: 2,
             busy_cpu_us: 5_000_000,
+            cancel_reason: None,
         }
     }
 

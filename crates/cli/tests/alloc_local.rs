@@ -294,3 +294,53 @@ fn kestrel_run_grows_its_workers_from_an_allocation_queue_and_refuses_a_wrong_on
         "{err}"
     );
 }
+
+#[test]
+fn a_missing_sbatch_is_refused_at_alloc_add_and_pauses_a_queue_added_without_a_check() {
+    let mut c = Cluster::new();
+    // A server whose PATH has no batch system at all (a machine that is not a login node).
+    let empty = c.root().join("empty-bin");
+    std::fs::create_dir_all(&empty).unwrap();
+    c.server_env
+        .push(("PATH".into(), empty.display().to_string()));
+    c.kill_server();
+    c.start_server();
+    let slurm = [
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--worker-args",
+        "--slots 2",
+    ];
+    let err = refused(&c, &slurm);
+    assert!(
+        err.contains("the batch system could not check")
+            && err.contains("`sbatch` is not on the server's PATH")
+            && err.contains("Slurm login node"),
+        "{err}"
+    );
+    assert!(!err.contains("--no-dry-run"), "not the advice here: {err}");
+    assert!(queues(&c).is_empty(), "no queue was added");
+    // Added without the check, the queue tries three times, then pauses with the reason;
+    // the tasks wait, none lost.
+    c.run(&[&slurm[..], &["--no-dry-run"]].concat()).ok();
+    c.run(&["submit", "--array", "1-3", "--", "true"]).ok();
+    let paused = poll_every(
+        "the queue to pause itself",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || queues(&c)[0]["paused"].as_str().map(str::to_string),
+    );
+    assert!(paused.contains("3 failures in a row"), "{paused}");
+    assert!(
+        paused.contains("`sbatch` is not on the server's PATH"),
+        "{paused}"
+    );
+    assert!(paused.contains("kestrel alloc resume 1"), "{paused}");
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    assert_eq!(info["counts"]["queued"], 3, "{info}");
+    let says = c.run(&["job", "info", "1"]).ok().stdout.clone();
+    assert!(says.contains("paused"), "{says}");
+}

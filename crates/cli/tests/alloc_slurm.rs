@@ -602,3 +602,51 @@ fn a_stopping_server_cancels_allocations_still_waiting_for_nodes() {
     c.wait_server_exit(Duration::from_secs(30));
     assert!(!in_squeue(&id), "allocation {id} was left in squeue");
 }
+
+#[test]
+fn allocations_whose_workers_cannot_start_fail_with_their_pilots_words_and_pause_the_queue() {
+    let Some(_slurm) = take_slurm() else {
+        return;
+    };
+    let c = Cluster::new();
+    // A typo in the workers' arguments: every worker exits at once, on every node.
+    c.run(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--time-limit",
+        "5m",
+        "--max-workers",
+        "1",
+        "--worker-args",
+        "--slots 1 --slotz 2",
+    ])
+    .ok();
+    c.run(&["submit", "--array", "1-3", "--", "true"]).ok();
+    let paused = poll_every(
+        "the queue to pause itself",
+        Duration::from_secs(180),
+        Duration::from_millis(500),
+        || {
+            let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+            v["queues"][0]["paused"].as_str().map(str::to_string)
+        },
+    );
+    assert!(paused.contains("3 failures in a row"), "{paused}");
+    // Slurm's word for it, then what the worker said, then where to read more.
+    assert!(paused.contains("its pilot's output ends"), "{paused}");
+    assert!(paused.contains("--slotz"), "{paused}");
+    assert!(paused.contains("kestrel alloc log 1 3"), "{paused}");
+    let allocs = allocations(&c);
+    assert_eq!(allocs.len(), 3, "{allocs:?}");
+    for a in &allocs {
+        assert_eq!(a["state"], "failed", "{a}");
+        let id = a["batch_id"].as_str().expect("a batch id");
+        assert!(!in_squeue(id), "allocation {id} is still in squeue");
+    }
+    assert_eq!(
+        job_counts(&c, "1")["queued"],
+        3,
+        "the tasks wait, none lost"
+    );
+}

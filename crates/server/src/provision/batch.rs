@@ -113,11 +113,11 @@ pub(super) enum Answer {
         system: System,
         result: Result<String, String>,
     },
-    /// The dry run of a queue being added (check number `check`): whether its held test
-    /// allocation was taken (and then canceled).
+    /// The dry run of a queue being added (check number `check`): whether the batch system
+    /// accepted its test allocation.
     DryRun {
         check: u32,
-        result: Result<(), String>,
+        result: Result<(), CheckFailed>,
     },
     /// The search for `alloc`'s batch job by its name `name`: its id if there is one.
     Found {
@@ -133,6 +133,27 @@ pub(super) enum Answer {
         asked: Vec<String>,
         result: Result<Vec<(String, BatchState)>, String>,
     },
+}
+
+/// Why a dry run did not pass.
+#[derive(Debug)]
+pub(super) enum CheckFailed {
+    /// The batch system refused the test allocation: its words.
+    Refused(String),
+    /// The batch system could not be asked (its command is missing or hung, or the pilot
+    /// script could not be written): why.
+    NotAsked(String),
+}
+
+/// Runs `argv` as a dry run's step: what it printed, a refusal in the batch system's words if
+/// it ran and failed, or why it could not run.
+async fn check_step(argv: &[String], system: System) -> Result<Ran, CheckFailed> {
+    let ran = run_any(argv, system).await.map_err(CheckFailed::NotAsked)?;
+    if ran.ok {
+        Ok(ran)
+    } else {
+        Err(CheckFailed::Refused(ran.failure(&argv[0])))
+    }
 }
 
 /// Runs batch commands and collects their answers.
@@ -178,16 +199,17 @@ impl Runner {
         spec: &AllocQueueSpec,
     ) {
         let tx = self.tx.clone();
-        let job = self.submit_job(
-            system,
-            &alloc.to_string(),
-            name,
-            (alloc, nodes),
-            spec,
-            false,
-        );
+        let prepared = self.prepare(system, &alloc.to_string(), name, (alloc, nodes), spec);
+        let batch_args = spec.batch_args.clone();
         tokio::spawn(async move {
-            let result = job.await;
+            let result = async {
+                let (pilot, script) = prepared?;
+                let script = script.display().to_string();
+                let argv = system.submit_argv(&pilot, &script, &batch_args, false);
+                let ran = run(&argv, system).await?;
+                system.parse_submit(&ran.stdout)
+            }
+            .await;
             let _ = tx.send(Answer::Submitted {
                 queue,
                 alloc,
@@ -203,53 +225,31 @@ impl Runner {
     pub(super) fn dry_run(&self, system: System, check: u32, spec: &AllocQueueSpec) {
         let tx = self.tx.clone();
         let (dir, name) = (format!("check-{check}"), format!("kestrel-check{check}"));
-        let checked: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = if system
-            == System::Slurm
-        {
-            let prepared = self.prepare(system, &dir, name, (0, spec.nodes), spec);
-            let batch_args = spec.batch_args.clone();
-            Box::pin(async move {
-                let (_, script) = prepared?;
-                let argv = slurm::test_only(&script.display().to_string(), &batch_args);
-                run(&argv, system).await.map(|_| ())
-            })
-        } else {
-            let job = self.submit_job(system, &dir, name, (0, spec.nodes), spec, true);
-            Box::pin(async move {
-                let id = job.await?;
+        let prepared = self.prepare(system, &dir, name, (0, spec.nodes), spec);
+        let batch_args = spec.batch_args.clone();
+        tokio::spawn(async move {
+            let result = async {
+                let (pilot, script) = prepared.map_err(CheckFailed::NotAsked)?;
+                let script = script.display().to_string();
+                if system == System::Slurm {
+                    let argv = slurm::test_only(&script, &batch_args);
+                    return check_step(&argv, system).await.map(|_| ());
+                }
+                let argv = system.submit_argv(&pilot, &script, &batch_args, true);
+                let ran = check_step(&argv, system).await?;
+                let id = system.parse_submit(&ran.stdout).map_err(CheckFailed::Refused)?;
                 let cancel = system.cancel_argv(&[&id]);
                 run(&cancel, system).await.map(|_| ()).map_err(|e| {
-                        format!("the held test allocation {id} was taken but not canceled ({e}): cancel it by hand")
-                    })
-            })
-        };
-        tokio::spawn(async move {
-            let result = checked.await;
+                    CheckFailed::NotAsked(format!("the held test allocation {id} was taken but not canceled ({e}): cancel it by hand"))
+                })
+            }
+            .await;
             let _ = tx.send(Answer::DryRun { check, result });
         });
     }
 
-    /// Writes a pilot script under `alloc/DIR/` and returns the submission to run: the batch
-    /// id, or why not.
-    fn submit_job(
-        &self,
-        system: System,
-        dir: &str,
-        job_name: String,
-        (alloc, nodes): (AllocId, u32),
-        spec: &AllocQueueSpec,
-        hold: bool,
-    ) -> impl std::future::Future<Output = Result<String, String>> + Send + 'static {
-        let prepared = self.prepare(system, dir, job_name, (alloc, nodes), spec);
-        let batch_args = spec.batch_args.clone();
-        async move {
-            let (pilot, script) = prepared?;
-            let argv = system.submit_argv(&pilot, &script.display().to_string(), &batch_args, hold);
-            let ran = run(&argv, system).await?;
-            system.parse_submit(&ran.stdout)
-        }
-    }
-
+    /// Writes the pilot script of an allocation (or of a dry run's test one) to
+    /// `alloc/DIR/pilot.sh`.
     fn prepare(
         &self,
         system: System,
@@ -424,7 +424,7 @@ async fn run_any(argv: &[String], system: System) -> Result<Ran, String> {
         }
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(format!(
-                "`{program}` is not on the server's PATH: is this a {} login node?",
+                "`{program}` is not on the server's PATH: start the server on a {} login node, or put the batch system's commands on its PATH",
                 system.family()
             ))
         }

@@ -688,7 +688,12 @@ impl Provision {
         }
     }
 
-    fn checked(&mut self, check: u32, result: Result<(), String>, replies: &mut Replies) {
+    fn checked(
+        &mut self,
+        check: u32,
+        result: Result<(), batch::CheckFailed>,
+        replies: &mut Replies,
+    ) {
         let Some(c) = self.checking.remove(&check) else {
             return;
         };
@@ -698,10 +703,16 @@ impl Provision {
                 .take_queue(c.params, c.spec, Backend::Batch(c.system))
                 .map(|queue| Answer::AllocAdded { queue })
                 .map_err(Refusal::from),
-            Err(e) => {
+            Err(batch::CheckFailed::Refused(e)) => {
                 tracing::info!("allocation queue refused by its dry run: {e}");
                 Err(Refusal::from(format!(
                     "the queue was not added: its test allocation was refused: {e}; fix the batch arguments (after --), or add the queue with --no-dry-run"
+                )))
+            }
+            Err(batch::CheckFailed::NotAsked(e)) => {
+                tracing::info!("allocation queue not checked by its dry run: {e}");
+                Err(Refusal::from(format!(
+                    "the queue was not added: the batch system could not check its test allocation: {e}"
                 )))
             }
         };
@@ -861,11 +872,23 @@ impl Provision {
             .filter_map(|a| Some((a.id, a.batch_id.clone()?)))
             .filter(|(_, id)| asked.contains(id))
             .collect();
+        let dir = &self.dir;
         for &(alloc, ref id) in &live {
             let state = states.get(&base(id)).cloned();
             let misses_to_end = match q.allocations.get(&alloc) {
                 Some(a) if a.workers_seen > 0 => 1,
                 _ => MISSES_TO_END,
+            };
+            // Ended with none of its workers come: what its pilot wrote last says why.
+            let never_came = q
+                .allocations
+                .get(&alloc)
+                .is_some_and(|a| a.workers_seen == 0 && a.state != AllocState::Canceling);
+            let why = |said: &str| {
+                let words = last_words(&dir.join(alloc.to_string()))
+                    .map(|w| format!("; its pilot's output ends: {w:?}"))
+                    .unwrap_or_default();
+                format!("{said}{words}; see `kestrel alloc log {queue} {alloc}`")
             };
             if state.is_some() {
                 self.missed.remove(&alloc);
@@ -873,14 +896,20 @@ impl Provision {
             match state {
                 Some(BatchState::Queued) => {}
                 Some(BatchState::Running) => q.started(now, alloc),
+                Some(BatchState::Finished) if never_came => {
+                    q.ended(now, alloc, Some(why(NO_WORKER)));
+                }
                 Some(BatchState::Finished) => q.ended(now, alloc, None),
-                Some(BatchState::Failed(why)) => q.ended(now, alloc, Some(why)),
+                Some(BatchState::Failed(said)) if never_came => {
+                    q.ended(now, alloc, Some(why(&said)))
+                }
+                Some(BatchState::Failed(said)) => q.ended(now, alloc, Some(said)),
                 None => {
                     let n = self.missed.entry(alloc).or_default();
                     *n += 1;
                     if *n >= misses_to_end {
                         self.missed.remove(&alloc);
-                        q.ended(now, alloc, None);
+                        q.ended(now, alloc, never_came.then(|| why(NO_WORKER)));
                     }
                 }
             }
@@ -1245,6 +1274,52 @@ fn tail(path: &std::path::Path, lines: usize) -> LogFile {
     }
 }
 
+/// Why an allocation none of whose workers came ended, when the batch system says it ended
+/// well.
+const NO_WORKER: &str = "its pilot ended before any of its workers connected";
+
+/// The last line an allocation's pilot and workers wrote in `dir` (its batch stderr, else its
+/// stdout past the pilot's own `kestrel pilot:` lines), cut short: for an allocation none of
+/// whose workers came, it usually says why (a server they cannot reach, a wrong path).
+fn last_words(dir: &std::path::Path) -> Option<String> {
+    ["stderr", "stdout"].iter().find_map(|file| {
+        let t = tail(&dir.join(file), 20);
+        t.size?;
+        t.tail
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| !l.is_empty() && !l.starts_with("kestrel pilot:"))
+            .map(|l| l.chars().take(300).collect())
+    })
+}
+
 fn no_queue(queue: QueueId) -> String {
     format!("no allocation queue {queue}; `kestrel alloc list` shows them")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_words;
+
+    #[test]
+    fn a_pilots_last_words_come_from_stderr_then_from_stdout_past_its_own_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(last_words(dir.path()), None, "nothing written yet");
+        let stdout = "kestrel pilot: allocation 3, batch job 41, 1 node(s), ends at 99\nsrun: error: n1: task 0: Exited with exit code 2\nkestrel pilot: the workers ended with status 2\n";
+        std::fs::write(dir.path().join("stdout"), stdout).unwrap();
+        std::fs::write(dir.path().join("stderr"), "").unwrap();
+        assert_eq!(
+            last_words(dir.path()).as_deref(),
+            Some("srun: error: n1: task 0: Exited with exit code 2")
+        );
+        let stderr = "error: cannot reach the server at login1:4000: Connection refused\n\n";
+        std::fs::write(dir.path().join("stderr"), stderr).unwrap();
+        assert_eq!(
+            last_words(dir.path()).as_deref(),
+            Some("error: cannot reach the server at login1:4000: Connection refused")
+        );
+        std::fs::write(dir.path().join("stderr"), "x".repeat(5000)).unwrap();
+        assert_eq!(last_words(dir.path()).map(|w| w.len()), Some(300));
+    }
 }

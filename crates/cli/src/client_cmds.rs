@@ -5,16 +5,18 @@ use crate::args::{Global, JobCommand, Shape, SubmitArgs};
 use crate::exit;
 use crate::jobs::{self, Submission, TaskShape};
 use crate::json::{
-    self, JobInfoView, JobOutcome, ResumeView, RetryView, ServerView, WaitView, WorkerView,
+    self, JobInfoView, JobOutcome, ResumeView, RetryView, RunningOn, ServerView, WaitView,
+    WorkerView,
 };
 use crate::output::{self, plural, Format, Progress};
 use crate::session::{self, unexpected, Session};
 use anyhow::{bail, Context, Result};
 use comfy_table::Cell;
 use kestrel_client::{keyed, Keyed, Submitted};
-use kestrel_core::JobId;
+use kestrel_core::{JobId, TaskState, WorkerId};
 use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress, MAX_GRAPH_TASKS};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -272,10 +274,13 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
             let Answer::Job(d) = s.call(Ask::JobInfo { job }).await? else {
                 return Err(unexpected());
             };
+            let on = running_on(&mut s, job, d.summary.counts.running.into()).await;
             if g.output == Format::Json {
-                output::json(&JobInfoView::from(&*d));
+                let mut view = JobInfoView::from(&*d);
+                view.running_on = on;
+                output::json(&view);
             } else {
-                print_job(&d);
+                print_job(&d, &on);
                 // In a workflow, what its failures canceled downstream (a workflow drawn task
                 // by task: a job past that is not asked for its graph at all).
                 let c = &d.summary.counts;
@@ -426,7 +431,65 @@ fn offers(w: &kestrel_proto::messages::WorkerRow) -> String {
     parts.join(", ")
 }
 
-fn print_job(d: &JobDetail) {
+/// The workers running a job's tasks now, with the allocation each came from: a page of its
+/// running tasks (as many as `running`) and the worker list. Empty if it runs nothing, or if
+/// either question fails (job info is still worth showing).
+async fn running_on(s: &mut Session, job: JobId, running: u64) -> Vec<RunningOn> {
+    if running == 0 {
+        return Vec::new();
+    }
+    let page = Ask::TaskPage {
+        job,
+        state: Some(TaskState::Running),
+        offset: 0,
+        limit: running.min(100_000) as u32,
+    };
+    let Ok(Answer::TaskRange(page)) = s.call(page).await else {
+        return Vec::new();
+    };
+    let mut tasks: BTreeMap<WorkerId, u64> = BTreeMap::new();
+    for w in page.rows.iter().filter_map(|r| r.worker) {
+        *tasks.entry(w).or_default() += 1;
+    }
+    let Ok(Answer::Workers(ws)) = s.call(Ask::WorkerList).await else {
+        return Vec::new();
+    };
+    tasks
+        .into_iter()
+        .map(|(worker, tasks)| {
+            let from = ws.iter().find(|w| w.id == worker).and_then(|w| w.alloc);
+            RunningOn {
+                worker,
+                tasks,
+                alloc: from.map(|(alloc, _)| alloc),
+                queue: from.map(|(_, queue)| queue),
+            }
+        })
+        .collect()
+}
+
+/// "worker 3: 4 tasks (allocation 2 of queue 1); worker 5: 1 task", the first 8 workers.
+fn running_on_line(on: &[RunningOn]) -> String {
+    const SHOWN: usize = 8;
+    let mut parts: Vec<String> = on
+        .iter()
+        .take(SHOWN)
+        .map(|r| {
+            let tasks = if r.tasks == 1 { "task" } else { "tasks" };
+            let from = match (r.alloc, r.queue) {
+                (Some(a), Some(q)) => format!(" (allocation {a} of queue {q})"),
+                _ => String::new(),
+            };
+            format!("worker {}: {} {tasks}{from}", r.worker, r.tasks)
+        })
+        .collect();
+    if on.len() > SHOWN {
+        parts.push(format!("{} more workers", on.len() - SHOWN));
+    }
+    parts.join("; ")
+}
+
+fn print_job(d: &JobDetail, on: &[RunningOn]) {
     let s = &d.summary;
     let t = &d.spec.template;
     let rows: Vec<(&str, String)> = vec![
@@ -525,6 +588,9 @@ fn print_job(d: &JobDetail) {
                     }),
             ),
         ]);
+    }
+    if !on.is_empty() {
+        rows.insert(5, ("running on", running_on_line(on)));
     }
     if let Some(w) = &d.waiting {
         rows.insert(4, ("waiting", w.clone()));

@@ -155,6 +155,8 @@ pub struct JobInfoView {
     /// Why its queued tasks cannot go to any worker now; `null` when they can (or will, as
     /// slots free up).
     pub waiting: Option<String>,
+    /// The workers running its tasks now, with the allocation each came from.
+    pub running_on: Vec<RunningOn>,
     /// Logical files each task reads (names with placeholders).
     pub inputs: Vec<String>,
     /// Logical files each task writes.
@@ -223,6 +225,7 @@ impl From<&JobDetail> for JobInfoView {
                 span_us: (d.timing.tasks > 0).then_some(d.timing.span_us),
             },
             waiting: d.waiting.clone(),
+            running_on: Vec::new(),
             inputs: t.files.inputs.clone(),
             outputs: output_names(&t.files),
             static_inputs: t.files.statics.clone(),
@@ -231,6 +234,18 @@ impl From<&JobDetail> for JobInfoView {
             transfers: (&d.transfers).into(),
         }
     }
+}
+
+/// A worker running some of a job's tasks (`job info`).
+#[derive(Serialize)]
+pub struct RunningOn {
+    pub worker: u32,
+    /// How many of the job's tasks it runs.
+    pub tasks: u64,
+    /// The allocation it came from, and that allocation's queue; `null` for a worker started
+    /// otherwise.
+    pub alloc: Option<u32>,
+    pub queue: Option<u32>,
 }
 
 /// A task, as `task list` shows it and `task info` starts.

@@ -344,3 +344,39 @@ fn a_missing_sbatch_is_refused_at_alloc_add_and_pauses_a_queue_added_without_a_c
     let says = c.run(&["job", "info", "1"]).ok().stdout.clone();
     assert!(says.contains("paused"), "{says}");
 }
+
+#[test]
+fn job_info_says_which_allocations_run_its_tasks() {
+    let c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "local",
+        "--time-limit",
+        "10m",
+        "--max-workers",
+        "1",
+        "--worker-args",
+        "--slots 2",
+    ])
+    .ok();
+    c.run(&["submit", "--array", "1-2", "--", "sleep", "60"])
+        .ok();
+    let on = poll("the tasks to run", Duration::from_secs(60), || {
+        let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+        let on = info["running_on"].as_array()?.clone();
+        (on.len() == 1 && on[0]["tasks"] == 2).then_some(on)
+    });
+    assert_eq!(
+        (&on[0]["alloc"], &on[0]["queue"]),
+        (&Value::from(1), &Value::from(1)),
+        "{on:?}"
+    );
+    let text = c.run(&["job", "info", "1"]).ok().stdout.clone();
+    assert!(
+        text.contains("running on") && text.contains(": 2 tasks (allocation 1 of queue 1)"),
+        "{text}"
+    );
+    c.run(&["job", "cancel", "1"]).ok();
+    c.run(&["alloc", "remove", "1", "--force"]).ok();
+}

@@ -91,6 +91,10 @@ pub struct Allocation {
     /// Why the allocator canceled it, if it counts as failed (its workers never came).
     #[serde(default)]
     pub cancel_reason: Option<String>,
+    /// When a restarted server took it back: its workers' [`WORKER_START_LIMIT_US`] counts
+    /// from then too, not across the server's downtime. Not kept.
+    #[serde(skip)]
+    pub restored_us: Micros,
 }
 
 /// How long after its nodes are given an allocation's workers may take to connect. Until
@@ -113,6 +117,7 @@ impl Allocation {
             workers_seen: 0,
             busy_cpu_us: 0,
             cancel_reason: None,
+            restored_us: 0,
         }
     }
 
@@ -128,23 +133,26 @@ impl Allocation {
     }
 
     /// Nodes whose workers are still to come at `now`: all of them while it waits in the
-    /// batch queue; once it runs, those whose worker has not connected, for
+    /// batch queue; once it runs, those without a connected worker, for
     /// [`WORKER_START_LIMIT_US`]. Not asked for again meanwhile: with slow-starting workers,
     /// a queue that saw its allocation run and no worker yet asked for another, and another.
+    /// (Connected, not ever seen: a worker that reconnects comes back under a new id.)
     pub fn nodes_to_come(&self, now: Micros) -> u32 {
         match self.state {
             AllocState::Submitting | AllocState::Queued => self.nodes,
             AllocState::Running if !self.past_start_limit(now) => {
-                self.nodes.saturating_sub(self.workers_seen)
+                let connected = u32::try_from(self.workers.len()).unwrap_or(u32::MAX);
+                self.nodes.saturating_sub(connected)
             }
             _ => 0,
         }
     }
 
-    /// Whether its nodes were given more than [`WORKER_START_LIMIT_US`] before `now`.
+    /// Whether its nodes were given (or it was taken back by a restarted server) more than
+    /// [`WORKER_START_LIMIT_US`] before `now`.
     pub fn past_start_limit(&self, now: Micros) -> bool {
         self.started_us
-            .is_some_and(|s| now.saturating_sub(s) >= WORKER_START_LIMIT_US)
+            .is_some_and(|s| now.saturating_sub(s.max(self.restored_us)) >= WORKER_START_LIMIT_US)
     }
 
     /// When its time limit ends it, once it runs.

@@ -63,11 +63,13 @@ impl Allocator {
         Ok(id)
     }
 
-    /// Puts back queue `id` as an earlier run of the server left it (kept in its journal):
-    /// its allocations as they were, with none of their workers connected yet (those that
-    /// still run connect again). Ids given out later stay above every id restored.
+    /// Puts back queue `id` as an earlier run of the server left it (kept in its journal) at
+    /// `now`: its allocations as they were, with none of their workers connected yet (those
+    /// that still run connect again, and have as long as a new allocation's to do so). Ids
+    /// given out later stay above every id restored.
     pub fn restore_queue(
         &mut self,
+        now: Micros,
         id: QueueId,
         params: QueueParams,
         paused: Option<Paused>,
@@ -78,6 +80,7 @@ impl Allocator {
         q.paused = paused;
         for mut a in allocations {
             a.workers.clear();
+            a.restored_us = now;
             self.next_alloc = self.next_alloc.max(a.id.saturating_add(1));
             q.allocations.insert(a.id, a);
         }

@@ -73,8 +73,9 @@ pub struct QueueParams {
     /// Distributed release: an allocation whose workers have all been idle this long leaves
     /// (all its workers together). `None`: never.
     pub idle_timeout_us: Option<Micros>,
-    /// Centralized release: while fewer tasks than this wait, one allocation a tick is released
-    /// (its workers finish what they run and leave). `None`: off.
+    /// Centralized release: while fewer tasks than this wait (and free slots take them), one
+    /// allocation at a time is released (its workers finish what they run and leave). `None`:
+    /// off.
     pub release_below: Option<u64>,
     /// The size of each request.
     pub acquire: Acquire,

@@ -338,7 +338,11 @@ impl Queue {
             .allocations
             .values()
             .any(|a| a.state == AllocState::Draining);
-        if demand.queued_tasks >= q || draining {
+        // Not while the waiting work wants more than the free slots: the queue would ask for
+        // nodes in the same tick as it gives some back.
+        let wants_more =
+            demand.queued_slots > demand.free_slots.saturating_add(demand.covered_elsewhere);
+        if demand.queued_tasks >= q || draining || wants_more {
             return;
         }
         // The least busy goes first (the fewest of its workers running something: it gives

@@ -471,6 +471,18 @@ fn centralized_release_drains_one_allocation_a_tick_while_little_work_waits() {
         }
     }
     assert_eq!(al.queue(q).unwrap().live().count(), 3);
+    // One task waits and no slot is free: nothing is given back while more is wanted (it
+    // would be asked for again in the same tick).
+    let short = Demand {
+        free_slots: 0,
+        idle: vec![],
+        ..waiting(1)
+    };
+    let acts = al.tick(9 * S, |_| short.clone());
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::Drain { .. })),
+        "{acts:?}"
+    );
     // Worker 2 runs nothing: its allocation gives up the least, so it goes first (before
     // the oldest, which has the least time left).
     let few = Demand {
@@ -586,7 +598,7 @@ fn a_restored_queue_counts_its_allocations_and_never_reuses_an_id() {
 
     let mut after = Allocator::new();
     after.skip_ids(next_queue, next_alloc);
-    after.restore_queue(q, p, None, kept).unwrap();
+    after.restore_queue(0, q, p, None, kept).unwrap();
     let queue = after.queue(q).unwrap();
     // Workers connect again by themselves: none is counted yet.
     assert!(queue.allocations.values().all(|a| a.workers.is_empty()));
@@ -604,6 +616,30 @@ fn a_restored_queue_counts_its_allocations_and_never_reuses_an_id() {
         after.add_queue(params(Acquire::One, 1)).unwrap(),
         next_queue
     );
+}
+
+#[test]
+fn a_restarted_server_gives_an_allocations_workers_their_time_again() {
+    let mut before = Allocator::new();
+    let q = before.add_queue(params(Acquire::One, 1)).unwrap();
+    let acts = before.tick(0, |_| waiting(4));
+    let [(alloc, _)] = submits(&acts)[..] else {
+        panic!("{acts:?}");
+    };
+    let queue = before.queue_mut(q).unwrap();
+    queue.submitted(alloc, "b1".into());
+    queue.started(S, alloc);
+    let kept: Vec<Allocation> = queue.allocations.values().cloned().collect();
+    // The server was down for an hour; its worker, still trying, has not connected yet.
+    let back = 3600 * S;
+    let mut after = Allocator::new();
+    after
+        .restore_queue(back, q, params(Acquire::One, 1), None, kept)
+        .unwrap();
+    let cancel = Action::Cancel { queue: q, alloc };
+    assert!(!after.tick(back + S, |_| waiting(4)).contains(&cancel));
+    let late = back + WORKER_START_LIMIT_US;
+    assert!(after.tick(late, |_| waiting(4)).contains(&cancel));
 }
 
 #[test]

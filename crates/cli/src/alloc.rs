@@ -99,9 +99,10 @@ pub struct AddArgs {
     /// `never` keeps them
     #[arg(long, default_value = "2m", value_name = "DURATION|never")]
     idle_timeout: String,
-    /// Centralized release (Falkon's): while fewer than Q tasks wait for a slot, one
-    /// allocation a second is released, the least busy first (its workers finish what they
-    /// run and leave); beside --idle-timeout, which releases only allocations that idle
+    /// Centralized release (Falkon's): while fewer than Q tasks wait and the queue's free slots
+    /// take them, allocations are released one at a time, the least busy first (its workers
+    /// finish what they run and leave); beside --idle-timeout, which releases only allocations
+    /// that idle
     #[arg(long, value_name = "Q")]
     release_below: Option<u64>,
     /// How big each request is: one node, one more than the last (additive), twice the last

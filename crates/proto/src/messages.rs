@@ -591,9 +591,10 @@ pub struct AllocQueueSpec {
     /// `sbatch --test-only`; a held PBS job, then canceled), so that what the batch system
     /// refuses is refused at `alloc add`.
     pub dry_run: bool,
-    /// Centralized release: while fewer tasks than this wait, one allocation a tick finishes
-    /// what it runs and leaves. `None`: off.
-    #[serde(default)]
+    /// Centralized release: while fewer tasks than this wait (and the queue's free slots take
+    /// them), one allocation at a time finishes what it runs and leaves. `None`: off (and not
+    /// sent, so that a server or client of before this field reads the spec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_below: Option<u64>,
 }
 

@@ -125,6 +125,9 @@ async fn local_ip_toward(access: &Access) -> std::io::Result<std::net::IpAddr> {
     Ok(probe.local_addr()?.ip())
 }
 
+/// A session shorter than this counts as ended at once (see [`serve_until_done`]).
+const QUICK_END: Duration = Duration::from_secs(2);
+
 /// Serves connection after connection until the server says stop or cannot be reached.
 async fn serve_until_done(
     config: &WorkerConfig,
@@ -132,7 +135,14 @@ async fn serve_until_done(
     state: &mut WorkerState,
 ) -> Result<(), WorkerError> {
     let mut access = access;
+    // A session that ends within moments of its start (a server flooded with handshakes
+    // closes new connections at once) is tried again after a pause that grows with each such
+    // end, not at once; and a worker that never registers gives up after --reconnect-for in
+    // all, however often it reached the server.
+    let first_try = Instant::now();
+    let mut pause = Duration::ZERO;
     loop {
+        let started = Instant::now();
         let outcome = session::serve(config, &access, state).await;
         let reason = match outcome {
             Ok(session::SessionEnd::Shutdown(reason)) => {
@@ -154,7 +164,20 @@ async fn serve_until_done(
                 return Err(e);
             }
         };
-        if state.carry.registered() {
+        if !state.carry.registered() && first_try.elapsed() >= config.reconnect_for {
+            state.abandon().await;
+            return Err(WorkerError::GaveUp(config.reconnect_for, reason));
+        }
+        let quiet = !pause.is_zero();
+        if started.elapsed() < QUICK_END {
+            pause = (pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
+            tokio::time::sleep(pause).await;
+        } else {
+            pause = Duration::ZERO;
+        }
+        if quiet {
+            // Said once for a run of quick ends, not at every try.
+        } else if state.carry.registered() {
             tracing::warn!(
                 "connection to the server lost ({reason}); reconnecting; tasks keep running"
             );

@@ -178,6 +178,11 @@ impl Engine {
                     if let Some(c) = self.conns.workers.remove(&worker) {
                         tracing::warn!(worker, peer = %c.peer, "worker lost: {reason}");
                     }
+                    // Its allocation learns now, not when the connection's end comes through
+                    // (a dead node's may take many minutes): it may be asked about, released,
+                    // or replaced. A later end of the connection changes nothing.
+                    let now = self.now();
+                    self.provision.worker_left(now, worker);
                 }
             }
         }

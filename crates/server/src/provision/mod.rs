@@ -221,7 +221,7 @@ impl Provision {
                 .cloned()
                 .collect();
             self.allocator
-                .restore_queue(sq.id, params, sq.paused, sq.allocations)
+                .restore_queue(now, sq.id, params, sq.paused, sq.allocations)
                 .map_err(|e| format!("allocation queue {}: {e}", sq.id))?;
             self.sides.insert(
                 sq.id,
@@ -1278,19 +1278,33 @@ fn tail(path: &std::path::Path, lines: usize) -> LogFile {
 /// well.
 const NO_WORKER: &str = "its pilot ended before any of its workers connected";
 
-/// The last line an allocation's pilot and workers wrote in `dir` (its batch stderr, else its
-/// stdout past the pilot's own `kestrel pilot:` lines), cut short: for an allocation none of
-/// whose workers came, it usually says why (a server they cannot reach, a wrong path).
+/// What an allocation's pilot and workers last said in `dir` (its batch stderr, else its
+/// stdout), cut short: for an allocation none of whose workers came, it usually says why (a
+/// server they cannot reach, a wrong argument). The last error line that is not the launcher's
+/// own (`srun: error: ... Exited with exit code 2` says only that a worker failed), else the
+/// last line that is neither the pilot's nor a usage hint.
 fn last_words(dir: &std::path::Path) -> Option<String> {
+    let launcher = |l: &str| {
+        ["srun:", "slurmstepd:", "pbsdsh:", "kestrel pilot:"]
+            .iter()
+            .any(|p| l.starts_with(p))
+    };
+    let hint = |l: &str| l.starts_with("For more information") || l.starts_with("Usage:");
     ["stderr", "stdout"].iter().find_map(|file| {
-        let t = tail(&dir.join(file), 20);
+        let t = tail(&dir.join(file), 40);
         t.size?;
-        t.tail
+        let lines: Vec<&str> = t
+            .tail
             .lines()
-            .rev()
             .map(str::trim)
-            .find(|l| !l.is_empty() && !l.starts_with("kestrel pilot:"))
-            .map(|l| l.chars().take(300).collect())
+            .filter(|l| !l.is_empty())
+            .collect();
+        let error = lines
+            .iter()
+            .rev()
+            .find(|l| !launcher(l) && l.to_ascii_lowercase().starts_with("error"));
+        let last = || lines.iter().rev().find(|l| !launcher(l) && !hint(l));
+        error.or_else(last).map(|l| l.chars().take(300).collect())
     })
 }
 
@@ -1306,12 +1320,19 @@ mod tests {
     fn a_pilots_last_words_come_from_stderr_then_from_stdout_past_its_own_lines() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(last_words(dir.path()), None, "nothing written yet");
-        let stdout = "kestrel pilot: allocation 3, batch job 41, 1 node(s), ends at 99\nsrun: error: n1: task 0: Exited with exit code 2\nkestrel pilot: the workers ended with status 2\n";
+        let stdout = "kestrel pilot: allocation 3, batch job 41, 1 node(s), ends at 99\nkestrel: command not found\nkestrel pilot: the workers ended with status 127\n";
         std::fs::write(dir.path().join("stdout"), stdout).unwrap();
         std::fs::write(dir.path().join("stderr"), "").unwrap();
         assert_eq!(
             last_words(dir.path()).as_deref(),
-            Some("srun: error: n1: task 0: Exited with exit code 2")
+            Some("kestrel: command not found")
+        );
+        // What clap and srun write for a worker given a wrong argument: clap's first line.
+        let clap = "error: unexpected argument '--slotz' found\n\n  tip: a similar argument exists: '--slots'\n\nUsage: kestrel worker start --slots <N>\n\nFor more information, try '--help'.\nsrun: error: n1: task 0: Exited with exit code 2\n";
+        std::fs::write(dir.path().join("stderr"), clap).unwrap();
+        assert_eq!(
+            last_words(dir.path()).as_deref(),
+            Some("error: unexpected argument '--slotz' found")
         );
         let stderr = "error: cannot reach the server at login1:4000: Connection refused\n\n";
         std::fs::write(dir.path().join("stderr"), stderr).unwrap();

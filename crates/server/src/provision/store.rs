@@ -214,6 +214,7 @@ mod tests {
             workers_seen: 2,
             busy_cpu_us: 5_000_000,
             cancel_reason: None,
+            restored_us: 0,
         }
     }
 

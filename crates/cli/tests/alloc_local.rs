@@ -380,3 +380,55 @@ fn job_info_says_which_allocations_run_its_tasks() {
     c.run(&["job", "cancel", "1"]).ok();
     c.run(&["alloc", "remove", "1", "--force"]).ok();
 }
+
+#[test]
+fn centralized_release_lets_an_allocation_finish_what_it_runs() {
+    let c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "local",
+        "--time-limit",
+        "10m",
+        "--max-workers",
+        "3",
+        "--acquire",
+        "one",
+        "--idle-timeout",
+        "never",
+        "--release-below",
+        "2",
+        "--worker-args",
+        "--slots 2",
+    ])
+    .ok();
+    c.run(&["submit", "--array", "1-12", "--", "sleep", "2"])
+        .ok();
+    c.run(&["job", "wait", "1"]).ok();
+    // As the work winds down the allocations are given back one at a time, each once its
+    // worker has finished what it ran: no task ran twice, and none had to come again.
+    let tasks = c
+        .run(&["task", "list", "1", "--output", "json"])
+        .ok()
+        .json();
+    let tasks = tasks["tasks"].as_array().expect("tasks").clone();
+    assert_eq!(tasks.len(), 12);
+    for t in &tasks {
+        assert_eq!(
+            (&t["state"], &t["attempts"]),
+            (&Value::from("finished"), &Value::from(1)),
+            "{t}"
+        );
+    }
+    let allocs = poll("the allocations to end", Duration::from_secs(60), || {
+        let a = queues(&c)[0]["allocations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        a.iter().all(|a| a["state"] == "finished").then_some(a)
+    });
+    assert!(
+        allocs.len() <= 3,
+        "released and asked for again: {allocs:?}"
+    );
+}

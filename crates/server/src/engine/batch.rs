@@ -55,13 +55,36 @@ impl Engine {
         self.send_progress(now);
         let sends = self.provision.tick(now, &self.core);
         for (worker, reason) in sends.drains {
-            if let Some(w) = self.conns.workers.get(&worker) {
-                w.outbox.send(&ToWorker::Shutdown { reason });
-            }
+            // A released allocation's workers finish what they run: as if their allocation
+            // ended now, they take no new task, and what waits there for a slot goes back.
+            self.event(now, Event::WorkerEnds { worker, at_us: now });
+            self.leaving.insert(worker, reason);
         }
+        self.send_off_drained();
         for (conn, id, result) in sends.replies {
             self.conns.send_now(conn, id, result);
         }
+    }
+
+    /// Tells the workers of released allocations that run nothing any more to leave (an idle
+    /// one at once, with the rest of its allocation).
+    fn send_off_drained(&mut self) {
+        let core = &self.core;
+        let conns = &self.conns;
+        self.leaving.retain(|&worker, reason| {
+            let Some(w) = core.worker(worker) else {
+                return false;
+            };
+            if w.outstanding() > 0 {
+                return true;
+            }
+            if let Some(c) = conns.workers.get(&worker) {
+                c.outbox.send(&ToWorker::Shutdown {
+                    reason: std::mem::take(reason),
+                });
+            }
+            false
+        });
     }
 
     /// Ends a batch: commits its inputs, schedules once, sends the commands and commits again

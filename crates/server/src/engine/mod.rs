@@ -98,6 +98,9 @@ pub struct Engine {
     store_trouble: FxHashMap<JobId, (String, u64)>,
     /// Allocation queues and the workers they brought.
     provision: crate::provision::Provision,
+    /// Workers of released allocations that still run tasks, with why they are to leave:
+    /// they take no new task and are told to leave once they run nothing.
+    leaving: FxHashMap<WorkerId, String>,
 }
 
 impl Engine {
@@ -153,6 +156,7 @@ impl Engine {
                 config.dir.clone(),
                 &server_id,
             ),
+            leaving: FxHashMap::default(),
             server_id,
             epoch: rand::random(),
             durable: Durability::default(),

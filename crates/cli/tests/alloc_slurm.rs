@@ -199,8 +199,19 @@ fn a_queue_grows_to_four_nodes_under_a_backlog_runs_2000_tasks_and_shrinks_to_no
         "--slots 4",
     ])
     .ok();
-    c.run(&["submit", "--array", "1-2000", "--", "sleep", "0.1"])
-        .ok();
+    // The tasks wait for a file until the fourth node has come, so that a slow machine cannot
+    // finish the work on three (each allocation is asked for once the one before has started).
+    let go = c.path("go");
+    c.run(&[
+        "submit",
+        "--array",
+        "1-2000",
+        "--",
+        "sh",
+        "-c",
+        &format!("while [ ! -e {go} ]; do sleep 0.05; done; sleep 0.1"),
+    ])
+    .ok();
     // Watch the queue grow while the work runs: never more than one allocation waiting.
     let mut peak_workers = 0;
     let mut peak_pending = 0;
@@ -220,6 +231,9 @@ fn a_queue_grows_to_four_nodes_under_a_backlog_runs_2000_tasks_and_shrinks_to_no
                 .sum();
             peak_pending = peak_pending.max(pending);
             peak_workers = peak_workers.max(workers);
+            if peak_workers == 4 && !std::path::Path::new(&go).exists() {
+                std::fs::write(&go, "").expect("the go file");
+            }
             (job_counts(&c, "1")["finished"] == 2000).then_some(())
         },
     );

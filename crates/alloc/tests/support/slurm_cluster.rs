@@ -34,6 +34,7 @@ pub fn take_cluster() -> Result<ClusterLock, String> {
     loop {
         // SAFETY: flock on a descriptor this function owns; it only returns a status.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            clear_leftovers();
             return Ok(ClusterLock(file));
         }
         if start.elapsed() >= LOCK_WAIT {
@@ -50,6 +51,66 @@ pub fn take_cluster() -> Result<ClusterLock, String> {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// How long the jobs an earlier holder left behind may take to leave by themselves.
+const LEFTOVERS_WAIT: Duration = Duration::from_secs(60);
+
+/// Frees the nodes of jobs that an earlier holder of the lock left behind (a test whose
+/// server was killed when it failed, a benchmark stopped midway): their pilots hold nodes
+/// until their workers give up on the lost server, and a test counting on four free nodes
+/// found three. Only jobs Kestrel's tests and benchmarks name (`k<tag>-a<n>`, `kestrel-test-*`,
+/// `kbench-*`, HyperQueue's `hq-*`) are waited for and then canceled, never another job of the user.
+fn clear_leftovers() {
+    let start = Instant::now();
+    let mut canceled = false;
+    loop {
+        let left = leftover_jobs();
+        if left.is_empty() {
+            return;
+        }
+        if start.elapsed() >= LEFTOVERS_WAIT {
+            eprintln!("the Slurm test cluster still runs jobs of earlier tests: {left:?}");
+            return;
+        }
+        if !canceled && start.elapsed() >= Duration::from_secs(5) {
+            eprintln!("canceling jobs that earlier tests left on the Slurm test cluster: {left:?}");
+            let _ = Command::new("scancel").args(&left).output();
+            canceled = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The ids of this user's jobs in the queue named by Kestrel's tests or benchmarks.
+fn leftover_jobs() -> Vec<String> {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() }.to_string();
+    let Ok(out) = Command::new("squeue")
+        .args(["-h", "-u", &uid, "-o", "%i %j"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (id, name) = line.trim().split_once(' ')?;
+            ours(name).then(|| id.to_string())
+        })
+        .collect()
+}
+
+/// Whether a job name is one Kestrel's tests or benchmarks give.
+fn ours(name: &str) -> bool {
+    let pilot = name
+        .strip_prefix('k')
+        .and_then(|rest| rest.split_once("-a"))
+        .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    pilot
+        || ["kestrel-test-", "kbench-", "hq-"]
+            .iter()
+            .any(|p| name.starts_with(p))
 }
 
 /// Whether a Slurm answers here, starting the test cluster if need be (once per test binary).

@@ -7,6 +7,7 @@ against HyperQueue's autoalloc, in the shape of the dissertation's Tables 6-7.
                                   [--only KEY,...] [--no-hq] [--no-build] [--no-lock]
                                   [--output table|json] [--out bench/results/provisioning.json]
     python3 bench/provisioning.py --report bench/results/provisioning.json   # only the doc
+    python3 bench/provisioning.py --merge MORE.json    # add another run's configurations
 
 The workload (`FALKON`): 18 stages of 1,000 tasks and 17,820 CPU-s, 60 s tasks except stages
 8/9/10 (120/6/12 s); the dissertation gives the shape and the totals, not the widths, so the
@@ -781,6 +782,20 @@ def write_doc(res: dict) -> None:
         f"partition `{PARTITION}`. {res['runs']} run(s) of each configuration; medians shown.\n"
     )
     a("```sh\n" + res["command"] + "\n```\n")
+    for i, p in enumerate(res.get("parts") or []):
+        k = p.get("kestrel") or {}
+        a(
+            f"{'First' if i == 0 else 'Then'} `{p['command']}` ({p['date']}, kestrel at "
+            f"{k.get('commit', '?')}, {p['elapsed_s'] / 60:.0f} min"
+            f"{', cut off before its end' if p['cut_off'] else ''}) measured "
+            + ", ".join(f"`{c}`" for c in p["configs"])
+            + "."
+        )
+    if res.get("parts"):
+        a(
+            "\nThe invocations ran the same workload on the same cluster, merged with "
+            "`--merge`; the comparisons below are across them, not within one run.\n"
+        )
     a("### The workload\n")
     f = res["falkon"]
     a(
@@ -1105,6 +1120,46 @@ def save_partial(res: dict, out: Path) -> None:
     out.write_text(json.dumps(part, indent=1))
 
 
+def merge(base: dict, more: dict) -> dict:
+    """`base` with the configurations of `more` added (replacing those of the same key): a grid
+    measured in two invocations, such as one cut off midway and the rest run with --only.
+    Refuses results of another workload, scale or cluster. The doc names every invocation."""
+    for k in ("workload", "cluster", "scale"):
+        if base.get(k) != more.get(k):
+            raise SystemExit(f"cannot merge: the two results differ in their {k}")
+    keys = [c["key"] for c in more["configs"] if c["samples"]]
+    if not keys:
+        raise SystemExit("cannot merge: the other results have no measured configuration")
+    out = dict(base)
+    first = {
+        "command": base["command"],
+        "date": base["date"],
+        "elapsed_s": base["elapsed_s"],
+        "cut_off": bool(base.get("partial")),
+        "configs": [c["key"] for c in base["configs"] if c["key"] not in keys],
+        "kestrel": base.get("kestrel"),
+    }
+    part = {
+        "command": more["command"],
+        "date": more["date"],
+        "elapsed_s": more["elapsed_s"],
+        "cut_off": bool(more.get("partial")),
+        "configs": keys,
+        "kestrel": more.get("kestrel"),
+    }
+    out["parts"] = (base.get("parts") or [first]) + [part]
+    out["configs"] = [c for c in base["configs"] if c["key"] not in keys] + [
+        c for c in more["configs"] if c["key"] in keys
+    ]
+    order = {c["key"]: i for i, c in enumerate(configs("full", True))}
+    out["configs"].sort(key=lambda c: order.get(c["key"], len(order)))
+    out["elapsed_s"] = sum(p["elapsed_s"] for p in out["parts"])
+    out["partial"] = False
+    out["hq_version"] = base.get("hq_version") or more.get("hq_version")
+    summarize(out)
+    return out
+
+
 def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--plot-only":
         return 0 if _plot(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])) else 1
@@ -1122,7 +1177,25 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS / "provisioning.json")
     ap.add_argument("--no-doc", action="store_true", help="write no doc or plot (trial runs)")
     ap.add_argument("--report", type=Path, help="only rewrite the doc from this results file")
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        metavar="MORE",
+        help="add MORE's configurations (a later run with --only) to --out, and write the doc",
+    )
     args = ap.parse_args()
+    if args.merge:
+        try:
+            base, more = (json.loads(f.read_text()) for f in (args.out, args.merge))
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"cannot merge: {e}") from e
+        res = merge(base, more)
+        args.out.write_text(json.dumps(res, indent=1))
+        log(f"results in {args.out}: {', '.join(c['key'] for c in res['configs'])}")
+        if not args.no_doc:
+            write_doc(res)
+        print(json.dumps(res, indent=1) if args.output == "json" else text_table(res))
+        return 0
     if args.report:
         res = json.loads(args.report.read_text())
         write_doc(res)

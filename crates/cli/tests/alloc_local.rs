@@ -432,3 +432,22 @@ fn centralized_release_lets_an_allocation_finish_what_it_runs() {
         "released and asked for again: {allocs:?}"
     );
 }
+
+#[test]
+fn a_worker_from_an_allocation_no_queue_made_runs_tasks_and_the_server_log_says_so() {
+    // Another server's pilot, or one whose queue was removed, reaches this server.
+    let mut c = Cluster::new();
+    c.add_worker_with(1, &["--alloc", "42"]);
+    c.wait_workers(1);
+    c.run(&["submit", "--array", "1-3", "--", "true"]).ok();
+    c.run(&["job", "wait", "1"]).ok();
+    let counts = c.run(&["job", "info", "1", "--output", "json"]).ok().json()["counts"].clone();
+    assert_eq!(counts["finished"], 3, "{counts}");
+    let log = c.server_log();
+    assert!(
+        log.contains("allocation 42, which no queue of this server made"),
+        "{log}"
+    );
+    // No queue took it for one of its own.
+    assert!(queues(&c).is_empty());
+}

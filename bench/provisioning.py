@@ -1189,13 +1189,7 @@ def main() -> int:
             base, more = (json.loads(f.read_text()) for f in (args.out, args.merge))
         except (OSError, ValueError) as e:
             raise SystemExit(f"cannot merge: {e}") from e
-        res = merge(base, more)
-        args.out.write_text(json.dumps(res, indent=1))
-        log(f"results in {args.out}: {', '.join(c['key'] for c in res['configs'])}")
-        if not args.no_doc:
-            write_doc(res)
-        print(json.dumps(res, indent=1) if args.output == "json" else text_table(res))
-        return 0
+        return publish(merge(base, more), args)
     if args.report:
         res = json.loads(args.report.read_text())
         write_doc(res)
@@ -1283,9 +1277,14 @@ def main() -> int:
     res["squeue_at_end"] = left
     res["elapsed_s"] = time.monotonic() - T0
     summarize(res)
+    return publish(res, args)
+
+
+def publish(res: dict, args: argparse.Namespace) -> int:
+    """Writes the results file and the doc, and prints the table (or the JSON)."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
-    log(f"results in {args.out}")
+    log(f"results in {args.out}: {', '.join(c['key'] for c in res['configs'])}")
     if not args.no_doc:
         write_doc(res)
     print(json.dumps(res, indent=1) if args.output == "json" else text_table(res))

@@ -7,6 +7,12 @@ use common::*;
 use serde_json::Value;
 use std::time::Duration;
 
+/// `kestrel alloc add local --time-limit 10m OPTIONS...`, which must succeed.
+fn add_local_queue(c: &Cluster, options: &[&str]) {
+    let add = ["alloc", "add", "local", "--time-limit", "10m"];
+    c.run(&[&add[..], options].concat()).ok();
+}
+
 fn queues(c: &Cluster) -> Vec<Value> {
     let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
     v["queues"].as_array().expect("queues").clone()
@@ -15,22 +21,19 @@ fn queues(c: &Cluster) -> Vec<Value> {
 #[test]
 fn a_local_queue_grows_under_a_backlog_runs_the_work_and_shrinks_to_nothing() {
     let c = Cluster::new();
-    c.run(&[
-        "alloc",
-        "add",
-        "local",
-        "--time-limit",
-        "10m",
-        "--max-workers",
-        "2",
-        "--idle-timeout",
-        "2s",
-        "--acquire",
-        "one",
-        "--worker-args",
-        "--slots 1",
-    ])
-    .ok();
+    add_local_queue(
+        &c,
+        &[
+            "--max-workers",
+            "2",
+            "--idle-timeout",
+            "2s",
+            "--acquire",
+            "one",
+            "--worker-args",
+            "--slots 1",
+        ],
+    );
     c.run(&["submit", "--array", "1-10", "--", "sleep", "0.2"])
         .ok();
     // Each worker says which allocation started it.
@@ -161,20 +164,17 @@ impl Drop for KillOnDrop {
 #[test]
 fn a_killed_server_takes_its_queue_back_and_adopts_the_allocation_that_runs() {
     let mut c = Cluster::new();
-    c.run(&[
-        "alloc",
-        "add",
-        "local",
-        "--time-limit",
-        "10m",
-        "--max-workers",
-        "1",
-        "--idle-timeout",
-        "2s",
-        "--worker-args",
-        "--slots 1",
-    ])
-    .ok();
+    add_local_queue(
+        &c,
+        &[
+            "--max-workers",
+            "1",
+            "--idle-timeout",
+            "2s",
+            "--worker-args",
+            "--slots 1",
+        ],
+    );
     // Each task waits for a file, so the work outlives the server.
     let go = c.path("go");
     c.run(&[
@@ -230,20 +230,17 @@ fn a_killed_server_takes_its_queue_back_and_adopts_the_allocation_that_runs() {
 fn two_queues_do_not_both_ask_for_the_same_work() {
     let c = Cluster::new();
     for _ in 0..2 {
-        c.run(&[
-            "alloc",
-            "add",
-            "local",
-            "--time-limit",
-            "10m",
-            "--max-workers",
-            "1",
-            "--idle-timeout",
-            "1s",
-            "--worker-args",
-            "--slots 1",
-        ])
-        .ok();
+        add_local_queue(
+            &c,
+            &[
+                "--max-workers",
+                "1",
+                "--idle-timeout",
+                "1s",
+                "--worker-args",
+                "--slots 1",
+            ],
+        );
     }
     // One task: the first queue's allocation covers it, so the second asks for nothing.
     c.run(&["submit", "--", "sleep", "1"]).ok();
@@ -348,18 +345,7 @@ fn a_missing_sbatch_is_refused_at_alloc_add_and_pauses_a_queue_added_without_a_c
 #[test]
 fn job_info_says_which_allocations_run_its_tasks() {
     let c = Cluster::new();
-    c.run(&[
-        "alloc",
-        "add",
-        "local",
-        "--time-limit",
-        "10m",
-        "--max-workers",
-        "1",
-        "--worker-args",
-        "--slots 2",
-    ])
-    .ok();
+    add_local_queue(&c, &["--max-workers", "1", "--worker-args", "--slots 2"]);
     c.run(&["submit", "--array", "1-2", "--", "sleep", "60"])
         .ok();
     let on = poll("the tasks to run", Duration::from_secs(60), || {
@@ -384,24 +370,21 @@ fn job_info_says_which_allocations_run_its_tasks() {
 #[test]
 fn centralized_release_lets_an_allocation_finish_what_it_runs() {
     let c = Cluster::new();
-    c.run(&[
-        "alloc",
-        "add",
-        "local",
-        "--time-limit",
-        "10m",
-        "--max-workers",
-        "3",
-        "--acquire",
-        "one",
-        "--idle-timeout",
-        "never",
-        "--release-below",
-        "2",
-        "--worker-args",
-        "--slots 2",
-    ])
-    .ok();
+    add_local_queue(
+        &c,
+        &[
+            "--max-workers",
+            "3",
+            "--acquire",
+            "one",
+            "--idle-timeout",
+            "never",
+            "--release-below",
+            "2",
+            "--worker-args",
+            "--slots 2",
+        ],
+    );
     c.run(&["submit", "--array", "1-12", "--", "sleep", "2"])
         .ok();
     c.run(&["job", "wait", "1"]).ok();
@@ -421,10 +404,7 @@ fn centralized_release_lets_an_allocation_finish_what_it_runs() {
         );
     }
     let allocs = poll("the allocations to end", Duration::from_secs(60), || {
-        let a = queues(&c)[0]["allocations"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let a = allocations(&c);
         a.iter().all(|a| a["state"] == "finished").then_some(a)
     });
     assert!(

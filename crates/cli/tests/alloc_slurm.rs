@@ -33,14 +33,6 @@ fn take_slurm() -> Option<(std::sync::MutexGuard<'static, ()>, ClusterLock)> {
     }
 }
 
-fn allocations(c: &Cluster) -> Vec<Value> {
-    let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
-    v["queues"][0]["allocations"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 fn in_squeue(batch_id: &str) -> bool {
     let out = Command::new("squeue")
         .args(["-h", "-o", "%i", "-j", batch_id])

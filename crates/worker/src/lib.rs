@@ -168,20 +168,20 @@ async fn serve_until_done(
             state.abandon().await;
             return Err(WorkerError::GaveUp(config.reconnect_for, reason));
         }
-        let quiet = !pause.is_zero();
+        // Said once for a run of quick ends, not at every try.
+        let say = pause.is_zero();
         if started.elapsed() < QUICK_END {
             pause = (pause * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
             tokio::time::sleep(pause).await;
         } else {
             pause = Duration::ZERO;
         }
-        if quiet {
-            // Said once for a run of quick ends, not at every try.
-        } else if state.carry.registered() {
+        let registered = state.carry.registered();
+        if say && registered {
             tracing::warn!(
                 "connection to the server lost ({reason}); reconnecting; tasks keep running"
             );
-        } else {
+        } else if say {
             tracing::warn!(
                 "cannot reach the server yet ({reason}); trying again for up to {} s",
                 config.reconnect_for.as_secs()

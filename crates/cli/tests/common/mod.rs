@@ -223,6 +223,15 @@ pub fn read_pid(path: &Path) -> Option<i32> {
 }
 
 /// The rows of `kestrel task list JOB --output json`.
+/// The allocations of the server's first allocation queue (`alloc list --output json`).
+pub fn allocations(c: &Cluster) -> Vec<Value> {
+    let v = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+    v["queues"][0]["allocations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
 pub fn task_rows(c: &Cluster, job: &str) -> Vec<Value> {
     let page = c
         .run(&["task", "list", job, "--output", "json"])

@@ -388,7 +388,10 @@ pub async fn show_failures(asker: &mut impl Asker, ids: &[JobId]) {
             eprintln!("job {job} task {}: {reason}{tail}", r.id);
         }
         if page.more > 0 {
-            eprintln!("job {job}: ... and {} more failed tasks", page.more);
+            eprintln!(
+                "job {job}: ... and {} more (`kestrel task list {job} --state failed`)",
+                crate::output::plural(page.more, "failed task")
+            );
         }
     }
 }

@@ -56,12 +56,11 @@ class OutputScenarios(SuiteBase):
             )
             if r["rc"] != 0:
                 raise RuntimeError(cmd_error(f"kestrel run --stdout {SINKS[mode]}", r))
-            # The outputs (streamed mode), then the summary line, then maybe where files went.
-            lines = r["out"].splitlines(keepends=True)
-            at = max((i for i, ln in enumerate(lines) if " tasks on " in ln), default=None)
-            if at is None or f"{tasks} finished" not in lines[at]:
-                raise RuntimeError(f"not every task finished: {r['out'][-300:]}")
-            if mode == "stream" and "".join(lines[:at]) != _expected(tasks):
+            # Stdout holds the streamed outputs alone; the summary line is on stderr.
+            summary = next((ln for ln in r["err"].splitlines() if " tasks on " in ln), "")
+            if f"{tasks} finished" not in summary:
+                raise RuntimeError(f"not every task finished: {r['err'][-300:]}")
+            if mode == "stream" and r["out"] != _expected(tasks):
                 raise RuntimeError("`kestrel run` did not print every output in task order")
             if mode == "files":
                 files = sum(1 for _ in os.scandir(d / "job-1"))

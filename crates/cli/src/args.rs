@@ -18,7 +18,7 @@ A server and workers that outlive one command:
   kestrel worker start --slots 4 &              # one per node; connects out to the server
   kestrel submit --array 1-100000 -- ./sim --seed {task}
   kestrel job wait 1                            # progress bar; exit code 1 if a task failed
-  kestrel task list 1 --status failed           # exit codes and the tail of stderr
+  kestrel task list 1 --state failed           # exit codes and the tail of stderr
   kestrel job state 1 2 3                       # one `id state` line per job, for scripts
   kestrel server stop
 
@@ -72,7 +72,7 @@ pub struct Global {
 pub enum Command {
     /// Run tasks on an embedded server and local workers, then exit (no daemon needed)
     #[command(
-        after_help = "Examples:\n  kestrel run -- ./analyze input.dat\n  kestrel run --workers 2 --slots 1 --array 1-500 -- ./sim --seed {task}\n  kestrel run --file sweep.toml"
+        after_help = "Examples:\n  kestrel run ./analyze input.dat\n  kestrel run --workers 2 --slots 1 --array 1-500 -- ./sim --seed {task}\n  kestrel run --file sweep.toml"
     )]
     Run(RunArgs),
     /// Submit a job to a running server
@@ -119,8 +119,13 @@ Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID, KESTREL_SERVER and
 KESTREL_SERVER_DIR in their environment (so a task can `kestrel submit` more), on top of the
 worker's own (or of this shell's with --env-all).
 
+The program comes after the options, as with sbatch: `kestrel submit ./job.sh` (every word
+from the program on is the task's, `--seed 3` in `./sim --seed 3` too); a `--` before it
+works as well.
+
 Examples:
-  kestrel submit -- ./one-task
+  kestrel submit ./one-task
+  job=$(kestrel submit --parsable ./job.sh)      # as Snakemake's cluster-generic executor does
   kestrel submit --array 1-1000 --cpus 2 --retries 2 -- ./sim --seed {task}
   kestrel submit --each inputs.txt --stdout sums/{line}.sha -- sha1sum {line}
   find data -name '*.fits' | kestrel submit --each - -- ./process {line}
@@ -175,8 +180,9 @@ pub struct SubmitArgs {
     /// Print only the job id(s) on stdout, one a line (like sbatch --parsable)
     #[arg(long)]
     pub parsable: bool,
-    /// The program and its arguments
-    #[arg(last = true, value_name = "PROGRAM ARGS")]
+    /// The program and its arguments: everything from the first one on belongs to the task,
+    /// even what looks like an option (`-- PROGRAM ARGS` works too)
+    #[arg(trailing_var_arg = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
 }
 
@@ -211,8 +217,9 @@ pub struct RunArgs {
     pub shape: Shape,
     #[command(flatten)]
     pub options: TaskOptions,
-    /// The program and its arguments
-    #[arg(last = true, value_name = "PROGRAM ARGS")]
+    /// The program and its arguments: everything from the first one on belongs to the task,
+    /// even what looks like an option (`-- PROGRAM ARGS` works too)
+    #[arg(trailing_var_arg = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
 }
 
@@ -480,13 +487,13 @@ pub enum JobStateArg {
 pub enum TaskCommand {
     /// List a job's tasks in pages (failed ones with exit code and the tail of stderr)
     #[command(
-        after_help = "Pages: the last line says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\n\nExamples:\n  kestrel task list 1 --status failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
+        after_help = "Pages: the last line says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\n\nExamples:\n  kestrel task list 1 --state failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
     )]
     List {
         job: u32,
-        /// Only tasks in this state
-        #[arg(long, alias = "state", value_enum)]
-        status: Option<Status>,
+        /// Only tasks in this state (`--status` is an alias)
+        #[arg(long, alias = "status", value_enum, value_name = "STATE")]
+        state: Option<Status>,
         /// Skip this many (matching) tasks: where the page starts
         #[arg(long, default_value_t = 0, value_name = "N")]
         offset: u32,

@@ -30,7 +30,10 @@ pub fn submissions(
     match &shape.file {
         Some(file) => {
             if !command.is_empty() {
-                bail!("--file takes its commands from the job file; drop the command after `--`");
+                bail!(
+                    "--file takes its commands from the job file; drop the command given with it ({})",
+                    command.join(" ")
+                );
             }
             jobs::from_file(file)
         }
@@ -151,11 +154,10 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
     let waited = if args.wait {
         let quiet = g.output == Format::Json || args.parsable;
         let p = wait_for(&mut conn, ids.clone(), quiet).await?;
-        if args.parsable {
-            // Standard output holds the job ids alone.
+        // Standard output holds the job ids alone with --parsable, the JSON document (below)
+        // with --output json; the summary is a note.
+        if args.parsable || g.output == Format::Table {
             eprintln!("{}", wait_summary(&p));
-        } else if g.output == Format::Table {
-            report_wait(g, &p);
             if p.counts.failed > 0 {
                 crate::queries::show_failures(conn.client(), &ids).await;
             }
@@ -222,10 +224,12 @@ fn wait_summary(p: &WaitProgress) -> String {
     )
 }
 
+/// How a wait ended: a JSON document on stdout, or a summary on stderr (a note, like the
+/// progress before it; the exit status says whether a task failed).
 fn report_wait(g: &Global, p: &WaitProgress) {
     match g.output {
         Format::Json => output::json(&WaitView::from(p)),
-        Format::Table => println!("{}", wait_summary(p)),
+        Format::Table => eprintln!("{}", wait_summary(p)),
     }
 }
 
@@ -617,7 +621,7 @@ pub async fn worker_list(g: &Global) -> Result<ExitCode> {
             workers: ws.iter().map(WorkerView::from).collect(),
         });
     } else if ws.is_empty() {
-        println!("no workers connected; start one with `kestrel worker start`");
+        eprintln!("no workers connected; start one with `kestrel worker start`");
     } else {
         // Which allocation each worker came from, once an allocation queue started any.
         let from_allocs = ws.iter().any(|w| w.alloc.is_some());

@@ -62,11 +62,12 @@ pub async fn job_list(
         });
         return Ok(ExitCode::SUCCESS);
     }
+    // Notes (an empty result, a page left out) go to stderr: stdout has the table alone.
     if page.jobs.is_empty() {
         if filtered {
-            println!("no jobs match; `kestrel job list` without filters shows them all");
+            eprintln!("no jobs match; `kestrel job list` without filters shows them all");
         } else {
-            println!("no jobs; submit one with `kestrel submit`");
+            eprintln!("no jobs; submit one with `kestrel submit`");
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -83,7 +84,7 @@ pub async fn job_list(
     }
     println!("{t}");
     if page.more > 0 {
-        println!(
+        eprintln!(
             "... and {} (--last N shows more, --last 0 all)",
             plural(page.more, "older job")
         );
@@ -171,10 +172,10 @@ pub async fn task(g: &Global, cmd: TaskCommand) -> Result<ExitCode> {
     match cmd {
         TaskCommand::List {
             job,
-            status,
+            state,
             offset,
             limit,
-        } => task_list(g, &mut s, job, status, offset, limit).await,
+        } => task_list(g, &mut s, job, state, offset, limit).await,
         TaskCommand::Info { job, task } => task_info(g, &mut s, job, task).await,
         TaskCommand::Output(a) => crate::cat::task_output(&mut s, a).await,
     }
@@ -184,13 +185,13 @@ async fn task_list(
     g: &Global,
     s: &mut Session,
     job: JobId,
-    status: Option<Status>,
+    state: Option<Status>,
     offset: u32,
     limit: u32,
 ) -> Result<ExitCode> {
     let ask = Ask::TaskPage {
         job,
-        state: status.map(task_state_of),
+        state: state.map(task_state_of),
         offset,
         limit,
     };
@@ -209,14 +210,15 @@ async fn task_list(
         });
         return Ok(ExitCode::SUCCESS);
     }
+    // Notes (an empty page, where the next one starts) go to stderr: stdout has the table.
     if page.rows.is_empty() {
         if page.matched > 0 {
-            println!(
+            eprintln!(
                 "no tasks from offset {offset}: {} match (`--offset 0` starts again)",
                 page.matched
             );
         } else {
-            println!("no tasks match");
+            eprintln!("no tasks match");
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -252,16 +254,16 @@ async fn task_list(
     }
     println!("{t}");
     if let Some(next) = next_offset {
-        let status = status.map_or(String::new(), |s| {
-            format!(" --status {}", json::task_state(task_state_of(s)))
+        let state = state.map_or(String::new(), |s| {
+            format!(" --state {}", json::task_state(task_state_of(s)))
         });
-        println!(
-            "tasks {}-{end} of {}; next page: kestrel task list {job}{status} --offset {next} --limit {limit}",
+        eprintln!(
+            "tasks {}-{end} of {}; next page: kestrel task list {job}{state} --offset {next} --limit {limit}",
             page.offset + 1,
             page.matched
         );
     } else if page.offset > 0 {
-        println!("tasks {}-{end} of {}", page.offset + 1, page.matched);
+        eprintln!("tasks {}-{end} of {}", page.offset + 1, page.matched);
     }
     Ok(ExitCode::SUCCESS)
 }

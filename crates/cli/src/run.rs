@@ -193,14 +193,15 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
                     output::plural(slots, "slot")
                 )
             };
-            output::say(format_args!(
+            // On stderr, as every note: stdout carries only what the tasks streamed.
+            eprintln!(
                 "{} on {on}: {} in {} ({rate:.1} tasks/s)",
                 output::plural(total, "task"),
                 output::counts(&counts),
                 output::duration(wall),
-            ));
+            );
             if !dirs.is_empty() {
-                output::say(format_args!("outputs in {}", dirs.join(", ")));
+                eprintln!("outputs in {}", dirs.join(", "));
             }
         }
     }

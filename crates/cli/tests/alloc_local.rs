@@ -282,7 +282,7 @@ fn kestrel_run_grows_its_workers_from_an_allocation_queue_and_refuses_a_wrong_on
     };
     let out =
         run("local --time-limit 10m --max-workers 2 --idle-timeout 2s --worker-args '--slots 1'");
-    let said = &out.ok().stdout;
+    let said = &out.ok().stderr;
     assert!(said.contains("6 tasks on workers of"), "{said}");
     let out = run("local --time-limt 10m");
     let err = out.failed().one_line_error().to_string();

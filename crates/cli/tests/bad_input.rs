@@ -314,7 +314,7 @@ fn tasks_that_cannot_start_fail_alone() {
         args.extend_from_slice(command);
         let out = c.run(&args);
         assert_eq!(out.code(), Some(1), "{out:#?}");
-        assert!(out.stdout.contains("1 failed"), "{out:#?}");
+        assert!(out.stderr.contains("1 failed"), "{out:#?}");
         let page = c
             .run(&["task", "list", &(job + 1).to_string(), "--output", "json"])
             .ok()

@@ -30,7 +30,7 @@ fn array_job_runs_on_all_workers_and_is_reported() {
         "echo $KESTREL_TASK_ID $KESTREL_JOB_ID {task} > out-{task}.txt",
     ]);
     out.ok();
-    assert!(out.stdout.contains("20 finished"), "{out:#?}");
+    assert!(out.stderr.contains("20 finished"), "{out:#?}");
     assert!(
         out.stderr.contains("submitted job 1 with 20 tasks"),
         "{out:#?}"
@@ -293,9 +293,9 @@ fn run_array_of_fifty() {
         "echo e{task} >&2",
     ]);
     out.ok();
-    assert!(out.stdout.contains("50 tasks"), "{out:#?}");
-    assert!(out.stdout.contains("50 finished"), "{out:#?}");
-    assert!(!out.stdout.contains("failed"), "{out:#?}");
+    assert!(out.stderr.contains("50 tasks"), "{out:#?}");
+    assert!(out.stderr.contains("50 finished"), "{out:#?}");
+    assert!(!out.stderr.contains("failed"), "{out:#?}");
     // stderr still goes to the default files, relative to the current directory.
     for t in 1..=50 {
         let err = std::fs::read_to_string(dir.path().join(format!("job-1/{t}.err")));
@@ -308,7 +308,7 @@ fn run_array_of_fifty() {
 fn run_of_a_failing_command_fails() {
     let (_dir, out) = run_here(&["run", "--", "false"]);
     out.failed();
-    assert!(out.stdout.contains("1 failed"), "{out:#?}");
+    assert!(out.stderr.contains("1 failed"), "{out:#?}");
 }
 
 #[test]
@@ -317,7 +317,7 @@ fn run_noop_hundred_thousand() {
         "run", "--exec", "noop", "--array", "1-100000", "--quiet", "--", "true",
     ]);
     out.ok();
-    assert!(out.stdout.contains("100000 finished"), "{out:#?}");
+    assert!(out.stderr.contains("100000 finished"), "{out:#?}");
 }
 
 #[test]

@@ -23,7 +23,7 @@ fn the_sweep_example_writes_its_outputs_where_it_says() {
         .args(["run", "--quiet", "--file", "examples/sweep.toml"])
         .current_dir(dir.path());
     let out = run_bounded(cmd, 4 * COMMAND_LIMIT);
-    assert!(out.ok().stdout.contains("203 finished"), "{out:#?}");
+    assert!(out.ok().stderr.contains("203 finished"), "{out:#?}");
     let read = |name: &str| fs::read_to_string(copy.join("out").join(name)).ok();
     assert_eq!(read("greetings-0.txt").as_deref(), Some("hello\n"));
     assert_eq!(read("greetings-1.txt").as_deref(), Some("bonjour\n"));

@@ -37,7 +37,7 @@ fn failed_tasks_show_exit_code_reason_and_stderr() {
     out.ok();
     let wait = c.run(&["job", "wait", "1", "--quiet"]);
     assert_eq!(wait.code(), Some(1), "{wait:#?}");
-    assert!(wait.stdout.contains("1 finished, 2 failed"), "{wait:#?}");
+    assert!(wait.stderr.contains("1 finished, 2 failed"), "{wait:#?}");
 
     let failed = task_rows(&c, "1", Some("failed"));
     let ids: Vec<&Value> = failed.iter().map(|r| &r["id"]).collect();
@@ -75,7 +75,7 @@ fn retries_run_a_failing_task_again() {
         script,
     ]);
     out.ok();
-    assert!(out.stdout.contains("1 finished"), "{out:#?}");
+    assert!(out.stderr.contains("1 finished"), "{out:#?}");
     assert_eq!(c.read("count").as_deref(), Some("3\n"));
     let rows = task_rows(&c, "1", None);
     assert_eq!(rows.len(), 1);
@@ -222,7 +222,7 @@ fn cancel_stops_running_and_queued_tasks() {
     assert!(outstanding >= 2, "{out:#?}");
     let wait = c.run(&["job", "wait", "1", "--quiet"]);
     assert_eq!(wait.code(), Some(1), "{wait:#?}");
-    assert!(wait.stdout.contains("10 canceled"), "{wait:#?}");
+    assert!(wait.stderr.contains("10 canceled"), "{wait:#?}");
 
     let rows = task_rows(&c, "1", None);
     assert_eq!(rows.len(), 10);
@@ -269,7 +269,7 @@ fn a_lost_worker_task_runs_again_elsewhere() {
     c.add_worker(1);
     let wait = c.run(&["job", "wait", "1", "--quiet"]);
     wait.ok();
-    assert!(wait.stdout.contains("1 finished"), "{wait:#?}");
+    assert!(wait.stderr.contains("1 finished"), "{wait:#?}");
     assert_eq!(c.read("result").as_deref(), Some("second run\n"));
     let rows = task_rows(&c, "1", None);
     assert_eq!(rows.len(), 1);

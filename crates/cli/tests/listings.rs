@@ -48,14 +48,16 @@ fn job_list_filters_by_state_and_name_and_keeps_the_newest() {
     assert_eq!(newest["more"], 3);
     assert_eq!(list(&["--last", "0"])["more"], 0);
 
-    let table = c.run(&["job", "list", "--last", "2"]).ok().stdout.clone();
-    assert!(table.contains("... and 3 older jobs"), "{table}");
-    let none = c
-        .run(&["job", "list", "--name", "nothing-*"])
-        .ok()
-        .stdout
-        .clone();
-    assert!(none.contains("no jobs match"), "{none}");
+    // Notes go to stderr: stdout holds the table alone.
+    let table = c.run(&["job", "list", "--last", "2"]);
+    assert!(
+        table.ok().stderr.contains("... and 3 older jobs"),
+        "{table:#?}"
+    );
+    assert!(!table.stdout.contains("older"), "{table:#?}");
+    let none = c.run(&["job", "list", "--name", "nothing-*"]);
+    assert!(none.ok().stderr.contains("no jobs match"), "{none:#?}");
+    assert_eq!(none.stdout, "", "{none:#?}");
 }
 
 #[test]
@@ -136,7 +138,10 @@ fn task_list_pages_say_how_to_get_the_next() {
     let last = page(&["--offset", "20", "--limit", "10"]);
     assert_eq!(ids(&last, "tasks"), [21, 22, 23, 24, 25]);
     assert_eq!(last["next_offset"], Value::Null);
-    let failed = page(&["--status", "failed", "--offset", "2", "--limit", "2"]);
+    // `--state`, as everywhere else; `--status` is its alias.
+    let failed = page(&["--state", "failed", "--offset", "2", "--limit", "2"]);
+    let alias = page(&["--status", "failed", "--offset", "2", "--limit", "2"]);
+    assert_eq!(alias, failed);
     assert_eq!(ids(&failed, "tasks"), [15, 20]);
     assert_eq!(
         (&failed["matched"], &failed["next_offset"]),
@@ -148,15 +153,19 @@ fn task_list_pages_say_how_to_get_the_next() {
         .iter()
         .all(|t| t["state"] == "failed" && t["exit_code"] == 1 && t["job"] == 1));
 
-    let table = c.run(&["task", "list", "1", "--status", "failed", "--limit", "2"]);
-    assert!(
-        table.ok().stdout.contains(
-            "tasks 1-2 of 5; next page: kestrel task list 1 --status failed --offset 2 --limit 2"
-        ),
-        "{table:#?}"
-    );
+    // The next page's command is a note on stderr, and it works as printed.
+    let table = c.run(&["task", "list", "1", "--state", "failed", "--limit", "2"]);
+    let hint = "tasks 1-2 of 5; next page: kestrel task list 1 --state failed --offset 2 --limit 2";
+    assert!(table.ok().stderr.contains(hint), "{table:#?}");
+    assert!(!table.stdout.contains("next page"), "{table:#?}");
+    let next: Vec<&str> = hint.split("kestrel ").nth(1).unwrap().split(' ').collect();
+    let next = c.run(&next);
+    let rows: Vec<&str> = next.ok().stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{next:#?}");
+    assert!(rows[0].trim_start().starts_with("15 "), "{next:#?}");
     let beyond = c.run(&["task", "list", "1", "--offset", "30"]);
-    assert!(beyond.ok().stdout.contains("--offset 0"), "{beyond:#?}");
+    assert!(beyond.ok().stderr.contains("--offset 0"), "{beyond:#?}");
+    assert_eq!(beyond.stdout, "", "{beyond:#?}");
 }
 
 #[test]

@@ -74,13 +74,13 @@ fn a_second_run_here_keeps_the_first_run_s_outputs() {
         &["run", "--array", "1-3", "--", "echo", "first", "{task}"],
     );
     first.ok();
-    assert!(first.stdout.contains("outputs in job-1/"), "{first:#?}");
+    assert!(first.stderr.contains("outputs in job-1/"), "{first:#?}");
     let second = run_in(
         dir.path(),
         &["run", "--array", "1-3", "--", "echo", "second", "{task}"],
     );
     second.ok();
-    assert!(second.stdout.contains("outputs in job-2/"), "{second:#?}");
+    assert!(second.stderr.contains("outputs in job-2/"), "{second:#?}");
     for t in 1..=3 {
         let read = |j: u32| std::fs::read_to_string(dir.path().join(format!("job-{j}/{t}.out")));
         assert_eq!(read(1).unwrap(), format!("first {t}\n"));
@@ -364,7 +364,7 @@ fn a_streamed_run_does_not_write_into_an_earlier_run_s_stderr_files() {
         ],
     );
     second.ok();
-    assert!(second.stdout.contains("outputs in job-2/"), "{second:#?}");
+    assert!(second.stderr.contains("outputs in job-2/"), "{second:#?}");
     for t in 1..=2 {
         let read = |j: u32| std::fs::read_to_string(dir.path().join(format!("job-{j}/{t}.err")));
         assert_eq!(read(1).unwrap(), "first\n");
@@ -382,10 +382,10 @@ fn the_outputs_line_names_the_real_directory_or_nothing() {
         &["run", "--array", "1-2", "--cwd", "sub", "--", "pwd"],
     );
     out.ok();
-    assert!(out.stdout.contains("outputs in sub/job-1/"), "{out:#?}");
+    assert!(out.stderr.contains("outputs in sub/job-1/"), "{out:#?}");
     let quiet = run_in(dir.path(), &["run", "--array", "1-2", "--", "true"]);
     quiet.ok();
-    assert!(!quiet.stdout.contains("outputs in"), "{quiet:#?}");
+    assert!(!quiet.stderr.contains("outputs in"), "{quiet:#?}");
     assert!(
         !dir.path().join("job-1").exists(),
         "an empty job directory is not left behind"

@@ -14,7 +14,7 @@ pub enum RunEnd {
     Canceled,
 }
 
-/// Why a run failed, kept by the server for `kestrel task list --status failed`.
+/// Why a run failed, kept by the server for `kestrel task list --state failed`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     /// The exit code, if the process exited.

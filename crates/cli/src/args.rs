@@ -389,11 +389,15 @@ Examples:
     /// Print `ID STATE` for each job, one line each, in one request (for scripts and workflow
     /// managers); exit status 3 if some id is unknown
     #[command(
-        after_help = "States: queued, running, finished, failed, canceled; `unknown` for an id the server does\nnot have (never submitted, or forgotten).\n\nExample:\n  $ kestrel job state 4 5 99\n  4 finished\n  5 running\n  99 unknown"
+        after_help = "States: queued, running, finished, failed, canceled; `unknown` for an id the server does\nnot have (never submitted, or forgotten).\n\nExamples:\n  $ kestrel job state 4 5 99\n  4 finished\n  5 running\n  99 unknown\n  $ snakemake --executor cluster-generic --cluster-generic-submit-cmd 'kestrel submit --parsable' \\\n      --cluster-generic-status-cmd 'kestrel job state --snakemake' \\\n      --cluster-generic-cancel-cmd 'kestrel job cancel' --jobs 100"
     )]
     State {
         #[arg(required = true)]
         jobs: Vec<u32>,
+        /// Print only `running`, `success` or `failed` per job, as the status command of
+        /// Snakemake's cluster-generic executor must (an unknown id is `failed`, with status 0)
+        #[arg(long)]
+        snakemake: bool,
     },
     /// Wait for jobs to end (all unfinished jobs if none given); exit code 1 if a task failed
     Wait {

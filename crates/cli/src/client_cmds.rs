@@ -270,7 +270,9 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
         JobCommand::List { state, name, last } => {
             return crate::queries::job_list(g, &mut s, state, name, last).await
         }
-        JobCommand::State { jobs } => return crate::queries::job_state(g, &mut s, jobs).await,
+        JobCommand::State { jobs, snakemake } => {
+            return crate::queries::job_state(g, &mut s, jobs, snakemake).await
+        }
         JobCommand::Forget { jobs, all_finished } => {
             return crate::queries::job_forget(g, &mut s, jobs, all_finished).await
         }

@@ -101,11 +101,26 @@ struct JobStateView {
 }
 
 /// `kestrel job state`: `ID STATE` per job, one request for all; exit status 3 if some id is
-/// unknown.
-pub async fn job_state(g: &Global, s: &mut Session, jobs: Vec<JobId>) -> Result<ExitCode> {
+/// unknown. With `snakemake`, the word alone that Snakemake's status command must print.
+pub async fn job_state(
+    g: &Global,
+    s: &mut Session,
+    jobs: Vec<JobId>,
+    snakemake: bool,
+) -> Result<ExitCode> {
     let Answer::JobStates(states) = s.call(Ask::JobStates { jobs }).await? else {
         return Err(unexpected());
     };
+    if snakemake {
+        let mut out = String::new();
+        for &(_, st) in &states {
+            out.push_str(snakemake_status(st));
+            out.push('\n');
+        }
+        print!("{out}");
+        // Snakemake takes any other status for its own failure to ask.
+        return Ok(ExitCode::SUCCESS);
+    }
     let name = |st: Option<JobState>| st.map_or("unknown", JobState::name);
     if g.output == Format::Json {
         let jobs: Vec<JobStateView> = states
@@ -128,6 +143,16 @@ pub async fn job_state(g: &Global, s: &mut Session, jobs: Vec<JobId>) -> Result<
         return Ok(exit::code(exit::NOT_FOUND));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What Snakemake's cluster-generic executor understands of a job state: a job the server does
+/// not have (forgotten) will never succeed.
+fn snakemake_status(state: Option<JobState>) -> &'static str {
+    match state {
+        Some(JobState::Queued | JobState::Running) => "running",
+        Some(JobState::Finished) => "success",
+        Some(JobState::Failed | JobState::Canceled) | None => "failed",
+    }
 }
 
 /// `kestrel job forget`.

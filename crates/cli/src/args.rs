@@ -72,7 +72,7 @@ pub struct Global {
 pub enum Command {
     /// Run tasks on an embedded server and local workers, then exit (no daemon needed)
     #[command(
-        after_help = "Examples:\n  kestrel run ./analyze input.dat\n  kestrel run --workers 2 --slots 1 --array 1-500 -- ./sim --seed {task}\n  kestrel run --file sweep.toml"
+        after_help = "Stdout carries only what tasks stream (--stdout stream; also of jobs the tasks submit);\nthe summary and the failed tasks go to stderr. With --server-dir DIR the run keeps its\nrecord there: after it, `kestrel --server-dir DIR task list 1 --state failed` (job list,\njob cat, task info, ...) reads it; the next run in DIR replaces it.\n\nExamples:\n  kestrel run ./analyze input.dat\n  kestrel run --workers 2 --slots 1 --array 1-500 ./sim --seed {task}\n  kestrel run --server-dir sweep-1 --array 1-100 --stdout stream ./sim {task} > results.txt\n  kestrel run --file sweep.toml"
     )]
     Run(RunArgs),
     /// Submit a job to a running server

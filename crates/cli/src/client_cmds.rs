@@ -159,7 +159,9 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
         if args.parsable || g.output == Format::Table {
             eprintln!("{}", wait_summary(&p));
             if p.counts.failed > 0 {
-                crate::queries::show_failures(conn.client(), &ids).await;
+                let reach = session::reach(g);
+                let list = crate::queries::FailureList::First { reach: &reach };
+                crate::queries::show_failures(conn.client(), &ids, list).await;
             }
         }
         Some(p)
@@ -260,7 +262,9 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
         let p = wait_for(&mut conn, jobs, quiet).await?;
         report_wait(g, &p);
         if p.counts.failed > 0 && g.output == Format::Table {
-            crate::queries::show_failures(conn.client(), &shown).await;
+            let reach = session::reach(g);
+            let list = crate::queries::FailureList::First { reach: &reach };
+            crate::queries::show_failures(conn.client(), &shown, list).await;
         }
         return Ok(wait_exit(&p));
     }

@@ -311,8 +311,8 @@ pub fn failed_subtree(g: &WorkflowView, job: JobId) -> Vec<String> {
     }
     if failed.len() > SUBTREE_ROOTS {
         lines.push(format!(
-            "... and {} more (`kestrel task list {job} --state failed`)",
-            crate::output::plural((failed.len() - SUBTREE_ROOTS) as u64, "failed task")
+            "... and {} (`kestrel task list {job} --state failed`)",
+            crate::output::plural((failed.len() - SUBTREE_ROOTS) as u64, "more failed task")
         ));
     }
     lines

@@ -594,6 +594,11 @@ pub struct RunView {
     pub counts: CountsView,
     pub wall_us: u64,
     pub tasks_per_s: f64,
+    /// Every failed task of every job, as `task list` shows it (the run's server is gone
+    /// after it; without `--server-dir` so is everything else about it).
+    pub failed: Vec<TaskView>,
+    /// The `--server-dir` that keeps the run's record, `null` without one.
+    pub record: Option<String>,
 }
 
 /// A list of jobs (`{"jobs": [...]}`): `job state`, `job cancel`, `job forget`.

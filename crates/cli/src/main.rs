@@ -208,6 +208,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
             Some(0) => bail!("--window 0 would place no task by its data; give at least 1 (the default is 100 per worker)"),
             w => w,
         },
+        run_record: false,
     };
     let server = kestrel_server::start(config).await?;
     if let Some((r, took)) = &server.restored {

@@ -383,42 +383,99 @@ fn run_time(r: &kestrel_proto::messages::TaskRow) -> String {
     }
 }
 
-/// Prints the first failed tasks of each job with their reason and stderr tail (on stderr):
-/// what a run or a wait that ended with failures owes its user. A courtesy after the result:
-/// give it a connection that does not wait out a reconnection window, and a server gone
-/// meanwhile ends the list.
-pub async fn show_failures(asker: &mut impl Asker, ids: &[JobId]) {
-    const SHOWN: u32 = 10;
+/// How many failed tasks of each job a list shows, and what it says of the others.
+pub enum FailureList<'a> {
+    /// The first few, then the command that lists the rest; `reach` is the global options that
+    /// reach the same server (see [`crate::session::reach`]).
+    First { reach: &'a str },
+    /// Every one: nothing will be left to ask once the command ends (a run without a record).
+    All,
+}
+
+/// Failed tasks shown per job before the command that lists the rest.
+pub const FAILURES_SHOWN: u32 = 10;
+
+/// Prints failed tasks of each job with their reason and stderr tail (on stderr): what a run or
+/// a wait that ended with failures owes its user. A courtesy after the result: give it a
+/// connection that does not wait out a reconnection window, and a server gone meanwhile ends
+/// the list.
+pub async fn show_failures(asker: &mut impl Asker, ids: &[JobId], list: FailureList<'_>) {
     for &job in ids {
-        let ask = Ask::TaskList {
-            job,
-            state: Some(TaskState::Failed),
-            limit: SHOWN,
+        let limit = match list {
+            FailureList::First { .. } => FAILURES_SHOWN,
+            FailureList::All => 1000,
         };
-        let page = match asker.ask(ask).await {
-            Ok(Answer::Tasks(page)) => page,
-            Ok(_) => continue,
-            Err(_) => break,
-        };
-        for r in &page.rows {
-            let reason = r.reason.as_deref().unwrap_or("failed");
-            let tail = r
-                .stderr_tail
-                .as_deref()
-                .and_then(|t| t.lines().last())
-                .unwrap_or("");
-            let tail = if tail.is_empty() {
-                String::new()
-            } else {
-                format!(" | {tail}")
+        let mut offset = 0;
+        loop {
+            let Ok(page) = failed_page(asker, job, offset, limit).await else {
+                return;
             };
-            eprintln!("job {job} task {}: {reason}{tail}", r.id);
+            for r in &page.rows {
+                eprintln!("{}", failure_line(job, r));
+            }
+            offset += page.rows.len() as u32;
+            let left = page.matched.saturating_sub(u64::from(offset));
+            if left == 0 || page.rows.is_empty() {
+                break;
+            }
+            if let FailureList::First { reach } = list {
+                eprintln!(
+                    "job {job}: ... and {} (`kestrel {reach}task list {job} --state failed`)",
+                    crate::output::plural(left, "more failed task")
+                );
+                break;
+            }
         }
-        if page.more > 0 {
-            eprintln!(
-                "job {job}: ... and {} more (`kestrel task list {job} --state failed`)",
-                crate::output::plural(page.more, "failed task")
-            );
+    }
+}
+
+/// `job 3 task 7: exit code 2 | the last line of its stderr`.
+fn failure_line(job: JobId, r: &kestrel_proto::messages::TaskRow) -> String {
+    let reason = r.reason.as_deref().unwrap_or("failed");
+    let tail = r
+        .stderr_tail
+        .as_deref()
+        .and_then(|t| t.lines().last())
+        .unwrap_or("");
+    if tail.is_empty() {
+        format!("job {job} task {}: {reason}", r.id)
+    } else {
+        format!("job {job} task {}: {reason} | {tail}", r.id)
+    }
+}
+
+/// Every failed task of the jobs, for `run --output json` (its server goes away with it).
+pub async fn failed_tasks(asker: &mut impl Asker, ids: &[JobId]) -> Result<Vec<TaskView>> {
+    let mut out = Vec::new();
+    for &job in ids {
+        let mut offset = 0;
+        loop {
+            let page = failed_page(asker, job, offset, 1000).await?;
+            out.extend(page.rows.iter().map(|r| TaskView::new(job, r)));
+            offset += page.rows.len() as u32;
+            if page.rows.is_empty() || u64::from(offset) >= page.matched {
+                break;
+            }
         }
+    }
+    Ok(out)
+}
+
+/// A page of a job's failed tasks.
+async fn failed_page(
+    asker: &mut impl Asker,
+    job: JobId,
+    offset: u32,
+    limit: u32,
+) -> Result<kestrel_proto::messages::TaskRange> {
+    let ask = Ask::TaskPage {
+        job,
+        state: Some(TaskState::Failed),
+        offset,
+        limit,
+    };
+    match asker.ask(ask).await? {
+        Answer::TaskRange(page) => Ok(page),
+        _ => Err(unexpected()),
     }
 }

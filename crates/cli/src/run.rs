@@ -6,6 +6,7 @@ use crate::client_cmds::{submissions, wait_exit};
 use crate::jobs::Submission;
 use crate::json::{CountsView, RunView};
 use crate::output::{self, Format, Progress};
+use crate::queries::FailureList;
 use crate::run_dirs::RunDirs;
 use anyhow::{bail, Context, Result};
 use kestrel_client::{keyed, Connection, Reconnect, Target};
@@ -13,6 +14,7 @@ use kestrel_proto::messages::{Answer, Ask, Counts, WaitProgress};
 use kestrel_proto::Client;
 use kestrel_server::ServerConfig;
 use kestrel_worker::WorkerConfig;
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -65,7 +67,10 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     }
     // The server directory: the one asked for, or a temporary one that goes with this process.
     // Tasks see it as KESTREL_SERVER_DIR, so they (and the user, in another terminal) can
-    // reach this server with any `kestrel` command.
+    // reach this server with any `kestrel` command. One asked for keeps the run's record
+    // (its journal), which the same commands read once the run has ended.
+    let record = g.server_dir.is_some();
+    let reach = crate::session::reach(g);
     let temp;
     let dir = match &g.server_dir {
         Some(d) => d.clone(),
@@ -85,6 +90,8 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     let server = kestrel_server::start(ServerConfig {
         quarantine: a.quarantine == Switch::On,
         first_job,
+        journal: record,
+        run_record: record,
         ..ServerConfig::local(dir.clone())
     })
     .await?;
@@ -122,29 +129,47 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             dir.display()
         );
         wait_all(client, ids.clone(), quiet, hint).await?;
-        if streaming {
-            let jobs: Vec<_> = ids.iter().copied().zip(streamed).collect();
-            crate::cat::print_streamed(client, &jobs).await?;
-        }
-        // Tasks may have submitted jobs of their own: the summary covers every job.
+        // Tasks may have submitted jobs of their own: the outputs and the summary cover every
+        // job.
         let Answer::Jobs(jobs) = client.call(Ask::JobList).await? else {
             bail!("unexpected answer to a job list");
         };
+        let all: Vec<u32> = jobs.iter().map(|j| j.id).collect();
+        let own: HashMap<u32, [bool; 2]> = ids.iter().copied().zip(streamed).collect();
+        let streams = streamed_jobs(client, &own, &all).await?;
+        if g.output == Format::Json {
+            // Only jobs of tasks get here: the run's own streaming is refused with JSON.
+            for (job, _) in &streams {
+                unprinted(*job, record.then_some(reach.as_str()));
+            }
+        } else {
+            crate::cat::print_streamed(client, &streams).await?;
+        }
         let mut counts = Counts::default();
         for j in &jobs {
             counts.add(&j.counts);
         }
-        let all: Vec<u32> = jobs.iter().map(|j| j.id).collect();
         // What the allocation queue brought, for the summary.
         let allocs = match client.call(Ask::AllocList).await? {
             Answer::AllocQueues(q) => q.iter().map(|q| q.allocations.len()).sum::<usize>(),
             _ => 0,
         };
-        if counts.failed > 0 && g.output == Format::Table {
-            // The embedded server goes away with this process: show the failures now.
-            crate::queries::show_failures(client, &all).await;
+        // The embedded server goes away with this process: the failures are shown now (all of
+        // them unless the run keeps its record, where `task list` finds the rest).
+        let mut failed = Vec::new();
+        if counts.failed > 0 && g.output == Format::Json {
+            failed = crate::queries::failed_tasks(client, &all).await?;
+        } else if counts.failed > 0 {
+            let list = match record {
+                true => FailureList::First { reach: &reach },
+                false => FailureList::All,
+            };
+            crate::queries::show_failures(client, &all, list).await;
+            if !record && counts.failed > crate::queries::FAILURES_SHOWN {
+                eprintln!("note: `kestrel run --server-dir DIR ...` keeps a run's record, for `kestrel --server-dir DIR task list JOB --state failed` after it");
+            }
         }
-        Ok::<_, anyhow::Error>((counts, all, allocs))
+        Ok::<_, anyhow::Error>((counts, all, allocs, failed))
     };
     // Ctrl-C or a TERM stops the run: its tasks are stopped with the workers (and its
     // temporary server directory removed) instead of the process dying where it stands.
@@ -168,7 +193,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
         out_dirs.finish(&std::env::current_dir().unwrap_or_default());
         return Ok(ExitCode::from(130));
     };
-    let (counts, jobs, allocs) = outcome?;
+    let (counts, jobs, allocs, failed) = outcome?;
     let total = counts.total().max(tasks);
     let rate = total as f64 / wall.as_secs_f64().max(1e-9);
     let here = std::env::current_dir().unwrap_or_default();
@@ -182,6 +207,8 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             counts: CountsView::from(&counts),
             wall_us: wall.as_micros() as u64,
             tasks_per_s: rate,
+            failed,
+            record: record.then(|| dir.display().to_string()),
         }),
         Format::Table => {
             let on = if a.alloc.is_some() && n_workers == 0 {
@@ -203,12 +230,57 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             if !dirs.is_empty() {
                 eprintln!("outputs in {}", dirs.join(", "));
             }
+            if record {
+                eprintln!(
+                    "the run's record is in {}: `kestrel {reach}job list` (task list, job cat, ...) reads it",
+                    dir.display()
+                );
+            }
         }
     }
     Ok(wait_exit(&WaitProgress {
         counts,
         ..Default::default()
     }))
+}
+
+/// Which streams (`[stdout, stderr]`) of each job are streamed, for the jobs that stream any:
+/// known for the run's `own` jobs, asked for those its tasks submitted.
+async fn streamed_jobs(
+    client: &mut Client,
+    own: &HashMap<u32, [bool; 2]>,
+    all: &[u32],
+) -> Result<Vec<(u32, [bool; 2])>> {
+    let mut out = Vec::new();
+    for &job in all {
+        let streams = match own.get(&job) {
+            Some(s) => *s,
+            None => match client.call(Ask::JobInfo { job }).await? {
+                Answer::Job(d) => {
+                    let t = &d.spec.template;
+                    [&t.stdout, &t.stderr].map(|k| k.is_stream())
+                }
+                other => bail!("unexpected answer to a job's info: {other:?}"),
+            },
+        };
+        if streams.contains(&true) {
+            out.push((job, streams));
+        }
+    }
+    Ok(out)
+}
+
+/// Says where the streamed output of a task's `job` is, since `--output json` cannot print it:
+/// in the run's record (`reach` reaches it), or nowhere once the run has ended.
+fn unprinted(job: u32, reach: Option<&str>) {
+    match reach {
+        Some(reach) => eprintln!(
+            "note: job {job}, submitted by a task, streamed its output, which is not JSON: `kestrel {reach}job cat {job}` prints it"
+        ),
+        None => eprintln!(
+            "warning: job {job}, submitted by a task, streamed its output, which --output json does not print and which goes with this run; `kestrel run --server-dir DIR` keeps a run's record, for `kestrel --server-dir DIR job cat {job}`"
+        ),
+    }
 }
 
 /// Ends on SIGINT (Ctrl-C) or SIGTERM.

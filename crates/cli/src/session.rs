@@ -11,7 +11,8 @@ use crate::args::Global;
 use anyhow::{Context, Result};
 use kestrel_client::{Connection, Notice, Reconnect, Target};
 use kestrel_proto::{default_server_dir, Access, ACCESS_FILE};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 /// `--reconnect-for` of the commands that only ask or change something once, and of every
@@ -56,12 +57,55 @@ pub type Session = Connection;
 /// the `--reconnect-for` in force (`default` if none was given) whenever the server goes
 /// away. Says on stderr what it does meanwhile.
 pub async fn open(g: &Global, default: Duration) -> Result<Connection> {
+    if let Some(dir) = finished_run(g) {
+        return open_record(&dir).await;
+    }
     let reconnect = Reconnect {
         at_start: reconnect_for(g, ONE_SHOT)?,
         after_loss: reconnect_for(g, default)?,
     };
     let target = Target::File(access_path(g));
     Ok(Connection::open_telling(target, reconnect, tell).await?)
+}
+
+/// The directory of a `kestrel run` that has ended, if the options point to one: it holds
+/// the run's record (`run --server-dir`) and no access file (its server is gone).
+fn finished_run(g: &Global) -> Option<PathBuf> {
+    if g.access.is_some() {
+        return None;
+    }
+    let dir = g.server_dir.clone().unwrap_or_else(default_server_dir);
+    let finished = !dir.join(ACCESS_FILE).exists() && kestrel_server::record::is_run_record(&dir);
+    finished.then_some(dir)
+}
+
+/// The server reading a finished run's record, kept for as long as this command runs.
+static RECORD: std::sync::Mutex<Option<kestrel_server::RunningServer>> =
+    std::sync::Mutex::new(None);
+
+/// Reads the record of the run that ended in `dir` through a server of this process (see
+/// `kestrel_server::record`); a request to change it is refused with a message saying why.
+async fn open_record(dir: &Path) -> Result<Connection> {
+    let server = kestrel_server::record::open(dir)
+        .await
+        .with_context(|| format!("cannot read the record of the run in {}", dir.display()))?;
+    let access = server.access.clone();
+    *RECORD.lock().unwrap_or_else(PoisonError::into_inner) = Some(server);
+    Ok(Connection::open(Target::Fixed(access), Reconnect::NEVER).await?)
+}
+
+/// The global options a command needs to reach the same server as this one (`--server-dir
+/// DIR `, `--access FILE `, or nothing for the default), for the commands that hints print.
+pub fn reach(g: &Global) -> String {
+    let quote = |p: &Path| {
+        let p = p.display().to_string();
+        shlex::try_quote(&p).map_or(p.clone(), |q| q.into_owned())
+    };
+    match (&g.access, &g.server_dir) {
+        (Some(a), _) => format!("--access {} ", quote(a)),
+        (None, Some(d)) => format!("--server-dir {} ", quote(d)),
+        (None, None) => String::new(),
+    }
 }
 
 /// Prints a connection's notice, above a progress display if one is shown.

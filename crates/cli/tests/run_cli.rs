@@ -121,3 +121,213 @@ fn the_program_needs_no_double_dash() {
     let typo = c.run(&["submit", "--wiat", &show]);
     assert!(typo.failed().stderr.contains("--wiat"), "{typo:#?}");
 }
+
+/// A PATH on which tasks find the `kestrel` under test.
+fn path_with_kestrel() -> String {
+    let bin_dir = Path::new(BIN).parent().unwrap().display().to_string();
+    format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// Defect 5: tasks under `kestrel run` that submit jobs with streamed output: the run prints
+/// their output too (after its own jobs', each job in task order) before its server goes.
+#[test]
+fn run_prints_the_streamed_output_of_the_jobs_its_tasks_submitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = kestrel();
+    k.current_dir(dir.path())
+        .env("PATH", path_with_kestrel())
+        .args([
+            "run",
+            "--stdout",
+            "stream",
+            "--",
+            "sh",
+            "-c",
+            "echo parent; kestrel submit --array 1-3 --stdout stream --stderr stream -- sh -c 'echo child $KESTREL_TASK_ID; echo child-err >&2'",
+        ]);
+    let out = run_bounded(k, COMMAND_LIMIT);
+    out.ok();
+    assert_eq!(
+        out.stdout, "parent\nchild 1\nchild 2\nchild 3\n",
+        "{out:#?}"
+    );
+    assert_eq!(out.stderr.matches("child-err\n").count(), 3, "{out:#?}");
+}
+
+/// The failed-tasks hint (`kestrel ... task list J --state failed`) that `out` printed, as
+/// arguments.
+fn hinted_command(out: &Out) -> Vec<String> {
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("more failed tasks (`kestrel "))
+        .unwrap_or_else(|| panic!("no hint: {out:#?}"));
+    let cmd = line.split('`').nth(1).unwrap();
+    let words = shlex_split(cmd);
+    assert_eq!(words[0], "kestrel", "{line}");
+    words[1..].to_vec()
+}
+
+/// Splits a command line as the shell would (the test's paths need no more than this).
+fn shlex_split(cmd: &str) -> Vec<String> {
+    cmd.split_whitespace().map(String::from).collect()
+}
+
+/// Defect 6: after `kestrel run --server-dir DIR`, its failures stay readable: the hint it
+/// prints works as printed (it used to answer "no access file"), and so do other client
+/// commands on DIR, which read the record and refuse to change it. The next run replaces the
+/// record; a server's journal is never taken for one.
+#[test]
+fn a_runs_record_answers_client_commands_after_it_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = dir.path().join("srv");
+    let srv_arg = srv.to_str().unwrap();
+    let out = run_in(
+        dir.path(),
+        &[
+            "--server-dir",
+            srv_arg,
+            "run",
+            "--array",
+            "1-12",
+            "--stderr",
+            "stream",
+            "--",
+            "sh",
+            "-c",
+            "echo oops {task} >&2; exit 3",
+        ],
+    );
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(
+        out.stderr.contains("job 1 task 1: exit code 3 | oops 1"),
+        "{out:#?}"
+    );
+    assert!(
+        out.stderr.contains("job 1: ... and 2 more failed tasks"),
+        "{out:#?}"
+    );
+    assert!(
+        !srv.join("access.json").exists(),
+        "the run's server is gone"
+    );
+    let hint = hinted_command(&out);
+    assert_eq!(
+        hint,
+        [
+            "--server-dir",
+            srv_arg,
+            "task",
+            "list",
+            "1",
+            "--state",
+            "failed"
+        ]
+    );
+    let args: Vec<&str> = hint.iter().map(String::as_str).collect();
+    let listed = run_in(dir.path(), &args);
+    let rows = listed.ok().stdout.lines().skip(1).count();
+    assert_eq!(rows, 12, "{listed:#?}");
+    let k = |args: &[&str]| client(&srv, dir.path(), args);
+    let info = k(&["task", "info", "1", "12", "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(info["exit_code"], 3, "{info:#}");
+    assert_eq!(
+        k(&["job", "cat", "1", "--stderr", "--tasks", "2"])
+            .ok()
+            .stdout,
+        "oops 2\n"
+    );
+    assert_eq!(k(&["job", "state", "1"]).ok().stdout, "1 failed\n");
+    // A record does not change.
+    let retry = k(&["job", "retry", "1"]);
+    let err = retry.one_line_error();
+    assert!(
+        err.contains("record of a `kestrel run` that has ended"),
+        "{err}"
+    );
+    assert_eq!(retry.code(), Some(2));
+    k(&["submit", "--", "true"]).one_line_error();
+
+    // The next run in the same directory replaces the record.
+    let again = run_in(
+        dir.path(),
+        &[
+            "--server-dir",
+            srv_arg,
+            "run",
+            "--array",
+            "1-2",
+            "--",
+            "true",
+        ],
+    );
+    again.ok();
+    let jobs = k(&["job", "list", "--output", "json"]).ok().json();
+    let jobs = jobs["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "only the second run's job: {jobs:#?}");
+    assert_eq!(jobs[0]["name"], "true");
+    assert_eq!(jobs[0]["state"], "finished");
+}
+
+/// A server's journal is not a run's record: a run there is refused, and nothing is lost.
+#[test]
+fn a_run_refuses_a_servers_directory() {
+    let mut c = Cluster::with_workers(&[1]);
+    c.run(&["submit", "--wait", "--", "true"]).ok();
+    c.run(&["server", "stop"]).ok();
+    c.wait_server_exit(COMMAND_LIMIT);
+    let out = c.run(&["run", "--", "true"]);
+    let err = out.one_line_error();
+    assert!(
+        err.contains("holds the journal of a `kestrel server`"),
+        "{err}"
+    );
+    // Not read as a record either: there is no server to ask.
+    assert_eq!(c.run(&["job", "list"]).code(), Some(4));
+    c.start_server();
+    let state = c.run(&["job", "state", "1"]);
+    assert_eq!(state.ok().stdout, "1 finished\n");
+}
+
+/// Defect 6 without a record: the run lists every failure itself (nothing could answer a
+/// hint afterwards), and `--output json` lists them with their exit code, reason and stderr.
+#[test]
+fn a_run_without_a_record_lists_every_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = [
+        "--array",
+        "1-12",
+        "--",
+        "sh",
+        "-c",
+        "echo oops {task} >&2; exit 3",
+    ];
+    let mut args = vec!["run"];
+    args.extend_from_slice(&failing);
+    let out = run_in(dir.path(), &args);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    for t in 1..=12 {
+        let line = format!("job 1 task {t}: exit code 3 | oops {t}\n");
+        assert!(out.stderr.contains(&line), "{line} in {out:#?}");
+    }
+    assert!(
+        !out.stderr.contains("task list 1"),
+        "no hint that cannot work: {out:#?}"
+    );
+
+    let mut args = vec!["run", "--output", "json"];
+    args.extend_from_slice(&failing);
+    let out = run_in(dir.path(), &args);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    let v = out.json();
+    let failed = v["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 12, "{v:#}");
+    assert_eq!(failed[4]["id"], 5);
+    assert_eq!(failed[4]["job"], 2);
+    assert_eq!(failed[4]["exit_code"], 3);
+    assert_eq!(failed[4]["reason"], "exit code 3");
+    assert_eq!(failed[4]["stderr_tail"], "oops 5\n");
+    assert_eq!(v["record"], serde_json::Value::Null);
+}

@@ -35,6 +35,10 @@ pub struct ServerConfig {
     pub util_threshold_permille: u16,
     /// How many ready tasks data-aware placement looks at; `None` is 100 per worker.
     pub window: Option<usize>,
+    /// The server of one `kestrel run` that keeps its record (with `journal`): the directory
+    /// is marked as a run's, an earlier run's record there is replaced, and a server's journal
+    /// there is refused (see [`crate::record`]).
+    pub run_record: bool,
 }
 
 /// Where the server's TLS certificate comes from.
@@ -70,6 +74,7 @@ impl ServerConfig {
             policy: PolicyName::FirstAvailable,
             util_threshold_permille: kestrel_core::policy::DEFAULT_UTIL_THRESHOLD_PERMILLE,
             window: None,
+            run_record: false,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - `views` renders scheduler state into the protocol's answers.
 //! - `outputs` keeps the streamed output of tasks (`--stdout stream`), in the journal or in
 //!   memory.
+//! - `record` keeps a finished `kestrel run`'s journal readable: a read-only server of it.
 
 mod clock;
 mod config;
@@ -19,6 +20,7 @@ mod lock;
 mod outbox;
 mod outputs;
 mod provision;
+pub mod record;
 mod start;
 mod views;
 

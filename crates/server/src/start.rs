@@ -20,8 +20,11 @@ pub struct RunningServer {
     /// What the journal gave back at start (`None` without a journal or when it was empty),
     /// and how long the replay took.
     pub restored: Option<(journal::Restored, Duration)>,
-    /// Held until the server is dropped, so no second server uses the directory.
-    _lock: lock::DirLock,
+    /// Held until the server is dropped, so no second server uses the directory (none for the
+    /// reader of a run's record, which writes nothing there).
+    _lock: Option<lock::DirLock>,
+    /// Whether this server wrote `access_path` (and so removes it when it stops).
+    wrote_access: bool,
     stop: mpsc::UnboundedSender<engine::Inbound>,
     done: tokio::task::JoinHandle<()>,
 }
@@ -30,7 +33,9 @@ impl RunningServer {
     /// Waits until the server stops (a `kestrel server stop`, or [`Self::stop`]).
     pub async fn wait(self) {
         let _ = self.done.await;
-        let _ = std::fs::remove_file(&self.access_path);
+        if self.wrote_access {
+            let _ = std::fs::remove_file(&self.access_path);
+        }
     }
 
     /// A handle that can ask the server to stop from elsewhere.
@@ -71,6 +76,8 @@ pub enum StartError {
     Journal(#[from] journal::JournalError),
     #[error("TLS: {0}")]
     Tls(#[from] kestrel_proto::tls::TlsError),
+    #[error("{dir} holds the journal of a `kestrel server` (its jobs); `kestrel run` keeps a record of its own: give it another --server-dir, or submit to that server with `kestrel server start` and `kestrel submit`", dir = dir.display())]
+    ServerJournal { dir: PathBuf },
 }
 
 /// Loads or makes the TLS certificate, and puts it into the access file for connectors to pin.
@@ -109,6 +116,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
         err,
     })?;
     let lock = lock::DirLock::acquire(&config.dir)?;
+    if config.run_record {
+        crate::record::prepare(&config.dir)?;
+    }
     let journal = if config.journal {
         Some(journal::Journal::open(&config.dir, config.journal_limit)?)
     } else {
@@ -146,8 +156,6 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     }
     let tls = setup_tls(&config, &mut access)?;
     let access_path = config.dir.join(ACCESS_FILE);
-    let (tx, rx) = mpsc::unbounded_channel();
-    let secret = access.secret_bytes();
     let mut engine = engine::Engine::new(&config, &access);
     let mut restored = None;
     if let Some(mut j) = journal {
@@ -166,19 +174,47 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
         }
     }
     access.write(&access_path)?;
-    let accept = tokio::spawn(conn::accept_loop(listener, secret, tls, tx.clone()));
+    tracing::info!(address = %access.address(), dir = %config.dir.display(), "server listening");
+    let mut server = serve(engine, listener, access, tls, Some((lock, access_path)));
+    server.restored = restored;
+    Ok(server)
+}
+
+/// Serves `engine` on `listener`: starts the accept loop and the engine on the current tokio
+/// runtime. `placed` is the directory's lock and the access file written there, if any.
+pub(crate) fn serve(
+    engine: engine::Engine,
+    listener: TcpListener,
+    access: Access,
+    tls: Option<kestrel_proto::tls::TlsAcceptor>,
+    placed: Option<(lock::DirLock, PathBuf)>,
+) -> RunningServer {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let local_addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], access.port)));
+    let accept = tokio::spawn(conn::accept_loop(
+        listener,
+        access.secret_bytes(),
+        tls,
+        tx.clone(),
+    ));
     let done = tokio::spawn(async move {
         engine.run(rx).await;
         accept.abort();
     });
-    tracing::info!(address = %access.address(), dir = %config.dir.display(), "server listening");
-    Ok(RunningServer {
+    let (lock, access_path) = match placed {
+        Some((lock, path)) => (Some(lock), Some(path)),
+        None => (None, None),
+    };
+    RunningServer {
         access,
-        access_path,
+        wrote_access: access_path.is_some(),
+        access_path: access_path.unwrap_or_default(),
         local_addr,
-        restored,
+        restored: None,
         _lock: lock,
         stop: tx,
         done,
-    })
+    }
 }

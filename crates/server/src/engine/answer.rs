@@ -24,6 +24,13 @@ impl Engine {
 
     /// Answers a client's request (or keeps it, for a wait).
     pub(super) fn answer(&mut self, now: u64, conn: ConnId, req: Request) {
+        if let Some(why) = &self.durable.read_only {
+            if !reads_only(&req.body) {
+                let refused = Err(Refusal::from(why.clone()));
+                self.reply(conn, req.id, refused);
+                return;
+            }
+        }
         let result: Result<Answer, Refusal> = match req.body {
             Ask::Submit {
                 spec,
@@ -216,6 +223,11 @@ impl Engine {
                     };
                     if self.wait_done(&w) {
                         Ok(Answer::WaitDone(self.progress_of(&w.jobs, now)))
+                    } else if let Some(why) = &self.durable.read_only {
+                        // Nothing moves in a record: the run ended before these jobs did.
+                        Err(Refusal::from(format!(
+                            "{why}; the run was stopped before all of its jobs ended"
+                        )))
                     } else {
                         self.waiters.push(w);
                         return;
@@ -570,6 +582,28 @@ impl Engine {
             }
         }
     }
+}
+
+/// Whether a request only reads (what the record of a finished run answers): anything else,
+/// a request added later included, is refused there.
+fn reads_only(ask: &Ask) -> bool {
+    matches!(
+        ask,
+        Ask::JobList
+            | Ask::JobInfo { .. }
+            | Ask::TaskList { .. }
+            | Ask::WorkerList
+            | Ask::Wait { .. }
+            | Ask::ServerInfo
+            | Ask::Output { .. }
+            | Ask::JobStates { .. }
+            | Ask::Jobs { .. }
+            | Ask::TaskPage { .. }
+            | Ask::JobGraph { .. }
+            | Ask::TaskInfo { .. }
+            | Ask::AllocList
+            | Ask::AllocLog { .. }
+    )
 }
 
 fn no_such_job(job: JobId) -> Refusal {

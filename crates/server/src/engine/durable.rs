@@ -25,6 +25,9 @@ pub(super) struct Durability {
     pub(super) pending: Pending,
     /// Why the journal can no longer be written; new work is refused from then on.
     pub(super) error: Option<String>,
+    /// Why nothing may change: the journal is the record of a finished run, only read (see
+    /// [`crate::record`]).
+    pub(super) read_only: Option<String>,
     /// Client replies held until the batch's journal entries are committed.
     deferred: Vec<Deferred>,
     /// When the journal was last committed, on the engine's clock.
@@ -36,13 +39,13 @@ pub(super) struct Durability {
 impl Durability {
     /// Whether inputs are being journaled right now.
     pub(super) fn journaling(&self) -> bool {
-        self.journal.is_some() && self.error.is_none()
+        self.journal.is_some() && self.error.is_none() && self.read_only.is_none()
     }
 
     /// New work (a submission, a piece of a list, a retry) is refused once the journal cannot
     /// be written: it could not be made durable.
     pub(super) fn accepting_work(&self) -> Result<(), String> {
-        match &self.error {
+        match self.read_only.as_ref().or(self.error.as_ref()) {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }

@@ -169,11 +169,7 @@ impl Engine {
 
     /// Replays the journal into the (fresh) scheduler and journals from now on.
     pub fn attach_journal(&mut self, journal: Journal) -> Result<Restored, JournalError> {
-        let mut restored = Restored::default();
-        self.keys = journal.replay(&mut self.core, &mut restored)?;
-        for j in self.core.jobs() {
-            self.outputs.note_job(&j.spec);
-        }
+        let restored = self.replay(&journal)?;
         if let Ok(meta) = journal.meta() {
             if !meta.server_id.is_empty() {
                 self.server_id = meta.server_id;
@@ -186,6 +182,30 @@ impl Engine {
             Err(e) => return Err(journal.damaged(format!("its allocation queues: {e}"))),
         }
         self.durable.journal = Some(journal);
+        Ok(restored)
+    }
+
+    /// Replays a finished run's journal to answer questions about it and change nothing: no
+    /// allocation queue comes back (it would start workers), nothing is journaled, and requests
+    /// that would change something are refused with `why` (see [`crate::record`]).
+    pub fn attach_record(
+        &mut self,
+        journal: Journal,
+        why: String,
+    ) -> Result<Restored, JournalError> {
+        let restored = self.replay(&journal)?;
+        self.durable.journal = Some(journal);
+        self.durable.read_only = Some(why);
+        Ok(restored)
+    }
+
+    /// Replays `journal` into the (fresh) scheduler and the output log.
+    fn replay(&mut self, journal: &Journal) -> Result<Restored, JournalError> {
+        let mut restored = Restored::default();
+        self.keys = journal.replay(&mut self.core, &mut restored)?;
+        for j in self.core.jobs() {
+            self.outputs.note_job(&j.spec);
+        }
         Ok(restored)
     }
 

@@ -29,6 +29,8 @@ Exit status:
   3  not found: a job, task or worker id the server does not have
   4  server unreachable: no access file, nobody listening, or the connection was lost and
      did not come back within --reconnect-for
+  130, 143  stopped by Ctrl-C or SIGTERM: `run` stops its tasks; `submit --wait` and `job wait`
+     leave the jobs running and say how to wait for them again or cancel them
 
 Shell completion: kestrel completions bash|zsh|fish (see `kestrel completions --help`).";
 

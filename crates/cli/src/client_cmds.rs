@@ -64,13 +64,50 @@ fn running_task(g: &Global) -> Option<(JobId, u32)> {
     Some((var("KESTREL_JOB_ID")?, var("KESTREL_TASK_ID")?))
 }
 
-/// Waits with a progress display, through server restarts; returns the final counts.
-pub async fn wait_for(conn: &mut Session, jobs: Vec<JobId>, quiet: bool) -> Result<WaitProgress> {
+/// How a wait ended: with its jobs, or cut short by a signal.
+pub enum Waited {
+    Done(WaitProgress),
+    Stopped(exit::Stop),
+}
+
+/// Waits with a progress display, through server restarts, until the jobs end (the final
+/// counts) or a Ctrl-C or SIGTERM comes.
+pub async fn wait_for(conn: &mut Session, jobs: Vec<JobId>, quiet: bool) -> Result<Waited> {
     let mut progress = Progress::new(quiet);
     let every = Duration::from_millis(250);
-    let done = conn.wait(jobs, every, |p| progress.update(p)).await;
+    let done = tokio::select! {
+        done = conn.wait(jobs, every, |p| progress.update(p)) => Ok(done),
+        stop = exit::stopped() => Err(stop),
+    };
     progress.finish();
-    Ok(done?)
+    Ok(match done {
+        Ok(done) => Waited::Done(done?),
+        Err(stop) => Waited::Stopped(stop),
+    })
+}
+
+/// What a wait cut short by `stop` says: the jobs go on without it, and how to wait for them
+/// again or cancel them. Returns the status of a command ended by that signal.
+fn left_running(g: &Global, jobs: &[JobId], stop: exit::Stop) -> ExitCode {
+    let reach = session::reach(g);
+    let (them, go) = if jobs.len() == 1 {
+        ("it", "goes")
+    } else {
+        ("them", "go")
+    };
+    let next = if jobs.is_empty() || jobs.len() > 10 {
+        format!("`kestrel {reach}job wait` waits for every unfinished job again, `kestrel {reach}job cancel ID...` cancels one")
+    } else {
+        let ids: Vec<String> = jobs.iter().map(ToString::to_string).collect();
+        let ids = ids.join(" ");
+        format!("`kestrel {reach}job wait {ids}` waits for {them} again, `kestrel {reach}job cancel {ids}` cancels {them}")
+    };
+    let what = match jobs {
+        [] => "the jobs go".to_string(),
+        _ => format!("{} {go}", output::jobs(jobs)),
+    };
+    eprintln!("{}: {what} on without this command; {next}", stop.name());
+    stop.code()
 }
 
 /// Exit code of a wait: 1 if any task failed or was canceled.
@@ -153,7 +190,10 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
     report_submitted(g, &subs, &done, args.parsable);
     let waited = if args.wait {
         let quiet = g.output == Format::Json || args.parsable;
-        let p = wait_for(&mut conn, ids.clone(), quiet).await?;
+        let p = match wait_for(&mut conn, ids.clone(), quiet).await? {
+            Waited::Done(p) => p,
+            Waited::Stopped(stop) => return Ok(left_running(g, &ids, stop)),
+        };
         // Standard output holds the job ids alone with --parsable, the JSON document (below)
         // with --output json; the summary is a note.
         if args.parsable || g.output == Format::Table {
@@ -259,7 +299,10 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
         } else {
             jobs.clone()
         };
-        let p = wait_for(&mut conn, jobs, quiet).await?;
+        let p = match wait_for(&mut conn, jobs, quiet).await? {
+            Waited::Done(p) => p,
+            Waited::Stopped(stop) => return Ok(left_running(g, &shown, stop)),
+        };
         report_wait(g, &p);
         if p.counts.failed > 0 && g.output == Format::Table {
             let reach = session::reach(g);

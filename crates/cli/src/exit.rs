@@ -18,6 +18,50 @@ pub const NOT_FOUND: u8 = 3;
 /// `--reconnect-for`.
 pub const UNREACHABLE: u8 = 4;
 
+/// A signal that ended a command before its work ended: Ctrl-C (SIGINT) or SIGTERM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    Interrupt,
+    Terminate,
+}
+
+impl Stop {
+    /// The status a shell gives a command this signal ended: 128 + the signal's number.
+    pub fn code(self) -> ExitCode {
+        ExitCode::from(match self {
+            Stop::Interrupt => 130,
+            Stop::Terminate => 143,
+        })
+    }
+
+    /// How the signal is said to the user.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stop::Interrupt => "interrupted",
+            Stop::Terminate => "terminated",
+        }
+    }
+}
+
+/// Ends at the first SIGINT or SIGTERM, saying which. Waiting for it keeps the process from
+/// dying of it where it stands, so that the command can say or clean up what it must.
+pub async fn stopped() -> Stop {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let terminated = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => Stop::Interrupt,
+        _ = terminated => Stop::Terminate,
+    }
+}
+
 /// Some id a command named does not exist; what to print was printed already.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

@@ -174,24 +174,31 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     // Ctrl-C or a TERM stops the run: its tasks are stopped with the workers (and its
     // temporary server directory removed) instead of the process dying where it stands.
     let outcome = tokio::select! {
-        o = outcome => Some(o),
-        _ = interrupted() => None,
+        o = outcome => Ok(o),
+        stop = crate::exit::stopped() => Err(stop),
     };
     let wall = started.elapsed();
-    if outcome.is_none() && !a.quiet {
-        eprintln!("interrupted: stopping the run and its tasks");
+    if let (Err(stop), false) = (outcome.as_ref(), a.quiet) {
+        eprintln!("{}: stopping the run and its tasks", stop.name());
     }
     server.stop().await;
+    // A run cut short (a refused submission, a signal) stops its server before its workers
+    // may have reached it: their ends then tell nothing but that, and its own error says why.
+    let whole = matches!(outcome, Ok(Ok(_)));
     for w in workers {
         match w.await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("warning: a local worker ended with: {e}"),
+            Ok(Err(e)) if whole => eprintln!("warning: a local worker ended with: {e}"),
+            Ok(Err(_)) => {}
             Err(e) => eprintln!("warning: a local worker crashed: {e}"),
         }
     }
-    let Some(outcome) = outcome else {
-        out_dirs.finish(&std::env::current_dir().unwrap_or_default());
-        return Ok(ExitCode::from(130));
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(stop) => {
+            out_dirs.finish(&std::env::current_dir().unwrap_or_default());
+            return Ok(stop.code());
+        }
     };
     let (counts, jobs, allocs, failed) = outcome?;
     let total = counts.total().max(tasks);
@@ -280,24 +287,6 @@ fn unprinted(job: u32, reach: Option<&str>) {
         None => eprintln!(
             "warning: job {job}, submitted by a task, streamed its output, which --output json does not print and which goes with this run; `kestrel run --server-dir DIR` keeps a run's record, for `kestrel --server-dir DIR job cat {job}`"
         ),
-    }
-}
-
-/// Ends on SIGINT (Ctrl-C) or SIGTERM.
-async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let terminated = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
-            }
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminated => {}
     }
 }
 

@@ -331,3 +331,174 @@ fn a_run_without_a_record_lists_every_failure() {
     assert_eq!(failed[4]["stderr_tail"], "oops 5\n");
     assert_eq!(v["record"], serde_json::Value::Null);
 }
+
+/// Rough edge: a run whose submission is refused at once says why in one line; its local
+/// worker, stopped before it reached the server, is not reported (it raced the refusal).
+#[test]
+fn a_refused_submission_in_run_says_only_why() {
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..5 {
+        let out = run_in(dir.path(), &["run", "--input", "no-store", "--", "true"]);
+        let err = out.one_line_error();
+        assert!(err.contains("names a store"), "{err}");
+    }
+}
+
+/// Sends `sig` to `pid`.
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: plain syscall on a child this test started.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// A `kestrel` child started in `cwd` with `args` and `envs`, its output in files; and
+/// [`Out`] once it exits (within the command limit).
+struct Child {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    what: String,
+}
+
+impl Child {
+    fn start(cwd: &Path, args: &[&str], envs: &[(&str, &Path)]) -> Child {
+        let dir = tempfile::tempdir().unwrap();
+        let mut k = kestrel();
+        k.current_dir(cwd)
+            .args(args)
+            .stdout(fs::File::create(dir.path().join("out")).unwrap())
+            .stderr(fs::File::create(dir.path().join("err")).unwrap());
+        for (k2, v) in envs {
+            k.env(k2, v);
+        }
+        let what = format!("{k:?}");
+        Child {
+            child: k.spawn().unwrap(),
+            dir,
+            what,
+        }
+    }
+
+    fn wait(mut self) -> Out {
+        let status = poll("the command to exit", COMMAND_LIMIT, || {
+            self.child.try_wait().unwrap()
+        });
+        let read = |f: &str| fs::read_to_string(self.dir.path().join(f)).unwrap();
+        Out {
+            what: self.what.clone(),
+            status,
+            stdout: read("out"),
+            stderr: read("err"),
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The state of job `job` on `c`'s server.
+fn state(c: &Cluster, job: &str) -> String {
+    c.run(&["job", "state", job]).stdout.trim().to_string()
+}
+
+/// Rough edge: Ctrl-C (or SIGTERM) on a wait ends the wait, not the job: the command says so
+/// and how to wait for it again or cancel it, and exits as a shell expects (130, 143). The
+/// commands it names work as printed.
+#[test]
+fn an_interrupted_wait_says_the_job_goes_on_and_how_to_follow_it() {
+    let c = Cluster::with_workers(&[1]);
+    let srv = c.server_dir.display().to_string();
+    let cases = [
+        (
+            vec!["submit", "--wait", "--", "sleep", "30"],
+            libc::SIGINT,
+            130,
+            "interrupted",
+        ),
+        (vec!["job", "wait", "1"], libc::SIGTERM, 143, "terminated"),
+    ];
+    for (args, sig, code, said) in cases {
+        let mut all = vec!["--server-dir", srv.as_str()];
+        all.extend_from_slice(&args);
+        let child = Child::start(&c.work, &all, &[]);
+        poll("job 1 to run", COMMAND_LIMIT, || {
+            (state(&c, "1") == "1 running").then_some(())
+        });
+        // The wait has begun once it prints progress (every 5 s without a terminal).
+        let err = child.dir.path().join("err");
+        poll("the wait's progress line", COMMAND_LIMIT, || {
+            let said = fs::read_to_string(&err).unwrap_or_default();
+            said.contains("0/1 tasks done").then_some(())
+        });
+        signal(child.child.id(), sig);
+        let out = child.wait();
+        assert_eq!(out.code(), Some(code), "{out:#?}");
+        let expected = format!(
+            "{said}: job 1 goes on without this command; `kestrel --server-dir {srv} job wait 1` waits for it again, `kestrel --server-dir {srv} job cancel 1` cancels it"
+        );
+        assert!(out.stderr.contains(&expected), "{expected}\nin {out:#?}");
+        assert_eq!(state(&c, "1"), "1 running", "the job went on");
+    }
+    let cancel = ["--server-dir", srv.as_str(), "job", "cancel", "1"];
+    run_in(&c.work, &cancel).ok();
+    assert_eq!(state(&c, "1"), "1 canceled");
+}
+
+/// Rough edge: Ctrl-C on `kestrel run --alloc` stops it and leaves nothing behind: no worker
+/// cache (`kestrel-cache-*`), no temporary server directory, no task.
+#[test]
+fn an_interrupted_run_with_an_allocation_queue_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let child = Child::start(
+        dir.path(),
+        &[
+            "run",
+            "--alloc",
+            "local --time-limit 10m --max-workers 2 --worker-args '--slots 1'",
+            "--array",
+            "1-2",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid-{task}; exec sleep 60",
+        ],
+        &[("TMPDIR", tmp.path())],
+    );
+    let pids: Vec<i32> = (1..=2)
+        .map(|t| {
+            poll("the tasks to start", COMMAND_LIMIT, || {
+                read_pid(&dir.path().join(format!("pid-{t}")))
+            })
+        })
+        .collect();
+    let caches = fs::read_dir(tmp.path())
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("kestrel-cache-")
+        })
+        .count();
+    assert_eq!(caches, 2, "each worker has its scratch cache meanwhile");
+    signal(child.child.id(), libc::SIGINT);
+    let out = child.wait();
+    assert_eq!(out.code(), Some(130), "{out:#?}");
+    assert!(
+        out.stderr.contains("interrupted: stopping the run"),
+        "{out:#?}"
+    );
+    for pid in pids {
+        poll("the task to be gone", COMMAND_LIMIT, || {
+            (!alive(pid)).then_some(())
+        });
+    }
+    let left: Vec<_> = fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind in TMPDIR: {left:?}");
+}

@@ -332,6 +332,8 @@ async fn serve_worker(
                 }
             }
             Ok(None) => break "connection closed".to_string(),
+            // The engine says what a worker's end means ("worker left", its tasks elsewhere).
+            Err(e) if peer_went_away(&e) => break format!("connection closed ({e})"),
             Err(e) => {
                 tracing::warn!(%peer, worker, "closing worker connection: {e}");
                 break e.to_string();
@@ -339,6 +341,25 @@ async fn serve_worker(
         }
     };
     let _ = engine.send(Inbound::WorkerGone { worker, reason });
+}
+
+/// Whether a read error is only the peer's end: a process that exits (or is killed) with data
+/// it had not read resets its connections instead of closing them, which is how a worker told
+/// to leave by its allocation's end, a `kestrel run --alloc` that ends, or an interrupted client
+/// goes. Nothing to warn about: only a peer that broke the protocol is.
+fn peer_went_away(e: &ProtoError) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        ProtoError::Closed => true,
+        ProtoError::Io(io) => matches!(
+            io.kind(),
+            ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::BrokenPipe
+                | ErrorKind::UnexpectedEof
+        ),
+        _ => false,
+    }
 }
 
 async fn serve_client(
@@ -359,6 +380,10 @@ async fn serve_client(
                 }
             }
             Ok(None) => break,
+            Err(e) if peer_went_away(&e) => {
+                tracing::debug!(%peer, "client connection closed: {e}");
+                break;
+            }
             Err(e) => {
                 tracing::warn!(%peer, "closing client connection: {e}");
                 break;
@@ -389,6 +414,24 @@ async fn write_loop(mut writer: FrameWriter<ConnWrite>, mut rx: mpsc::UnboundedR
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 29: "Connection reset by peer" was warned about after `kestrel run --alloc` (its
+    /// local workers, told to go, reset their connections); only a broken protocol is.
+    #[test]
+    fn a_peer_that_resets_its_connection_went_away_and_one_that_breaks_the_protocol_did_not() {
+        use std::io::{Error, ErrorKind};
+        let io = |k: ErrorKind| ProtoError::Io(Error::from(k));
+        assert!(peer_went_away(&io(ErrorKind::ConnectionReset)));
+        assert!(peer_went_away(&io(ErrorKind::BrokenPipe)));
+        assert!(peer_went_away(&io(ErrorKind::UnexpectedEof)));
+        assert!(peer_went_away(&ProtoError::Closed));
+        assert!(!peer_went_away(&io(ErrorKind::PermissionDenied)));
+        assert!(!peer_went_away(&ProtoError::Decode("not msgpack".into())));
+        assert!(!peer_went_away(&ProtoError::FrameTooLarge {
+            size: 2,
+            max: 1
+        }));
+    }
 
     #[test]
     fn a_flood_is_logged_up_to_the_burst_then_summarised_per_window() {

@@ -493,7 +493,7 @@ pub enum JobStateArg {
 pub enum TaskCommand {
     /// List a job's tasks in pages (failed ones with exit code and the tail of stderr)
     #[command(
-        after_help = "Pages: the last line says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\n\nExamples:\n  kestrel task list 1 --state failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
+        after_help = "Pages: a note on stderr after the table says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\n\nExamples:\n  kestrel task list 1 --state failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
     )]
     List {
         job: u32,

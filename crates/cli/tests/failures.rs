@@ -301,3 +301,61 @@ fn a_wait_that_ends_with_failures_says_why() {
         "{out:#?}"
     );
 }
+
+/// Issue 29, defect 1, as reported: one healthy worker and one whose tasks all fail at once
+/// (`BADNODE=1` in its environment). On 13d342e `--retries 3 --array 1-200` ended with most
+/// tasks failed and the bad worker active: the healthy one, busy with real work (here its
+/// first two tasks take a second), ran too few of the job's tasks before the bad one had
+/// failed them all in a few milliseconds each, then got retries, which the old rule did not
+/// count (here: 110 finished, 90 failed). Now the bad one is quarantined with a reason, the
+/// tasks it failed are retried on the healthy one, and all 200 finish.
+#[test]
+fn a_bad_node_is_quarantined_and_every_task_of_the_sweep_finishes() {
+    let mut c = Cluster::new();
+    c.add_worker(1);
+    c.wait_workers(1);
+    let mut bad = kestrel();
+    bad.env("BADNODE", "1");
+    c.add_worker_as(bad, 1, &[]);
+    c.wait_workers(2);
+    let out = c.run(&[
+        "submit",
+        "--retries",
+        "3",
+        "--array",
+        "1-200",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "test -z \"$BADNODE\" || exit 127; test {task} -gt 2 || sleep 1",
+    ]);
+    out.ok();
+    let n = &job_state(&c, "1")["counts"];
+    assert_eq!(n["finished"], 200, "{n}");
+    assert_eq!(n["failed"], 0, "{n}");
+    let list = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    let workers = list["workers"].as_array().expect("workers").clone();
+    let bad = workers
+        .iter()
+        .find(|w| w["id"] == 2)
+        .expect("the bad worker, registered second");
+    assert_eq!(bad["state"], "quarantined", "{bad}");
+    let why = bad["quarantine_reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("tasks of job 1 failed, against 0 of")
+            || why.contains("then succeeded on other workers"),
+        "{why}"
+    );
+    assert!(
+        bad["finished"] == 0 && bad["failed"].as_u64() > Some(0),
+        "{bad}"
+    );
+    let good = workers
+        .iter()
+        .find(|w| w["id"] == 1)
+        .expect("the healthy worker");
+    assert_eq!(good["state"], "active", "{good}");
+    assert_eq!(good["finished"], 200, "{good}");
+    assert!(c.server_log().contains("worker quarantined"));
+}

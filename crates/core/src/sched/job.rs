@@ -103,6 +103,10 @@ pub struct Job {
     pub(super) outcomes: JobOutcomes,
     pub(super) table: TaskTable,
     pub(super) failures: FxHashMap<TaskIndex, Failure>,
+    /// Tasks whose last run failed (for a reason not their own), with the worker it failed on
+    /// and when: their retries go elsewhere, and what becomes of them there is evidence about
+    /// that worker (see [`crate::quarantine`]). Dropped when the task succeeds.
+    pub(super) failed_on: FxHashMap<TaskIndex, (WorkerId, u64)>,
     /// Each task's inputs, numbered by the file index: as many per task as the template
     /// names, in index order (see [`Job::inputs_of`]).
     pub(super) inputs: Vec<FileId>,
@@ -165,6 +169,7 @@ impl Job {
             waited_us: 0,
             outcomes: JobOutcomes::default(),
             failures: FxHashMap::default(),
+            failed_on: FxHashMap::default(),
             inputs: Vec::new(),
             windowed: false,
             policy: None,
@@ -300,6 +305,30 @@ impl Job {
     /// Records of touched tasks, in index order (untouched tasks are ready or canceled).
     pub fn touched(&self) -> impl Iterator<Item = (TaskIndex, TaskRecord)> + '_ {
         self.table.touched().map(|(i, r)| (i, *r))
+    }
+
+    /// Until when ready task `index` (whose record is `rec`) keeps away from `worker`: its
+    /// last run failed there, and its retry, once due, waits up to `elsewhere_us` for another
+    /// worker. `None` when it may go there now. Looked up only for tasks that ran before, so
+    /// tasks on their first run pay one test of a byte of a record already read.
+    #[inline]
+    pub(super) fn kept_from(
+        &self,
+        index: TaskIndex,
+        rec: &TaskRecord,
+        worker: WorkerId,
+        now_us: u64,
+        config: &super::Config,
+        elsewhere_us: u64,
+    ) -> Option<u64> {
+        if rec.runs == 0 || elsewhere_us == 0 || self.failed_on.is_empty() {
+            return None;
+        }
+        let &(on, at) = self.failed_on.get(&index)?;
+        let until = at
+            .saturating_add(config.backoff_us(rec.failures))
+            .saturating_add(elsewhere_us);
+        (on == worker && now_us < until).then_some(until)
     }
 
     /// Whether the task is assigned or running on `worker`.

@@ -144,6 +144,9 @@ pub struct Scheduler {
     delayed: BTreeSet<(u64, JobId, TaskIndex)>,
     /// The due time of each delayed task, to find it in `delayed`.
     delayed_at: FxHashMap<(JobId, TaskIndex), u64>,
+    /// When the first retry that the last pass kept away from the worker it failed on may go
+    /// there after all (see [`Config::retry_elsewhere_us`]).
+    kept_until: Option<u64>,
     /// Why each worker that left while quarantined was quarantined: a worker that comes back
     /// naming its old id (after a lost connection) stays quarantined.
     quarantined_gone: FxHashMap<WorkerId, String>,
@@ -185,6 +188,7 @@ impl Scheduler {
             live_jobs: FxHashSet::default(),
             delayed: BTreeSet::new(),
             delayed_at: FxHashMap::default(),
+            kept_until: None,
             quarantined_gone: FxHashMap::default(),
             names: Vec::new(),
             files: FileIndex::new(),

@@ -359,3 +359,80 @@ fn a_bad_node_is_quarantined_and_every_task_of_the_sweep_finishes() {
     assert_eq!(good["finished"], 200, "{good}");
     assert!(c.server_log().contains("worker quarantined"));
 }
+
+/// Issue 29, defect 4 and its rough edges: B submitted `--after A` is canceled when A fails
+/// (shown `canceled`, saying why); `job retry B` says what would run it; `job retry B --all`
+/// is refused while A has failed (on 13d342e it ran B anyway); retrying A brings B back,
+/// waiting for A (and `job list` says so), and B runs when A finishes. Both restarts of the
+/// server replay it: after the cascade, and between A's retry and its end.
+#[test]
+fn retrying_a_failed_job_brings_back_its_dependents_and_survives_restarts() {
+    let mut c = Cluster::with_workers(&[1]);
+    // A waits for B's submission, fails until `ok` exists, then runs until `go` exists.
+    let until = |f: &str| format!("while ! test -e {f}; do sleep 0.05; done");
+    let a = format!("{}; test -e ok || exit 1; {}", until("b-in"), until("go"));
+    c.run(&["submit", "--name", "A", "--", "sh", "-c", &a]).ok();
+    c.run(&[
+        "submit", "--name", "B", "--after", "1", "--", "touch", "b-ran",
+    ])
+    .ok();
+    std::fs::write(c.work.join("b-in"), "").unwrap();
+    let wait = c.run(&["job", "wait", "1", "2", "--quiet"]);
+    assert_eq!(wait.code(), Some(1), "{wait:#?}");
+    let why = "it runs after job 1, which ended with 1 failed and 0 canceled tasks";
+    let b = job_state(&c, "2");
+    assert_eq!(b["state"], "canceled", "{b}");
+    let waiting = b["waiting"].as_str().unwrap_or_default().to_string();
+    assert!(waiting.starts_with(why), "{b}");
+    let info = c.run(&["job", "info", "2"]).ok().stdout.clone();
+    assert!(info.contains("canceled because"), "{info}");
+
+    let hint = c.run(&["job", "retry", "2"]);
+    assert_eq!(
+        hint.ok().stdout.trim(),
+        format!("job 2: no failed tasks; 1 was canceled because {waiting}")
+    );
+    let refused = c.run(&["job", "retry", "2", "--all"]);
+    assert_eq!(refused.code(), Some(2), "{refused:#?}");
+    assert!(
+        refused.stderr.contains(&format!(
+            "job 2 cannot be retried now: {why}. Retry job 1 first (`kestrel job retry 1`)"
+        )),
+        "{refused:#?}"
+    );
+
+    // A restart replays the cascade: B is still canceled, for the same reason.
+    c.kill_server();
+    c.start_server();
+    assert_eq!(job_state(&c, "2")["waiting"], waiting.as_str());
+    std::fs::write(c.work.join("ok"), "").unwrap();
+    let retried = c.run(&["job", "retry", "1"]);
+    assert_eq!(
+        retried.ok().stdout.trim(),
+        "job 1: resubmitted 1 failed task"
+    );
+    let list = c.run(&["job", "list", "--output", "json"]).ok().json();
+    let b = &list["jobs"][1];
+    assert_eq!(
+        (&b["state"], &b["waiting_for"]),
+        (&json!("queued"), &json!(["1"])),
+        "{list}"
+    );
+    let table = c.run(&["job", "list"]).ok().stdout.clone();
+    assert!(table.contains("1 waiting for 1"), "{table}");
+    assert_eq!(
+        job_state(&c, "2")["waiting"],
+        "its tasks wait for job 1 to finish"
+    );
+
+    // Another restart while A's retry runs: the retry and what it brought back replay.
+    c.kill_server();
+    c.start_server();
+    assert_eq!(job_state(&c, "2")["counts"]["waiting"], 1);
+    std::fs::write(c.work.join("go"), "").unwrap();
+    let wait = c.run(&["job", "wait", "1", "2", "--quiet"]);
+    assert_eq!(wait.code(), Some(0), "{wait:#?}");
+    assert!(c.work.join("b-ran").exists(), "B ran after A finished");
+    assert_eq!(job_state(&c, "2")["state"], "finished");
+    assert_eq!(job_state(&c, "2")["waiting"], Value::Null);
+}

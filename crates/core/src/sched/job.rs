@@ -127,6 +127,9 @@ pub struct Job {
     pub parent: Option<(JobId, TaskIndex)>,
     /// Jobs its tasks submitted that have not ended: it is not done before they are.
     pub live_children: u32,
+    /// Its tasks canceled because what they depended on failed (see
+    /// [`Job::canceled_for_deps`]): they come back when that is retried.
+    pub(super) canceled_by_deps: u32,
     /// Its `after` dependencies not yet finished: while any is, all its tasks wait.
     pub(super) gate: u32,
     /// Waiting tasks and how many producers each still waits for.
@@ -179,6 +182,7 @@ impl Job {
             keep: Vec::new(),
             parent: None,
             live_children: 0,
+            canceled_by_deps: 0,
             gate: 0,
             unmet: FxHashMap::default(),
             feeds: false,
@@ -218,6 +222,15 @@ impl Job {
             r.state = TaskState::Waiting;
         }
         r
+    }
+
+    /// Whether canceled task `index` was canceled because what it depended on failed (or was
+    /// canceled): such a cancel keeps its reason, as a failure of the task's own no retry
+    /// can help, while a job's cancel keeps none.
+    pub fn canceled_for_deps(&self, index: TaskIndex) -> bool {
+        !self.canceled
+            && self.table.get(index).state == TaskState::Canceled
+            && self.failures.get(&index).is_some_and(|f| f.permanent)
     }
 
     /// The last failure of a task that ran and failed.

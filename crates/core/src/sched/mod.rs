@@ -82,6 +82,20 @@ pub enum SchedError {
     /// A canceled job cannot be retried without `--all`.
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
     RetryCanceled(JobId),
+    /// A retried task depends on a job or task that failed for good (or was canceled): it
+    /// could never run (Slurm's DependencyNeverSatisfied). Retrying that job first brings the
+    /// tasks its failure canceled back.
+    #[error("job {job} cannot be retried now: {why}. Retry job {retry} first (`kestrel job retry {retry}{}`): the tasks of job {job} canceled because of it come back with it, wait for it and run when it finishes", if *all { " --all" } else { "" })]
+    DependencyNeverMet {
+        /// The job whose retry was refused.
+        job: JobId,
+        /// What it depends on that failed, said for people.
+        why: String,
+        /// The job to retry first.
+        retry: JobId,
+        /// Whether that job was canceled (its retry needs `--all`).
+        all: bool,
+    },
     /// A job canceled while it was being sent in pieces holds only part of its tasks.
     #[error("job {0} was canceled while its tasks were still being sent in pieces, so it holds only part of them; submit it again")]
     RetryIncomplete(JobId),

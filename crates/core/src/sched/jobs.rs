@@ -150,7 +150,8 @@ impl Scheduler {
     }
 
     /// Cancels every task of a job that has not ended: queued tasks at once, running ones by
-    /// asking their workers. Returns how many tasks were still queued and how many running.
+    /// asking their workers. Returns how many tasks had not started (queued here, or waiting
+    /// on a worker for a slot) and how many were running.
     pub(crate) fn cancel_job(&mut self, now_us: u64, job: JobId) -> Result<(u32, u32), SchedError> {
         let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
         if j.canceled || j.is_done() {
@@ -177,13 +178,13 @@ impl Scheduler {
             }
             keep
         });
-        let mut running = 0;
+        // Tasks sent ahead to a worker's prefetch window have not started: counted queued.
+        let (queued, running) = (queued + j.counts.assigned, j.counts.running);
         let jobs = &self.jobs;
         for w in self.workers.values() {
             let holds = holder(jobs, w.id);
             let tasks = w.ledger.held_of(|jb| jb == job, holds);
             if !tasks.is_empty() {
-                running += tasks.len() as u32;
                 self.commands.push(Command::Cancel {
                     worker: w.id,
                     tasks,

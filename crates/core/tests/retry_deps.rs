@@ -312,3 +312,35 @@ fn a_dependent_canceled_by_its_own_user_stays_canceled() {
     r.run(|_, _| true);
     assert_eq!(r.ran.last(), Some(&(a, 1)));
 }
+
+/// Issue 29: a job waiting on a dependency did not say which. Its stall names the jobs of its
+/// `after` and the writers of its inputs that have not finished.
+#[test]
+fn a_waiting_job_names_what_it_waits_for() {
+    let mut r = Run::new();
+    let a = r.submit(job("a", &[], &["mid/{task}"], &[]), 12);
+    let b = r.submit(job("b", &[], &[], &[]), 1);
+    let gated = r.submit(job("g", &[], &[], &[&b.to_string(), &format!("{a}:2")]), 2);
+    let reads = r.submit(job("r", &["mid/{task}"], &[], &[]), 12);
+    let stall = r.s.stall(gated).unwrap();
+    assert_eq!(
+        stall.to_string(),
+        format!("its tasks wait for task {a}:2 and job {b} to finish")
+    );
+    assert_eq!(
+        r.s.stall(reads).unwrap().to_string(),
+        format!(
+            "its tasks wait for task {a}:1, task {a}:2, task {a}:3, task {a}:4, task {a}:5, \
+             task {a}:6, task {a}:7, task {a}:8 and 4 more to finish"
+        )
+    );
+    // As the writers finish, fewer are named; a job with nothing waiting names nothing.
+    r.run(|j, id| j != a || id <= 11);
+    assert_eq!(
+        r.s.waits_for(reads),
+        (vec![], 0, false),
+        "task 12 of a failed: its reader was canceled"
+    );
+    assert_eq!(r.s.stall(gated), None, "ready now");
+    assert_eq!(r.s.waits_for(b), (vec![], 0, false));
+}

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{staging_worker, Events};
+use common::{assigned_runs, staging_worker, Events};
 use kestrel_core::*;
 
 const STORE: &str = "/store";
@@ -82,16 +82,7 @@ impl Run {
     /// Runs what can run until nothing is handed out; each task ends as `ok(job, id)` says.
     fn run(&mut self, ok: impl Fn(JobId, u32) -> bool) {
         loop {
-            self.s.handle(self.now, Event::Schedule).unwrap();
-            let runs: Vec<IndexRun> = self
-                .s
-                .take_commands()
-                .into_iter()
-                .flat_map(|c| match c {
-                    Command::Assign { runs, .. } => runs,
-                    _ => Vec::new(),
-                })
-                .collect();
+            let runs = assigned_runs(&mut self.s, self.now);
             if runs.is_empty() {
                 return;
             }
@@ -223,16 +214,7 @@ fn a_restart_between_the_retry_and_its_end_keeps_the_dependents_waiting() {
     assert!(s.job(b).unwrap().failure(0).is_none());
     // Only A is handed out; B follows when it finishes.
     let w = staging_worker(&mut s, 4);
-    s.handle(1, Event::Schedule).unwrap();
-    let given: Vec<JobId> = s
-        .take_commands()
-        .into_iter()
-        .filter_map(|c| match c {
-            Command::Assign { runs, .. } => Some(runs.into_iter().map(|r| r.job)),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let given: Vec<JobId> = assigned_runs(&mut s, 1).iter().map(|r| r.job).collect();
     assert_eq!(given, [a]);
     let f = Finished::at_once(a, 0, 2, RunEnd::Success);
     s.handle(

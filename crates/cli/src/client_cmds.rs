@@ -420,11 +420,10 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                     retried_failed: failed,
                     retried_canceled: canceled,
                 });
+            } else if failed + canceled == 0 && !all {
+                println!("{}", nothing_failed(&mut s, job).await?);
             } else if failed + canceled == 0 {
-                println!(
-                    "job {job}: no failed{} tasks to retry",
-                    if all { " or canceled" } else { "" }
-                );
+                println!("job {job}: no failed or canceled tasks to retry");
             } else if all {
                 println!(
                     "job {job}: resubmitted {} and {}",
@@ -438,6 +437,35 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
         JobCommand::Cat(a) => return crate::cat::job_cat(&mut s, a).await,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `job retry JOB` says when no task failed: if some were canceled, why and what runs
+/// them again (retrying the job a failed dependency of theirs belongs to, or `--all`).
+async fn nothing_failed(s: &mut Session, job: JobId) -> Result<String> {
+    let Answer::Job(d) = s.call(Ask::JobInfo { job }).await? else {
+        return Err(unexpected());
+    };
+    let canceled = d.summary.counts.canceled;
+    Ok(match (canceled, &d.waiting) {
+        (0, _) => format!("job {job}: no failed tasks to retry"),
+        (n, Some(why)) if d.summary.finished_us.is_some() => format!(
+            "job {job}: no failed tasks; {} canceled because {why}",
+            plural_were(n)
+        ),
+        (n, _) => format!(
+            "job {job}: no failed tasks; {} canceled: retry them with `kestrel job retry {job} --all`",
+            plural_were(n)
+        ),
+    })
+}
+
+/// "1 was" or "3 were".
+fn plural_were(n: u32) -> String {
+    if n == 1 {
+        "1 was".into()
+    } else {
+        format!("{n} were")
+    }
 }
 
 pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
@@ -646,7 +674,13 @@ fn print_job(d: &JobDetail, on: &[RunningOn]) {
         rows.insert(5, ("running on", running_on_line(on)));
     }
     if let Some(w) = &d.waiting {
-        rows.insert(4, ("waiting", w.clone()));
+        // An ended job's is why its tasks canceled for a dependency stay so.
+        let label = if s.finished_us.is_some() {
+            "canceled because"
+        } else {
+            "waiting"
+        };
+        rows.insert(4, (label, w.clone()));
     }
     let mut table = output::table(&["", ""]);
     table.set_header(Vec::<Cell>::new());

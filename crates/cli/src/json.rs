@@ -93,6 +93,9 @@ pub struct JobView {
     pub counts: CountsView,
     pub submitted_us: u64,
     pub finished_us: Option<u64>,
+    /// What its waiting tasks wait for, as `--after` names them: `"3"` (all of job 3),
+    /// `"3:7"` (task 7 of job 3); at most 8, empty when nothing waits.
+    pub waiting_for: Vec<String>,
 }
 
 impl From<&JobSummary> for JobView {
@@ -105,8 +108,20 @@ impl From<&JobSummary> for JobView {
             counts: (&j.counts).into(),
             submitted_us: j.submitted_us,
             finished_us: j.finished_us,
+            waiting_for: waits_for(j),
         }
     }
+}
+
+/// What a listed job waits for, as `--after` names it: `3`, `3:7`.
+pub fn waits_for(j: &JobSummary) -> Vec<String> {
+    j.waiting_for
+        .iter()
+        .map(|&(job, task)| match task {
+            None => job.to_string(),
+            Some(t) => format!("{job}:{t}"),
+        })
+        .collect()
 }
 
 /// Means over a job's successful tasks.
@@ -152,8 +167,9 @@ pub struct JobInfoView {
     pub retries: u32,
     pub timeout_us: Option<u64>,
     pub timing: TimingView,
-    /// Why its queued tasks cannot go to any worker now; `null` when they can (or will, as
-    /// slots free up).
+    /// Why its queued tasks cannot go to any worker now (what they wait for); `null` when
+    /// they can (or will, as slots free up). For an ended job, why its tasks canceled because
+    /// a dependency failed stay so, and what brings them back.
     pub waiting: Option<String>,
     /// The workers running its tasks now, with the allocation each came from.
     pub running_on: Vec<RunningOn>,

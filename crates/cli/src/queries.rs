@@ -78,7 +78,7 @@ pub async fn job_list(
             Cell::new(&j.name),
             Cell::new(&j.state),
             Cell::new(j.counts.total()),
-            Cell::new(output::counts(&j.counts)),
+            Cell::new(progress(j)),
             Cell::new(output::ago(j.submitted_us)),
         ]);
     }
@@ -90,6 +90,17 @@ pub async fn job_list(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A listed job's progress, and what its waiting tasks wait for: `5 waiting for 3, 4:2`.
+fn progress(j: &kestrel_proto::messages::JobSummary) -> String {
+    let counts = output::counts(&j.counts);
+    let on = crate::json::waits_for(j);
+    if on.is_empty() {
+        counts
+    } else {
+        format!("{counts} for {}", on.join(", "))
+    }
 }
 
 /// One line of `job state --output json`.

@@ -127,8 +127,14 @@ fn a_failed_writer_cancels_its_reader_with_the_reason() {
     let info = c.run(&["job", "info", "2", "--output", "json"]).ok().json();
     assert_eq!(info["counts"]["finished"], 3, "{info}");
     assert_eq!(info["counts"]["canceled"], 1, "{info}");
-    // It did not do all its work: failed, not finished.
-    assert_eq!(info["state"], "failed", "{info}");
+    // It did not do all its work, and none of it failed: canceled (as HyperQueue says), with
+    // what brings the canceled task back.
+    assert_eq!(info["state"], "canceled", "{info}");
+    assert_eq!(
+        info["waiting"],
+        "task 2:3 reads mid/3.txt, whose writer, task 1:3, has failed; `kestrel job retry 1` brings them back, to run after it",
+        "{info}"
+    );
     // The writer's job info shows what its failure canceled downstream.
     let writer = c.run(&["job", "info", "1"]).ok().stdout.clone();
     assert!(

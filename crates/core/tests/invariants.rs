@@ -1,6 +1,7 @@
 //! The scheduler's invariants ([`Scheduler::audit`]) hold after every step of random runs:
-//! workers joining, dying and freezing, jobs submitted, canceled and retried, runs failing,
-//! time passing. And when a big enough worker stays, every job ends: no task is lost.
+//! workers joining, dying and freezing, jobs submitted (some after others), canceled and
+//! retried (bringing back what a failure canceled downstream), runs failing, time passing.
+//! And when a big enough worker stays, every job ends: no task is lost.
 
 mod common;
 
@@ -11,14 +12,39 @@ use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Step {
-    AddWorker { slots: u32, prefetch: u32 },
-    Submit { tasks: u32, cpus: u32, retries: u32 },
-    Cancel { pick: usize },
-    Retry { pick: usize, failed_only: bool },
-    Kill { pick: usize },
-    Freeze { pick: usize },
-    Run { us: u64 },
-    Tick { us: u64 },
+    AddWorker {
+        slots: u32,
+        prefetch: u32,
+    },
+    Submit {
+        tasks: u32,
+        cpus: u32,
+        retries: u32,
+    },
+    /// A job after an earlier one (refused if that one has failed already).
+    SubmitAfter {
+        tasks: u32,
+        pick: usize,
+    },
+    Cancel {
+        pick: usize,
+    },
+    Retry {
+        pick: usize,
+        failed_only: bool,
+    },
+    Kill {
+        pick: usize,
+    },
+    Freeze {
+        pick: usize,
+    },
+    Run {
+        us: u64,
+    },
+    Tick {
+        us: u64,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -26,6 +52,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (1u32..4, 0u32..4).prop_map(|(slots, prefetch)| Step::AddWorker { slots, prefetch }),
         3 => (1u32..25, 1u32..3, 0u32..3)
             .prop_map(|(tasks, cpus, retries)| Step::Submit { tasks, cpus, retries }),
+        1 => (1u32..6, any::<usize>()).prop_map(|(tasks, pick)| Step::SubmitAfter { tasks, pick }),
         1 => any::<usize>().prop_map(|pick| Step::Cancel { pick }),
         1 => (any::<usize>(), any::<bool>())
             .prop_map(|(pick, failed_only)| Step::Retry { pick, failed_only }),
@@ -77,6 +104,22 @@ proptest! {
                     sp.resources.cpus = cpus;
                     sp.retries = retries;
                     jobs.push(h.submit(sp, array(tasks)));
+                }
+                Step::SubmitAfter { tasks, pick: p } => {
+                    if let Some(dep) = pick(&jobs, p) {
+                        let mut sp = spec("after");
+                        sp.after = vec![After { job: dep, tasks: None }];
+                        let submit = Event::Submit {
+                            spec: Box::new(sp),
+                            tasks: array(tasks),
+                            open: false,
+                            key: None,
+                        };
+                        if let Ok(Reply::Submitted(job)) = h.sched.handle(h.now_us, submit) {
+                            jobs.push(job);
+                        }
+                        h.pump();
+                    }
                 }
                 Step::Cancel { pick: p } => {
                     if let Some(job) = pick(&jobs, p) {

@@ -196,6 +196,24 @@ fn a_late_report_from_a_lost_worker_is_not_recorded_twice() {
     assert_eq!(finished(&h, job).finished, 1);
 }
 
+/// Issue 29: `job cancel` counted the tasks waiting in a worker's prefetch window (sent ahead,
+/// not started) as running.
+#[test]
+fn cancel_counts_prefetched_tasks_as_not_started() {
+    let mut h = Harness::new(Scheduler::new(Config::default()), 100, 1_000_000);
+    let w = h.add_worker(1, 2);
+    let job = h.submit(spec("a"), array(10));
+    h.run_until(h.now_us + 1_000);
+    assert_eq!(
+        h.sched.worker(w).unwrap().outstanding(),
+        3,
+        "one runs, two wait there"
+    );
+    assert_eq!(h.cancel(job), (9, 1));
+    h.run_until_idle();
+    assert_eq!(h.sched.job(job).unwrap().counts.canceled, 10);
+}
+
 #[test]
 fn cancel_ends_queued_tasks_at_once_and_running_ones_through_their_worker() {
     let mut h = Harness::new(Scheduler::new(Config::default()), 100, 1_000_000);
@@ -553,7 +571,8 @@ fn a_worker_lost_after_many_tasks_gives_back_exactly_the_tasks_it_held() {
 #[test]
 fn cancel_after_many_tasks_reaches_exactly_the_tasks_a_worker_holds() {
     let (mut s, job, w, kept) = worker_with_long_held_tasks();
-    assert_eq!(s.cancel_job(1_000_000, job), Ok((0, 40)));
+    // Held, never reported started: they wait on the worker, counted with the queued.
+    assert_eq!(s.cancel_job(1_000_000, job), Ok((40, 0)));
     let canceled: Vec<_> = s
         .take_commands()
         .into_iter()

@@ -33,8 +33,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// the trailing fields of task graphs (a job's `after`, parent and output modes, a task's
 /// `Waiting` state, the deletion of intermediate files), left out when unused
 /// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
-/// ([`ALLOC_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// ([`ALLOC_VERSION`]). Version 11 adds what a waiting job waits for to the jobs listed
+/// ([`WAITING_FOR_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 11;
+
+/// The first version in which a listed job says what its waiting tasks wait for: a server
+/// leaves it out for an older client.
+pub const WAITING_FOR_VERSION: u32 = 11;
 
 /// The first version in which a worker says which allocation it runs in and when that ends:
 /// a worker does not send them to an older server.

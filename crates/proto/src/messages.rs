@@ -997,6 +997,10 @@ pub struct JobSummary {
     pub counts: Counts,
     pub submitted_us: u64,
     pub finished_us: Option<u64>,
+    /// What its waiting tasks wait for (version 11; absent when nothing waits, and for older
+    /// clients): whole jobs `(job, None)` and tasks `(job, Some(task id))`, at most a few.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<(JobId, Option<TaskId>)>,
 }
 
 /// `kestrel job info`.

@@ -553,6 +553,7 @@ fn summary() -> JobSummary {
         counts: counts(),
         submitted_us: 1_700_000_000_000_000,
         finished_us: None,
+        waiting_for: Vec::new(),
     }
 }
 
@@ -773,6 +774,27 @@ fn server_answers() {
         ToClient::Progress {
             id: 9,
             progress: progress(),
+        },
+    );
+}
+
+/// Version 11: a listed job says what its waiting tasks wait for (a whole job, a task); a
+/// job that waits for nothing is written as before (the answers above pin those bytes).
+#[test]
+fn a_job_waiting_for_others_names_them() {
+    let waiting = JobSummary {
+        state: "queued".into(),
+        waiting_for: vec![(3, None), (5, Some(7))],
+        ..summary()
+    };
+    golden(
+        "reply-v11-waiting_for",
+        ToClient::Reply {
+            id: 9,
+            result: Ok(Answer::JobsPage(JobsPage {
+                jobs: vec![waiting],
+                more: 0,
+            })),
         },
     );
 }

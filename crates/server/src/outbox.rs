@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use kestrel_core::IndexRun;
 use kestrel_proto::messages::{Answer, Assigned, Refusal, ToClient, ToWorker};
-use kestrel_proto::{encode, ProtoError, FILES_VERSION, MAX_FRAME_BYTES};
+use kestrel_proto::{encode, ProtoError, FILES_VERSION, MAX_FRAME_BYTES, WAITING_FOR_VERSION};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -62,6 +62,11 @@ impl Outbox {
         if self.version < FILES_VERSION {
             if let Ok(answer) = &mut result {
                 for_older_client(answer);
+            }
+        }
+        if self.version < WAITING_FOR_VERSION {
+            if let Ok(answer) = &mut result {
+                without_waiting_for(answer);
             }
         }
         match encode(&ToClient::Reply { id, result }) {
@@ -159,6 +164,17 @@ fn for_older_client(answer: &mut Answer) {
     }
 }
 
+/// Leaves out of `answer` what listed jobs wait for (version 11), which a client of version
+/// 10 or older refuses as a longer array.
+fn without_waiting_for(answer: &mut Answer) {
+    match answer {
+        Answer::Jobs(jobs) => jobs.iter_mut().for_each(|j| j.waiting_for.clear()),
+        Answer::JobsPage(page) => page.jobs.iter_mut().for_each(|j| j.waiting_for.clear()),
+        Answer::Job(d) => d.summary.waiting_for.clear(),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kestrel_core::{JobSpec, Placement, PolicyName};
@@ -184,6 +200,7 @@ mod tests {
                 counts: Default::default(),
                 submitted_us: 0,
                 finished_us: None,
+                waiting_for: Vec::new(),
             },
             spec,
             tasks: String::new(),
@@ -209,6 +226,43 @@ mod tests {
         })
         .unwrap();
         assert_eq!(&frame[..], &want[..]);
+    }
+
+    /// What a listed job waits for (version 11) is left out for a client of version 10, which
+    /// would refuse the longer array; a client of 11 gets it.
+    #[test]
+    fn a_version_10_client_gets_listed_jobs_without_what_they_wait_for() {
+        use kestrel_proto::messages::{JobSummary, JobsPage};
+        let summary = JobSummary {
+            id: 2,
+            name: "b".into(),
+            state: "queued".into(),
+            counts: Default::default(),
+            submitted_us: 0,
+            finished_us: None,
+            waiting_for: vec![(1, None)],
+        };
+        let page = |waiting_for: Vec<_>| {
+            Answer::JobsPage(JobsPage {
+                jobs: vec![JobSummary {
+                    waiting_for,
+                    ..summary.clone()
+                }],
+                more: 0,
+            })
+        };
+        for (version, sent) in [(10, page(vec![])), (11, page(vec![(1, None)]))] {
+            let (mut out, mut rx) = outbox();
+            out.version = version;
+            out.reply(1, Ok(page(vec![(1, None)])));
+            let frame = rx.try_recv().expect("a reply");
+            let want = encode(&ToClient::Reply {
+                id: 1,
+                result: Ok(sent),
+            })
+            .unwrap();
+            assert_eq!(&frame[..], &want[..], "version {version}");
+        }
     }
 
     use super::*;

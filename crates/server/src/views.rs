@@ -1,6 +1,6 @@
 //! Scheduler state rendered as the protocol's answers.
 
-use kestrel_core::{Job, JobId, TaskIndex, TaskSet, TaskState, Worker};
+use kestrel_core::{Job, JobId, Scheduler, TaskIndex, TaskSet, TaskState, Worker};
 use kestrel_proto::messages::*;
 
 /// Where a job is in its life.
@@ -9,10 +9,12 @@ pub fn job_state(j: &Job) -> JobState {
     if j.canceled {
         JobState::Canceled
     } else if j.is_done() {
-        // A task of a job not canceled was canceled because what it depended on failed:
-        // the job did not do all its work.
-        if c.failed > 0 || c.canceled > 0 {
+        // Tasks of a job not canceled were canceled because what they depended on failed:
+        // the job did not do all its work, and none of it failed.
+        if c.failed > 0 {
             JobState::Failed
+        } else if c.canceled > 0 {
+            JobState::Canceled
         } else {
             JobState::Finished
         }
@@ -26,10 +28,8 @@ pub fn job_state(j: &Job) -> JobState {
 /// The jobs that pass `filter`, oldest first: the newest `filter.last` of them (all if 0).
 /// Newest first is the walk, so `--last 10` of 100,000 jobs without other filters looks at
 /// ten; the rest is only counted.
-pub fn jobs_page<'a>(
-    jobs: impl DoubleEndedIterator<Item = &'a Job>,
-    filter: &JobFilter,
-) -> Result<JobsPage, Refusal> {
+pub fn jobs_page(core: &Scheduler, filter: &JobFilter) -> Result<JobsPage, Refusal> {
+    let jobs = core.jobs();
     let pattern = filter
         .name
         .as_deref()
@@ -55,7 +55,7 @@ pub fn jobs_page<'a>(
     };
     for j in jobs.rev().filter(|j| wanted(j)) {
         if page.jobs.len() < limit {
-            page.jobs.push(job_summary(j));
+            page.jobs.push(job_summary(core, j));
         } else {
             page.more += 1;
         }
@@ -64,7 +64,8 @@ pub fn jobs_page<'a>(
     Ok(page)
 }
 
-pub fn job_summary(j: &Job) -> JobSummary {
+/// A job as listed, with what its waiting tasks wait for.
+pub fn job_summary(core: &Scheduler, j: &Job) -> JobSummary {
     JobSummary {
         id: j.id,
         name: j.spec.name.clone(),
@@ -72,11 +73,12 @@ pub fn job_summary(j: &Job) -> JobSummary {
         counts: j.counts,
         submitted_us: j.submitted_us,
         finished_us: j.finished_us,
+        waiting_for: core.waits_for(j.id).0,
     }
 }
 
 /// A job in full; `waiting` says why its tasks cannot go on now, if so.
-pub fn job_detail(j: &Job, waiting: Option<String>) -> JobDetail {
+pub fn job_detail(core: &Scheduler, j: &Job, waiting: Option<String>) -> JobDetail {
     let t = j.timing();
     let mean = |sum: u64| {
         if t.tasks == 0 {
@@ -101,7 +103,7 @@ pub fn job_detail(j: &Job, waiting: Option<String>) -> JobDetail {
         TaskSet::List(_) | TaskSet::Lines(_) => None,
     };
     JobDetail {
-        summary: job_summary(j),
+        summary: job_summary(core, j),
         spec: j.spec.clone(),
         tasks,
         timing: Timing {

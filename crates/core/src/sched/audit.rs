@@ -21,6 +21,8 @@ impl Scheduler {
     /// - the queue's task count is that of its entries;
     /// - the file index's two maps mirror each other and name only connected workers, and the
     ///   window's counts and map agree with its entries;
+    /// - a waiting task waits for something (its job's `after`, or writers of its inputs),
+    ///   and a job's count of tasks canceled for a dependency is theirs;
     /// - each job's inputs are numbered, one set per task;
     /// - a worker the passes skip has no room, and the passes look at no worker that left.
     pub fn audit(&self) -> Vec<String> {
@@ -30,6 +32,7 @@ impl Scheduler {
         let mut held: FxHashMap<WorkerId, BTreeSet<(JobId, TaskIndex)>> = FxHashMap::default();
         for (&id, j) in &self.jobs {
             let mut counts = super::Counts::default();
+            let mut canceled_for_deps = 0;
             for index in 0..j.len() {
                 // Untouched tasks of a canceled job read as canceled (a cancel does not walk
                 // them).
@@ -39,6 +42,12 @@ impl Scheduler {
                     TaskState::Assigned | TaskState::Running => {
                         held.entry(rec.worker).or_default().insert((id, index));
                     }
+                    TaskState::Waiting
+                        if !j.held && j.gate == 0 && !j.unmet.contains_key(&index) =>
+                    {
+                        bad.push(format!("job {id} task {index} waits for nothing"));
+                    }
+                    TaskState::Canceled if j.canceled_for_deps(index) => canceled_for_deps += 1,
                     TaskState::Ready
                         if !queued.contains(&(id, index))
                             && !self.delayed_at.contains_key(&(id, index)) =>
@@ -49,6 +58,12 @@ impl Scheduler {
                     }
                     _ => {}
                 }
+            }
+            if !j.canceled && canceled_for_deps != j.canceled_by_deps {
+                bad.push(format!(
+                    "job {id}: {} tasks counted canceled for a dependency, {canceled_for_deps} are",
+                    j.canceled_by_deps
+                ));
             }
             if counts != j.counts {
                 bad.push(format!(

@@ -15,12 +15,17 @@ pub struct Config {
     pub retry_backoff_us: u64,
     /// The longest wait before a retry.
     pub retry_backoff_max_us: u64,
+    /// How long a failed task's retry, once due, waits for a worker other than the one it
+    /// failed on before that one may take it again (HTCondor's and Slurm's requeues avoid the
+    /// node that failed too); 0 lets any worker take it at once.
+    pub retry_elsewhere_us: u64,
     /// A task that was on this many lost workers is failed: it probably kills its worker.
     pub max_crashes: u8,
-    /// A worker gets no new tasks when at least this many of its recent tasks of a job failed,
-    /// most of its runs of that job failed, and the other workers ran as many of the job's
-    /// tasks failing at most a third as often (see the scheduler's `quarantine` module); 0 turns quarantine
-    /// off.
+    /// A worker gets no new tasks when at least this many of its recent tasks of a job
+    /// failed, more than half of them, while the other workers failed at most a third as
+    /// often and the difference is not chance; or when twice this many of its runs of a job
+    /// failed in a row and at least this many of those tasks then succeeded on other workers
+    /// (see the core's `quarantine` module); 0 turns quarantine off.
     pub quarantine_failures: u32,
     /// How fast the counts behind quarantine fade: they are halved every window.
     pub quarantine_window_us: u64,
@@ -46,6 +51,17 @@ pub struct Config {
     pub store: Option<String>,
 }
 
+impl Config {
+    /// The wait before the retry after a task's `failures`-th failure: doubling from
+    /// `retry_backoff_us`, at most `retry_backoff_max_us`.
+    pub fn backoff_us(&self, failures: u8) -> u64 {
+        let shift = u32::from(failures.saturating_sub(1)).min(40);
+        self.retry_backoff_us
+            .saturating_mul(1u64 << shift)
+            .min(self.retry_backoff_max_us)
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -53,6 +69,7 @@ impl Default for Config {
             max_queue_skips: 64,
             retry_backoff_us: 500_000,
             retry_backoff_max_us: 60_000_000,
+            retry_elsewhere_us: 10_000_000,
             max_crashes: 5,
             quarantine_failures: 10,
             quarantine_window_us: 60_000_000,

@@ -25,6 +25,8 @@ impl Scheduler {
     /// ones ([`Self::steal`]).
     pub(crate) fn schedule(&mut self, now_us: u64) {
         self.release_due(now_us);
+        // Set again by this pass if a retry still keeps away from a worker.
+        self.kept_until = None;
         if self.workers.is_empty() {
             return;
         }
@@ -51,6 +53,9 @@ impl Scheduler {
             } else {
                 &[Depth::Slots, Depth::Prefetch]
             };
+            // A failed task's retry keeps away from the worker it failed on for a while, if
+            // another worker is there to take it (a second one not quarantined: found at once).
+            let elsewhere_us = self.elsewhere_us();
             // Each worker's runs of both passes go out as one assignment.
             let mut given: Vec<Vec<IndexRun>> = vec![Vec::new(); ids.len()];
             if !self.windowed_jobs.is_empty() {
@@ -61,7 +66,7 @@ impl Scheduler {
                     if self.ready.is_empty() {
                         break;
                     }
-                    self.fill_worker(now_us, id, depth, runs);
+                    self.fill_worker(now_us, id, depth, runs, elsewhere_us);
                 }
             }
             for (&id, runs) in ids.iter().zip(given) {
@@ -81,6 +86,18 @@ impl Scheduler {
         }
         self.steal(now_us);
         self.reclaim_from_ending(now_us);
+    }
+
+    /// How long a failed task's retry keeps away from the worker it failed on (see
+    /// [`super::Config::retry_elsewhere_us`]): not at all when no other worker is there to take
+    /// it (a second one not quarantined: found at once).
+    fn elsewhere_us(&self) -> u64 {
+        let others = self.workers.values().filter(|w| w.quarantined.is_none());
+        if others.take(2).count() == 2 {
+            self.config.retry_elsewhere_us
+        } else {
+            0
+        }
     }
 
     /// Workers of allocations (those that know their end) come after the others, the latest
@@ -139,8 +156,17 @@ impl Scheduler {
     }
 
     /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends
-    /// them); the worker's first task of a job is preceded by a [`Command::DefineJob`].
-    fn fill_worker(&mut self, now_us: u64, id: WorkerId, depth: Depth, runs: &mut Vec<IndexRun>) {
+    /// them); the worker's first task of a job is preceded by a [`Command::DefineJob`]. A
+    /// retry of a task that failed on it waits up to `elsewhere_us` for another worker (see
+    /// [`Job::kept_from`](super::Job)): the walk passes it by.
+    fn fill_worker(
+        &mut self,
+        now_us: u64,
+        id: WorkerId,
+        depth: Depth,
+        runs: &mut Vec<IndexRun>,
+        elsewhere_us: u64,
+    ) {
         let Some(w) = self.workers.get_mut(&id) else {
             return;
         };
@@ -154,6 +180,8 @@ impl Scheduler {
         };
         let jobs = &mut self.jobs;
         let policy = &mut self.policy;
+        let config = &self.config;
+        let mut kept_until = self.kept_until;
         let mut mine: Vec<IndexRun> = Vec::new();
         let mut defines: Vec<JobId> = Vec::new();
         self.ready.take_front(policy.window(), |span| {
@@ -191,10 +219,18 @@ impl Scheduler {
             };
             let n = policy.take(&offer).min(offer.room);
             let mut given = 0;
+            let mut taken = n;
             for index in span.next..span.next + n {
+                let rec = j.table.get(index);
                 // A resumed worker may have taken the task back while its entry was queued.
-                if j.table.get(index).state != TaskState::Ready {
+                if rec.state != TaskState::Ready {
                     continue;
+                }
+                if let Some(until) = j.kept_from(index, &rec, id, now_us, config, elsewhere_us) {
+                    // It and what follows it in the span stay queued for another worker.
+                    kept_until = Some(kept_until.map_or(until, |k| k.min(until)));
+                    taken = index - span.next;
+                    break;
                 }
                 j.assign(index, id, now_us);
                 given += 1;
@@ -210,8 +246,9 @@ impl Scheduler {
             if given > 0 && w.known_jobs.insert(span.job) {
                 defines.push(span.job);
             }
-            Some(n)
+            Some(taken)
         });
+        self.kept_until = kept_until;
         for r in mine {
             w.ledger.push_run(r);
             // A run that continues one of the first pass joins it.
@@ -258,12 +295,13 @@ impl Scheduler {
         victims.sort_unstable_by(|a, b| b.cmp(a));
         let mut worth = JobMemo::default();
         let policy = &*self.policy;
-        let thieves: Vec<Resources> = self
+        let thieves: Vec<(WorkerId, Resources)> = self
             .workers
             .values()
             .filter(|w| w.quarantined.is_none() && w.before_end_margin(now_us) && w.idle_cpus() > 0)
-            .map(|w| w.offer.resources)
+            .map(|w| (w.id, w.offer.resources))
             .collect();
+        let (config, elsewhere_us) = (&self.config, self.elsewhere_us());
         for (waiting, victim) in victims {
             if wanted == 0 {
                 break;
@@ -289,15 +327,21 @@ impl Scheduler {
                             };
                             steals
                                 && j.worth_stealing(min_run)
-                                && thieves.iter().any(|t| j.need.fits_in(t))
+                                && thieves.iter().any(|(_, t)| j.need.fits_in(t))
                         })
                     })
                 },
                 |job, index| {
                     holds(job, index)
-                        && jobs
-                            .get(&job)
-                            .is_some_and(|j| j.table.get(index).state == TaskState::Assigned)
+                        && jobs.get(&job).is_some_and(|j| {
+                            let rec = j.table.get(index);
+                            // A retry kept away from every idle worker would only come back.
+                            rec.state == TaskState::Assigned
+                                && thieves.iter().any(|&(id, _)| {
+                                    j.kept_from(index, &rec, id, now_us, config, elsewhere_us)
+                                        .is_none()
+                                })
+                        })
                 },
             );
             // The last handed out wait the longest there.

@@ -3,10 +3,18 @@
 use super::worker::holder;
 use super::{Accepted, Config, Job, Scheduler, Worker};
 use crate::outcome::{Command, Failure, Finished, Record, RunEnd};
-use crate::quarantine::Outcomes;
+use crate::quarantine::JobTally;
 use crate::queue::Span;
 use crate::spec::{JobId, TaskIndex, TaskState, WorkerId};
 use crate::table::TaskRecord;
+
+/// Whom quarantine judges after a run ends.
+enum ToJudge {
+    /// The worker whose run failed, with its tally of the job.
+    This(JobTally),
+    /// A suspect of the job (see `JobOutcomes::suspect`), after a success elsewhere.
+    Suspect(WorkerId),
+}
 
 impl Scheduler {
     /// A worker reports that a task's process started.
@@ -83,13 +91,16 @@ impl Scheduler {
             let mut prune = false;
             // Whether `ends[i]` is an end the fast path does not take, which goes the whole way.
             let mut slow = false;
+            // A suspect of the job that successes here are evidence against.
+            let mut suspect = None;
             while i < ends.len() && ends[i].job == job {
-                let Some(due) = Self::success_of_holder(j, w, &self.config, now_us, &ends[i])
+                let Some((due, s)) = Self::success_of_holder(j, w, &self.config, now_us, &ends[i])
                 else {
                     slow = true;
                     break;
                 };
                 prune |= due;
+                suspect = suspect.or(s);
                 if kept != i {
                     ends.swap(kept, i);
                 }
@@ -98,6 +109,9 @@ impl Scheduler {
             }
             if prune {
                 self.prune_ledger(worker);
+            }
+            if let Some(s) = suspect {
+                self.judge_again(s, job);
             }
             if in_graph {
                 for e in &ends[first_taken..kept] {
@@ -124,23 +138,34 @@ impl Scheduler {
     }
 
     /// Records a success of a task `w` holds, with its job and worker at hand; `None` (and
-    /// nothing changed) for any other end. Says whether `w`'s ledger is due for pruning.
+    /// nothing changed) for any other end. Says whether `w`'s ledger is due for pruning, and
+    /// which suspect of the job to judge again, if any.
     fn success_of_holder(
         j: &mut Job,
         w: &mut Worker,
         config: &Config,
         now_us: u64,
         f: &Finished,
-    ) -> Option<bool> {
+    ) -> Option<(bool, Option<WorkerId>)> {
         if f.end != RunEnd::Success || f.index >= j.len() {
             return None;
         }
-        let TaskRecord { worker, state, .. } = j.table.get(f.index);
+        let TaskRecord {
+            worker,
+            state,
+            runs,
+            ..
+        } = j.table.get(f.index);
         if worker != w.id || !matches!(state, TaskState::Assigned | TaskState::Running) {
             return None;
         }
+        // A task that ran before may have failed on another worker, whose judgement hears of
+        // this success: the whole way.
+        if runs.saturating_add(u8::from(state == TaskState::Assigned)) > 1 {
+            return None;
+        }
         let prune = w.release(j.need, state);
-        Self::note_success(
+        let suspect = Self::note_success(
             j,
             w,
             config,
@@ -148,10 +173,11 @@ impl Scheduler {
             f,
             u8::from(state == TaskState::Assigned),
         );
-        Some(prune)
+        Some((prune, suspect))
     }
 
     /// What a success tells: the job's run time, quarantine's counts, the task's record.
+    /// Returns a suspect of the job to judge again, if there is one.
     fn note_success(
         j: &mut Job,
         w: &mut Worker,
@@ -159,18 +185,22 @@ impl Scheduler {
         now_us: u64,
         f: &Finished,
         unreported_run: u8,
-    ) {
-        Self::note_outcome(j, w, config, now_us, f, true, unreported_run);
+    ) -> Option<WorkerId> {
+        let suspect = match Self::note_outcome(j, w, config, now_us, f, true, unreported_run) {
+            Some(ToJudge::Suspect(s)) => Some(s),
+            _ => None,
+        };
         w.tasks_finished += 1;
         let rec = j.set_state(f.index, TaskState::Finished);
         rec.started_us = f.started_us;
         rec.finished_us = f.finished_us;
         rec.runs = rec.runs.saturating_add(unreported_run);
+        suspect
     }
 
     /// Counts a run that ended with a success (`ok`) or a failure: the job's mean run time
-    /// and, once the job has had a failure, quarantine's outcomes of the worker and of the
-    /// job. After a failure, returns those of this worker and those of the others.
+    /// and, once the job has had a failure, what quarantine judges workers by. Says who is to
+    /// be judged now, if anyone.
     fn note_outcome(
         j: &mut Job,
         w: &mut Worker,
@@ -179,19 +209,27 @@ impl Scheduler {
         f: &Finished,
         ok: bool,
         unreported_run: u8,
-    ) -> Option<(Outcomes, Outcomes)> {
+    ) -> Option<ToJudge> {
         j.note_run_time(f.finished_us.saturating_sub(f.started_us));
-        // Only a task's first run says anything about the worker: tasks run again (a retry,
-        // `job retry`) are those that failed before, and judging the worker that gets them
-        // against the others' first runs would blame it for the tasks.
-        let first_run = j.table.get(f.index).runs.saturating_add(unreported_run) <= 1;
-        if config.quarantine_failures == 0 || !first_run || !j.outcomes.counting(ok) {
+        if config.quarantine_failures == 0 || !j.outcomes.counting(ok) {
             return None;
         }
+        // Only a task's first run counts in the rates: tasks run again (a retry, `job retry`)
+        // are those that failed before, and judging the worker that gets them against the
+        // others' first runs would blame it for the tasks. Every run counts in its streak.
+        let first_run = j.table.get(f.index).runs.saturating_add(unreported_run) <= 1;
         let window = config.quarantine_window_us;
-        let mine = w.tally.record(now_us, window, f.job, ok);
-        let all = j.outcomes.record(now_us, window, ok);
-        (!ok).then(|| (mine, all.without(mine)))
+        let mine = w.tally.record(now_us, window, f.job, ok, first_run);
+        if first_run {
+            j.outcomes.record(now_us, window, ok);
+        }
+        if !ok {
+            Some(ToJudge::This(mine))
+        } else {
+            // A success elsewhere is evidence against a suspect.
+            let suspect = j.outcomes.suspect.filter(|&s| s != w.id && first_run);
+            suspect.map(ToJudge::Suspect)
+        }
     }
 
     /// [`Self::task_finished`] for any end.
@@ -235,8 +273,18 @@ impl Scheduler {
         let Some(w) = self.workers.get_mut(&worker) else {
             return Accepted::Ignored;
         };
-        // After a failure: this worker's and the other workers' outcomes of the job.
+        // After a failure: this worker's tally of the job, to judge it by.
         let mut judged = None;
+        // After a success: a suspect of the job to judge again.
+        let mut suspect = None;
+        // A task that had failed on another worker ran again here: that worker's failure,
+        // when, and whether the task succeeded here.
+        let mut seen_again = None;
+        // Whether it ran before (a retry, a lost worker's task, `job retry`).
+        let again_run = rec
+            .runs
+            .saturating_add(u8::from(ours && rec.state == TaskState::Assigned))
+            > 1;
         // How the task's end bears on what depends on it: finished, or lost for good.
         let mut for_graph = None;
         // Whether it failed for want of an input (which may be an intermediate file lost).
@@ -245,7 +293,10 @@ impl Scheduler {
         let unreported_run = u8::from(ours && rec.state == TaskState::Assigned);
         match &f.end {
             RunEnd::Success => {
-                Self::note_success(j, w, &self.config, now_us, f, unreported_run);
+                suspect = Self::note_success(j, w, &self.config, now_us, f, unreported_run);
+                if again_run {
+                    seen_again = j.failed_on.remove(&f.index).map(|(on, at)| (on, at, true));
+                }
                 for_graph = Some(true);
             }
             RunEnd::Canceled => {
@@ -254,7 +305,11 @@ impl Scheduler {
                 for_graph = Some(false);
             }
             RunEnd::Failed(failure) => {
-                judged = Self::note_outcome(j, w, &self.config, now_us, f, false, unreported_run);
+                let outcome =
+                    Self::note_outcome(j, w, &self.config, now_us, f, false, unreported_run);
+                if let Some(ToJudge::This(mine)) = outcome {
+                    judged = Some(mine);
+                }
                 w.tasks_failed += 1;
                 let rec = j.set_state(f.index, TaskState::Failed);
                 rec.started_us = f.started_us;
@@ -267,6 +322,13 @@ impl Scheduler {
                 if failure.permanent {
                     // The task's own fault (an input that is not there), not the worker's.
                     judged = None;
+                } else if let Some((on, at)) = j.failed_on.insert(f.index, (worker, now_us)) {
+                    seen_again = Some((on, at, false));
+                    if on != worker {
+                        // It failed elsewhere before: the task's fault as much as this worker's.
+                        let t = w.tally.failed_before_elsewhere(f.job);
+                        judged = judged.and(t);
+                    }
                 }
                 j.failures.insert(f.index, (**failure).clone());
                 let priority = j.spec.priority;
@@ -288,8 +350,14 @@ impl Scheduler {
                 }
             }
         }
-        if let Some((mine, others)) = judged {
-            self.note_failure(worker, f.job, mine, others);
+        if let Some((on, at, ok)) = seen_again.filter(|&(on, _, _)| on != worker) {
+            self.seen_elsewhere(on, f.job, at, ok);
+        }
+        if let Some(mine) = judged {
+            self.judge_worker(worker, f.job, mine);
+        }
+        if let Some(s) = suspect {
+            self.judge_again(s, f.job);
         }
         if let Some(id) = prune {
             self.prune_ledger(id);

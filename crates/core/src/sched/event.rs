@@ -184,7 +184,8 @@ pub enum Reply {
     Joined(WorkerId),
     /// How many of the job's tasks were still queued and how many running when it was canceled.
     Canceled {
-        /// Tasks that were queued (now canceled).
+        /// Tasks that had not started (now canceled): queued, or waiting in a worker's
+        /// prefetch window (which drops them).
         queued: u32,
         /// Tasks that were running (asked to stop).
         running: u32,

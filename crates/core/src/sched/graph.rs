@@ -26,6 +26,7 @@ use crate::spec::{JobId, Keep, TaskIndex, TaskState};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 mod lineage;
+mod relink;
 mod view;
 
 pub use view::WorkflowGraph;
@@ -751,6 +752,7 @@ impl Scheduler {
         let mut failure = Failure::because(reason);
         failure.permanent = true;
         j.failures.insert(index, failure);
+        j.canceled_by_deps += 1;
         self.check_job_done(now_us, job);
         true
     }
@@ -892,6 +894,11 @@ impl Scheduler {
             .collect();
         keys.sort_unstable();
         keys
+    }
+
+    /// The task that writes `file`, if a task known to the scheduler does.
+    pub(super) fn graph_writer(&self, file: FileId) -> Option<&TaskKey> {
+        self.graph.produced.get(&file)
     }
 
     /// Whether some task writes a file (lineage has work only then).

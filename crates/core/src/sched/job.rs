@@ -103,6 +103,10 @@ pub struct Job {
     pub(super) outcomes: JobOutcomes,
     pub(super) table: TaskTable,
     pub(super) failures: FxHashMap<TaskIndex, Failure>,
+    /// Tasks whose last run failed (for a reason not their own), with the worker it failed on
+    /// and when: their retries go elsewhere, and what becomes of them there is evidence about
+    /// that worker (see [`crate::quarantine`]). Dropped when the task succeeds.
+    pub(super) failed_on: FxHashMap<TaskIndex, (WorkerId, u64)>,
     /// Each task's inputs, numbered by the file index: as many per task as the template
     /// names, in index order (see [`Job::inputs_of`]).
     pub(super) inputs: Vec<FileId>,
@@ -123,6 +127,9 @@ pub struct Job {
     pub parent: Option<(JobId, TaskIndex)>,
     /// Jobs its tasks submitted that have not ended: it is not done before they are.
     pub live_children: u32,
+    /// Its tasks canceled because what they depended on failed (see
+    /// [`Job::canceled_for_deps`]): they come back when that is retried.
+    pub(super) canceled_by_deps: u32,
     /// Its `after` dependencies not yet finished: while any is, all its tasks wait.
     pub(super) gate: u32,
     /// Waiting tasks and how many producers each still waits for.
@@ -165,6 +172,7 @@ impl Job {
             waited_us: 0,
             outcomes: JobOutcomes::default(),
             failures: FxHashMap::default(),
+            failed_on: FxHashMap::default(),
             inputs: Vec::new(),
             windowed: false,
             policy: None,
@@ -174,6 +182,7 @@ impl Job {
             keep: Vec::new(),
             parent: None,
             live_children: 0,
+            canceled_by_deps: 0,
             gate: 0,
             unmet: FxHashMap::default(),
             feeds: false,
@@ -213,6 +222,15 @@ impl Job {
             r.state = TaskState::Waiting;
         }
         r
+    }
+
+    /// Whether canceled task `index` was canceled because what it depended on failed (or was
+    /// canceled): such a cancel keeps its reason, as a failure of the task's own no retry
+    /// can help, while a job's cancel keeps none.
+    pub fn canceled_for_deps(&self, index: TaskIndex) -> bool {
+        !self.canceled
+            && self.table.get(index).state == TaskState::Canceled
+            && self.failures.get(&index).is_some_and(|f| f.permanent)
     }
 
     /// The last failure of a task that ran and failed.
@@ -300,6 +318,30 @@ impl Job {
     /// Records of touched tasks, in index order (untouched tasks are ready or canceled).
     pub fn touched(&self) -> impl Iterator<Item = (TaskIndex, TaskRecord)> + '_ {
         self.table.touched().map(|(i, r)| (i, *r))
+    }
+
+    /// Until when ready task `index` (whose record is `rec`) keeps away from `worker`: its
+    /// last run failed there, and its retry, once due, waits up to `elsewhere_us` for another
+    /// worker. `None` when it may go there now. Looked up only for tasks that ran before, so
+    /// tasks on their first run pay one test of a byte of a record already read.
+    #[inline]
+    pub(super) fn kept_from(
+        &self,
+        index: TaskIndex,
+        rec: &TaskRecord,
+        worker: WorkerId,
+        now_us: u64,
+        config: &super::Config,
+        elsewhere_us: u64,
+    ) -> Option<u64> {
+        if rec.runs == 0 || elsewhere_us == 0 || self.failed_on.is_empty() {
+            return None;
+        }
+        let &(on, at) = self.failed_on.get(&index)?;
+        let until = at
+            .saturating_add(config.backoff_us(rec.failures))
+            .saturating_add(elsewhere_us);
+        (on == worker && now_us < until).then_some(until)
     }
 
     /// Whether the task is assigned or running on `worker`.

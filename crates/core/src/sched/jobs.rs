@@ -4,7 +4,17 @@ use super::worker::holder;
 use super::{Job, SchedError, Scheduler};
 use crate::outcome::{Command, Record};
 use crate::queue::Span;
-use crate::spec::{JobId, JobSpec, SpecError, TaskSet, TaskState};
+use crate::spec::{JobId, JobSpec, SpecError, TaskIndex, TaskSet, TaskState};
+
+/// Whether a task shown in `state` is put back by a retry (of failed tasks only, or of
+/// failed and canceled ones).
+fn retried(state: TaskState, failed_only: bool) -> bool {
+    match state {
+        TaskState::Failed => true,
+        TaskState::Canceled => !failed_only,
+        _ => false,
+    }
+}
 
 impl Scheduler {
     /// A client submits a job (see [`super::Event::Submit`]).
@@ -140,7 +150,8 @@ impl Scheduler {
     }
 
     /// Cancels every task of a job that has not ended: queued tasks at once, running ones by
-    /// asking their workers. Returns how many tasks were still queued and how many running.
+    /// asking their workers. Returns how many tasks had not started (queued here, or waiting
+    /// on a worker for a slot) and how many were running.
     pub(crate) fn cancel_job(&mut self, now_us: u64, job: JobId) -> Result<(u32, u32), SchedError> {
         let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
         if j.canceled || j.is_done() {
@@ -167,13 +178,13 @@ impl Scheduler {
             }
             keep
         });
-        let mut running = 0;
+        // Tasks sent ahead to a worker's prefetch window have not started: counted queued.
+        let (queued, running) = (queued + j.counts.assigned, j.counts.running);
         let jobs = &self.jobs;
         for w in self.workers.values() {
             let holds = holder(jobs, w.id);
             let tasks = w.ledger.held_of(|jb| jb == job, holds);
             if !tasks.is_empty() {
-                running += tasks.len() as u32;
                 self.commands.push(Command::Cancel {
                     worker: w.id,
                     tasks,
@@ -194,15 +205,18 @@ impl Scheduler {
         Ok((queued, running))
     }
 
-    /// Puts a job's failed tasks (and with `failed_only` false, its canceled ones) back in the
-    /// queue with fresh retry and crash counts; the job is live again. Returns how many failed
-    /// and how many canceled tasks were resubmitted.
+    /// Puts a job's failed tasks (and with `failed_only` false, its canceled ones) back with
+    /// fresh retry and crash counts; the job is live again. Each waits again for what it
+    /// depends on that has not finished; when that has failed for good the retry is refused
+    /// (see the graph's `relink`). The tasks of other jobs that this job's failure canceled
+    /// come back too, waiting for it. Returns how many failed and how many canceled tasks
+    /// were put back.
     pub(crate) fn retry_job(
         &mut self,
         job: JobId,
         failed_only: bool,
     ) -> Result<(u32, u32), SchedError> {
-        let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
+        let j = self.jobs.get(&job).ok_or(SchedError::NoSuchJob(job))?;
         if j.canceled && failed_only {
             return Err(SchedError::RetryCanceled(job));
         }
@@ -210,17 +224,71 @@ impl Scheduler {
             // Never linked into its graph: its tasks were never ready, and only part came.
             return Err(SchedError::RetryIncomplete(job));
         }
+        // Shown states are counted: nothing to put back is nothing to look at.
+        if j.counts.failed == 0 && (failed_only || j.counts.canceled == 0) {
+            return Ok((0, 0));
+        }
+        // What the job's `after` waits for now, before anything changes.
+        let gate = self
+            .gate_now(job)
+            .map_err(|n| self.to_retry_first(n).refusal(job))?;
+        let j = &self.jobs[&job];
+        if gate.is_empty() && (j.inputs_per_task() == 0 || !self.graph_has_files()) {
+            return Ok(self.retry_unlinked(job, failed_only));
+        }
+        // In a graph: each task waits again for the writers of its inputs.
+        let chosen: Vec<(TaskIndex, TaskState)> = (0..j.len())
+            .filter_map(|index| {
+                let shown = j.record(index).state;
+                retried(shown, failed_only).then_some((index, shown))
+            })
+            .collect();
+        if chosen.is_empty() {
+            return Ok((0, 0));
+        }
+        let coming = |k: (JobId, TaskIndex)| {
+            k.0 == job && chosen.binary_search_by_key(&k.1, |c| c.0).is_ok()
+        };
+        let reads = chosen
+            .iter()
+            .map(|&(index, _)| self.reads_now(job, index, &coming))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|n| self.to_retry_first(n).refusal(job))?;
+        let j = self.jobs.get_mut(&job).expect("looked up above");
+        let (mut failed, mut canceled) = (0u32, 0u32);
+        for &(index, shown) in &chosen {
+            if shown == TaskState::Failed {
+                failed += 1;
+            } else {
+                canceled += 1;
+            }
+            Self::fresh_again(j, &mut self.delayed, &mut self.delayed_at, index);
+        }
+        j.canceled = false;
+        let priority = j.spec.priority;
+        let indices: Vec<TaskIndex> = chosen.iter().map(|c| c.0).collect();
+        self.own_outputs_again(job, &indices);
+        for span in self.relink(job, gate, &chosen, reads) {
+            self.ready.push_requeued(priority, span);
+        }
+        self.live_again(job);
+        self.records.push(Record::Retried { job, failed_only });
+        self.revive(job);
+        Ok((failed, canceled))
+    }
+
+    /// [`Self::retry_job`] of a job that waits for nothing: its tasks go back to the queue as
+    /// runs of indices, and tasks never handed out (of a canceled array) are not touched.
+    fn retry_unlinked(&mut self, job: JobId, failed_only: bool) -> (u32, u32) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return (0, 0);
+        };
         let mut spans: Vec<Span> = Vec::new();
         let (mut failed, mut canceled) = (0u32, 0u32);
         for index in 0..j.len() {
             let raw = j.table.get(index).state;
             let shown = j.record(index).state;
-            let take = match shown {
-                TaskState::Failed => true,
-                TaskState::Canceled => !failed_only,
-                _ => false,
-            };
-            if !take {
+            if !retried(shown, failed_only) {
                 continue;
             }
             if shown == TaskState::Failed {
@@ -229,10 +297,8 @@ impl Scheduler {
                 canceled += 1;
             }
             if raw == shown {
-                let rec = j.set_state(index, TaskState::Ready);
-                rec.failures = 0;
-                rec.lost = 0;
-                j.failures.remove(&index);
+                Self::fresh_again(j, &mut self.delayed, &mut self.delayed_at, index);
+                j.set_state(index, TaskState::Ready);
             } else {
                 // Untouched or re-queued task of a canceled job: counted canceled, stored ready.
                 j.counts.moved(TaskState::Canceled, TaskState::Ready);
@@ -246,20 +312,52 @@ impl Scheduler {
             }
         }
         if failed + canceled == 0 {
-            return Ok((0, 0));
+            return (0, 0);
         }
         j.canceled = false;
-        let ended = j.finished_us.take().is_some();
         let priority = j.spec.priority;
         for span in spans {
             self.ready.push_requeued(priority, span);
+        }
+        self.live_again(job);
+        self.records.push(Record::Retried { job, failed_only });
+        self.revive(job);
+        (failed, canceled)
+    }
+
+    /// A task put back by a retry: fresh retry and crash counts, no reason, no backoff.
+    fn fresh_again(
+        j: &mut Job,
+        delayed: &mut std::collections::BTreeSet<(u64, JobId, TaskIndex)>,
+        delayed_at: &mut rustc_hash::FxHashMap<(JobId, TaskIndex), u64>,
+        index: TaskIndex,
+    ) {
+        if j.canceled_for_deps(index) {
+            j.canceled_by_deps -= 1;
+        }
+        j.failures.remove(&index);
+        let rec = j.table.get_mut(index);
+        rec.failures = 0;
+        rec.lost = 0;
+        // A re-queued task of a canceled job may still wait out its backoff.
+        if let Some(due) = delayed_at.remove(&(j.id, index)) {
+            delayed.remove(&(due, j.id, index));
+        }
+    }
+
+    /// A job with tasks put back is live again, in its workflow and for its parent.
+    fn live_again(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let ended = j.finished_us.take().is_some();
+        if j.windowed {
+            self.windowed_jobs.insert(job);
         }
         self.live_jobs.insert(job);
         if ended {
             self.graph_rejoin(job);
         }
-        self.records.push(Record::Retried { job, failed_only });
-        Ok((failed, canceled))
     }
 
     /// Ends a job whose tasks are all terminal and that takes no more: its waiters are told

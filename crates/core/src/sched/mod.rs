@@ -82,6 +82,20 @@ pub enum SchedError {
     /// A canceled job cannot be retried without `--all`.
     #[error("job {0} was canceled; `kestrel job retry {0} --all` runs its failed and canceled tasks again")]
     RetryCanceled(JobId),
+    /// A retried task depends on a job or task that failed for good (or was canceled): it
+    /// could never run (Slurm's DependencyNeverSatisfied). Retrying that job first brings the
+    /// tasks its failure canceled back.
+    #[error("job {job} cannot be retried now: {why}. Retry job {retry} first (`kestrel job retry {retry}{}`): the tasks of job {job} canceled because of it come back with it, wait for it and run when it finishes", if *all { " --all" } else { "" })]
+    DependencyNeverMet {
+        /// The job whose retry was refused.
+        job: JobId,
+        /// What it depends on that failed, said for people.
+        why: String,
+        /// The job to retry first.
+        retry: JobId,
+        /// Whether that job was canceled (its retry needs `--all`).
+        all: bool,
+    },
     /// A job canceled while it was being sent in pieces holds only part of its tasks.
     #[error("job {0} was canceled while its tasks were still being sent in pieces, so it holds only part of them; submit it again")]
     RetryIncomplete(JobId),
@@ -144,6 +158,9 @@ pub struct Scheduler {
     delayed: BTreeSet<(u64, JobId, TaskIndex)>,
     /// The due time of each delayed task, to find it in `delayed`.
     delayed_at: FxHashMap<(JobId, TaskIndex), u64>,
+    /// When the first retry that the last pass kept away from the worker it failed on may go
+    /// there after all (see [`Config::retry_elsewhere_us`]).
+    kept_until: Option<u64>,
     /// Why each worker that left while quarantined was quarantined: a worker that comes back
     /// naming its old id (after a lost connection) stays quarantined.
     quarantined_gone: FxHashMap<WorkerId, String>,
@@ -185,6 +202,7 @@ impl Scheduler {
             live_jobs: FxHashSet::default(),
             delayed: BTreeSet::new(),
             delayed_at: FxHashMap::default(),
+            kept_until: None,
             quarantined_gone: FxHashMap::default(),
             names: Vec::new(),
             files: FileIndex::new(),

@@ -1,7 +1,7 @@
 //! Why a job does not move: the answer `job info` and `job wait` print.
 
 use super::Scheduler;
-use crate::spec::{JobId, Resources, WorkerId};
+use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
 use std::fmt;
 
 /// Why a job's queued tasks cannot go to any worker (see [`Scheduler::stall`]): the answer to
@@ -24,7 +24,23 @@ pub enum Stall {
     /// The tasks read or write files, and no connected worker has a cache (all are of an
     /// older version, or were started without one).
     NoCache,
+    /// Its queued tasks wait for other jobs or tasks to finish: its `after`, or the writers
+    /// of the files they read (see [`Scheduler::waits_for`]).
+    Dependencies {
+        /// What they wait for: whole jobs (`(job, None)`) and tasks (`(job, Some(task id))`).
+        on: Vec<(JobId, Option<u32>)>,
+        /// How many more there are beyond `on`, among the tasks looked at.
+        more: u32,
+        /// Whether more waiting tasks were not looked at (a big job): there may be more.
+        partial: bool,
+    },
 }
+
+/// How many jobs and tasks [`Scheduler::waits_for`] names at most.
+const NAMED: usize = 8;
+/// How many of a job's waiting tasks [`Scheduler::waits_for`] looks at for the writers of
+/// their inputs: it is asked for every listing, so it never walks a whole big job.
+const LOOKED_AT: usize = 64;
 
 impl fmt::Display for Stall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -38,6 +54,27 @@ impl fmt::Display for Stall {
             Stall::NoCache => f.write_str(
                 "the tasks read or write files, and no connected worker has a file cache; start workers of this version (`kestrel worker start`)",
             ),
+            Stall::Dependencies { on, more, partial } => {
+                let mut names: Vec<String> = on
+                    .iter()
+                    .map(|&(job, task)| match task {
+                        None => format!("job {job}"),
+                        Some(t) => format!("task {job}:{t}"),
+                    })
+                    .collect();
+                if *partial {
+                    names.push("more".into());
+                } else if *more > 0 {
+                    names.push(format!("{more} more"));
+                }
+                let last = names.pop().unwrap_or_default();
+                let list = if names.is_empty() {
+                    last
+                } else {
+                    format!("{} and {last}", names.join(", "))
+                };
+                write!(f, "its tasks wait for {list} to finish")
+            }
             Stall::Quarantined { workers } => {
                 let ids: Vec<String> = workers.iter().map(u32::to_string).collect();
                 let n = workers.len() as u32;
@@ -57,6 +94,10 @@ impl Scheduler {
     /// wait for busy slots). Looks at every worker: for displays, not for every event.
     pub fn stall(&self, job: JobId) -> Option<Stall> {
         let j = self.jobs.get(&job)?;
+        if !j.canceled && j.counts.ready == 0 && j.counts.waiting > 0 && !j.held {
+            let (on, more, partial) = self.waits_for(job);
+            return (!on.is_empty()).then_some(Stall::Dependencies { on, more, partial });
+        }
         if j.canceled || j.counts.ready == 0 {
             return None;
         }
@@ -84,6 +125,73 @@ impl Scheduler {
         Some(Stall::TooBig {
             what: self.lacking(&need),
         })
+    }
+
+    /// What job `job`'s waiting tasks wait for: the jobs and tasks of its `after` that have
+    /// not finished, then the writers of their inputs that have not (of the first
+    /// [`LOOKED_AT`] waiting tasks), at most [`NAMED`] of them, with how many more there are
+    /// and whether there may be more still (not every waiting task was looked at). Task ids,
+    /// not indices; empty when nothing waits.
+    pub fn waits_for(&self, job: JobId) -> (Vec<(JobId, Option<u32>)>, u32, bool) {
+        let Some(j) = self
+            .jobs
+            .get(&job)
+            .filter(|j| j.counts.waiting > 0 && !j.canceled)
+        else {
+            return (Vec::new(), 0, false);
+        };
+        let mut on: Vec<(JobId, Option<TaskIndex>)> = Vec::new();
+        if j.gate > 0 {
+            for a in &j.spec.after {
+                let Some(dep) = self.jobs.get(&a.job) else {
+                    continue;
+                };
+                match &a.tasks {
+                    None if dep.finished_us.is_none() => on.push((a.job, None)),
+                    None => {}
+                    Some(ids) => on.extend(
+                        (0..ids.len())
+                            .filter_map(|k| ids.id_at(k).and_then(|t| dep.index_of(t)))
+                            .filter(|&i| dep.record(i).state != TaskState::Finished)
+                            .map(|i| (a.job, Some(i))),
+                    ),
+                }
+            }
+        }
+        let mut unsure = false;
+        if !j.unmet.is_empty() {
+            let mut waiting: Vec<TaskIndex> = j.unmet.keys().copied().collect();
+            waiting.sort_unstable();
+            unsure = waiting.len() > LOOKED_AT;
+            for &i in waiting.iter().take(LOOKED_AT) {
+                for f in j.inputs_of(i) {
+                    let Some(&(wj, wi)) = self.graph_writer(*f) else {
+                        continue;
+                    };
+                    let done = self
+                        .jobs
+                        .get(&wj)
+                        .is_none_or(|w| w.record(wi).state == TaskState::Finished);
+                    if !done {
+                        on.push((wj, Some(wi)));
+                    }
+                }
+            }
+        }
+        on.sort_unstable();
+        on.dedup();
+        let more = on.len().saturating_sub(NAMED) as u32;
+        on.truncate(NAMED);
+        let named = on
+            .into_iter()
+            .map(|(dj, i)| {
+                (
+                    dj,
+                    i.map(|i| self.jobs.get(&dj).map_or(i, |d| d.task_id(i))),
+                )
+            })
+            .collect();
+        (named, more, unsure)
     }
 
     /// What no connected worker has enough of for a task needing `need`: "3 cpus, the largest

@@ -14,6 +14,19 @@ pub fn array(n: u32) -> TaskSet {
     TaskSet::Array(IdRanges::span(1, n))
 }
 
+/// Runs one scheduling pass at `now` and returns the runs of tasks it assigned (the other
+/// commands are dropped).
+pub fn assigned_runs(s: &mut Scheduler, now: u64) -> Vec<IndexRun> {
+    s.handle(now, Event::Schedule).unwrap();
+    s.take_commands()
+        .into_iter()
+        .flat_map(|c| match c {
+            Command::Assign { runs, .. } => runs,
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
 /// Joins a worker of `slots` slots, no prefetch, that stages files, to `s`.
 pub fn staging_worker(s: &mut Scheduler, slots: u32) -> WorkerId {
     s.worker_joined(

@@ -157,10 +157,14 @@ impl Engine {
                 .map(|()| Answer::AllocQueues(self.provision.views(now)))
                 .map_err(Refusal::from),
             Ask::JobList => Ok(Answer::Jobs(
-                self.core.jobs().map(views::job_summary).collect(),
+                self.core
+                    .jobs()
+                    .map(|j| views::job_summary(&self.core, j))
+                    .collect(),
             )),
             Ask::JobInfo { job } => match self.core.job(job) {
                 Some(j) => Ok(Answer::Job(Box::new(views::job_detail(
+                    &self.core,
                     j,
                     self.waiting(job, now),
                 )))),
@@ -334,9 +338,7 @@ impl Engine {
                     .map(|id| (id, self.core.job(id).map(views::job_state)))
                     .collect(),
             )),
-            Ask::Jobs { filter } => {
-                views::jobs_page(self.core.jobs(), &filter).map(Answer::JobsPage)
-            }
+            Ask::Jobs { filter } => views::jobs_page(&self.core, &filter).map(Answer::JobsPage),
             Ask::Forget { jobs, all_ended } => {
                 Ok(Answer::Forgotten(self.forget(now, jobs, all_ended)))
             }
@@ -496,10 +498,15 @@ impl Engine {
         spec.placement.store.as_deref().or(self.store.as_deref())
     }
 
-    /// Why `job`'s queued or staging tasks wait, if they do: no worker can take them (the
-    /// scheduler's stall), or their store fails, as a worker said lately (within three
-    /// heartbeats: a worker whose reads fail says so at each) of a job not done.
+    /// Why `job`'s queued or staging tasks wait, if they do: what they depend on has not
+    /// finished, no worker can take them (the scheduler's stall), or their store fails, as a
+    /// worker said lately (within three heartbeats: a worker whose reads fail says so at each)
+    /// of a job not done. For an ended job: why its tasks canceled for a dependency stay so.
     fn waiting(&self, job: JobId, now: u64) -> Option<String> {
+        if self.core.job(job).is_some_and(|j| j.is_done()) {
+            // Ended: its tasks canceled because a dependency failed wait for its retry.
+            return self.core.canceled_because(job);
+        }
         if self.core.job(job).is_some_and(|j| j.held() && j.open) {
             return Some(
                 "its tasks wait for the rest of the job, which its client is still sending in pieces: a job in a task graph is linked whole".to_string(),

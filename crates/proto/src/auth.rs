@@ -33,8 +33,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// the trailing fields of task graphs (a job's `after`, parent and output modes, a task's
 /// `Waiting` state, the deletion of intermediate files), left out when unused
 /// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
-/// ([`ALLOC_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// ([`ALLOC_VERSION`]). Version 11 adds the control of workers ([`WORKERS_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 11;
+
+/// The first version in which a client asks for one worker in full, for the workers that
+/// left, or to stop workers, and a worker says it leaves (SIGTERM): a client asks an older
+/// server none of it, and a worker tells an older server nothing.
+pub const WORKERS_VERSION: u32 = 11;
 
 /// The first version in which a worker says which allocation it runs in and when that ends:
 /// a worker does not send them to an older server.

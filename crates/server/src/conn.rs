@@ -312,6 +312,7 @@ async fn serve_worker(
         }
     };
     let (id_tx, id_rx) = oneshot::channel();
+    let conn = outbox.conn;
     if engine
         .send(Inbound::WorkerJoin {
             registration,
@@ -338,7 +339,11 @@ async fn serve_worker(
             }
         }
     };
-    let _ = engine.send(Inbound::WorkerGone { worker, reason });
+    let _ = engine.send(Inbound::WorkerGone {
+        worker,
+        conn,
+        reason,
+    });
 }
 
 async fn serve_client(

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use kestrel_core::IndexRun;
 use kestrel_proto::messages::{Answer, Assigned, Refusal, ToClient, ToWorker};
-use kestrel_proto::{encode, ProtoError, FILES_VERSION, MAX_FRAME_BYTES};
+use kestrel_proto::{encode, ProtoError, ALLOC_VERSION, FILES_VERSION, MAX_FRAME_BYTES};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -62,6 +62,12 @@ impl Outbox {
         if self.version < FILES_VERSION {
             if let Ok(answer) = &mut result {
                 for_older_client(answer);
+            }
+        }
+        if self.version < ALLOC_VERSION {
+            // A worker's allocation is a field it cannot read.
+            if let Ok(Answer::Workers(rows)) = &mut result {
+                rows.iter_mut().for_each(|r| r.alloc = None);
             }
         }
         match encode(&ToClient::Reply { id, result }) {

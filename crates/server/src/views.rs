@@ -1,6 +1,6 @@
 //! Scheduler state rendered as the protocol's answers.
 
-use kestrel_core::{Job, JobId, TaskIndex, TaskSet, TaskState, Worker};
+use kestrel_core::{Departed, Job, JobId, TaskIndex, TaskSet, TaskState, Worker, WorkerId};
 use kestrel_proto::messages::*;
 
 /// Where a job is in its life.
@@ -262,6 +262,52 @@ pub fn worker_row(
         cache,
         alloc,
     }
+}
+
+/// The row of a worker that left, as it was then (it holds nothing any more); `cache` and
+/// `alloc` as in [`worker_row`].
+pub fn departed_row(
+    id: WorkerId,
+    d: &Departed,
+    address: String,
+    exec: String,
+    cache: Option<(u64, u64)>,
+    alloc: Option<(u32, u32)>,
+) -> WorkerRow {
+    WorkerRow {
+        id,
+        hostname: d.offer.hostname.clone(),
+        address,
+        slots: d.offer.resources.cpus,
+        gpus: d.offer.resources.gpus,
+        prefetch: d.offer.prefetch,
+        exec,
+        tasks: 0,
+        finished: d.tasks_finished,
+        failed: d.tasks_failed,
+        joined_us: d.joined_us,
+        last_seen_us: d.last_seen_us,
+        quarantined: d.quarantined.clone(),
+        mem: d.offer.resources.mem,
+        named: d.offer.named.clone(),
+        cache,
+        alloc,
+    }
+}
+
+/// The tasks worker `id` holds, as `worker info` lists them (their user-visible ids).
+pub fn held_tasks(core: &kestrel_core::Scheduler, id: WorkerId) -> Vec<HeldTask> {
+    core.tasks_of(id, WORKER_TASKS_SHOWN)
+        .into_iter()
+        .filter_map(|(job, index, state)| {
+            let j = core.job(job)?;
+            Some(HeldTask {
+                job,
+                task: j.task_id(index),
+                state,
+            })
+        })
+        .collect()
 }
 
 /// An edge's end: a task (by id) or a whole job.

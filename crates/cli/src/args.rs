@@ -81,7 +81,7 @@ pub enum Command {
     /// Start, stop or inspect the server
     #[command(subcommand)]
     Server(ServerCommand),
-    /// Start or list workers
+    /// Start, list, inspect or stop workers
     #[command(subcommand)]
     Worker(WorkerCommand),
     /// List, inspect, wait for or cancel jobs
@@ -326,8 +326,38 @@ pub enum WorkerCommand {
         #[arg(long, value_name = "ID")]
         alloc: Option<u32>,
     },
-    /// List connected workers (quarantined ones with the reason)
-    List,
+    /// List connected workers (quarantined ones with the reason); --all adds those that left
+    #[command(
+        after_help = "A worker keeps its id when it reconnects, to the same server or to one restarted on\nits journal. The server keeps the last 1024 workers that left, with when and why:\nheartbeat lost, connection closed, allocation ended, stopped by `kestrel worker stop`\nor SIGTERM (and whether it was quarantined).\n\nExamples:\n  kestrel worker list\n  kestrel worker list --all\n  kestrel worker list --all --output json | jq '.departed[] | {id, reason}'"
+    )]
+    List {
+        /// Also the workers that left lately, with when and why
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one worker in full: what it offers, what it runs, its counts, and why it left
+    #[command(after_help = "Examples:
+  kestrel worker info 3
+  kestrel worker info 3 --output json")]
+    Info {
+        /// The worker, as `kestrel worker list --all` shows it
+        worker: u32,
+    },
+    /// Stop workers: each takes no new task, finishes what it runs, then exits
+    #[command(
+        after_help = "Tasks that only wait on a stopping worker (prefetched) go back to the queue for other\nworkers. With --now the worker kills its tasks at once; they go back to the queue\nwithout spending a retry. SIGTERM to a worker process drains it the same way (a second\nSIGTERM or Ctrl-C stops it at once).\n\nExamples:\n  kestrel worker stop 3\n  kestrel worker stop 3 4 --now\n  kestrel worker stop --all"
+    )]
+    Stop {
+        /// The workers to stop, as `kestrel worker list` shows them
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        workers: Vec<u32>,
+        /// Every connected worker
+        #[arg(long)]
+        all: bool,
+        /// Kill their tasks now instead of letting them finish (the tasks go back to the queue)
+        #[arg(long)]
+        now: bool,
+    },
     /// Lift a worker's quarantine so it gets tasks again
     #[command(
         after_help = "A worker is quarantined when most of its recent tasks of a job failed (at least 10)\nwhile the other workers ran as many of that job's tasks and failed at most a third as\noften: a task that fails wherever it runs is the task's fault, not the worker's. A\nquarantined worker keeps running what it has but gets no new tasks. The last worker able\nto run a job is never quarantined. `--quarantine off` on `server start` or `run`\nturns it off; `kestrel job info` says when a job waits for a quarantined worker.\n\nExample:\n  kestrel worker resume 3"

@@ -110,3 +110,254 @@ fn tasks_name_their_worker_and_workers_keep_their_ids_across_restarts_and_reconn
     assert_eq!(id_of(&c, "tag_c"), Some(id_c));
     c.assert_serves();
 }
+
+/// A task that runs until the file `go` appears in the work directory.
+const UNTIL_GO: &str = "while [ ! -f go ]; do sleep 0.05; done";
+
+/// Waits until task `task` of `job` is in `state`.
+fn task_in(c: &Cluster, job: &str, task: u64, state: &str) {
+    poll_every(
+        &format!("task {task} of job {job} to be {state}"),
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || {
+            task_rows(c, job)
+                .iter()
+                .any(|t| t["id"] == task && t["state"] == state)
+                .then_some(())
+        },
+    );
+}
+
+/// The worker `id` as `worker info --output json` shows it.
+fn info(c: &Cluster, id: u64) -> Value {
+    c.run(&["worker", "info", &id.to_string(), "--output", "json"])
+        .ok()
+        .json()
+}
+
+#[test]
+fn worker_stop_drains_or_stops_at_once_and_list_all_and_info_say_why() {
+    let mut c = Cluster::new();
+    let a = c.add_worker_with(1, &["--resource", "tag_a=1"]);
+    c.wait_workers(1);
+    let b = c.add_worker_with(1, &["--resource", "tag_b=1"]);
+    c.wait_workers(2);
+    let (id_a, id_b) = (id_of(&c, "tag_a").unwrap(), id_of(&c, "tag_b").unwrap());
+    c.run(&[
+        "submit",
+        "--resource",
+        "tag_a=1",
+        "--",
+        "sh",
+        "-c",
+        UNTIL_GO,
+    ])
+    .ok();
+    c.run(&["submit", "--resource", "tag_b=1", "--", "sleep", "300"])
+        .ok();
+    task_in(&c, "1", 0, "running");
+    task_in(&c, "2", 0, "running");
+    let held = info(&c, id_a);
+    assert_eq!(held["held"][0]["job"], 1, "{held}");
+    assert_eq!(held["held"][0]["state"], "running", "{held}");
+    assert_eq!(held["tasks"], 1, "{held}");
+
+    // A drains: it finishes its task, then exits.
+    let out = c
+        .run(&["worker", "stop", &id_a.to_string()])
+        .ok()
+        .stdout
+        .clone();
+    assert!(
+        out.contains(&format!("worker {id_a}: stopping")) && out.contains("finishes the 1 task"),
+        "{out}"
+    );
+    let list = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    let row = list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == id_a)
+        .cloned()
+        .unwrap();
+    assert_eq!(row["state"], "stopping", "{row}");
+    assert!(c.worker_running(a), "it finishes its task first");
+    std::fs::write(c.path("go"), "").unwrap();
+    assert!(c.wait_worker_exit(a, COMMAND_LIMIT).success());
+    assert!(
+        c.worker_log()
+            .contains("worker stopped: stopped by `kestrel worker stop`"),
+        "{}",
+        c.worker_log()
+    );
+
+    // B stops at once: its task goes back to the queue without spending a retry.
+    let out = c
+        .run(&["worker", "stop", &id_b.to_string(), "--now"])
+        .ok()
+        .stdout
+        .clone();
+    assert!(
+        out.contains(&format!(
+            "worker {id_b}: stopped; its task goes back to the queue"
+        )),
+        "{out}"
+    );
+    assert!(c.wait_worker_exit(b, COMMAND_LIMIT).success());
+    let t = &task_rows(&c, "2")[0];
+    assert_eq!(
+        (
+            t["state"].as_str(),
+            t["failures"].as_u64(),
+            t["lost"].as_u64()
+        ),
+        (Some("queued"), Some(0), Some(0)),
+        "{t}"
+    );
+
+    // Both are listed as departed, with why; `worker info` shows one that left.
+    let all = c
+        .run(&["worker", "list", "--all", "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(all["workers"], serde_json::json!([]), "{all}");
+    let departed = all["departed"].as_array().expect("departed workers");
+    let why: Vec<(u64, &str)> = departed
+        .iter()
+        .map(|d| (d["id"].as_u64().unwrap(), d["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        why,
+        vec![
+            (
+                id_a,
+                "stopped by `kestrel worker stop`, once its tasks were done"
+            ),
+            (
+                id_b,
+                "stopped at once by `kestrel worker stop --now`; its tasks went back to the queue"
+            ),
+        ]
+    );
+    assert_eq!(departed[0]["finished"], 1);
+    assert_eq!(departed[0]["state"], "left");
+    let gone = info(&c, id_b);
+    assert_eq!(gone["state"], "left", "{gone}");
+    assert!(gone["left_us"].as_u64().is_some(), "{gone}");
+    let table = c.run(&["worker", "list", "--all"]).ok().stdout.clone();
+    assert!(table.contains("left lately"), "{table}");
+
+    // A worker the server does not know: exit status 3, said on stderr.
+    let out = c.run(&["worker", "stop", "99"]);
+    assert_eq!(out.code(), Some(3), "{out:#?}");
+    assert!(
+        out.stderr.contains("worker 99 is not connected"),
+        "{out:#?}"
+    );
+    assert_eq!(c.run(&["worker", "info", "99"]).code(), Some(3));
+
+    // --all stops every connected worker.
+    let d = c.add_worker(1);
+    c.wait_workers(1);
+    c.run(&["worker", "stop", "--all"]).ok();
+    assert!(c.wait_worker_exit(d, COMMAND_LIMIT).success());
+}
+
+#[test]
+fn sigterm_drains_a_worker_and_a_second_signal_stops_it_at_once() {
+    let mut c = Cluster::new();
+    let a = c.add_worker_with(1, &["--prefetch", "1"]);
+    c.wait_workers(1);
+    c.run(&["submit", "--array", "1-2", "--", "sh", "-c", UNTIL_GO])
+        .ok();
+    // One runs, the other waits there for the slot.
+    poll_every(
+        "a task running and one waiting on the worker",
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || {
+            let states: Vec<Value> = task_rows(&c, "1")
+                .iter()
+                .map(|t| t["state"].clone())
+                .collect();
+            (states == ["running", "assigned"]).then_some(())
+        },
+    );
+    signal(c.worker_pid(a), libc::SIGTERM);
+    // The waiting one goes back to the queue; the running one runs on.
+    poll_every(
+        "the waiting task to be given back",
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || {
+            let states: Vec<Value> = task_rows(&c, "1")
+                .iter()
+                .map(|t| t["state"].clone())
+                .collect();
+            (states == ["running", "queued"]).then_some(())
+        },
+    );
+    let w = info(&c, 1);
+    assert_eq!(w["state"], "stopping", "{w}");
+    assert_eq!(w["stopping_reason"], "the worker got SIGTERM", "{w}");
+    assert!(c.worker_running(a));
+    std::fs::write(c.path("go"), "").unwrap();
+    assert!(c.wait_worker_exit(a, COMMAND_LIMIT).success());
+    let log = c.worker_log();
+    assert!(
+        log.contains("worker got SIGTERM: it takes no new task"),
+        "{log}"
+    );
+    assert!(
+        log.contains("worker stopped: the worker got SIGTERM"),
+        "{log}"
+    );
+    assert_eq!(task_rows(&c, "1")[0]["state"], "finished");
+
+    // A second signal stops a draining worker at once; its task is not counted lost.
+    std::fs::remove_file(c.path("go")).unwrap();
+    let b = c.add_worker(1);
+    task_in(&c, "1", 2, "running");
+    signal(c.worker_pid(b), libc::SIGTERM);
+    poll_every(
+        "the worker to say it drains",
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || {
+            c.worker_log()
+                .matches("worker got SIGTERM")
+                .nth(1)
+                .map(|_| ())
+        },
+    );
+    signal(c.worker_pid(b), libc::SIGINT);
+    assert!(c.wait_worker_exit(b, COMMAND_LIMIT).success());
+    let t = &task_rows(&c, "1")[1];
+    assert_eq!(
+        (
+            t["state"].as_str(),
+            t["failures"].as_u64(),
+            t["lost"].as_u64()
+        ),
+        (Some("queued"), Some(0), Some(0)),
+        "{t}"
+    );
+    let all = c
+        .run(&["worker", "list", "--all", "--output", "json"])
+        .ok()
+        .json();
+    let reasons: Vec<&str> = all["departed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["reason"].as_str())
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            "the worker got SIGTERM, once its tasks were done",
+            "the worker got SIGINT and stopped at once; its tasks went back to the queue",
+        ]
+    );
+}

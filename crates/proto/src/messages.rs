@@ -759,6 +759,9 @@ pub enum Answer {
 pub struct WorkerListing {
     /// The connected workers, in id order.
     pub workers: Vec<WorkerRow>,
+    /// Those of them that are stopping (take no new task and leave once they run nothing),
+    /// with why.
+    pub stopping: Vec<(WorkerId, String)>,
     /// Workers that left, the earliest first (the server keeps the last 1024).
     pub departed: Vec<DepartedWorker>,
 }
@@ -769,8 +772,8 @@ pub struct DepartedWorker {
     /// What it offered and ran (`tasks` is 0: what it held went back to the queue).
     pub worker: WorkerRow,
     pub left_us: u64,
-    /// "no message for 8 s (heartbeat timeout)", "its connection closed", "stopped by
-    /// `kestrel worker stop`", ...
+    /// "no message for 8 s (heartbeat timeout)", "its connection closed (...)", "stopped by
+    /// `kestrel worker stop`, once its tasks were done", ...
     pub reason: String,
 }
 

@@ -827,6 +827,7 @@ fn workers_under_control() {
             "reply-worker_list",
             Answer::WorkerList(WorkerListing {
                 workers: vec![],
+                stopping: vec![(4, "the worker got SIGTERM".into())],
                 departed: vec![DepartedWorker {
                     worker: row.clone(),
                     left_us: 1_700_000_002_000_000,
@@ -843,7 +844,7 @@ fn workers_under_control() {
                     task: 12,
                     state: TaskState::Running,
                 }],
-                stopping: Some("stopped by `kestrel worker stop` (it finished its tasks)".into()),
+                stopping: Some("stopped by `kestrel worker stop`".into()),
                 ends_at_us: None,
                 left: None,
             })),

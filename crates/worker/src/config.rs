@@ -45,6 +45,25 @@ pub struct WorkerConfig {
     pub alloc: Option<u32>,
     /// When its allocation ends, in seconds since the epoch.
     pub ends_at_s: Option<u64>,
+    /// What the process running it asks of it (SIGTERM: drain; again, or SIGINT: stop now);
+    /// `None` for workers nothing asks (those inside `kestrel run`).
+    pub stop: Option<tokio::sync::watch::Receiver<StopAsk>>,
+    /// Called with the reason when the worker stops because the server told it to, or because
+    /// it was asked to ([`StopAsk`]); `None` for workers that should not say so.
+    pub on_stop: Option<fn(&str)>,
+}
+
+/// What the process running a worker asks of it (see [`WorkerConfig::stop`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StopAsk {
+    /// Run.
+    #[default]
+    Run,
+    /// Take no new task, give back those not started, finish the running ones, then exit
+    /// (the server says when): why, for the server's record.
+    Drain(String),
+    /// Kill the tasks (they go back to the queue without spending a retry) and exit now.
+    Now(String),
 }
 
 /// Where and how big a worker's file cache is.
@@ -107,6 +126,8 @@ impl WorkerConfig {
             cache: Some(CacheConfig::default()),
             alloc: None,
             ends_at_s: None,
+            stop: None,
+            on_stop: None,
         }
     }
 

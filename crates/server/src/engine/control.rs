@@ -60,8 +60,15 @@ impl Engine {
 
     /// The connected workers and, with `departed`, those that left lately.
     pub(super) fn worker_listing(&self, departed: bool) -> WorkerListing {
+        let mut stopping: Vec<(WorkerId, String)> = self
+            .leaving
+            .iter()
+            .map(|(&w, why)| (w, why.clone()))
+            .collect();
+        stopping.sort_unstable();
         WorkerListing {
             workers: self.worker_rows(),
+            stopping,
             departed: if departed {
                 self.departures.all()
             } else {
@@ -151,9 +158,9 @@ impl Engine {
             workers
         };
         let reason = if at_once {
-            "stopped at once by `kestrel worker stop --now` (its tasks went back to the queue)"
+            "stopped at once by `kestrel worker stop --now`; its tasks went back to the queue"
         } else {
-            "stopped by `kestrel worker stop` (it finished its tasks)"
+            "stopped by `kestrel worker stop`"
         };
         workers
             .into_iter()
@@ -181,7 +188,7 @@ impl Engine {
                 c.outbox.send(&ToWorker::Shutdown {
                     reason: reason.clone(),
                 });
-                c.farewell = Some(std::mem::take(reason));
+                c.farewell = Some(format!("{reason}, once its tasks were done"));
             }
             false
         });

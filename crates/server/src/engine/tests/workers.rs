@@ -173,6 +173,9 @@ fn worker_stop_drains_a_worker_then_sends_it_off_and_keeps_why() {
     assert_eq!(r[0].result, Ok(2), "{r:?}");
     let missing = r[1].result.as_ref().unwrap_err();
     assert_eq!(missing.kind, RefusalKind::NotFound);
+    let l = listing(&mut s, &mut client);
+    assert_eq!(l.stopping.len(), 1, "{l:?}");
+    assert_eq!(l.stopping[0].0, worker);
     // Nothing new goes to it while it finishes what it runs.
     let more = s.submit(&mut client, 1);
     let sent: Vec<ToWorker> = peer.sent();
@@ -197,7 +200,7 @@ fn worker_stop_drains_a_worker_then_sends_it_off_and_keeps_why() {
     };
     assert_eq!((d.worker.id, d.worker.finished), (worker, 2));
     assert!(
-        d.reason.starts_with("stopped by `kestrel worker stop`"),
+        d.reason == "stopped by `kestrel worker stop`, once its tasks were done",
         "{}",
         d.reason
     );

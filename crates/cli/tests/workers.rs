@@ -361,3 +361,60 @@ fn sigterm_drains_a_worker_and_a_second_signal_stops_it_at_once() {
         ]
     );
 }
+
+/// `run --alloc "local --max-workers 2"` gave each worker every core: 4 tasks ran at once on 2
+/// cores. A local queue's workers share the machine.
+#[test]
+fn a_local_queue_divides_the_machine_among_its_workers() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let each = (cpus / 2).max(1);
+    let c = Cluster::new();
+    c.run(&[
+        "alloc",
+        "add",
+        "local",
+        "--time-limit",
+        "10m",
+        "--max-workers",
+        "2",
+    ])
+    .ok();
+    let args = c.run(&["alloc", "list", "--output", "json"]).ok().json();
+    let args = &args["queues"][0]["spec"]["worker_args"];
+    assert_eq!(
+        args,
+        &serde_json::json!(["--slots", each.to_string()]),
+        "{args}"
+    );
+    c.run(&[
+        "submit",
+        "--array",
+        &format!("1-{}", 2 * cpus),
+        "--",
+        "sh",
+        "-c",
+        UNTIL_GO,
+    ])
+    .ok();
+    let ws = poll_every(
+        "the queue's workers",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let list = c.run(&["worker", "list", "--output", "json"]).ok().json();
+            let ws = list["workers"].as_array()?.clone();
+            (ws.len() == 2).then_some(ws)
+        },
+    );
+    for w in &ws {
+        assert_eq!(w["slots"], each, "{w}");
+    }
+    // No more tasks run at once than the machine has cores (at least one per worker).
+    let running = task_rows(&c, "1")
+        .iter()
+        .filter(|t| t["state"] == "running")
+        .count() as u64;
+    assert!(running <= 2 * each, "{running} running on {cpus} cores");
+    std::fs::write(c.path("go"), "").unwrap();
+    c.run(&["job", "wait", "1", "--quiet"]).ok();
+}

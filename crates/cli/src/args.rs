@@ -272,15 +272,19 @@ pub enum ServerCommand {
 pub enum WorkerCommand {
     /// Start a worker in the foreground; it connects out to the server and runs tasks
     #[command(
-        after_help = "Examples:\n  kestrel worker start --slots 8\n  kestrel worker start --access /shared/kestrel/access.json --gpus 2"
+        after_help = "Examples:\n  kestrel worker start --slots 8\n  kestrel worker start --access /shared/kestrel/access.json --gpus 2\n  CUDA_VISIBLE_DEVICES=2,3 kestrel worker start   # offers GPUs 2 and 3"
     )]
     Start {
         /// Task slots (cores) [default: number of CPUs]
         #[arg(long, value_name = "N")]
         slots: Option<u32>,
-        /// GPUs to hand to tasks
-        #[arg(long, default_value_t = 0, value_name = "N")]
-        gpus: u32,
+        /// GPUs to hand to tasks: `auto`, those found on this machine (CUDA_VISIBLE_DEVICES,
+        /// /proc/driver/nvidia/gpus or nvidia-smi; ROCR_VISIBLE_DEVICES, the KFD topology or
+        /// rocm-smi for AMD), or N: the first N found (N numbered ones if none is found).
+        /// Each task gets CUDA_VISIBLE_DEVICES (ROCR_VISIBLE_DEVICES for AMD) set to its own
+        /// [default: auto]
+        #[arg(long, value_name = "N|auto")]
+        gpus: Option<String>,
         /// Memory tasks may hold in all, e.g. 64G (their `--mem` adds up to at most this)
         /// [default: this machine's memory, or its cgroup's limit]
         #[arg(long, value_name = "SIZE")]

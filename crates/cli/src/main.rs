@@ -7,6 +7,7 @@ mod cat;
 mod client_cmds;
 mod completions;
 mod exit;
+mod gpus;
 mod graph_dot;
 mod graph_file;
 mod jobs;
@@ -260,7 +261,7 @@ struct Offer {
     ends_at: Option<u64>,
     alloc: Option<u32>,
     slots: Option<u32>,
-    gpus: u32,
+    gpus: Option<String>,
     mem: Option<String>,
     resource: Vec<String>,
     prefetch: Option<u32>,
@@ -277,7 +278,14 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     let access = session::read_access(g)?;
     let slots = offer.slots.unwrap_or_else(cpus).max(1);
     let mut config = kestrel_worker::WorkerConfig::new(slots);
-    config.gpus = offer.gpus;
+    let (gpus, how) = gpus::choose(
+        offer.gpus.as_deref(),
+        &kestrel_worker::gpu::Probe::machine(),
+    )?;
+    for found in how {
+        eprintln!("found GPUs: {found}");
+    }
+    config.gpus = gpus;
     if let Some(m) = &offer.mem {
         config.mem = jobs::parse_size(m).with_context(|| format!("--mem {m:?}"))?;
     }

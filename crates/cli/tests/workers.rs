@@ -418,3 +418,65 @@ fn a_local_queue_divides_the_machine_among_its_workers() {
     std::fs::write(c.path("go"), "").unwrap();
     c.run(&["job", "wait", "1", "--quiet"]).ok();
 }
+
+/// GPUs were not found (`--gpus` defaulted to 0) and `kestrel run` refused tasks that need
+/// them. A worker offers the GPUs this machine shows it (here named by the variables a batch
+/// system sets), and each task gets its own in the variables of their vendor.
+#[test]
+fn gpus_found_on_the_machine_are_offered_and_each_task_gets_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = kestrel();
+    k.env("CUDA_VISIBLE_DEVICES", "5,7")
+        .env("ROCR_VISIBLE_DEVICES", "")
+        .current_dir(dir.path())
+        .args(["run", "--workers", "1", "--slots", "2", "--gpus", "1"])
+        .args(["--array", "1-4", "--", "sh", "-c"])
+        .arg("echo $CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER > gpu-{task}");
+    run_bounded(k, COMMAND_LIMIT).ok();
+    for i in 1..=4 {
+        let got = std::fs::read_to_string(dir.path().join(format!("gpu-{i}"))).unwrap();
+        assert!(
+            ["5 PCI_BUS_ID\n", "7 PCI_BUS_ID\n"].contains(&got.as_str()),
+            "task {i}: {got:?}"
+        );
+    }
+    // Two GPUs for one task's worth: refused at once, saying what the machine has.
+    let mut k = kestrel();
+    k.env("CUDA_VISIBLE_DEVICES", "5")
+        .env("ROCR_VISIBLE_DEVICES", "")
+        .current_dir(dir.path())
+        .args(["run", "--gpus", "2", "--", "true"]);
+    let out = run_bounded(k, COMMAND_LIMIT);
+    let err = out.one_line_error();
+    assert!(
+        err.contains("needs 2 GPU(s)") && err.contains("NVIDIA 5"),
+        "{err}"
+    );
+
+    // A worker started where ROCm shows two AMD GPUs offers them.
+    let mut c = Cluster::new();
+    let mut w = kestrel();
+    w.env("ROCR_VISIBLE_DEVICES", "0,1")
+        .env("CUDA_VISIBLE_DEVICES", "");
+    c.add_worker_as(w, 1, &[]);
+    let ws = c.wait_workers(1);
+    assert_eq!(ws[0]["gpus"], 2, "{ws:?}");
+    assert!(
+        c.worker_log()
+            .contains("found GPUs: AMD 0,1 from ROCR_VISIBLE_DEVICES"),
+        "{}",
+        c.worker_log()
+    );
+    c.run(&[
+        "submit",
+        "--gpus",
+        "2",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo $ROCR_VISIBLE_DEVICES $HIP_VISIBLE_DEVICES > amd",
+    ])
+    .ok();
+    assert_eq!(c.read("amd").as_deref(), Some("0,1 0,1\n"));
+}

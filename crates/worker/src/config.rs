@@ -1,6 +1,7 @@
 //! How to run a worker: what it offers and how it executes tasks.
 
 use crate::cache::EvictionPolicy;
+use crate::gpu::Gpu;
 use crate::host::{hostname, memory};
 use crate::{local, Connected};
 use std::path::PathBuf;
@@ -22,7 +23,8 @@ pub struct WorkerConfig {
     /// Where to re-read the access file when reconnecting (a restarted server writes a new one).
     pub access_file: Option<PathBuf>,
     pub slots: u32,
-    pub gpus: u32,
+    /// The GPUs it hands to tasks (see [`crate::gpu`]).
+    pub gpus: Vec<Gpu>,
     /// Memory tasks may hold, in bytes (their `--mem` adds up to at most this).
     pub mem: u64,
     /// Named countable resources tasks may hold (`licenses=4`).
@@ -114,7 +116,7 @@ impl WorkerConfig {
         WorkerConfig {
             access_file: None,
             slots,
-            gpus: 0,
+            gpus: Vec::new(),
             mem: memory().unwrap_or(0),
             named: Vec::new(),
             prefetch: slots,
@@ -133,6 +135,6 @@ impl WorkerConfig {
 
     /// Fresh bookkeeping of what this worker has.
     pub(crate) fn local(&self) -> local::Local {
-        local::Local::new(self.slots, self.gpus, self.mem, &self.named)
+        local::Local::new(self.slots, &self.gpus, self.mem, &self.named)
     }
 }

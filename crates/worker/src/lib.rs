@@ -17,7 +17,8 @@
 //!   running tasks survive the drop: the next registration hands them and their results over.
 //! - [`connected`] describes each registration, for a caller that wants to tell its user.
 //! - `config`, `error` and `host` hold [`WorkerConfig`], [`WorkerError`], and what the worker
-//!   reads about its machine ([`hostname`], [`memory`]).
+//!   reads about its machine ([`hostname`], [`memory`]); [`gpu`] finds its GPUs and sets the
+//!   variables that give a task those it holds.
 
 pub mod cache;
 pub mod capture;
@@ -27,6 +28,7 @@ mod error;
 pub mod exec;
 mod executor;
 pub mod files;
+pub mod gpu;
 mod host;
 mod ledger;
 pub mod local;

@@ -232,7 +232,7 @@ impl Session<'_> {
             .send(&FromWorker::Register(Registration {
                 hostname: self.config.hostname.clone(),
                 slots: self.config.slots,
-                gpus: self.config.gpus,
+                gpus: self.config.gpus.len() as u32,
                 mem: self.config.mem,
                 named: self.config.named.clone(),
                 // An older server refuses the longer registration.

@@ -248,7 +248,11 @@ fn print_worker(d: &WorkerDetail) {
                 w.exec.clone()
             },
         ),
-        ("connected", format!("since {}", output::ago(w.joined_us))),
+        if d.left.is_some() {
+            ("joined", output::ago(w.joined_us))
+        } else {
+            ("connected", format!("since {}", output::ago(w.joined_us)))
+        },
         ("last seen", output::ago(w.last_seen_us)),
         (
             "runs",

@@ -129,6 +129,34 @@ fn task_in(c: &Cluster, job: &str, task: u64, state: &str) {
     );
 }
 
+/// Asserts that `task` (a row of `task list --output json`) is back in the queue without
+/// having spent a retry or counted a crash.
+#[track_caller]
+fn back_in_queue_unspent(task: &Value) {
+    let got = (
+        task["state"].as_str(),
+        task["failures"].as_u64(),
+        task["lost"].as_u64(),
+    );
+    assert_eq!(got, (Some("queued"), Some(0), Some(0)), "{task}");
+}
+
+/// Waits until the tasks of `job` are in `states`, in task order.
+fn states_become(c: &Cluster, job: &str, states: &[&str]) {
+    poll_every(
+        &format!("the tasks of job {job} to be {states:?}"),
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || {
+            let now: Vec<Value> = task_rows(c, job)
+                .iter()
+                .map(|t| t["state"].clone())
+                .collect();
+            (now == states).then_some(())
+        },
+    );
+}
+
 /// The worker `id` as `worker info --output json` shows it.
 fn info(c: &Cluster, id: u64) -> Value {
     c.run(&["worker", "info", &id.to_string(), "--output", "json"])
@@ -205,16 +233,7 @@ fn worker_stop_drains_or_stops_at_once_and_list_all_and_info_say_why() {
         "{out}"
     );
     assert!(c.wait_worker_exit(b, COMMAND_LIMIT).success());
-    let t = &task_rows(&c, "2")[0];
-    assert_eq!(
-        (
-            t["state"].as_str(),
-            t["failures"].as_u64(),
-            t["lost"].as_u64()
-        ),
-        (Some("queued"), Some(0), Some(0)),
-        "{t}"
-    );
+    back_in_queue_unspent(&task_rows(&c, "2")[0]);
 
     // Both are listed as departed, with why; `worker info` shows one that left.
     let all = c
@@ -272,32 +291,10 @@ fn sigterm_drains_a_worker_and_a_second_signal_stops_it_at_once() {
     c.run(&["submit", "--array", "1-2", "--", "sh", "-c", UNTIL_GO])
         .ok();
     // One runs, the other waits there for the slot.
-    poll_every(
-        "a task running and one waiting on the worker",
-        COMMAND_LIMIT,
-        Duration::from_millis(50),
-        || {
-            let states: Vec<Value> = task_rows(&c, "1")
-                .iter()
-                .map(|t| t["state"].clone())
-                .collect();
-            (states == ["running", "assigned"]).then_some(())
-        },
-    );
+    states_become(&c, "1", &["running", "assigned"]);
     signal(c.worker_pid(a), libc::SIGTERM);
     // The waiting one goes back to the queue; the running one runs on.
-    poll_every(
-        "the waiting task to be given back",
-        COMMAND_LIMIT,
-        Duration::from_millis(50),
-        || {
-            let states: Vec<Value> = task_rows(&c, "1")
-                .iter()
-                .map(|t| t["state"].clone())
-                .collect();
-            (states == ["running", "queued"]).then_some(())
-        },
-    );
+    states_become(&c, "1", &["running", "queued"]);
     let w = info(&c, 1);
     assert_eq!(w["state"], "stopping", "{w}");
     assert_eq!(w["stopping_reason"], "the worker got SIGTERM", "{w}");
@@ -333,16 +330,7 @@ fn sigterm_drains_a_worker_and_a_second_signal_stops_it_at_once() {
     );
     signal(c.worker_pid(b), libc::SIGINT);
     assert!(c.wait_worker_exit(b, COMMAND_LIMIT).success());
-    let t = &task_rows(&c, "1")[1];
-    assert_eq!(
-        (
-            t["state"].as_str(),
-            t["failures"].as_u64(),
-            t["lost"].as_u64()
-        ),
-        (Some("queued"), Some(0), Some(0)),
-        "{t}"
-    );
+    back_in_queue_unspent(&task_rows(&c, "1")[1]);
     let all = c
         .run(&["worker", "list", "--all", "--output", "json"])
         .ok()

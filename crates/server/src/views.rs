@@ -243,24 +243,10 @@ pub fn worker_row(
     cache: Option<(u64, u64)>,
     alloc: Option<(u32, u32)>,
 ) -> WorkerRow {
+    let seen = w.departed(w.last_seen_us);
     WorkerRow {
-        id: w.id,
-        hostname: w.offer.hostname.clone(),
-        address,
-        slots: w.offer.resources.cpus,
-        gpus: w.offer.resources.gpus,
-        prefetch: w.offer.prefetch,
-        exec,
         tasks: w.outstanding() as u64,
-        finished: w.tasks_finished,
-        failed: w.tasks_failed,
-        joined_us: w.joined_us,
-        last_seen_us: w.last_seen_us,
-        quarantined: w.quarantined.clone(),
-        mem: w.offer.resources.mem,
-        named: w.offer.named.clone(),
-        cache,
-        alloc,
+        ..departed_row(w.id, &seen, address, exec, cache, alloc)
     }
 }
 

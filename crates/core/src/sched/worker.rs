@@ -118,8 +118,9 @@ impl Worker {
         }
     }
 
-    /// What the scheduler keeps of it once it left at `now_us`.
-    pub(super) fn departed(&self, now_us: u64) -> Departed {
+    /// What the scheduler keeps of it if it leaves at `now_us` (also what a view of it shows,
+    /// but for the tasks it holds).
+    pub fn departed(&self, now_us: u64) -> Departed {
         Departed {
             offer: self.offer.clone(),
             joined_us: self.joined_us,

@@ -72,6 +72,16 @@ fn listing(s: &mut Server, client: &mut Peer) -> WorkerListing {
     }
 }
 
+fn info(s: &mut Server, client: &mut Peer, worker: WorkerId) -> WorkerDetail {
+    match s.ask(client, 4, Ask::WorkerInfo { worker }).pop() {
+        Some(ToClient::Reply {
+            result: Ok(Answer::WorkerDetail(d)),
+            ..
+        }) => *d,
+        other => panic!("worker info answered with {other:?}"),
+    }
+}
+
 fn stop(s: &mut Server, client: &mut Peer, workers: Vec<WorkerId>, now: bool) -> Vec<StopResult> {
     let ask = Ask::WorkerStop {
         workers,
@@ -226,14 +236,7 @@ fn worker_stop_now_gives_its_tasks_back_without_a_crash_or_a_retry() {
     let j = s.engine.core.job(job).unwrap();
     assert_eq!(j.counts.ready, 2);
     assert_eq!((j.record(0).lost, j.record(0).failures), (0, 0));
-    let info = s.ask(&mut client, 4, Ask::WorkerInfo { worker }).pop();
-    let Some(ToClient::Reply {
-        result: Ok(Answer::WorkerDetail(d)),
-        ..
-    }) = info
-    else {
-        panic!("{info:?}")
-    };
+    let d = info(&mut s, &mut client, worker);
     let (_, why) = d.left.as_ref().expect("it left");
     assert!(why.contains("--now"), "{why}");
     // Stopping it again says it has left.
@@ -265,14 +268,7 @@ fn a_worker_that_says_it_leaves_finishes_its_tasks_first() {
         reason: "the worker got SIGTERM".into(),
     };
     s.batch([Inbound::FromWorker { worker, msg }]);
-    let info = s.ask(&mut client, 4, Ask::WorkerInfo { worker }).pop();
-    let Some(ToClient::Reply {
-        result: Ok(Answer::WorkerDetail(d)),
-        ..
-    }) = info
-    else {
-        panic!("{info:?}")
-    };
+    let d = info(&mut s, &mut client, worker);
     assert_eq!(d.stopping.as_deref(), Some("the worker got SIGTERM"));
     assert_eq!(d.tasks.len(), 1);
     assert_eq!((d.tasks[0].job, d.tasks[0].task), (job, 1));

@@ -29,7 +29,7 @@ mod params;
 mod queue;
 
 pub use allocation::{AllocId, AllocState, Allocation, Ending, WorkerId, WORKER_START_LIMIT_US};
-pub use params::{Acquire, Micros, ParamsError, QueueParams};
+pub use params::{local_slots, Acquire, Micros, ParamsError, QueueParams};
 pub use queue::{
     Action, Demand, Paused, Queue, QueueId, FIRST_BACKOFF_US, MAX_BACKOFF_US, WORK_GONE_GRACE_US,
 };

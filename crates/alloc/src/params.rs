@@ -142,7 +142,51 @@ impl QueueParams {
     }
 }
 
+/// The slots each worker of a `local` queue offers when its worker arguments name none: the
+/// machine's `cpus` shared by the most workers the queue runs at once (`max_workers`, else
+/// `max_allocs` allocations of `nodes` workers, else one allocation's `nodes`), at least one.
+/// A local queue's workers share one machine: each offering every core ran twice as many
+/// tasks as there were cores with two workers.
+pub fn local_slots(
+    cpus: u32,
+    nodes: u32,
+    max_workers: Option<u32>,
+    max_allocs: Option<u32>,
+) -> u32 {
+    let workers = max_workers
+        .or_else(|| max_allocs.map(|a| a.saturating_mul(nodes)))
+        .unwrap_or(nodes)
+        .max(1);
+    (cpus / workers).max(1)
+}
+
 /// Settings that cannot work, with what to change.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct ParamsError(pub String);
+
+#[cfg(test)]
+mod tests {
+    use super::local_slots;
+
+    #[test]
+    fn a_local_queue_divides_the_machine_among_its_workers() {
+        // `run --alloc "local --max-workers 2"` on 2 cores: one slot each, not two.
+        assert_eq!(local_slots(2, 1, Some(2), None), 1);
+        assert_eq!(local_slots(16, 1, Some(4), None), 4);
+        assert_eq!(
+            local_slots(16, 2, None, Some(2)),
+            4,
+            "2 allocations of 2 workers"
+        );
+        assert_eq!(
+            local_slots(16, 2, None, None),
+            8,
+            "one allocation's 2 workers"
+        );
+        assert_eq!(local_slots(8, 1, None, None), 8);
+        // More workers than cores: one slot each, never none.
+        assert_eq!(local_slots(2, 1, Some(8), None), 1);
+        assert_eq!(local_slots(0, 1, None, None), 1);
+    }
+}

@@ -112,7 +112,9 @@ pub struct AddArgs {
     /// A name for `alloc list`
     #[arg(long)]
     name: Option<String>,
-    /// More `kestrel worker start` arguments for its workers, e.g. "--slots 2 --cache-size 10G"
+    /// More `kestrel worker start` arguments for its workers, e.g. "--slots 2 --cache-size 10G";
+    /// a `local` queue's workers without --slots share the machine's cores (cores divided by
+    /// --max-workers, at least 1)
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     worker_args: Option<String>,
     /// Skip the check at `alloc add`: by default the batch system checks a test allocation

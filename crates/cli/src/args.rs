@@ -83,7 +83,7 @@ pub enum Command {
     /// Start, stop or inspect the server
     #[command(subcommand)]
     Server(ServerCommand),
-    /// Start or list workers
+    /// Start, list, inspect or stop workers
     #[command(subcommand)]
     Worker(WorkerCommand),
     /// List, inspect, wait for or cancel jobs
@@ -281,15 +281,19 @@ pub enum ServerCommand {
 pub enum WorkerCommand {
     /// Start a worker in the foreground; it connects out to the server and runs tasks
     #[command(
-        after_help = "Examples:\n  kestrel worker start --slots 8\n  kestrel worker start --access /shared/kestrel/access.json --gpus 2"
+        after_help = "Examples:\n  kestrel worker start --slots 8\n  kestrel worker start --access /shared/kestrel/access.json --gpus 2\n  CUDA_VISIBLE_DEVICES=2,3 kestrel worker start   # offers GPUs 2 and 3"
     )]
     Start {
         /// Task slots (cores) [default: number of CPUs]
         #[arg(long, value_name = "N")]
         slots: Option<u32>,
-        /// GPUs to hand to tasks
-        #[arg(long, default_value_t = 0, value_name = "N")]
-        gpus: u32,
+        /// GPUs to hand to tasks: `auto`, those found on this machine (CUDA_VISIBLE_DEVICES,
+        /// /proc/driver/nvidia/gpus or nvidia-smi; ROCR_VISIBLE_DEVICES, the KFD topology or
+        /// rocm-smi for AMD), or N: the first N found (N numbered ones if none is found).
+        /// Each task gets CUDA_VISIBLE_DEVICES (ROCR_VISIBLE_DEVICES for AMD) set to its own
+        /// [default: auto]
+        #[arg(long, value_name = "N|auto")]
+        gpus: Option<String>,
         /// Memory tasks may hold in all, e.g. 64G (their `--mem` adds up to at most this)
         /// [default: this machine's memory, or its cgroup's limit]
         #[arg(long, value_name = "SIZE")]
@@ -335,8 +339,38 @@ pub enum WorkerCommand {
         #[arg(long, value_name = "ID")]
         alloc: Option<u32>,
     },
-    /// List connected workers (quarantined ones with the reason)
-    List,
+    /// List connected workers (quarantined ones with the reason); --all adds those that left
+    #[command(
+        after_help = "A worker keeps its id when it reconnects, to the same server or to one restarted on\nits journal. The server keeps the last 1024 workers that left, with when and why:\nheartbeat lost, connection closed, allocation ended, stopped by `kestrel worker stop`\nor SIGTERM (and whether it was quarantined).\n\nExamples:\n  kestrel worker list\n  kestrel worker list --all\n  kestrel worker list --all --output json | jq '.departed[] | {id, reason}'"
+    )]
+    List {
+        /// Also the workers that left lately, with when and why
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one worker in full: what it offers, what it runs, its counts, and why it left
+    #[command(after_help = "Examples:
+  kestrel worker info 3
+  kestrel worker info 3 --output json")]
+    Info {
+        /// The worker, as `kestrel worker list --all` shows it
+        worker: u32,
+    },
+    /// Stop workers: each takes no new task, finishes what it runs, then exits
+    #[command(
+        after_help = "Tasks that only wait on a stopping worker (prefetched) go back to the queue for other\nworkers. With --now the worker kills its tasks at once; they go back to the queue\nwithout spending a retry. SIGTERM to a worker process drains it the same way (a second\nSIGTERM or Ctrl-C stops it at once).\n\nExamples:\n  kestrel worker stop 3\n  kestrel worker stop 3 4 --now\n  kestrel worker stop --all"
+    )]
+    Stop {
+        /// The workers to stop, as `kestrel worker list` shows them
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        workers: Vec<u32>,
+        /// Every connected worker
+        #[arg(long)]
+        all: bool,
+        /// Kill their tasks now instead of letting them finish (the tasks go back to the queue)
+        #[arg(long)]
+        now: bool,
+    },
     /// Lift a worker's quarantine so it gets tasks again
     #[command(
         after_help = "A worker is quarantined when it fails a job's tasks far more often than the other\nworkers do, judged by rates with enough evidence on each side:\n  - at least 10 of its recent tasks of a job failed, more than half of them, while the\n    other workers failed at most a third as often, and so unevenly that chance would do\n    it less than once in a thousand (a few successes elsewhere can be enough); or\n  - 20 of its runs of a job failed in a row, and at least 10 of those tasks then succeeded\n    on other workers (three times as many as failed there too).\nA task that fails wherever it runs is the task's fault, not the worker's: a sweep whose\nevery fifth point fails, or a job that fails everywhere, quarantines nobody. A failed\ntask's retry goes to another worker than the one it failed on (or back to it after 10 s\nif no other takes it). A quarantined worker keeps running what it has but gets no new\ntasks; `kestrel worker list` says why. The last worker able to run a job is never\nquarantined. `--quarantine off` on `server start` or `run` turns it off; `kestrel job\ninfo` says when a job waits for a quarantined worker.\n\nExample:\n  kestrel worker resume 3"

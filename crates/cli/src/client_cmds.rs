@@ -4,10 +4,7 @@
 use crate::args::{Global, JobCommand, Shape, SubmitArgs};
 use crate::exit;
 use crate::jobs::{self, Submission, TaskShape};
-use crate::json::{
-    self, JobInfoView, JobOutcome, ResumeView, RetryView, RunningOn, ServerView, WaitView,
-    WorkerView,
-};
+use crate::json::{self, JobInfoView, JobOutcome, RetryView, RunningOn, ServerView, WaitView};
 use crate::output::{self, plural, Format, Progress};
 use crate::session::{self, unexpected, Session};
 use anyhow::{bail, Context, Result};
@@ -468,28 +465,6 @@ fn plural_were(n: u32) -> String {
     }
 }
 
-pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
-    let mut s = session::open(g, session::ONE_SHOT).await?;
-    let Answer::WorkerResumed {
-        worker,
-        was_quarantined,
-    } = s.call(Ask::ResumeWorker { worker }).await?
-    else {
-        return Err(unexpected());
-    };
-    if g.output == Format::Json {
-        output::json(&ResumeView {
-            id: worker,
-            was_quarantined,
-        });
-    } else if was_quarantined {
-        println!("worker {worker}: quarantine lifted; it gets tasks again");
-    } else {
-        println!("worker {worker} was not quarantined");
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 /// `1 cpu per task`, `2 cpus, 1 gpu per task`.
 /// What each task of a job holds: `2 cpus, 1 GPU, 4.0 GiB of memory, 1 licenses per task`.
 fn resources(spec: &kestrel_core::JobSpec) -> String {
@@ -503,13 +478,6 @@ fn resources(spec: &kestrel_core::JobSpec) -> String {
     }
     parts.extend(spec.named.iter().map(|(name, n)| format!("{n} {name}")));
     format!("{} per task", parts.join(", "))
-}
-
-/// What a worker offers beyond slots and GPUs: `23.5 GiB, licenses=4`.
-fn offers(w: &kestrel_proto::messages::WorkerRow) -> String {
-    let mut parts = vec![output::bytes(w.mem)];
-    parts.extend(w.named.iter().map(|(name, n)| format!("{name}={n}")));
-    parts.join(", ")
 }
 
 /// The workers running a job's tasks now, with the allocation each came from: a page of its
@@ -692,71 +660,6 @@ fn print_job(d: &JobDetail, on: &[RunningOn]) {
 
 fn shell_words(argv: &[String]) -> String {
     shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_else(|_| argv.join(" "))
-}
-
-pub async fn worker_list(g: &Global) -> Result<ExitCode> {
-    let mut s = session::open(g, session::ONE_SHOT).await?;
-    let Answer::Workers(ws) = s.call(Ask::WorkerList).await? else {
-        return Err(unexpected());
-    };
-    if g.output == Format::Json {
-        output::json(&json::WorkerListView {
-            workers: ws.iter().map(WorkerView::from).collect(),
-        });
-    } else if ws.is_empty() {
-        eprintln!("no workers connected; start one with `kestrel worker start`");
-    } else {
-        // Which allocation each worker came from, once an allocation queue started any.
-        let from_allocs = ws.iter().any(|w| w.alloc.is_some());
-        let mut header = vec![
-            "id",
-            "host",
-            "address",
-            "slots",
-            "gpus",
-            "memory / resources",
-            "cache",
-            "exec",
-            "tasks",
-            // Runs, not tasks: a task that failed, was retried and failed again counts twice.
-            "runs finished",
-            "runs failed",
-            "last seen",
-            "state",
-        ];
-        if from_allocs {
-            header.insert(1, "allocation");
-        }
-        let mut t = output::table(&header);
-        for w in &ws {
-            let mut row = vec![
-                Cell::new(w.id),
-                Cell::new(&w.hostname),
-                Cell::new(&w.address),
-                Cell::new(w.slots),
-                Cell::new(w.gpus),
-                Cell::new(offers(w)),
-                Cell::new(w.cache.map_or("-".into(), |(used, cap)| {
-                    format!("{} / {}", output::bytes(used), output::bytes(cap))
-                })),
-                Cell::new(&w.exec),
-                Cell::new(w.tasks),
-                Cell::new(w.finished),
-                Cell::new(w.failed),
-                Cell::new(output::ago(w.last_seen_us)),
-                Cell::new(output::worker_state(w)),
-            ];
-            if from_allocs {
-                let origin = w
-                    .alloc
-                    .map_or("-".into(), |(q, a)| format!("{a} (queue {q})"));
-                row.insert(1, Cell::new(origin));
-            }
-            t.add_row(row);
-        }
-        println!("{t}");
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn server_info(g: &Global) -> Result<ExitCode> {

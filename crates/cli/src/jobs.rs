@@ -28,7 +28,8 @@ pub struct TaskOptions {
     /// Slots (cores) each task holds while it runs
     #[arg(long, value_name = "N")]
     pub cpus: Option<u32>,
-    /// GPUs each task holds (the worker sets CUDA_VISIBLE_DEVICES)
+    /// GPUs each task holds (its worker sets CUDA_VISIBLE_DEVICES, or ROCR_VISIBLE_DEVICES
+    /// for AMD GPUs, to them)
     #[arg(long, value_name = "N")]
     pub gpus: Option<u32>,
     /// Memory each task holds, e.g. 500M or 2G, against what its worker offers (its

@@ -11,7 +11,8 @@
 use kestrel_core::files::Transfers;
 use kestrel_core::{Sink, TaskState};
 use kestrel_proto::messages::{
-    Counts, JobDetail, JobSummary, ServerInfo, TaskDetail, TaskRow, WaitProgress, WorkerRow,
+    Counts, DepartedWorker, JobDetail, JobSummary, ServerInfo, StopResult, TaskDetail, TaskRow,
+    WaitProgress, WorkerDetail, WorkerRow,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -436,9 +437,13 @@ pub struct WorkerView {
     pub failed: u64,
     pub joined_us: u64,
     pub last_seen_us: u64,
-    /// active or quarantined.
+    /// active or quarantined; in `worker info`, also stopping or left; in `worker list --all`'s
+    /// `departed`, left.
     pub state: &'static str,
     pub quarantine_reason: Option<String>,
+    /// Why it takes no new task and leaves once it runs nothing, if it is stopping (`worker
+    /// stop`, SIGTERM, a released allocation); `null` otherwise.
+    pub stopping_reason: Option<String>,
     /// Bytes its file cache holds (as last reported) and may hold; `null` without a cache.
     pub cache_used: Option<u64>,
     pub cache_capacity: Option<u64>,
@@ -473,6 +478,7 @@ impl From<&WorkerRow> for WorkerView {
                 "active"
             },
             quarantine_reason: w.quarantined.clone(),
+            stopping_reason: None,
             cache_used: w.cache.map(|(u, _)| u),
             cache_capacity: w.cache.map(|(_, c)| c),
         }
@@ -627,4 +633,110 @@ pub struct Jobs<T: Serialize> {
 #[derive(Serialize)]
 pub struct WorkerListView {
     pub workers: Vec<WorkerView>,
+    /// With `--all`: the workers that left lately, the earliest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub departed: Option<Vec<DepartedView>>,
+}
+
+/// A worker that left, as `worker list --all` shows it: as it was then (`state` is `left`),
+/// when it left and why.
+#[derive(Serialize)]
+pub struct DepartedView {
+    #[serde(flatten)]
+    pub worker: WorkerView,
+    pub left_us: u64,
+    /// "no message for 20 s (heartbeat timeout)", "its connection closed (...)", "stopped by
+    /// `kestrel worker stop` (...)", ...
+    pub reason: String,
+}
+
+impl From<&DepartedWorker> for DepartedView {
+    fn from(d: &DepartedWorker) -> DepartedView {
+        let mut worker = WorkerView::from(&d.worker);
+        worker.state = "left";
+        DepartedView {
+            worker,
+            left_us: d.left_us,
+            reason: d.reason.clone(),
+        }
+    }
+}
+
+/// `worker info`: one worker in full.
+#[derive(Serialize)]
+pub struct WorkerInfoView {
+    #[serde(flatten)]
+    pub worker: WorkerView,
+    /// Tasks it holds (running, or waiting there for a slot), at most 100; `tasks` counts them
+    /// all.
+    pub held: Vec<HeldTaskView>,
+    /// When its allocation ends.
+    pub ends_at_us: Option<u64>,
+    /// When it left and why, for a worker no longer connected.
+    pub left_us: Option<u64>,
+    pub left_reason: Option<String>,
+}
+
+/// A task a worker holds.
+#[derive(Serialize)]
+pub struct HeldTaskView {
+    pub job: u32,
+    pub task: u32,
+    /// running, or assigned (waiting there for a slot).
+    pub state: &'static str,
+}
+
+impl From<&WorkerDetail> for WorkerInfoView {
+    fn from(d: &WorkerDetail) -> WorkerInfoView {
+        let mut worker = WorkerView::from(&d.worker);
+        if d.left.is_some() {
+            worker.state = "left";
+        } else if d.stopping.is_some() {
+            worker.state = "stopping";
+            worker.stopping_reason = d.stopping.clone();
+        }
+        WorkerInfoView {
+            worker,
+            held: d
+                .tasks
+                .iter()
+                .map(|t| HeldTaskView {
+                    job: t.job,
+                    task: t.task,
+                    state: task_state(t.state),
+                })
+                .collect(),
+            ends_at_us: d.ends_at_us,
+            left_us: d.left.as_ref().map(|(at, _)| *at),
+            left_reason: d.left.as_ref().map(|(_, why)| why.clone()),
+        }
+    }
+}
+
+/// `worker stop`: what became of each worker.
+#[derive(Serialize)]
+pub struct StopListView {
+    pub workers: Vec<StopView>,
+}
+
+/// What `worker stop` did to one worker: `error` is `null` when it was done.
+#[derive(Serialize)]
+pub struct StopView {
+    pub id: u32,
+    pub error: Option<String>,
+    /// The tasks it held: to finish, or (with `now`) killed and back in the queue.
+    pub tasks: Option<u32>,
+    /// Whether it was stopped at once (`--now`) rather than drained.
+    pub now: bool,
+}
+
+impl StopView {
+    pub fn new(r: &StopResult, now: bool) -> StopView {
+        StopView {
+            id: r.worker,
+            error: r.result.as_ref().err().map(ToString::to_string),
+            tasks: r.result.as_ref().ok().copied(),
+            now,
+        }
+    }
 }

@@ -7,6 +7,7 @@ mod cat;
 mod client_cmds;
 mod completions;
 mod exit;
+mod gpus;
 mod graph_dot;
 mod graph_file;
 mod jobs;
@@ -17,6 +18,7 @@ mod run;
 mod run_dirs;
 mod session;
 mod sizes;
+mod workers;
 
 use anyhow::{bail, Context, Result};
 use args::{Cli, Command, Exec, Global, ServerCommand, WorkerCommand};
@@ -97,9 +99,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Task(c) => queries::task(&g, c).await,
         Command::Alloc(c) => alloc::alloc(&g, c).await,
         Command::Completions { shell } => Ok(completions::print(shell)),
-        Command::Worker(WorkerCommand::List) => client_cmds::worker_list(&g).await,
+        Command::Worker(WorkerCommand::List { all }) => workers::worker_list(&g, all).await,
+        Command::Worker(WorkerCommand::Info { worker }) => workers::worker_info(&g, worker).await,
+        Command::Worker(WorkerCommand::Stop { workers, all, now }) => {
+            workers::worker_stop(&g, workers, all, now).await
+        }
         Command::Worker(WorkerCommand::Resume { worker }) => {
-            client_cmds::worker_resume(&g, worker).await
+            workers::worker_resume(&g, worker).await
         }
         Command::Worker(WorkerCommand::Start {
             slots,
@@ -256,7 +262,7 @@ struct Offer {
     ends_at: Option<u64>,
     alloc: Option<u32>,
     slots: Option<u32>,
-    gpus: u32,
+    gpus: Option<String>,
     mem: Option<String>,
     resource: Vec<String>,
     prefetch: Option<u32>,
@@ -273,7 +279,14 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     let access = session::read_access(g)?;
     let slots = offer.slots.unwrap_or_else(cpus).max(1);
     let mut config = kestrel_worker::WorkerConfig::new(slots);
-    config.gpus = offer.gpus;
+    let (gpus, how) = gpus::choose(
+        offer.gpus.as_deref(),
+        &kestrel_worker::gpu::Probe::machine(),
+    )?;
+    for found in how {
+        eprintln!("found GPUs: {found}");
+    }
+    config.gpus = gpus;
     if let Some(m) = &offer.mem {
         config.mem = jobs::parse_size(m).with_context(|| format!("--mem {m:?}"))?;
     }
@@ -293,6 +306,11 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
         let line = format!("{connected}\n");
         let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     });
+    config.on_stop = Some(|reason| {
+        let line = format!("worker stopped: {reason}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    });
+    config.stop = Some(stop_on_signals());
     if exec == Exec::Noop {
         eprintln!("warning: --exec noop completes tasks WITHOUT running them (benchmark mode)");
     }
@@ -307,6 +325,49 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What signals ask of a worker: SIGTERM (a batch system's scancel, a node's shutdown, `kill`)
+/// drains it: it takes no new task, gives back those not started, and exits once its running
+/// tasks end; SIGINT (Ctrl-C), or a second SIGTERM, stops it at once: its tasks are killed and
+/// go back to the queue without spending a retry. Each is said on stderr as it comes.
+fn stop_on_signals() -> tokio::sync::watch::Receiver<kestrel_worker::StopAsk> {
+    use kestrel_worker::StopAsk;
+    use tokio::signal::unix::{signal, SignalKind};
+    let (tx, rx) = tokio::sync::watch::channel(StopAsk::Run);
+    let say = |line: &str| {
+        let line = format!("{line}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    };
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        say("warning: cannot catch SIGTERM and SIGINT: they stop the worker at once, as SIGKILL would (its reaper kills its tasks)");
+        return rx;
+    };
+    tokio::spawn(async move {
+        let mut draining = false;
+        loop {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            if name == "SIGTERM" && !draining {
+                draining = true;
+                say("worker got SIGTERM: it takes no new task, gives back those it has not started, and exits once its running tasks end (SIGTERM again or Ctrl-C stops it at once)");
+                let _ = tx.send(StopAsk::Drain("the worker got SIGTERM".into()));
+                continue;
+            }
+            say(&format!("worker got {name}: stopping at once; its running tasks are killed and go back to the queue"));
+            let _ = tx.send(StopAsk::Now(format!(
+                "the worker got {name} and stopped at once; its tasks went back to the queue"
+            )));
+            // Kept alive: the worker may still read the channel while it stops.
+            std::future::pending::<()>().await;
+        }
+    });
+    rx
 }
 
 /// Number of CPUs this process may use.

@@ -37,8 +37,11 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     if slots == 0 {
         bail!("--slots must be at least 1");
     }
+    // The machine's GPUs (those CUDA_VISIBLE_DEVICES or ROCR_VISIBLE_DEVICES leave, if set),
+    // shared among the local workers.
+    let (gpus, _) = crate::gpus::choose(None, &kestrel_worker::gpu::Probe::machine())?;
     if n_workers > 0 {
-        refuse_impossible(&subs, slots)?;
+        refuse_impossible(&subs, slots, &gpus, n_workers)?;
     }
     if let (Some(q), 0) = (&queue, n_workers) {
         // The queue's workers take no task that would outlive their allocation (30 s margin).
@@ -96,8 +99,9 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     })
     .await?;
     let mut workers = Vec::new();
-    for _ in 0..n_workers {
+    for i in 0..n_workers {
         let mut config = WorkerConfig::new(slots);
+        config.gpus = crate::gpus::share(&gpus, n_workers, i);
         config.prefetch = a.prefetch.unwrap_or(slots);
         config.exec = a.exec.into();
         config.server_dir = Some(dir.display().to_string());
@@ -292,7 +296,14 @@ fn unprinted(job: u32, reach: Option<&str>) {
 
 /// Refuses at once what the local workers can never run (a server would wait for a bigger
 /// worker; here none can come).
-fn refuse_impossible(subs: &[Submission], slots: u32) -> Result<()> {
+fn refuse_impossible(
+    subs: &[Submission],
+    slots: u32,
+    gpus: &[kestrel_worker::gpu::Gpu],
+    workers: u32,
+) -> Result<()> {
+    // The worker with the most GPUs has the first share.
+    let most_gpus = crate::gpus::share(gpus, workers, 0).len() as u32;
     for s in subs {
         let need = s.spec.resources;
         if need.cpus > slots {
@@ -319,9 +330,18 @@ fn refuse_impossible(subs: &[Submission], slots: u32) -> Result<()> {
                 mem >> 20
             );
         }
-        if need.gpus > 0 {
+        if need.gpus > most_gpus {
+            let have = if gpus.is_empty() {
+                "this machine has none that Kestrel finds (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia/gpus, nvidia-smi; ROCR_VISIBLE_DEVICES, the KFD topology, rocm-smi)".to_string()
+            } else {
+                format!(
+                    "its {} are shared among {workers} local worker(s), {most_gpus} at most each ({}); give fewer --workers",
+                    output::plural(gpus.len() as u64, "GPU"),
+                    kestrel_worker::gpu::describe(gpus)
+                )
+            };
             bail!(
-                "job {:?}: each task needs {} GPU(s), but `kestrel run`'s local workers have none; start a server and `kestrel worker start --gpus N`",
+                "job {:?}: each task needs {} GPU(s), but {have}",
                 s.spec.name,
                 need.gpus
             );
@@ -388,11 +408,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = sub(dir.path());
         s.spec.resources.cpus = 4;
-        let e = refuse_impossible(&[s.clone()], 2).unwrap_err().to_string();
+        let e = refuse_impossible(&[s.clone()], 2, &[], 1)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("each task needs 4 cpus, but each local worker has 2 slots"),
             "{e}"
         );
-        assert!(refuse_impossible(&[s], 4).is_ok());
+        assert!(refuse_impossible(&[s], 4, &[], 1).is_ok());
     }
 }

@@ -27,8 +27,8 @@ pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd, Started}
 pub use policy::{DispatchPolicy, FirstAvailable, Offer};
 pub use sched::restore::RestoreError;
 pub use sched::{
-    Accepted, Config, Counts, Event, Job, Reply, Resumed, SchedError, Scheduler, Stall, Timing,
-    Worker, WorkerOffer, WorkflowGraph, DROP_GRACE_US, END_MARGIN_US,
+    Accepted, Config, Counts, Departed, Event, Job, Reply, Resumed, SchedError, Scheduler, Stall,
+    Timing, Worker, WorkerOffer, WorkflowGraph, DROP_GRACE_US, END_MARGIN_US, MAX_DEPARTED,
 };
 pub use spec::{
     After, IdRanges, IdRun, JobId, JobSpec, Keep, LineList, Placement, PolicyName, RangeError,

@@ -34,12 +34,17 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// `Waiting` state, the deletion of intermediate files), left out when unused
 /// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
 /// ([`ALLOC_VERSION`]). Version 11 adds what a waiting job waits for to the jobs listed
-/// ([`WAITING_FOR_VERSION`]).
+/// ([`WAITING_FOR_VERSION`]) and the control of workers ([`WORKERS_VERSION`]).
 pub const PROTOCOL_VERSION: u32 = 11;
 
 /// The first version in which a listed job says what its waiting tasks wait for: a server
 /// leaves it out for an older client.
 pub const WAITING_FOR_VERSION: u32 = 11;
+
+/// The first version in which a client asks for one worker in full, for the workers that
+/// left, or to stop workers, and a worker says it leaves (SIGTERM): a client asks an older
+/// server none of it, and a worker tells an older server nothing.
+pub const WORKERS_VERSION: u32 = 11;
 
 /// The first version in which a worker says which allocation it runs in and when that ends:
 /// a worker does not send them to an older server.

@@ -92,6 +92,11 @@ pub enum FromWorker {
     /// The answer to a `Revoke`: the tasks asked for that were still waiting for a slot and
     /// are dropped (the others had started).
     Revoked { tasks: Vec<(JobId, TaskIndex)> },
+    /// The worker is leaving, and why (version 11; SIGTERM): it takes no new task. Without
+    /// `now` it finishes what it runs (what only waits there goes back) and the server tells
+    /// it to go once it runs nothing; with `now` it is killing its tasks, which go back to the
+    /// queue without counting a crash.
+    Leaving { now: bool, reason: String },
 }
 
 /// What a worker offers. Encoded by hand (see its `Serialize`): an old server refuses a longer
@@ -562,6 +567,23 @@ pub enum Ask {
         alloc: Option<u32>,
         lines: u32,
     },
+    /// The connected workers and, with `departed`, those that left lately, with when and why
+    /// (version 11).
+    Workers {
+        departed: bool,
+    },
+    /// One worker in full, connected or left lately (version 11).
+    WorkerInfo {
+        worker: WorkerId,
+    },
+    /// Stop workers (those listed, or with `all` every connected one): each takes no new task,
+    /// finishes what it runs and exits; with `now`, it kills its tasks at once and they go back
+    /// to the queue without spending a retry (version 11).
+    WorkerStop {
+        workers: Vec<WorkerId>,
+        all: bool,
+        now: bool,
+    },
 }
 
 /// An allocation queue as `kestrel alloc add` gives it.
@@ -724,6 +746,70 @@ pub enum Answer {
     AllocQueues(Vec<AllocQueueView>),
     /// The answer to `AllocLog`.
     AllocLogs(Vec<AllocLogView>),
+    /// The answer to `Workers`.
+    WorkerList(WorkerListing),
+    /// The answer to `WorkerInfo`.
+    WorkerDetail(Box<WorkerDetail>),
+    /// The answer to `WorkerStop`: what became of each worker.
+    WorkersStopped(Vec<StopResult>),
+}
+
+/// The workers, as `worker list --all` shows them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerListing {
+    /// The connected workers, in id order.
+    pub workers: Vec<WorkerRow>,
+    /// Those of them that are stopping (take no new task and leave once they run nothing),
+    /// with why.
+    pub stopping: Vec<(WorkerId, String)>,
+    /// Workers that left, the earliest first (the server keeps the last 1024).
+    pub departed: Vec<DepartedWorker>,
+}
+
+/// A worker that left: as it was when it left, when, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepartedWorker {
+    /// What it offered and ran (`tasks` is 0: what it held went back to the queue).
+    pub worker: WorkerRow,
+    pub left_us: u64,
+    /// "no message for 8 s (heartbeat timeout)", "its connection closed (...)", "stopped by
+    /// `kestrel worker stop`, once its tasks were done", ...
+    pub reason: String,
+}
+
+/// One worker in full (`kestrel worker info`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerDetail {
+    pub worker: WorkerRow,
+    /// Tasks it holds, running or waiting there for a slot, in job and index order (at most
+    /// [`WORKER_TASKS_SHOWN`]; `worker.tasks` counts them all).
+    pub tasks: Vec<HeldTask>,
+    /// Why it takes no new task and leaves once it runs nothing, if it is stopping.
+    pub stopping: Option<String>,
+    /// When its allocation ends, if it knows.
+    pub ends_at_us: Option<u64>,
+    /// When it left and why, for a worker no longer connected.
+    pub left: Option<(u64, String)>,
+}
+
+/// How many of a worker's tasks `WorkerInfo` lists.
+pub const WORKER_TASKS_SHOWN: usize = 100;
+
+/// A task a worker holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldTask {
+    pub job: JobId,
+    pub task: TaskId,
+    #[serde(with = "TaskStateDef")]
+    pub state: TaskState,
+}
+
+/// What `WorkerStop` did to one worker: the tasks it still ran (to finish, or killed with
+/// `now`), or why it was not stopped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopResult {
+    pub worker: WorkerId,
+    pub result: Result<u32, Refusal>,
 }
 
 /// Tasks past which a workflow's graph is drawn job by job: a drawing of more is unreadable,
@@ -1081,8 +1167,9 @@ pub struct TaskRow {
     pub transfers: Transfers,
 }
 
-/// One line of `kestrel worker list`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One line of `kestrel worker list`. Encoded by hand (see its `Serialize`): its trailing
+/// optional fields go only as far as the last one set.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct WorkerRow {
     pub id: WorkerId,
     pub hostname: String,
@@ -1108,12 +1195,49 @@ pub struct WorkerRow {
     pub named: Vec<(String, u32)>,
     /// Its file cache: bytes held (as last reported) and capacity (version 8; absent for a
     /// worker without a cache).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cache: Option<(u64, u64)>,
     /// The allocation it runs in, and that allocation's queue, if an allocation queue of this
     /// server started it (version 10).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub alloc: Option<(u32, u32)>,
+}
+
+impl Serialize for WorkerRow {
+    /// Its fields in order, `cache` and `alloc` up to the last one set (`cache` then as nil
+    /// if need be): skipping `cache` alone, as the derived form did, made a worker of an
+    /// allocation without a cache read back with its allocation as its cache.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let trailing = if self.alloc.is_some() {
+            2
+        } else {
+            usize::from(self.cache.is_some())
+        };
+        let mut st = s.serialize_struct("WorkerRow", 15 + trailing)?;
+        st.serialize_field("id", &self.id)?;
+        st.serialize_field("hostname", &self.hostname)?;
+        st.serialize_field("address", &self.address)?;
+        st.serialize_field("slots", &self.slots)?;
+        st.serialize_field("gpus", &self.gpus)?;
+        st.serialize_field("prefetch", &self.prefetch)?;
+        st.serialize_field("exec", &self.exec)?;
+        st.serialize_field("tasks", &self.tasks)?;
+        st.serialize_field("finished", &self.finished)?;
+        st.serialize_field("failed", &self.failed)?;
+        st.serialize_field("joined_us", &self.joined_us)?;
+        st.serialize_field("last_seen_us", &self.last_seen_us)?;
+        st.serialize_field("quarantined", &self.quarantined)?;
+        st.serialize_field("mem", &self.mem)?;
+        st.serialize_field("named", &self.named)?;
+        if trailing >= 1 {
+            st.serialize_field("cache", &self.cache)?;
+        }
+        if trailing >= 2 {
+            st.serialize_field("alloc", &self.alloc)?;
+        }
+        st.end()
+    }
 }
 
 /// The result of canceling one job.

@@ -798,3 +798,100 @@ fn a_job_waiting_for_others_names_them() {
         },
     );
 }
+
+/// Version 11: a worker that says it leaves, and the requests and answers that show and stop
+/// workers (`worker list --all`, `worker info`, `worker stop`).
+#[test]
+fn workers_under_control() {
+    golden(
+        "leaving",
+        FromWorker::Leaving {
+            now: false,
+            reason: "the worker got SIGTERM".into(),
+        },
+    );
+    let asks = [
+        ("ask-workers", Ask::Workers { departed: true }),
+        ("ask-worker_info", Ask::WorkerInfo { worker: 3 }),
+        (
+            "ask-worker_stop",
+            Ask::WorkerStop {
+                workers: vec![3, 4],
+                all: false,
+                now: true,
+            },
+        ),
+    ];
+    for (name, body) in asks {
+        golden(name, Request { id: 5, body });
+    }
+    let row = WorkerRow {
+        id: 3,
+        hostname: "node1".into(),
+        address: "10.0.0.5:41000".into(),
+        slots: 4,
+        gpus: 1,
+        prefetch: 4,
+        exec: "process".into(),
+        tasks: 0,
+        finished: 90,
+        failed: 4,
+        joined_us: 1_700_000_000_000_000,
+        last_seen_us: 1_700_000_001_000_000,
+        quarantined: None,
+        mem: 8 << 30,
+        named: vec![],
+        cache: None,
+        alloc: Some((1, 2)),
+    };
+    let answers = [
+        (
+            "reply-worker_list",
+            Answer::WorkerList(WorkerListing {
+                workers: vec![],
+                stopping: vec![(4, "the worker got SIGTERM".into())],
+                departed: vec![DepartedWorker {
+                    worker: row.clone(),
+                    left_us: 1_700_000_002_000_000,
+                    reason: "no message for 20 s (heartbeat timeout)".into(),
+                }],
+            }),
+        ),
+        (
+            "reply-worker_detail",
+            Answer::WorkerDetail(Box::new(WorkerDetail {
+                worker: row,
+                tasks: vec![HeldTask {
+                    job: 7,
+                    task: 12,
+                    state: TaskState::Running,
+                }],
+                stopping: Some("stopped by `kestrel worker stop`".into()),
+                ends_at_us: None,
+                left: None,
+            })),
+        ),
+        (
+            "reply-workers_stopped",
+            Answer::WorkersStopped(vec![
+                StopResult {
+                    worker: 3,
+                    result: Ok(2),
+                },
+                StopResult {
+                    worker: 9,
+                    result: Err(Refusal::not_found("worker 9 is not connected")),
+                },
+            ]),
+        ),
+    ];
+    for (name, answer) in answers {
+        golden(
+            name,
+            ToClient::Reply {
+                id: 9,
+                result: Ok(answer),
+            },
+        );
+    }
+}

@@ -312,6 +312,7 @@ async fn serve_worker(
         }
     };
     let (id_tx, id_rx) = oneshot::channel();
+    let conn = outbox.conn;
     if engine
         .send(Inbound::WorkerJoin {
             registration,
@@ -340,7 +341,11 @@ async fn serve_worker(
             }
         }
     };
-    let _ = engine.send(Inbound::WorkerGone { worker, reason });
+    let _ = engine.send(Inbound::WorkerGone {
+        worker,
+        conn,
+        reason,
+    });
 }
 
 /// Whether a read error is only the peer's end: a process that exits (or is killed) with data

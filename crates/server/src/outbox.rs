@@ -3,7 +3,9 @@
 use bytes::Bytes;
 use kestrel_core::IndexRun;
 use kestrel_proto::messages::{Answer, Assigned, Refusal, ToClient, ToWorker};
-use kestrel_proto::{encode, ProtoError, FILES_VERSION, MAX_FRAME_BYTES, WAITING_FOR_VERSION};
+use kestrel_proto::{
+    encode, ProtoError, ALLOC_VERSION, FILES_VERSION, MAX_FRAME_BYTES, WAITING_FOR_VERSION,
+};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -67,6 +69,12 @@ impl Outbox {
         if self.version < WAITING_FOR_VERSION {
             if let Ok(answer) = &mut result {
                 without_waiting_for(answer);
+            }
+        }
+        if self.version < ALLOC_VERSION {
+            // A worker's allocation is a field it cannot read.
+            if let Ok(Answer::Workers(rows)) = &mut result {
+                rows.iter_mut().for_each(|r| r.alloc = None);
             }
         }
         match encode(&ToClient::Reply { id, result }) {

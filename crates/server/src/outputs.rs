@@ -562,7 +562,7 @@ mod tests {
                 finished_us: 3,
                 end: RunEnd::Success,
             };
-            p.task_end(f, 1);
+            p.task_end(f, 1, 1);
             let mut o = out(job, index, &format!("out {index}\n"), 6);
             o.stderr = (index == 1).then(|| Kept {
                 data: b"err\n".to_vec(),

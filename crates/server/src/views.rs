@@ -1,6 +1,8 @@
 //! Scheduler state rendered as the protocol's answers.
 
-use kestrel_core::{Job, JobId, Scheduler, TaskIndex, TaskSet, TaskState, Worker};
+use kestrel_core::{
+    Departed, Job, JobId, Scheduler, TaskIndex, TaskSet, TaskState, Worker, WorkerId,
+};
 use kestrel_proto::messages::*;
 
 /// Where a job is in its life.
@@ -245,25 +247,57 @@ pub fn worker_row(
     cache: Option<(u64, u64)>,
     alloc: Option<(u32, u32)>,
 ) -> WorkerRow {
+    let seen = w.departed(w.last_seen_us);
     WorkerRow {
-        id: w.id,
-        hostname: w.offer.hostname.clone(),
-        address,
-        slots: w.offer.resources.cpus,
-        gpus: w.offer.resources.gpus,
-        prefetch: w.offer.prefetch,
-        exec,
         tasks: w.outstanding() as u64,
-        finished: w.tasks_finished,
-        failed: w.tasks_failed,
-        joined_us: w.joined_us,
-        last_seen_us: w.last_seen_us,
-        quarantined: w.quarantined.clone(),
-        mem: w.offer.resources.mem,
-        named: w.offer.named.clone(),
+        ..departed_row(w.id, &seen, address, exec, cache, alloc)
+    }
+}
+
+/// The row of a worker that left, as it was then (it holds nothing any more); `cache` and
+/// `alloc` as in [`worker_row`].
+pub fn departed_row(
+    id: WorkerId,
+    d: &Departed,
+    address: String,
+    exec: String,
+    cache: Option<(u64, u64)>,
+    alloc: Option<(u32, u32)>,
+) -> WorkerRow {
+    WorkerRow {
+        id,
+        hostname: d.offer.hostname.clone(),
+        address,
+        slots: d.offer.resources.cpus,
+        gpus: d.offer.resources.gpus,
+        prefetch: d.offer.prefetch,
+        exec,
+        tasks: 0,
+        finished: d.tasks_finished,
+        failed: d.tasks_failed,
+        joined_us: d.joined_us,
+        last_seen_us: d.last_seen_us,
+        quarantined: d.quarantined.clone(),
+        mem: d.offer.resources.mem,
+        named: d.offer.named.clone(),
         cache,
         alloc,
     }
+}
+
+/// The tasks worker `id` holds, as `worker info` lists them (their user-visible ids).
+pub fn held_tasks(core: &kestrel_core::Scheduler, id: WorkerId) -> Vec<HeldTask> {
+    core.tasks_of(id, WORKER_TASKS_SHOWN)
+        .into_iter()
+        .filter_map(|(job, index, state)| {
+            let j = core.job(job)?;
+            Some(HeldTask {
+                job,
+                task: j.task_id(index),
+                state,
+            })
+        })
+        .collect()
 }
 
 /// An edge's end: a task (by id) or a whole job.

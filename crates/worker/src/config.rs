@@ -1,6 +1,7 @@
 //! How to run a worker: what it offers and how it executes tasks.
 
 use crate::cache::EvictionPolicy;
+use crate::gpu::Gpu;
 use crate::host::{hostname, memory};
 use crate::{local, Connected};
 use std::path::PathBuf;
@@ -22,7 +23,8 @@ pub struct WorkerConfig {
     /// Where to re-read the access file when reconnecting (a restarted server writes a new one).
     pub access_file: Option<PathBuf>,
     pub slots: u32,
-    pub gpus: u32,
+    /// The GPUs it hands to tasks (see [`crate::gpu`]).
+    pub gpus: Vec<Gpu>,
     /// Memory tasks may hold, in bytes (their `--mem` adds up to at most this).
     pub mem: u64,
     /// Named countable resources tasks may hold (`licenses=4`).
@@ -45,6 +47,25 @@ pub struct WorkerConfig {
     pub alloc: Option<u32>,
     /// When its allocation ends, in seconds since the epoch.
     pub ends_at_s: Option<u64>,
+    /// What the process running it asks of it (SIGTERM: drain; again, or SIGINT: stop now);
+    /// `None` for workers nothing asks (those inside `kestrel run`).
+    pub stop: Option<tokio::sync::watch::Receiver<StopAsk>>,
+    /// Called with the reason when the worker stops because the server told it to, or because
+    /// it was asked to ([`StopAsk`]); `None` for workers that should not say so.
+    pub on_stop: Option<fn(&str)>,
+}
+
+/// What the process running a worker asks of it (see [`WorkerConfig::stop`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StopAsk {
+    /// Run.
+    #[default]
+    Run,
+    /// Take no new task, give back those not started, finish the running ones, then exit
+    /// (the server says when): why, for the server's record.
+    Drain(String),
+    /// Kill the tasks (they go back to the queue without spending a retry) and exit now.
+    Now(String),
 }
 
 /// Where and how big a worker's file cache is.
@@ -95,7 +116,7 @@ impl WorkerConfig {
         WorkerConfig {
             access_file: None,
             slots,
-            gpus: 0,
+            gpus: Vec::new(),
             mem: memory().unwrap_or(0),
             named: Vec::new(),
             prefetch: slots,
@@ -107,11 +128,13 @@ impl WorkerConfig {
             cache: Some(CacheConfig::default()),
             alloc: None,
             ends_at_s: None,
+            stop: None,
+            on_stop: None,
         }
     }
 
     /// Fresh bookkeeping of what this worker has.
     pub(crate) fn local(&self) -> local::Local {
-        local::Local::new(self.slots, self.gpus, self.mem, &self.named)
+        local::Local::new(self.slots, &self.gpus, self.mem, &self.named)
     }
 }

@@ -44,13 +44,16 @@ impl fmt::Display for Connected<'_> {
         }
         write!(
             f,
-            " with {} slot{}, {} GPU{}, {} memory",
+            " with {} slot{}, {} GPU{}",
             c.slots,
             plural(c.slots as usize),
-            c.gpus,
-            plural(c.gpus as usize),
-            memory(c.mem)
+            c.gpus.len(),
+            plural(c.gpus.len()),
         )?;
+        if !c.gpus.is_empty() {
+            write!(f, " ({})", crate::gpu::describe(&c.gpus))?;
+        }
+        write!(f, ", {} memory", memory(c.mem))?;
         for (name, count) in &c.named {
             write!(f, ", {name}={count}")?;
         }
@@ -98,7 +101,7 @@ mod tests {
     fn config() -> WorkerConfig {
         let mut c = WorkerConfig::new(8);
         c.server_dir = Some("/srv/k".into());
-        c.gpus = 1;
+        c.gpus = crate::gpu::Gpu::numbered(1);
         c.mem = 31 << 29;
         c
     }
@@ -117,21 +120,21 @@ mod tests {
         let c = config();
         assert_eq!(
             connected(&c, None).to_string(),
-            "worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, 15.5 GiB memory, prefetch 8"
+            "worker 3 connected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU (0), 15.5 GiB memory, prefetch 8"
         );
         let mut small = config();
         small.mem = 512 << 20;
         small.named = vec![("licenses".into(), 4)];
         assert!(connected(&small, None)
             .to_string()
-            .ends_with("1 GPU, 512 MiB memory, licenses=4, prefetch 8"));
+            .ends_with("1 GPU (0), 512 MiB memory, licenses=4, prefetch 8"));
         let resumed = Handover::Resumed {
             running: 1,
             results: 0,
         };
         assert_eq!(
             connected(&c, Some(resumed)).to_string(),
-            "worker 3 reconnected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU, 15.5 GiB memory, prefetch 8; \
+            "worker 3 reconnected to h:7000 (server dir /srv/k) with 8 slots, 1 GPU (0), 15.5 GiB memory, prefetch 8; \
              handed over 1 running task and 0 results"
         );
         let dropped = Handover::Dropped {

@@ -17,7 +17,8 @@
 //!   running tasks survive the drop: the next registration hands them and their results over.
 //! - [`connected`] describes each registration, for a caller that wants to tell its user.
 //! - `config`, `error` and `host` hold [`WorkerConfig`], [`WorkerError`], and what the worker
-//!   reads about its machine ([`hostname`], [`memory`]).
+//!   reads about its machine ([`hostname`], [`memory`]); [`gpu`] finds its GPUs and sets the
+//!   variables that give a task those it holds.
 
 pub mod cache;
 pub mod capture;
@@ -27,6 +28,7 @@ mod error;
 pub mod exec;
 mod executor;
 pub mod files;
+pub mod gpu;
 mod host;
 mod ledger;
 pub mod local;
@@ -40,7 +42,7 @@ mod staging;
 mod state;
 pub mod store;
 
-pub use config::{CacheConfig, ExecMode, PeerListen, WorkerConfig};
+pub use config::{CacheConfig, ExecMode, PeerListen, StopAsk, WorkerConfig};
 pub use connected::{Connected, Handover};
 pub use error::WorkerError;
 pub use host::{hostname, memory};
@@ -147,6 +149,16 @@ async fn serve_until_done(
         let reason = match outcome {
             Ok(session::SessionEnd::Shutdown(reason)) => {
                 tracing::info!("server asked the worker to stop: {reason}");
+                if let Some(say) = config.on_stop {
+                    say(&reason);
+                }
+                return Ok(());
+            }
+            Ok(session::SessionEnd::Stopped(reason)) => {
+                tracing::info!("the worker stopped at once: {reason}");
+                if let Some(say) = config.on_stop {
+                    say(&reason);
+                }
                 return Ok(());
             }
             Ok(session::SessionEnd::Lost(reason)) => reason,
@@ -194,11 +206,27 @@ async fn serve_until_done(
                 return Err(e);
             }
         };
+        if let Some(why) = stop_now_asked(config) {
+            // No server to tell: the tasks stop here, and are lost to it (it re-queues them).
+            state.abandon().await;
+            if let Some(say) = config.on_stop {
+                say(&why);
+            }
+            return Ok(());
+        }
+    }
+}
+
+/// Why the worker is to stop at once, if it is asked to ([`StopAsk::Now`]).
+fn stop_now_asked(config: &WorkerConfig) -> Option<String> {
+    match &*config.stop.as_ref()?.borrow() {
+        StopAsk::Now(why) => Some(why.clone()),
+        _ => None,
     }
 }
 
 /// Waits with exponential backoff until the server (maybe restarted, with a new access file)
-/// answers a TCP connect.
+/// answers a TCP connect, or the worker is asked to stop at once.
 async fn reconnect(
     config: &WorkerConfig,
     mut access: Access,
@@ -218,7 +246,18 @@ async fn reconnect(
         if Instant::now() >= deadline {
             return Err(WorkerError::GaveUp(config.reconnect_for, why.to_string()));
         }
-        tokio::time::sleep(delay).await;
+        if stop_now_asked(config).is_some() {
+            return Ok(access);
+        }
+        // Only a new ask wakes it early (a drain asked before keeps it trying).
+        let mut stop = config.stop.clone();
+        if let Some(rx) = &mut stop {
+            rx.borrow_and_update();
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = session::stop_asked(&mut stop) => {}
+        }
         delay = (delay * 2).min(Duration::from_secs(5));
     }
 }

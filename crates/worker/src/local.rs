@@ -6,6 +6,7 @@
 use crate::cache::is_plain_name;
 use crate::exec::{Launch, RemoveIfEmpty, Sink as ExecSink};
 use crate::files::FilesPlan;
+use crate::gpu::Gpu;
 use crate::store::Store;
 use kestrel_core::files::cached_name;
 use kestrel_core::placeholders::{resolve, substitute, uses, Values, JOB, TASK};
@@ -86,6 +87,8 @@ pub struct Local {
     pub jobs: FxHashMap<JobId, JobDef>,
     pub queue: VecDeque<LocalTask>,
     free_cpus: u32,
+    /// The worker's GPUs; a task holds some of them by their positions here.
+    gpus: Vec<Gpu>,
     free_gpus: Vec<u32>,
     free_mem: u64,
     free_named: Vec<(String, u32)>,
@@ -93,12 +96,13 @@ pub struct Local {
 
 impl Local {
     /// A worker's bookkeeping with these `slots`, GPUs, memory (bytes) and named resources.
-    pub fn new(slots: u32, gpus: u32, mem: u64, named: &[(String, u32)]) -> Local {
+    pub fn new(slots: u32, gpus: &[Gpu], mem: u64, named: &[(String, u32)]) -> Local {
         Local {
             jobs: FxHashMap::default(),
             queue: VecDeque::new(),
             free_cpus: slots,
-            free_gpus: (0..gpus).collect(),
+            gpus: gpus.to_vec(),
+            free_gpus: (0..gpus.len() as u32).collect(),
             free_mem: mem,
             free_named: named.to_vec(),
         }
@@ -326,8 +330,11 @@ impl Local {
             env.push(("KESTREL_SERVER_DIR".to_string(), d.clone()));
         }
         if !gpus.is_empty() {
-            let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
-            env.push(("CUDA_VISIBLE_DEVICES".to_string(), list.join(",")));
+            let held: Vec<&Gpu> = gpus
+                .iter()
+                .filter_map(|&i| self.gpus.get(i as usize))
+                .collect();
+            crate::gpu::task_env(&held, &mut env);
         }
         env.extend(t.env.iter().map(|(k, v)| (k.clone(), sub(v))));
         let files = files_plan(def, &values, cwd.as_deref());
@@ -444,7 +451,7 @@ mod tests {
 
     #[test]
     fn placeholders_and_environment() {
-        let mut l = Local::new(2, 0, 0, &[]);
+        let mut l = Local::new(2, &[], 0, &[]);
         l.define(
             3,
             template(),
@@ -498,7 +505,7 @@ mod tests {
 
     #[test]
     fn a_task_whose_inputs_are_here_starts_before_a_head_still_fetching() {
-        let mut l = Local::new(2, 0, 0, &[]);
+        let mut l = Local::new(2, &[], 0, &[]);
         let mut reads = template();
         reads.files.inputs = vec!["raw/{task}".into()];
         let two = Resources {
@@ -538,7 +545,7 @@ mod tests {
         l.prefer_staged(false, |k| k == (2, 0) || k == (1, 2) || k == (1, 3));
         assert_eq!(order(&l), [(1, 2), (1, 0), (1, 1), (2, 0), (1, 3)]);
         // A head that reads no files is never moved for one that does.
-        let mut plain = Local::new(2, 0, 0, &[]);
+        let mut plain = Local::new(2, &[], 0, &[]);
         plain.define(
             3,
             template(),
@@ -554,7 +561,7 @@ mod tests {
 
     #[test]
     fn slots_and_gpus_limit_what_starts() {
-        let mut l = Local::new(2, 1, 0, &[]);
+        let mut l = Local::new(2, &Gpu::numbered(1), 0, &[]);
         let need = Resources {
             cpus: 1,
             gpus: 1,
@@ -587,7 +594,7 @@ mod tests {
 
     #[test]
     fn memory_and_named_resources_limit_what_starts() {
-        let mut l = Local::new(8, 0, 3 << 30, &[("licenses".into(), 3)]);
+        let mut l = Local::new(8, &[], 3 << 30, &[("licenses".into(), 3)]);
         let need = Resources {
             cpus: 1,
             mem: 1 << 30,
@@ -630,7 +637,7 @@ mod tests {
 
     #[test]
     fn canceled_tasks_leave_the_queue() {
-        let mut l = Local::new(1, 0, 0, &[]);
+        let mut l = Local::new(1, &[], 0, &[]);
         l.enqueue(
             Assigned::run(IndexRun {
                 job: 1,
@@ -645,7 +652,7 @@ mod tests {
 
     #[test]
     fn a_line_goes_into_the_command_paths_and_environment() {
-        let mut l = Local::new(1, 0, 0, &[]);
+        let mut l = Local::new(1, &[], 0, &[]);
         let mut t = template();
         t.argv = vec!["sha1sum".into(), "{line}".into()];
         t.stdout = Sink::File("sums/{line}.sha".into());

@@ -7,14 +7,14 @@ use crate::ledger::{micros, now_us, Key, Ledger};
 use crate::outputs::{self, OUTPUT_BYTES_PER_MESSAGE};
 use crate::staging::{Staged, Staging};
 use crate::state::{Carry, WorkerState};
-use crate::{Connected, Handover, WorkerConfig, WorkerError};
+use crate::{Connected, Handover, StopAsk, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
 use kestrel_proto::client::connect_as;
 use kestrel_proto::messages::{CacheChange, CacheInfo, FromWorker, Registration, Resume, ToWorker};
 use kestrel_proto::{
     Access, ClientError, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
 };
-use kestrel_proto::{ALLOC_VERSION, FILES_VERSION};
+use kestrel_proto::{ALLOC_VERSION, FILES_VERSION, WORKERS_VERSION};
 use rustc_hash::FxHashSet;
 use std::time::Duration;
 
@@ -24,6 +24,22 @@ pub(crate) enum SessionEnd {
     Shutdown(String),
     /// The connection dropped after registering; worth reconnecting.
     Lost(String),
+    /// The worker was asked to stop at once ([`StopAsk::Now`], or a drain the server cannot
+    /// do): its tasks are killed.
+    Stopped(String),
+}
+
+/// Resolves with what the worker is asked when that changes (never, for a worker nothing
+/// asks, or once the asker is gone).
+pub(crate) async fn stop_asked(
+    stop: &mut Option<tokio::sync::watch::Receiver<StopAsk>>,
+) -> StopAsk {
+    if let Some(rx) = stop {
+        if rx.changed().await.is_ok() {
+            return rx.borrow_and_update().clone();
+        }
+    }
+    std::future::pending().await
 }
 
 /// Maps how the process ended to what the server records.
@@ -109,7 +125,7 @@ pub(crate) async fn serve(
     };
     let keep = match &end {
         Ok(SessionEnd::Lost(_)) => true,
-        Ok(SessionEnd::Shutdown(_)) => false,
+        Ok(SessionEnd::Shutdown(_) | SessionEnd::Stopped(_)) => false,
         Err(e) => e.is_transient(),
     };
     let Session { exec, ledger, .. } = session;
@@ -216,7 +232,7 @@ impl Session<'_> {
             .send(&FromWorker::Register(Registration {
                 hostname: self.config.hostname.clone(),
                 slots: self.config.slots,
-                gpus: self.config.gpus,
+                gpus: self.config.gpus.len() as u32,
                 mem: self.config.mem,
                 named: self.config.named.clone(),
                 // An older server refuses the longer registration.
@@ -320,8 +336,19 @@ impl Session<'_> {
         let mut heartbeat = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(10)));
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sent_since_tick = false;
+        let mut stop = self.config.stop.clone();
+        // Asked before this connection (a drain that outlived a lost connection): said again.
+        let asked = stop.as_mut().map(|rx| rx.borrow_and_update().clone());
+        if let Some(end) = self.stop_asked(asked.unwrap_or_default(), writer).await? {
+            return Ok(end);
+        }
         loop {
             tokio::select! {
+                ask = stop_asked(&mut stop) => {
+                    if let Some(end) = self.stop_asked(ask, writer).await? {
+                        return Ok(end);
+                    }
+                }
                 msg = reader.try_recv::<ToWorker>() => match msg {
                     Ok(Some(m)) => {
                         if let Some(end) = self.on_message(m) {
@@ -361,6 +388,46 @@ impl Session<'_> {
             for tasks in std::mem::take(&mut self.revoked) {
                 writer.send(&FromWorker::Revoked { tasks }).await?;
                 sent_since_tick = true;
+            }
+        }
+    }
+
+    /// Carries out what the worker is asked: a drain is the server's to do (it sends off the
+    /// worker once it runs nothing), and a server older than [`WORKERS_VERSION`] cannot, so
+    /// the worker stops at once; a stop at once is said to the server (its tasks go back to the
+    /// queue without spending a retry) and ends the session. Returns how the session ends, if
+    /// it does.
+    async fn stop_asked(
+        &mut self,
+        ask: StopAsk,
+        writer: &mut FrameWriter<kestrel_proto::ConnWrite>,
+    ) -> Result<Option<SessionEnd>, WorkerError> {
+        let can_say = self.version >= WORKERS_VERSION;
+        match ask {
+            StopAsk::Run => Ok(None),
+            StopAsk::Drain(reason) if can_say => {
+                writer
+                    .send(&FromWorker::Leaving { now: false, reason })
+                    .await?;
+                Ok(None)
+            }
+            StopAsk::Drain(reason) => {
+                tracing::warn!(
+                    "the server speaks protocol {}, older than {WORKERS_VERSION}: it cannot let this worker finish its tasks, so it stops now (its tasks go back to the queue); upgrade the server",
+                    self.version
+                );
+                Ok(Some(SessionEnd::Stopped(reason)))
+            }
+            StopAsk::Now(reason) => {
+                if can_say {
+                    // Said if it can be: a worker that cannot reach its server stops all the same.
+                    let leaving = FromWorker::Leaving {
+                        now: true,
+                        reason: reason.clone(),
+                    };
+                    let _ = writer.send(&leaving).await;
+                }
+                Ok(Some(SessionEnd::Stopped(reason)))
             }
         }
     }

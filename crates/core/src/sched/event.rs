@@ -66,6 +66,27 @@ pub enum Event {
         /// What the worker offers.
         offer: WorkerOffer,
     },
+    /// A worker that was registered as `previous` (with this scheduler, or with the same
+    /// server before a restart, whose ids were reserved with
+    /// [`Scheduler::reserve_worker_ids`]) connects again, offering what it has: it gets its
+    /// id back unless another worker holds it. `same_start` says `previous` was given by this
+    /// scheduler (not by the server's previous start): a registration under that id still
+    /// held is then its own, not yet noticed lost, and is replaced. Its
+    /// [`Event::WorkerResumed`] follows at once, naming `previous`.
+    WorkerRejoined {
+        /// What the worker offers.
+        offer: WorkerOffer,
+        /// Its id before.
+        previous: WorkerId,
+        /// Whether `previous` was given in this start.
+        same_start: bool,
+    },
+    /// A worker is told to leave at once (`kestrel worker stop --now`): its tasks go back to
+    /// the queue without counting a crash or spending a retry (it is killing them).
+    WorkerDismissed {
+        /// The worker.
+        worker: WorkerId,
+    },
     /// A worker's allocation ends at `at_us` (the scheduler's clock): from
     /// [`END_MARGIN_US`](super::worker::END_MARGIN_US) before then it takes no new task, and
     /// before then only tasks whose `--timeout` fits in the time left.
@@ -248,6 +269,18 @@ impl Scheduler {
                 Reply::Done
             }
             Event::WorkerJoined { offer } => Reply::Joined(self.worker_joined(now_us, offer)),
+            Event::WorkerRejoined {
+                offer,
+                previous,
+                same_start,
+            } => Reply::Joined(self.worker_rejoined(now_us, offer, previous, same_start)),
+            Event::WorkerDismissed { worker } => {
+                if !self.workers.contains_key(&worker) {
+                    return Err(SchedError::NoSuchWorker(worker));
+                }
+                self.drop_worker(now_us, worker, false, &Default::default());
+                Reply::Done
+            }
             Event::WorkerEnds { worker, at_us } => {
                 let w = self
                     .workers

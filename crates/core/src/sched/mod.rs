@@ -33,13 +33,15 @@ pub use graph::{WorkflowGraph, DROP_GRACE_US};
 pub use job::{Counts, Job, Timing};
 pub use resume::Resumed;
 pub use stall::Stall;
-pub use worker::{Worker, WorkerOffer, END_MARGIN_US};
+pub use worker::{Departed, Worker, WorkerOffer, END_MARGIN_US, MAX_DEPARTED};
 
 use crate::files::FileIndex;
 use crate::outcome::{Command, Record};
 use crate::policy::{DispatchPolicy, FirstAvailable};
 use crate::queue::ReadyQueue;
-use crate::spec::{JobId, JobSpec, Resources, SpecError, TaskIndex, WorkerId, MAX_NAMED};
+use crate::spec::{
+    JobId, JobSpec, Resources, SpecError, TaskIndex, TaskState, WorkerId, MAX_NAMED,
+};
 use crate::window::{Seq, Window};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, BTreeSet};
@@ -164,6 +166,14 @@ pub struct Scheduler {
     /// Why each worker that left while quarantined was quarantined: a worker that comes back
     /// naming its old id (after a lost connection) stays quarantined.
     quarantined_gone: FxHashMap<WorkerId, String>,
+    /// Workers that left, the newest [`MAX_DEPARTED`] by id (ids only grow, so the oldest go
+    /// first): shown by `worker list --all`, and taken up again by a worker that comes back
+    /// under its id.
+    departed: BTreeMap<WorkerId, Departed>,
+    /// A registration its own worker replaced by registering again before the loss of its
+    /// connection was noticed: kept from [`Event::WorkerRejoined`] until the
+    /// [`Event::WorkerResumed`] that follows says which of its tasks the worker still runs.
+    superseded: Option<Worker>,
     /// Names of named resources, numbered by position (see [`Resources::named`]).
     names: Vec<String>,
     /// Which workers' caches hold which files (data diffusion).
@@ -204,6 +214,8 @@ impl Scheduler {
             delayed_at: FxHashMap::default(),
             kept_until: None,
             quarantined_gone: FxHashMap::default(),
+            departed: BTreeMap::new(),
+            superseded: None,
             names: Vec::new(),
             files: FileIndex::new(),
             window: Window::new(),
@@ -305,6 +317,28 @@ impl Scheduler {
     /// Every connected worker, in id order.
     pub fn workers(&self) -> impl Iterator<Item = &Worker> + '_ {
         self.workers.values()
+    }
+
+    /// What is kept of worker `id` if it left (and is among the last [`MAX_DEPARTED`]).
+    pub fn departed(&self, id: WorkerId) -> Option<&Departed> {
+        self.departed.get(&id)
+    }
+
+    /// The tasks worker `id` holds (assigned to it and not ended: running, or waiting there
+    /// for a slot), at most `limit` of them, in job and index order; empty for a worker that
+    /// is not connected.
+    pub fn tasks_of(&self, id: WorkerId, limit: usize) -> Vec<(JobId, TaskIndex, TaskState)> {
+        let Some(w) = self.workers.get(&id) else {
+            return Vec::new();
+        };
+        let mut held = w.ledger.held(worker::holder(&self.jobs, id));
+        held.truncate(limit);
+        held.into_iter()
+            .filter_map(|(job, index)| {
+                let state = self.jobs.get(&job)?.table.get(index).state;
+                Some((job, index, state))
+            })
+            .collect()
     }
 
     /// Tasks waiting for a worker. Approximate after a worker resume: a queue entry of a task

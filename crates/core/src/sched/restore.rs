@@ -10,7 +10,7 @@
 use super::{Job, Scheduler};
 use crate::outcome::{Failure, Finished, RunEnd};
 use crate::queue::{ReadyQueue, Span};
-use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, TaskState};
+use crate::spec::{JobId, JobSpec, TaskIndex, TaskSet, TaskState, WorkerId};
 
 /// Why a journal entry could not be replayed (the journal does not match this scheduler).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -56,11 +56,26 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Applies a recorded task end without a worker: success finishes the task; a failure counts
-    /// one and leaves the task ready again if retries remain, else failed; a cancel report
-    /// cancels it. `assigned_us` restores the timing of the run. Reports for unknown jobs or
-    /// tasks already ended are ignored (so replaying is idempotent per task end).
+    /// [`Self::restore_task_end_by`] for an end whose worker the journal does not name (one
+    /// written before it did): the task's worker reads as 0, unknown.
     pub fn restore_task_end(&mut self, f: Finished, assigned_us: u64) {
+        self.restore_task_end_by(f, assigned_us, 0);
+    }
+
+    /// Ids below `next` were given out before a restart: new workers get ids from `next` on,
+    /// and a worker that comes back names its own ([`super::Event::WorkerRejoined`]).
+    pub fn reserve_worker_ids(&mut self, next: WorkerId) {
+        self.next_worker = self.next_worker.max(next);
+    }
+
+    /// Applies a recorded task end without a live worker: success finishes the task; a failure
+    /// counts one and leaves the task ready again if retries remain, else failed; a cancel
+    /// report cancels it. `assigned_us` restores the timing of the run, `worker` the worker
+    /// that ran it (`task info` names it after a restart; its id is not given to another).
+    /// Reports for unknown jobs or tasks already ended are ignored (so replaying is
+    /// idempotent per task end).
+    pub fn restore_task_end_by(&mut self, f: Finished, assigned_us: u64, worker: WorkerId) {
+        self.reserve_worker_ids(worker.saturating_add(1));
         let Some(j) = self.jobs.get_mut(&f.job) else {
             return;
         };
@@ -94,6 +109,7 @@ impl Scheduler {
         r.assigned_us = assigned_us;
         r.started_us = f.started_us;
         r.finished_us = f.finished_us;
+        r.worker = worker;
         if f.end != RunEnd::Canceled {
             r.runs = r.runs.saturating_add(1);
         }

@@ -32,10 +32,11 @@ pub struct Resumed {
 }
 
 impl Scheduler {
-    /// A worker that lost its connection registered again (new id `worker`) and reports the
-    /// tasks it still runs and the results it got while disconnected. `previous` is its id
-    /// before, if it was registered with this scheduler (its connection may not have been
-    /// noticed dead yet): that registration is dropped without counting crashes.
+    /// A worker that lost its connection registered again (as `worker`: its old id back, or
+    /// a new one) and reports the tasks it still runs and the results it got while
+    /// disconnected. `previous` is its id before, if it was registered with this scheduler
+    /// (its connection may not have been noticed dead yet): that registration is dropped
+    /// without counting crashes.
     ///
     /// - A result of a task not yet ended is recorded, once: a task that already ended ignores
     ///   it. A result of a task now assigned to another worker is recorded too if it is a
@@ -57,39 +58,38 @@ impl Scheduler {
             out.ignored = (running.len() + finished.len()) as u32;
             return out;
         }
-        let named = previous.filter(|p| *p != worker);
-        let previous = named.filter(|p| self.workers.contains_key(p));
-        if let Some(p) = previous {
-            // Tasks it still runs or has results for move over; the rest go back to the queue.
-            let keep: FxHashSet<_> = running
+        let keep = || -> FxHashSet<(JobId, TaskIndex)> {
+            running
                 .iter()
                 .copied()
                 .chain(finished.iter().map(|f| (f.job, f.index)))
-                .collect();
-            let moved = {
-                let mut holds = holder(&self.jobs, p);
-                self.workers[&p]
-                    .ledger
-                    .held(|job, index| keep.contains(&(job, index)) && holds(job, index))
-            };
-            self.drop_worker(now_us, p, false, &keep);
-            for (job, index) in moved {
-                // Reassign to the new id so its report matches; state stays as it was.
-                let Some(j) = self.jobs.get_mut(&job) else {
-                    continue;
-                };
-                let need = j.need;
-                let rec = j.table.get_mut(index);
-                rec.worker = worker;
-                let running = rec.state == TaskState::Running;
-                if let Some(w) = self.workers.get_mut(&worker) {
-                    w.hold(job, index, need, running);
+                .collect()
+        };
+        match previous {
+            Some(p) if p == worker => {
+                // Its id came back (see `worker_rejoined`); a registration it replaced hands
+                // over what the worker still runs or has results for.
+                if let Some(old) = self.superseded.take_if(|w| w.id == p) {
+                    let keep = keep();
+                    let moved = self.held_of(&old, &keep);
+                    self.requeue_held(now_us, old, false, &keep);
+                    self.hold_moved(worker, moved);
                 }
             }
+            Some(p) if self.workers.contains_key(&p) => {
+                // Registered under a new id while the old one is still held (its connection
+                // not yet noticed dead): tasks it still runs or has results for move over;
+                // the rest go back to the queue.
+                let keep = keep();
+                let moved = self.held_of(&self.workers[&p], &keep);
+                self.drop_worker(now_us, p, false, &keep);
+                self.hold_moved(worker, moved);
+            }
+            _ => {}
         }
         // A quarantine outlives the connection (the previous registration was dropped above
         // or when its loss was noticed).
-        if let Some(reason) = named.and_then(|p| self.quarantined_gone.remove(&p)) {
+        if let Some(reason) = previous.and_then(|p| self.quarantined_gone.remove(&p)) {
             if let Some(w) = self.workers.get_mut(&worker) {
                 w.quarantined = Some(reason.clone());
                 self.open.insert(worker);
@@ -126,6 +126,34 @@ impl Scheduler {
             }
         }
         out
+    }
+
+    /// The tasks `from` holds that are in `keep`.
+    fn held_of(
+        &self,
+        from: &super::Worker,
+        keep: &FxHashSet<(JobId, TaskIndex)>,
+    ) -> Vec<(JobId, TaskIndex)> {
+        let mut holds = holder(&self.jobs, from.id);
+        from.ledger
+            .held(|job, index| keep.contains(&(job, index)) && holds(job, index))
+    }
+
+    /// Makes `worker` hold `moved`, tasks its previous registration held: their records
+    /// name it from now on; their states stay as they were.
+    fn hold_moved(&mut self, worker: WorkerId, moved: Vec<(JobId, TaskIndex)>) {
+        for (job, index) in moved {
+            let Some(j) = self.jobs.get_mut(&job) else {
+                continue;
+            };
+            let need = j.need;
+            let rec = j.table.get_mut(index);
+            rec.worker = worker;
+            let running = rec.state == TaskState::Running;
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.hold(job, index, need, running);
+            }
+        }
     }
 
     /// A resumed worker keeps the templates of the jobs it still runs tasks of (and only

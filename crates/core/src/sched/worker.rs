@@ -28,6 +28,32 @@ pub struct WorkerOffer {
     pub stages_files: bool,
 }
 
+/// What the scheduler keeps of a worker that left (see [`super::Scheduler::departed`]): what
+/// it offered, when it came and went, what it ran. A worker that comes back under its id
+/// (after a lost connection, or a server restart) takes up its counts again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Departed {
+    /// What it offered.
+    pub offer: WorkerOffer,
+    /// When it joined.
+    pub joined_us: u64,
+    /// When a message from it last came.
+    pub last_seen_us: u64,
+    /// When the scheduler let it go.
+    pub left_us: u64,
+    /// Tasks it ran to success.
+    pub tasks_finished: u64,
+    /// Tasks it ran that failed.
+    pub tasks_failed: u64,
+    /// Why it got no new tasks, if it was quarantined when it left.
+    pub quarantined: Option<String>,
+}
+
+/// How many departed workers the scheduler remembers (the newest ids): enough for every
+/// worker of a long run of allocations to be shown and to come back under its id, bounded
+/// so that churn never grows the server.
+pub const MAX_DEPARTED: usize = 1024;
+
 /// A worker as the scheduler holds it.
 #[derive(Debug)]
 pub struct Worker {
@@ -69,6 +95,43 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// A worker that has just joined with `offer`, holding nothing.
+    pub(super) fn new(id: WorkerId, offer: WorkerOffer, now_us: u64) -> Worker {
+        Worker {
+            id,
+            offer,
+            joined_us: now_us,
+            last_seen_us: now_us,
+            used: Resources::NONE,
+            running_cpus: 0,
+            held: 0,
+            ledger: Ledger::default(),
+            known_jobs: FxHashSet::default(),
+            tasks_finished: 0,
+            tasks_failed: 0,
+            quarantined: None,
+            tally: Tally::default(),
+            revoking: Vec::new(),
+            revoking_cpus: 0,
+            duplicates: FxHashSet::default(),
+            ends_at_us: None,
+        }
+    }
+
+    /// What the scheduler keeps of it if it leaves at `now_us` (also what a view of it shows,
+    /// but for the tasks it holds).
+    pub fn departed(&self, now_us: u64) -> Departed {
+        Departed {
+            offer: self.offer.clone(),
+            joined_us: self.joined_us,
+            last_seen_us: self.last_seen_us,
+            left_us: now_us,
+            tasks_finished: self.tasks_finished,
+            tasks_failed: self.tasks_failed,
+            quarantined: self.quarantined.clone(),
+        }
+    }
+
     /// How much it takes at most, with `prefetch` cpus' worth held beyond its slots. Beyond
     /// cpus, a prefetch window holds one more of everything it has (GPUs, memory, named
     /// resources): tasks wait there for what frees up.

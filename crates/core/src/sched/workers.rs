@@ -1,17 +1,73 @@
-//! Workers coming and going: joining, heartbeats, loss and its crash counts.
+//! Workers coming and going: joining (and coming back under their ids), heartbeats, loss and
+//! its crash counts.
 
-use super::worker::holder;
+use super::worker::{holder, MAX_DEPARTED};
 use super::{Scheduler, Worker, WorkerOffer};
-use crate::ledger::Ledger;
 use crate::outcome::{Command, Failure, Record};
-use crate::quarantine::Tally;
 use crate::queue::Span;
-use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId, MAX_NAMED};
+use crate::spec::{JobId, TaskIndex, TaskState, WorkerId, MAX_NAMED};
 use rustc_hash::FxHashSet;
 
 impl Scheduler {
-    /// A worker connects. Returns its id.
-    pub(crate) fn worker_joined(&mut self, now_us: u64, mut offer: WorkerOffer) -> WorkerId {
+    /// A worker connects. Returns its id: the next one never given out.
+    pub(crate) fn worker_joined(&mut self, now_us: u64, offer: WorkerOffer) -> WorkerId {
+        let id = self.next_worker;
+        self.next_worker += 1;
+        self.admit(now_us, id, offer);
+        id
+    }
+
+    /// A worker that was registered as `previous` (with this scheduler, or with the same
+    /// server before a restart) connects again. It gets its id back when no other worker has
+    /// it: after a loss the id is free; when `previous` is still registered (its lost
+    /// connection was not noticed yet), `same_start` says the id was given in this start, so
+    /// the registration can only be this worker's own, and the new one takes its place (its
+    /// tasks wait for [`super::Event::WorkerResumed`] to say which it still runs). An id
+    /// never given out, or one held by another start's registration, is not taken: the
+    /// worker gets a new id. Its counts and quarantine go on.
+    pub(crate) fn worker_rejoined(
+        &mut self,
+        now_us: u64,
+        offer: WorkerOffer,
+        previous: WorkerId,
+        same_start: bool,
+    ) -> WorkerId {
+        if let Some(left) = self.superseded.take() {
+            // Its worker never resumed: what it held goes back to the queue.
+            self.requeue_held(now_us, left, false, &FxHashSet::default());
+        }
+        let given = previous != 0 && previous < self.next_worker;
+        let live = self.workers.contains_key(&previous);
+        if !given || (live && !same_start) {
+            return self.worker_joined(now_us, offer);
+        }
+        let old = self.workers.remove(&previous);
+        self.open.remove(&previous);
+        let (finished, failed, quarantined) = match &old {
+            Some(o) => (o.tasks_finished, o.tasks_failed, o.quarantined.clone()),
+            None => match self.departed.remove(&previous) {
+                // A quarantine that outlived the connection is in `quarantined_gone`, taken
+                // up with the resume.
+                Some(d) => (d.tasks_finished, d.tasks_failed, None),
+                None => (0, 0, None),
+            },
+        };
+        let w = self.admit(now_us, previous, offer);
+        w.tasks_finished = finished;
+        w.tasks_failed = failed;
+        if let Some(reason) = quarantined {
+            w.quarantined = Some(reason.clone());
+            self.commands.push(Command::Quarantined {
+                worker: previous,
+                reason,
+            });
+        }
+        self.superseded = old;
+        previous
+    }
+
+    /// Registers worker `id` with `offer` (its named resources numbered).
+    fn admit(&mut self, now_us: u64, id: WorkerId, mut offer: WorkerOffer) -> &mut Worker {
         // A name past the most the server tells apart cannot be asked for by any job either.
         let named: Vec<_> = offer
             .named
@@ -20,32 +76,11 @@ impl Scheduler {
             .cloned()
             .collect();
         offer.resources.named = self.number(&named).unwrap_or([0; MAX_NAMED]);
-        let id = self.next_worker;
-        self.next_worker += 1;
         self.open.insert(id);
-        self.workers.insert(
-            id,
-            Worker {
-                id,
-                offer,
-                joined_us: now_us,
-                last_seen_us: now_us,
-                used: Resources::NONE,
-                running_cpus: 0,
-                held: 0,
-                ledger: Ledger::default(),
-                known_jobs: FxHashSet::default(),
-                tasks_finished: 0,
-                tasks_failed: 0,
-                quarantined: None,
-                tally: Tally::default(),
-                revoking: Vec::new(),
-                revoking_cpus: 0,
-                duplicates: FxHashSet::default(),
-                ends_at_us: None,
-            },
-        );
-        id
+        self.workers
+            .entry(id)
+            .insert_entry(Worker::new(id, offer, now_us))
+            .into_mut()
     }
 
     /// Any message from a worker shows it is alive.
@@ -83,9 +118,31 @@ impl Scheduler {
             Vec::new()
         };
         self.files.worker_gone(worker);
-        if let Some(reason) = w.quarantined {
-            self.quarantined_gone.insert(worker, reason);
+        if let Some(reason) = &w.quarantined {
+            self.quarantined_gone.insert(worker, reason.clone());
         }
+        self.departed.insert(worker, w.departed(now_us));
+        while self.departed.len() > MAX_DEPARTED {
+            self.departed.pop_first();
+        }
+        self.requeue_held(now_us, w, crashed, keep);
+        if !held.is_empty() {
+            self.files_lost(&held);
+        }
+    }
+
+    /// Re-queues the tasks `w` (no longer registered) held, except those in `keep`.
+    /// Each that ran there counts one crash (and one attempt) if `crashed`, and a task that
+    /// was on [`Config::max_crashes`] lost workers fails; tasks that only waited there for a
+    /// slot count nothing.
+    pub(super) fn requeue_held(
+        &mut self,
+        now_us: u64,
+        w: Worker,
+        crashed: bool,
+        keep: &FxHashSet<(JobId, TaskIndex)>,
+    ) {
+        let worker = w.id;
         let tasks = {
             let mut holds = holder(&self.jobs, worker);
             w.ledger
@@ -137,9 +194,6 @@ impl Scheduler {
         }
         if !counted.is_empty() {
             self.records.push(Record::Lost { tasks: counted });
-        }
-        if !held.is_empty() {
-            self.files_lost(&held);
         }
     }
 

@@ -174,23 +174,17 @@ impl Engine {
                 Some(j) => Ok(Answer::Tasks(views::task_page(j, state, limit))),
                 None => Err(no_such_job(job)),
             },
-            Ask::WorkerList => Ok(Answer::Workers(
-                self.core
-                    .workers()
-                    .map(|w| {
-                        let c = self.conns.workers.get(&w.id);
-                        let cache = c
-                            .and_then(|c| c.cache_capacity)
-                            .map(|capacity| (self.core.files().cached_bytes(w.id), capacity));
-                        views::worker_row(
-                            w,
-                            c.map(|c| c.peer.to_string()).unwrap_or_default(),
-                            c.map(|c| c.exec.clone()).unwrap_or_default(),
-                            cache,
-                            self.provision.origin_of(w.id),
-                        )
-                    })
-                    .collect(),
+            Ask::WorkerList => Ok(Answer::Workers(self.worker_rows())),
+            Ask::Workers { departed } => Ok(Answer::WorkerList(self.worker_listing(departed))),
+            Ask::WorkerInfo { worker } => self
+                .worker_detail(worker)
+                .map(|d| Answer::WorkerDetail(Box::new(d))),
+            Ask::WorkerStop {
+                workers,
+                all,
+                now: at_once,
+            } => Ok(Answer::WorkersStopped(
+                self.stop_workers(now, workers, all, at_once),
             )),
             Ask::Cancel { jobs } => {
                 let mut results = Vec::with_capacity(jobs.len());
@@ -366,9 +360,12 @@ impl Engine {
                     Some(index) => {
                         let r = j.record(index);
                         let host = (r.assigned_us > 0)
-                            .then(|| self.core.worker(r.worker))
+                            .then(|| match self.core.worker(r.worker) {
+                                Some(w) => Some(&w.offer.hostname),
+                                None => self.core.departed(r.worker).map(|d| &d.offer.hostname),
+                            })
                             .flatten()
-                            .map(|w| w.offer.hostname.clone());
+                            .cloned();
                         Ok(Answer::Task(Box::new(views::task_detail(j, index, host))))
                     }
                 },
@@ -600,6 +597,8 @@ fn reads_only(ask: &Ask) -> bool {
             | Ask::JobInfo { .. }
             | Ask::TaskList { .. }
             | Ask::WorkerList
+            | Ask::Workers { .. }
+            | Ask::WorkerInfo { .. }
             | Ask::Wait { .. }
             | Ask::ServerInfo
             | Ask::Output { .. }

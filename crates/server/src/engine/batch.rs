@@ -66,27 +66,6 @@ impl Engine {
         }
     }
 
-    /// Tells the workers of released allocations that run nothing any more to leave (an idle
-    /// one at once, with the rest of its allocation).
-    fn send_off_drained(&mut self) {
-        let core = &self.core;
-        let conns = &self.conns;
-        self.leaving.retain(|&worker, reason| {
-            let Some(w) = core.worker(worker) else {
-                return false;
-            };
-            if w.outstanding() > 0 {
-                return true;
-            }
-            if let Some(c) = conns.workers.get(&worker) {
-                c.outbox.send(&ToWorker::Shutdown {
-                    reason: std::mem::take(reason),
-                });
-            }
-            false
-        });
-    }
-
     /// Ends a batch: commits its inputs, schedules once, sends the commands and commits again
     /// (releasing the replies held for it). Returns whether the engine is to stop.
     pub fn settle(&mut self) -> bool {
@@ -98,6 +77,10 @@ impl Engine {
         let now = self.now();
         self.event(now, Event::Schedule);
         self.route();
+        if !self.leaving.is_empty() {
+            // A stopping worker whose last task just ended goes now, not at the next tick.
+            self.send_off_drained();
+        }
         self.commit(self.stopping);
         self.stopping
     }
@@ -129,7 +112,11 @@ impl Engine {
                 reply,
             } => self.worker_joined(now, registration, peer, outbox, reply),
             Inbound::FromWorker { worker, msg } => self.worker_said(now, worker, msg),
-            Inbound::WorkerGone { worker, reason } => self.worker_gone(now, worker, &reason),
+            Inbound::WorkerGone {
+                worker,
+                conn,
+                reason,
+            } => self.worker_gone(now, worker, conn, &reason),
             Inbound::ClientJoin { outbox } => {
                 self.conns.clients.insert(outbox.conn, outbox);
             }

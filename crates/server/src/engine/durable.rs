@@ -240,7 +240,10 @@ fn keep_end(
 ) {
     let (job, index) = (f.job, f.index);
     if let Some(p) = pending.as_deref_mut() {
-        p.task_end(f, j.record(index).assigned_us);
+        // The worker whose report was taken: the record names it (a duplicate run's success
+        // moved the task to its worker).
+        let rec = j.record(index);
+        p.task_end(f, rec.assigned_us, rec.worker);
     }
     if outputs.streaming() {
         // An earlier run (this one is counted already) may have left an output to replace.

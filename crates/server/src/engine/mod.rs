@@ -8,6 +8,8 @@
 //!   commit of its inputs, one scheduling pass, the commands out, the commit that releases
 //!   the replies.
 //! - `workers`: what workers say (joining, reports, leaving) as scheduler events.
+//! - `control`: stopping workers, the record of those that left (`departures`), and the
+//!   views of one worker or all.
 //! - `answer`: client requests and queries, answered from the scheduler through `views`.
 //! - `durable`: what goes into the journal and when; replies that promise durability wait
 //!   for the commit that makes them true.
@@ -21,6 +23,8 @@
 
 mod answer;
 mod batch;
+mod control;
+mod departures;
 mod durable;
 mod inputs;
 mod route;
@@ -54,8 +58,13 @@ pub enum Inbound {
     },
     /// A registered worker's message.
     FromWorker { worker: WorkerId, msg: FromWorker },
-    /// A worker's connection ended.
-    WorkerGone { worker: WorkerId, reason: String },
+    /// A worker's connection `conn` ended (its worker may have registered again since, under
+    /// the same id, on another connection).
+    WorkerGone {
+        worker: WorkerId,
+        conn: ConnId,
+        reason: String,
+    },
     /// A client connected.
     ClientJoin { outbox: Outbox },
     /// A client's request.
@@ -98,9 +107,12 @@ pub struct Engine {
     store_trouble: FxHashMap<JobId, (String, u64)>,
     /// Allocation queues and the workers they brought.
     provision: crate::provision::Provision,
-    /// Workers of released allocations that still run tasks, with why they are to leave:
-    /// they take no new task and are told to leave once they run nothing.
+    /// Workers that still run tasks and are to leave, with why (a released allocation,
+    /// `kestrel worker stop`, SIGTERM): they take no new task and are told to leave once they
+    /// run nothing.
     leaving: FxHashMap<WorkerId, String>,
+    /// Workers that left lately, with when and why (`worker list --all`).
+    departures: departures::Departures,
 }
 
 impl Engine {
@@ -157,6 +169,7 @@ impl Engine {
                 &server_id,
             ),
             leaving: FxHashMap::default(),
+            departures: departures::Departures::default(),
             server_id,
             epoch: rand::random(),
             durable: Durability::default(),
@@ -173,6 +186,10 @@ impl Engine {
         if let Ok(meta) = journal.meta() {
             if !meta.server_id.is_empty() {
                 self.server_id = meta.server_id;
+            }
+            // Ids of workers that ran nothing the journal names: kept for them too.
+            if let Some(next) = meta.next_worker {
+                self.core.reserve_worker_ids(next);
             }
         }
         let now = self.now();

@@ -18,6 +18,9 @@ pub(super) struct WorkerConn {
     pub(super) cache_capacity: Option<u64>,
     /// The URL it serves its cache to peers at, if it does.
     pub(super) serves: Option<String>,
+    /// Why it was told to leave, once it was: the reason its departure is recorded with when
+    /// its connection then closes.
+    pub(super) farewell: Option<String>,
 }
 
 /// At most this many peers are named per file: the first to answer serves it.
@@ -174,15 +177,17 @@ impl Engine {
                 }
                 Command::Disconnect { worker, reason } => {
                     // Dropping the outbox closes the connection's sending side; a worker that
-                    // is merely slow sees the end of stream and reconnects as a new worker.
-                    if let Some(c) = self.conns.workers.remove(&worker) {
-                        tracing::warn!(worker, peer = %c.peer, "worker lost: {reason}");
-                    }
+                    // is merely slow sees the end of stream and reconnects (under its id).
                     // Its allocation learns now, not when the connection's end comes through
                     // (a dead node's may take many minutes): it may be asked about, released,
                     // or replaced. A later end of the connection changes nothing.
                     let now = self.now();
-                    self.provision.worker_left(now, worker);
+                    if let Some(c) = self.conns.workers.remove(&worker) {
+                        tracing::warn!(worker, peer = %c.peer, "worker lost: {reason}");
+                        self.depart(now, worker, c, reason);
+                    } else {
+                        self.provision.worker_left(now, worker);
+                    }
                 }
             }
         }

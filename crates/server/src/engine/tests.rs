@@ -11,6 +11,10 @@ use std::cell::Cell;
 use std::path::Path;
 use tokio::sync::mpsc;
 
+/// Workers' identity and control: ids kept across reconnections and restarts, `worker stop`,
+/// departures.
+mod workers;
+
 thread_local! {
     /// The test's clock, in microseconds (each test runs on a thread of its own).
     static NOW: Cell<u64> = const { Cell::new(1_000_000_000) };
@@ -294,12 +298,17 @@ fn a_finished_report_answers_the_client_waiting_for_the_job() {
 #[test]
 fn a_lost_workers_tasks_are_assigned_to_another() {
     let Running {
-        mut s, worker, job, ..
+        mut s,
+        worker,
+        job,
+        peer,
+        ..
     } = running(2);
     let (_, mut second) = s.worker(2);
     assert_eq!(second.sent::<ToWorker>(), vec![], "nothing is queued");
     s.batch([Inbound::WorkerGone {
         worker,
+        conn: peer.conn,
         reason: "connection closed".into(),
     }]);
     let sent: Vec<ToWorker> = second.sent();

@@ -3,7 +3,7 @@
 
 use super::durable::OutputsOf;
 use super::route::WorkerConn;
-use super::{Engine, Outbox};
+use super::{ConnId, Engine, Outbox};
 use kestrel_core::{Event, Reply, Resources, WorkerId, WorkerOffer};
 use kestrel_proto::messages::{
     CacheChange, FromWorker, Registration, Resume, TaskOutput, ToWorker, Unheld,
@@ -34,10 +34,36 @@ impl Engine {
             named: r.named.clone(),
             stages_files: r.cache.is_some(),
         };
-        let Reply::Joined(id) = self.event(now, Event::WorkerJoined { offer }) else {
+        // A worker that was registered with this server (before a lost connection, or before
+        // a restart: the journal keeps the server's id) asks for its id back.
+        let previous = r
+            .resume
+            .as_ref()
+            .filter(|res| res.server_id == self.server_id)
+            .map(|res| (res.previous_worker, res.epoch == self.epoch));
+        let join = match previous {
+            Some((previous, same_start)) => Event::WorkerRejoined {
+                offer,
+                previous,
+                same_start,
+            },
+            None => Event::WorkerJoined { offer },
+        };
+        let Reply::Joined(id) = self.event(now, join) else {
             tracing::error!(%peer, "the scheduler gave a joining worker no id");
             return;
         };
+        if self.durable.journaling() {
+            self.durable.pending.worker_id_given(id);
+        }
+        let back = previous.is_some_and(|(p, _)| p == id);
+        if let Some(old) = self.conns.workers.remove(&id) {
+            // Its own registration, whose connection had not been noticed dead: dropping it
+            // closes that connection, whose end then changes nothing.
+            tracing::info!(worker = id, peer = %old.peer, "worker registered again before its connection was noticed lost");
+            self.provision.worker_left(now, id);
+        }
+        self.departures.returned(id);
         outbox.send(&ToWorker::Registered {
             worker: id,
             heartbeat_ms: self.heartbeat_ms,
@@ -45,13 +71,21 @@ impl Engine {
             server_id: self.server_id.clone(),
             epoch: self.epoch,
         });
-        tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
+        if back {
+            tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined again under its id");
+        } else {
+            tracing::info!(worker = id, %peer, host = %r.hostname, slots = r.slots, "worker joined");
+        }
+        let mut farewell = None;
         if let Some(alloc) = r.alloc {
             match self.provision.worker_joined(now, id, alloc) {
                 crate::provision::Joined::Work => {}
                 crate::provision::Joined::Leave(reason) => {
                     tracing::info!(worker = id, alloc, "worker told to leave: {reason}");
-                    outbox.send(&ToWorker::Shutdown { reason });
+                    outbox.send(&ToWorker::Shutdown {
+                        reason: reason.clone(),
+                    });
+                    farewell = Some(reason);
                 }
                 crate::provision::Joined::Unknown => tracing::warn!(
                     worker = id,
@@ -71,7 +105,7 @@ impl Engine {
             self.event(now, Event::WorkerEnds { worker: id, at_us });
         }
         if let Some(resume) = r.resume {
-            self.resume(now, id, resume);
+            self.resume(now, id, back, resume);
         }
         let cache_capacity = r.cache.as_ref().map(|c| c.capacity);
         let serves = r
@@ -104,6 +138,7 @@ impl Engine {
             exec: r.exec,
             cache_capacity,
             serves,
+            farewell,
         };
         self.conns.workers.insert(id, conn);
         let _ = reply.send(id);
@@ -163,6 +198,14 @@ impl Engine {
                 self.event(now, Event::TasksRevoked { worker, tasks });
             }
             FromWorker::Heartbeat => {}
+            FromWorker::Leaving {
+                now: at_once,
+                reason,
+            } => {
+                let reason: String = reason.chars().take(500).collect();
+                tracing::info!(worker, "the worker says it leaves: {reason}");
+                let _ = self.stop_worker(now, worker, at_once, reason);
+            }
             FromWorker::Register(_) => {
                 tracing::warn!(worker, "worker registered twice; ignored");
             }
@@ -193,18 +236,52 @@ impl Engine {
         }
     }
 
-    /// A worker's connection ended: its tasks go back to the queue.
-    pub(super) fn worker_gone(&mut self, now: u64, worker: WorkerId, reason: &str) {
-        if self.conns.workers.remove(&worker).is_some() {
-            tracing::info!(worker, "worker left: {reason}");
+    /// A worker's connection `conn` ended: its tasks go back to the queue. The end of a
+    /// connection the engine dropped already (a heartbeat timeout, `worker stop --now`, a
+    /// registration its worker replaced) changes nothing: the worker may be registered again
+    /// under its id, on another connection.
+    pub(super) fn worker_gone(&mut self, now: u64, worker: WorkerId, conn: ConnId, reason: &str) {
+        if self
+            .conns
+            .workers
+            .get(&worker)
+            .is_none_or(|c| c.outbox.conn != conn)
+        {
+            return;
         }
-        self.provision.worker_left(now, worker);
+        let Some(c) = self.conns.workers.remove(&worker) else {
+            return;
+        };
+        let why = self.why_gone(now, worker, &c, reason);
+        tracing::info!(worker, "worker left: {why}");
+        self.depart(now, worker, c, why);
         self.event(now, Event::WorkerLost { worker });
     }
 
+    /// Why a worker whose connection ended (with `reason`) left, in words for
+    /// `worker list --all`.
+    fn why_gone(&self, now: u64, worker: WorkerId, c: &WorkerConn, reason: &str) -> String {
+        let w = self.core.worker(worker);
+        let mut why = if let Some(told) = &c.farewell {
+            told.clone()
+        } else if let Some(stopping) = self.leaving.get(&worker) {
+            format!("its connection closed ({reason}) while it was stopping: {stopping}")
+        } else if w.and_then(|w| w.ends_at_us).is_some_and(|end| end <= now) {
+            format!("its allocation ended ({reason})")
+        } else if reason == "connection closed" {
+            "its connection closed (the worker exited, or its node went away)".to_string()
+        } else {
+            format!("its connection failed: {reason}")
+        };
+        if let Some(q) = w.and_then(|w| w.quarantined.as_ref()) {
+            why.push_str(&format!("; it was quarantined: {q}"));
+        }
+        why
+    }
+
     /// Hands a reconnected worker's running tasks and results to the core, if it was
-    /// registered with this server.
-    fn resume(&mut self, now: u64, worker: WorkerId, resume: Resume) {
+    /// registered with this server; `back` says it got its previous id again.
+    fn resume(&mut self, now: u64, worker: WorkerId, back: bool, resume: Resume) {
         if resume.server_id != self.server_id {
             tracing::info!(
                 worker,
@@ -215,9 +292,8 @@ impl Engine {
             );
             return;
         }
-        // After a restart worker ids start again at 1: an id of the previous start may now
-        // name another, live worker, which must not be dropped.
-        let previous = (resume.epoch == self.epoch).then_some(resume.previous_worker);
+        // Its previous registration, if any, is its own: under its id, which it got back.
+        let previous = back.then_some(worker);
         let resumed = Event::WorkerResumed {
             worker,
             previous,

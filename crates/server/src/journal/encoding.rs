@@ -6,7 +6,7 @@
 //! written by an older Kestrel stay readable.
 
 use crate::outputs::OutputOp;
-use kestrel_core::{Finished, JobId, JobSpec, LineList, TaskIndex, TaskSet};
+use kestrel_core::{Finished, JobId, JobSpec, LineList, TaskIndex, TaskSet, WorkerId};
 use kestrel_proto::wire::{line_list, FailureDef, JobSpecDef, TaskSetDef};
 use serde::{Deserialize, Serialize};
 
@@ -83,7 +83,9 @@ pub(super) struct CancelBody {
 }
 
 /// A batch of accepted task ends. Successes, the bulk, are tuples of small integers relative
-/// to `base_us` (about 20 bytes a task); other ends keep their full report.
+/// to `base_us` (about 20 bytes a task); other ends keep their full report. The workers that
+/// ran them are runs over the ends (one update's ends are one worker's): a few bytes a
+/// batch, not a number per task.
 #[derive(Serialize, Deserialize)]
 pub(super) struct EndsBody {
     pub(super) base_us: u64,
@@ -96,6 +98,10 @@ pub(super) struct EndsBody {
     /// batch, not a number per task).
     #[serde(default)]
     pub(super) waited: Vec<(JobId, u64)>,
+    /// (worker, how many ends) in the order of `ok` then `other`: the worker of each end.
+    /// Absent from entries written before it (schema 5): their ends name worker 0.
+    #[serde(default)]
+    pub(super) workers: Vec<(WorkerId, u32)>,
 }
 
 /// `(report, assigned_us)` pairs, the report in its full wire form.
@@ -112,6 +118,14 @@ mod reports_assigned {
         let pairs = Vec::<(Own<Finished>, u64)>::deserialize(d)?;
         Ok(pairs.into_iter().map(|(Own(f), at)| (f, at)).collect())
     }
+}
+
+/// The worker of each end of an [`EndsBody`] from its `workers` runs, in the order of `ok`
+/// then `other`; 0 (unknown) past the runs, as in an entry written before they were kept.
+pub(super) fn each_worker(runs: &[(WorkerId, u32)]) -> impl Iterator<Item = WorkerId> + '_ {
+    runs.iter()
+        .flat_map(|&(w, n)| std::iter::repeat_n(w, n as usize))
+        .chain(std::iter::repeat(0))
 }
 
 impl EndsBody {
@@ -180,8 +194,15 @@ pub struct Pending {
     ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
     other: Vec<(Finished, u64)>,
     waited: Vec<(JobId, u64)>,
+    /// The workers of `ok` and of `other`, as runs (see [`EndsBody::workers`]).
+    ok_workers: Vec<(WorkerId, u32)>,
+    other_workers: Vec<(WorkerId, u32)>,
     /// Changes to the `output` table, written after the log rows in the same transaction.
     pub(crate) outputs: Vec<OutputOp>,
+    /// Worker ids given out are below this (kept in `meta`, so that a restarted server gives
+    /// new workers other ids and lets each returning worker take its own); `None` if it did
+    /// not change.
+    pub(super) next_worker: Option<WorkerId>,
 }
 
 impl Pending {
@@ -191,6 +212,7 @@ impl Pending {
             && self.other.is_empty()
             && self.waited.is_empty()
             && self.outputs.is_empty()
+            && self.next_worker.is_none()
     }
 
     /// Whether entries other than task ends wait (submissions, extensions, cancels).
@@ -203,7 +225,16 @@ impl Pending {
         self.ok.clear();
         self.other.clear();
         self.waited.clear();
+        self.ok_workers.clear();
+        self.other_workers.clear();
         self.outputs.clear();
+        self.next_worker = None;
+    }
+
+    /// Notes that worker ids up to `id` have been given out.
+    pub fn worker_id_given(&mut self, id: WorkerId) {
+        let next = id.saturating_add(1);
+        self.next_worker = Some(self.next_worker.map_or(next, |n| n.max(next)));
     }
 
     pub fn submit(
@@ -330,13 +361,23 @@ impl Pending {
         }
     }
 
-    /// An accepted task report, with when the task had been assigned (for its timing).
-    pub fn task_end(&mut self, f: Finished, assigned_us: u64) {
+    /// An accepted task report, with when the task had been assigned (for its timing) and
+    /// the worker that ran it.
+    pub fn task_end(&mut self, f: Finished, assigned_us: u64, worker: WorkerId) {
+        /// Counts one more end of `worker` in `runs`.
+        fn one_more(runs: &mut Vec<(WorkerId, u32)>, worker: WorkerId) {
+            match runs.last_mut() {
+                Some((w, n)) if *w == worker => *n += 1,
+                _ => runs.push((worker, 1)),
+            }
+        }
         if f.end == kestrel_core::RunEnd::Success {
             self.ok
                 .push((f.job, f.index, assigned_us, f.started_us, f.finished_us));
+            one_more(&mut self.ok_workers, worker);
         } else {
             self.other.push((f, assigned_us));
+            one_more(&mut self.other_workers, worker);
         }
     }
 
@@ -365,6 +406,13 @@ impl Pending {
         let off = |t: u64| {
             (i128::from(t) - i128::from(base_us)).clamp(i64::MIN.into(), i64::MAX.into()) as i64
         };
+        let mut workers = std::mem::take(&mut self.ok_workers);
+        for (w, n) in self.other_workers.drain(..) {
+            match workers.last_mut() {
+                Some((last, m)) if *last == w => *m += n,
+                _ => workers.push((w, n)),
+            }
+        }
         let body = EndsBody {
             base_us,
             ok: self
@@ -374,6 +422,7 @@ impl Pending {
                 .collect(),
             other: std::mem::take(&mut self.other),
             waited: std::mem::take(&mut self.waited),
+            workers,
         };
         self.push(KIND_ENDS, &body);
     }
@@ -395,13 +444,13 @@ mod tests {
             end: RunEnd::Success,
         };
         // The second ends before it starts (a clock step) and before the base time.
-        p.task_end(ok(1, 1_500, 2_000), 1_200);
-        p.task_end(ok(2, 900, 800), 700);
+        p.task_end(ok(1, 1_500, 2_000), 1_200, 3);
+        p.task_end(ok(2, 900, 800), 700, 3);
         let failed = Finished {
             end: RunEnd::Failed(Box::new(Failure::because("exit code 1"))),
             ..ok(4, 10, 20)
         };
-        p.task_end(failed.clone(), 5);
+        p.task_end(failed.clone(), 5, 3);
         p.slot_wait(3, 7);
         p.slot_wait(3, 5);
         p.seal_ends();
@@ -429,8 +478,8 @@ mod tests {
             finished_us,
             end: RunEnd::Success,
         };
-        p.task_end(end(1 << 63, 0), 1_000);
-        p.task_end(end(0, u64::MAX), 1_000);
+        p.task_end(end(1 << 63, 0), 1_000, 3);
+        p.task_end(end(0, u64::MAX), 1_000, 3);
         p.seal_ends();
         let (kind, body) = &p.rows[0];
         let Ok(Entry::Ends(b)) = Entry::decode(*kind, body) else {
@@ -449,6 +498,47 @@ mod tests {
             panic!("kind 99 decoded");
         };
         assert!(e.contains("unknown entry kind 99"), "{e}");
+    }
+
+    #[test]
+    fn an_ends_entry_of_schema_4_reads_with_unknown_workers() {
+        // The ENDS entry of `entries_are_written_as_they_always_were` as schema 4 wrote it.
+        let hex = "94cd076c919507020064cd02589292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a891920728";
+        let body = hex::decode(hex).unwrap();
+        let Ok(Entry::Ends(b)) = Entry::decode(KIND_ENDS, &body) else {
+            panic!("an old ENDS entry no longer reads");
+        };
+        assert_eq!((b.ok.len(), b.other.len()), (1, 2));
+        assert!(b.workers.is_empty());
+        let workers: Vec<WorkerId> = each_worker(&b.workers).take(3).collect();
+        assert_eq!(workers, vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn the_workers_of_a_batch_of_ends_are_runs_over_its_successes_then_the_rest() {
+        let mut p = Pending::default();
+        let end = |index, end| Finished {
+            job: 1,
+            index,
+            started_us: 10,
+            finished_us: 20,
+            end,
+        };
+        let failed = || RunEnd::Failed(Box::new(Failure::because("exit code 1")));
+        p.task_end(end(0, RunEnd::Success), 5, 7);
+        p.task_end(end(1, failed()), 5, 7);
+        p.task_end(end(2, RunEnd::Success), 5, 7);
+        p.task_end(end(3, RunEnd::Success), 5, 9);
+        p.task_end(end(4, failed()), 5, 9);
+        p.seal_ends();
+        let (kind, body) = &p.rows[0];
+        let Ok(Entry::Ends(b)) = Entry::decode(*kind, body) else {
+            panic!("not task ends");
+        };
+        // Successes 0, 2 (worker 7), 3 (9); then failures 1 (7), 4 (9).
+        assert_eq!(b.workers, vec![(7, 2), (9, 1), (7, 1), (9, 1)]);
+        let each: Vec<WorkerId> = each_worker(&b.workers).take(5).collect();
+        assert_eq!(each, vec![7, 7, 9, 7, 9]);
     }
 
     /// Every kind of entry, as bytes. The journal outlives the binary that wrote it, so these
@@ -490,7 +580,7 @@ mod tests {
             finished_us: 2_500,
             end: RunEnd::Success,
         };
-        p.task_end(ok.clone(), 1_900);
+        p.task_end(ok.clone(), 1_900, 3);
         let failed = Failure {
             exit_code: Some(3),
             signal: None,
@@ -499,8 +589,8 @@ mod tests {
             permanent: false,
         };
         let end = |end| Finished { end, ..ok.clone() };
-        p.task_end(end(RunEnd::Failed(Box::new(failed.clone()))), 1_950);
-        p.task_end(end(RunEnd::Canceled), 1_960);
+        p.task_end(end(RunEnd::Failed(Box::new(failed.clone()))), 1_950, 3);
+        p.task_end(end(RunEnd::Canceled), 1_960, 3);
         p.slot_wait(7, 40);
         p.cancel(9, 3_000);
         p.retry(7, 3_001, true);
@@ -515,7 +605,9 @@ mod tests {
                 format!("{kind}:{bytes}")
             })
             .collect();
-        // Written by the journal of 6c03047, before core's types lost their serde derives.
+        // Written by the journal of 6c03047, before core's types lost their serde derives;
+        // task ends name their workers since schema 5 (the last element of the ENDS entry,
+        // see `an_ends_entry_of_schema_4_reads_with_unknown_workers`).
         #[rustfmt::skip]
         let expected: &[&str] = &[
             "1:9607cd03e8a36b657996a573776565709692a373696da67b7461736b7d9192a14ba176ae2f736372617463682f7b6a6f627d81a446696c65aa6f75742e7b7461736b7d81a653747265616d91cd1000cdea60930200ce40000000ff039192a86c6963656e7365730181a5417272617993930105019309010193140305c2",
@@ -523,7 +615,7 @@ mod tests {
             "2:9508cd03ea90c291a86220632e66697473",
             "1:9609cd03ebc096a163969090c0a44e756c6ca44e756c6cc09301000000009081a44c6973749292a46563686fa13191a474727565c3",
             "2:9509cd03ec9191a474727565c390",
-            "4:94cd076c919507020064cd02589292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a891920728",
+            "4:95cd076c919507020064cd02589292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a89192072891920303",
             "3:9209cd0bb8",
             "5:9307cd0bb9c3",
             "6:940704cd0bba94c0c0b36c6f73742077697468203320776f726b657273a0",

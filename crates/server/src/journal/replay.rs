@@ -1,7 +1,7 @@
 //! Reading the journal back: the replay into a fresh scheduler at start, and the list of
 //! recorded successes (what the chaos test checks).
 
-use super::encoding::{Entry, KIND_ENDS};
+use super::encoding::{each_worker, Entry, KIND_ENDS};
 use super::{Journal, JournalError};
 use kestrel_core::{Event, JobId, Scheduler, TaskIndex, TaskSet};
 use rustc_hash::FxHashMap;
@@ -109,13 +109,17 @@ impl Journal {
                         }
                     }
                 }
-                Entry::Ends(b) => {
+                Entry::Ends(mut b) => {
                     restored.task_ends += (b.ok.len() + b.other.len()) as u64;
+                    let runs = std::mem::take(&mut b.workers);
+                    let mut workers = each_worker(&runs);
                     for (f, assigned_us) in b.successes() {
-                        core.restore_task_end(f, assigned_us);
+                        let worker = workers.next().unwrap_or(0);
+                        core.restore_task_end_by(f, assigned_us, worker);
                     }
                     for (f, assigned_us) in b.other {
-                        core.restore_task_end(f, assigned_us);
+                        let worker = workers.next().unwrap_or(0);
+                        core.restore_task_end_by(f, assigned_us, worker);
                     }
                     for (job, waited_us) in b.waited {
                         // Never refused (a forgotten job's wait is dropped).
@@ -172,6 +176,7 @@ mod tests {
                     end: RunEnd::Success,
                 },
                 900,
+                3,
             );
         }
         j.commit(&mut p).unwrap();
@@ -224,7 +229,7 @@ mod tests {
         p.submit(1, 10, None, &spec(), &tasks, false);
         // Task 0 fails for good, task 1 is given up after lost workers, then `job retry`
         // arrives in the same batch: the retry must replay after both.
-        p.task_end(failed(1, 0), 50);
+        p.task_end(failed(1, 0), 50, 3);
         let gone = kestrel_core::Failure::because("lost with 5 workers (it may kill its worker)");
         p.give_up(1, 1, 300, gone);
         p.retry(1, 400, true);
@@ -260,6 +265,7 @@ mod tests {
                 end: RunEnd::Success,
             },
             15,
+            3,
         );
         p.forget(vec![1], 40);
         j.commit(&mut p).unwrap();

@@ -12,8 +12,9 @@ pub const JOURNAL_FILE: &str = "journal.sqlite";
 /// file with [`JournalError::Version`] instead of calling it damaged. 2: crash counts (LOST
 /// entries) and one-letter run endings. 3: forgotten jobs (FORGET entries) and jobs of lines
 /// (`--each`: a `Lines` task set, and extensions carrying lines). 4: streamed output
-/// (`Sink::Stream` in submissions, the `output` table). Older journals are read as they are.
-pub(super) const SCHEMA_VERSION: i64 = 4;
+/// (`Sink::Stream` in submissions, the `output` table). 5: the worker of each task end (ENDS
+/// entries' `workers`). Older journals are read as they are.
+pub(super) const SCHEMA_VERSION: i64 = 5;
 
 /// Why the journal cannot be used, with what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,8 @@ pub struct Meta {
     pub secret: Option<String>,
     /// The port it listened on, tried first.
     pub port: Option<u16>,
+    /// Worker ids it gave out are below this (absent before schema 5).
+    pub next_worker: Option<u32>,
 }
 
 /// Creates `path` with mode 0600 if it is missing, or narrows it to 0600 if it exists.
@@ -178,6 +181,10 @@ impl Journal {
                 .get_meta("port")
                 .map_err(damaged)?
                 .and_then(|p| p.parse().ok()),
+            next_worker: self
+                .get_meta("next_worker")
+                .map_err(damaged)?
+                .and_then(|n| n.parse().ok()),
         })
     }
 
@@ -215,7 +222,7 @@ impl Journal {
     /// On error nothing of it is kept.
     pub fn commit(&mut self, pending: &mut Pending) -> Result<(), rusqlite::Error> {
         pending.seal_ends();
-        if pending.rows.is_empty() && pending.outputs.is_empty() {
+        if pending.rows.is_empty() && pending.outputs.is_empty() && pending.next_worker.is_none() {
             return Ok(());
         }
         let n = pending.rows.len() as u64;
@@ -230,6 +237,13 @@ impl Journal {
             // Outputs with the ends they belong to: a restart gives back both or neither.
             for op in &pending.outputs {
                 op.apply(&tx)?;
+            }
+            if let Some(next) = pending.next_worker {
+                // Only ever raised: a stale value from an earlier batch never lowers it.
+                tx.execute(
+                    "INSERT INTO meta(key, value) VALUES ('next_worker', ?1) ON CONFLICT(key) DO UPDATE SET value = CAST(max(CAST(value AS INTEGER), CAST(excluded.value AS INTEGER)) AS TEXT)",
+                    params![next.to_string()],
+                )?;
             }
             tx.commit()
         })();

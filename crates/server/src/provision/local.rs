@@ -138,24 +138,25 @@ impl Local {
         ended
     }
 
-    /// Stops an allocation's processes (SIGTERM: a worker gives its tasks back and exits).
+    /// Stops an allocation's processes at once (SIGINT: a worker gives its tasks back and
+    /// exits; SIGTERM would let it finish them first).
     pub(super) fn cancel(&mut self, alloc: AllocId) {
         for c in self.running.get(&alloc).into_iter().flatten() {
-            terminate(c);
+            interrupt(c);
         }
         for &pid in self.adopted.get(&alloc).into_iter().flatten() {
-            signal(pid, libc::SIGTERM);
+            signal(pid, libc::SIGINT);
         }
     }
 
-    /// Stops every process and reaps it (the server is stopping): SIGTERM, then SIGKILL for
+    /// Stops every process and reaps it (the server is stopping): SIGINT, then SIGKILL for
     /// those still there after a few seconds.
     pub(super) fn stop_all(&mut self) {
         for c in self.running.values().flatten() {
-            terminate(c);
+            interrupt(c);
         }
         for &pid in self.adopted.values().flatten() {
-            signal(pid, libc::SIGTERM);
+            signal(pid, libc::SIGINT);
         }
         self.adopted.clear();
         let deadline = Instant::now() + STOP_WAIT;
@@ -172,7 +173,7 @@ impl Local {
     }
 }
 
-/// How long stopping waits for workers to exit on SIGTERM.
+/// How long stopping waits for workers to exit on SIGINT.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// Kills and reaps processes of an allocation that could not start whole.
@@ -183,9 +184,9 @@ fn stop_and_reap(children: &mut Vec<Child>) {
     }
 }
 
-fn terminate(c: &Child) {
+fn interrupt(c: &Child) {
     if let Ok(pid) = libc::pid_t::try_from(c.id()) {
-        signal(pid, libc::SIGTERM);
+        signal(pid, libc::SIGINT);
     }
 }
 

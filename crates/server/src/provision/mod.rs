@@ -338,6 +338,7 @@ impl Provision {
     /// allocation (Slurm's `--test-only`; a held PBS job, then canceled) ([`Added::Checking`];
     /// the answer goes out from a later tick).
     pub fn add(&mut self, spec: AllocQueueSpec, asker: (ConnId, u64)) -> Result<Added, String> {
+        let spec = divide_the_machine(spec);
         let (params, backend) = queue_params(&spec)?;
         if let (Backend::Batch(system), true) = (backend, spec.dry_run) {
             let check = self.next_check;
@@ -1187,6 +1188,29 @@ impl Provision {
 }
 
 /// The allocator's parameters and the backend of a queue as `alloc add` gave it.
+/// A `local` queue whose worker arguments name no `--slots` gets its share of this machine's
+/// cores for each worker ([`kestrel_alloc::local_slots`]), written into them so that `alloc
+/// list` shows it and the workers offer what the queue counts on. (A client's default is its
+/// own machine's cores, and the local backend's workers run on the server's.)
+fn divide_the_machine(mut spec: AllocQueueSpec) -> AllocQueueSpec {
+    if spec.backend != "local" || names_slots(&spec.worker_args) {
+        return spec;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let slots = kestrel_alloc::local_slots(cpus, spec.nodes, spec.max_workers, spec.max_allocs);
+    spec.slots_per_node = slots;
+    spec.worker_args
+        .extend(["--slots".to_string(), slots.to_string()]);
+    spec
+}
+
+/// Whether worker arguments give `--slots` (`--slots N` or `--slots=N`).
+fn names_slots(worker_args: &[String]) -> bool {
+    worker_args
+        .iter()
+        .any(|a| a == "--slots" || a.starts_with("--slots="))
+}
+
 fn queue_params(spec: &AllocQueueSpec) -> Result<(QueueParams, Backend), String> {
     let backend = match spec.backend.as_str() {
         "local" => Backend::Local,

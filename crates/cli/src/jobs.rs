@@ -3,7 +3,7 @@
 //! `kestrel submit`, `kestrel run` and job files share [`TaskOptions`], so an option means the
 //! same thing wherever it is written.
 
-use crate::sizes;
+use crate::{output, sizes};
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::placeholders;
 use kestrel_core::{
@@ -539,7 +539,8 @@ pub fn from_flags(
                 eprintln!("warning: --each: {{line}} appears nowhere in the command, paths, files or --env values, so every task runs the same command; put {{line}} where each task's line goes (GNU parallel's {{}} is {{line}} here)");
             }
             opts.add_env_all(&mut spec);
-            let lines = each_lines(file, sizes::task_room(&spec)?)?;
+            let fields = placeholders::fields_needed(&spec.template);
+            let lines = each_lines(file, sizes::task_room(&spec)?, fields)?;
             Ok(Submission::new(spec, TaskSet::Lines(lines)))
         }
         (array, None) => {
@@ -590,8 +591,9 @@ fn read_each(file: &Path) -> Result<Vec<u8>> {
     })
 }
 
-/// One task per non-blank line of `file`; each line must fit in `room` bytes.
-fn each_lines(file: &Path, room: usize) -> Result<LineList> {
+/// One task per non-blank line of `file`; each line must fit in `room` bytes and have at least
+/// `fields` whitespace-separated fields (the highest `{line:N}` used).
+fn each_lines(file: &Path, room: usize, fields: usize) -> Result<LineList> {
     let (what, _) = each_source(file);
     let bytes = read_each(file)?;
     let text = std::str::from_utf8(&bytes).map_err(|e| {
@@ -611,6 +613,15 @@ fn each_lines(file: &Path, room: usize) -> Result<LineList> {
             sizes::string_bytes(line),
             room,
         )?;
+        let has = line.split_whitespace().count();
+        if has < fields {
+            bail!(
+                "--each {what}: line {} ({:?}) has {} but {{line:{fields}}} needs {fields}; give every line at least {fields} whitespace-separated fields, or remove that line",
+                n + 1,
+                line,
+                output::plural(has as u64, "field"),
+            );
+        }
         lines.push(line);
     }
     if lines.is_empty() {

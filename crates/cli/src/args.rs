@@ -119,6 +119,10 @@ apply ({line} without --each), that looks mistyped ({tsk}, {TASK}, {lines}: a le
 or another case) or that is HyperQueue's (%{TASK_ID}, $HQ_TASK_ID) is refused at
 submission, naming Kestrel's.
 
+A --stdout or --stderr path without {task} or {line} is shared by the job's tasks: each
+task's output goes into it whole, in task order under `kestrel run`, in the order the tasks
+end on a server (see --stdout).
+
 Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID, KESTREL_SERVER and
 KESTREL_SERVER_DIR in their environment (so a task can `kestrel submit` more), on top of the
 worker's own (or of this shell's with --env-all).

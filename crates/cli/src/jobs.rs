@@ -60,9 +60,14 @@ pub struct TaskOptions {
     /// file per task; read it with `kestrel job cat`), the first 1M of each task's output, or
     /// up to SIZE with `stream:SIZE` (at most 4M); or a path with placeholders (see below),
     /// relative to the task's directory (`./stream` for a file named so)
-    /// [default: job-{job}/{task}.out]. A file the task leaves empty is removed if its path
-    /// names both {job} and {task} (the default does), as no other task can be writing it; a
-    /// file shared by several tasks is kept
+    /// [default: job-{job}/{task}.out]. A path without {task} or {line} (all.txt,
+    /// by-{line:1}.txt) is shared by the job's tasks and gets each task's output whole, never
+    /// two tasks' lines mixed: `kestrel run` writes it afresh in task order when the run ends
+    /// (GNU parallel's --keep-order); on a server each task adds its output to the end of the
+    /// file as it ends, after what the file held (remove it first to start afresh; a task run
+    /// again adds its output again). A file the task leaves empty is removed if its path names
+    /// both {job} and {task} (the default does), as no other task can be writing it, and so is
+    /// the job's directory of them once the job has ended, if nothing is left in it
     #[arg(long, value_name = "none|stream[:SIZE]|PATH")]
     pub stdout: Option<String>,
     /// Where each task's stderr goes, like --stdout [default: job-{job}/{task}.err]

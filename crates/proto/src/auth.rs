@@ -33,8 +33,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// the trailing fields of task graphs (a job's `after`, parent and output modes, a task's
 /// `Waiting` state, the deletion of intermediate files), left out when unused
 /// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
-/// ([`ALLOC_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// ([`ALLOC_VERSION`]). Version 11 adds which own output files of a task hold output
+/// ([`OUTPUT_FILES_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 11;
+
+/// The first version in which a worker says which of a task's own output files it left in
+/// place (`TaskOutput::files`), and a server tells a client which output files a task wrote
+/// (`RowOutput::Written`): neither is sent to an older peer.
+pub const OUTPUT_FILES_VERSION: u32 = 11;
 
 /// The first version in which a worker says which allocation it runs in and when that ends:
 /// a worker does not send them to an older server.

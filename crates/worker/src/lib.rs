@@ -36,6 +36,7 @@ mod pool;
 mod prefetch;
 pub mod reaper;
 mod session;
+mod sinks;
 mod staging;
 mod state;
 pub mod store;

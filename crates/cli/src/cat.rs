@@ -400,7 +400,7 @@ impl Notes {
         self.shared += 1;
         if self.shared == 1 {
             eprintln!(
-                "note: tasks of job {} share {path}: it is printed once, whole, with every task's {} in it",
+                "note: the tasks of job {} share {path}: it is printed once, as it is (each task's {} added to it whole)",
                 self.job, self.stream
             );
         }

@@ -70,7 +70,7 @@ impl Existing {
             };
             if numbers.contains(id) {
                 eprintln!(
-                    "warning: {}/job-{id}/ already held the outputs of another job {id} (of another server, or a run): job {id}'s go in with them, replacing those of the same name; move old job-N directories away before submitting there (a server numbers its jobs after those of the directory it starts in)",
+                    "warning: job-{id}/ in {} already held files before job {id} (another server's or run's): job {id}'s outputs go in with them, replacing those of the same names; move old job-N directories away before submitting there",
                     dir.display()
                 );
             }

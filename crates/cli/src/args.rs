@@ -111,11 +111,19 @@ Placeholders, replaced in the command, --stdout, --stderr, --cwd and --env value
   {task}   the task's id (the array id, or the position in a list, from 0)
   {line}   with --each: the task's line, as it is
   {line:N} with --each: the Nth whitespace-separated field of the line, from 1
-           (All-Pairs: a line `a.fits b.fits` gives --input {line:1} --input {line:2})
+           (All-Pairs: a line `a.fits b.fits` gives --input {line:1} --input {line:2});
+           a line with fewer than N fields is refused at submission, naming it
+  {line:q}, {line:N:q}  the same, quoted for a shell, as GNU parallel quotes {}:
+           sh -c 'wc -l {line:q}' counts a file named `my data.txt`
 A {name} preceded by $ is left alone (${HOME}, ${line} belong to the shell), and so is any
 other text in braces (awk '{print $1}', find -exec ... {} +). A placeholder that does not
-apply ({line} without --each) or that looks mistyped ({tsk}, {TASK}, {lines}: a letter off,
-or another case) is refused at submission, naming the valid ones.
+apply ({line} without --each), that looks mistyped ({tsk}, {TASK}, {lines}: a letter off,
+or another case) or that is HyperQueue's (%{TASK_ID}, $HQ_TASK_ID) is refused at
+submission, naming Kestrel's.
+
+A --stdout or --stderr path without {task} or {line} is shared by the job's tasks: each
+task's output goes into it whole, in task order under `kestrel run`, in the order the tasks
+end on a server (see --stdout).
 
 Tasks see KESTREL_JOB_ID, KESTREL_TASK_ID, KESTREL_WORKER_ID, KESTREL_SERVER and
 KESTREL_SERVER_DIR in their environment (so a task can `kestrel submit` more), on top of the
@@ -130,6 +138,7 @@ Examples:
   job=$(kestrel submit --parsable ./job.sh)      # as Snakemake's cluster-generic executor does
   kestrel submit --array 1-1000 --cpus 2 --retries 2 -- ./sim --seed {task}
   kestrel submit --each inputs.txt --stdout sums/{line}.sha -- sha1sum {line}
+  kestrel submit --each files.txt --stdout counts.txt -- sh -c 'wc -l {line:q}'
   find data -name '*.fits' | kestrel submit --each - -- ./process {line}
   kestrel submit --each pairs.txt --input {line:1} --input {line:2} -- ./cmp {input:0} {input:1}
   kestrel submit --array 0-98:2 --timeout 10m --wait -- ./step {task}

@@ -7,9 +7,11 @@ use crate::args::{CatArgs, TaskOutputArgs};
 use crate::exit::{self, NotFound};
 use crate::session::{unexpected, Session};
 use anyhow::{anyhow, bail, Context, Result};
+use kestrel_core::placeholders::{names_one_task, per_task};
 use kestrel_core::{IdRanges, JobId, Sink, TaskState};
 use kestrel_proto::messages::{Answer, Ask, Kept, OutputRow, RowOutput};
 use kestrel_proto::Client;
+use std::collections::HashSet;
 use std::io::{self, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -73,16 +75,20 @@ pub async fn task_output(client: &mut impl Asker, a: TaskOutputArgs) -> Result<E
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let mut notes = Notes::new(job, a.stderr);
+    let files = Files::of(&page.sink, a.stderr);
+    let written = matches!(row.output, RowOutput::Written(_));
     let shown = match row.output {
         RowOutput::Kept(k) => write_kept(&mut out, &k, task, &mut notes),
         RowOutput::Dropped(why) => bail!("the {what} of task {task} of job {job} was {why}"),
-        RowOutput::File(path) => match std::fs::File::open(&path) {
+        RowOutput::File(path) | RowOutput::Written(path) => match std::fs::File::open(&path) {
             Ok(mut f) => io::copy(&mut f, &mut out).map(drop),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => match missing_file(state, &path) {
-                Missing::NotYet => return Err(not_yet(not_run(state))),
-                Missing::Empty => Ok(()),
-                Missing::Elsewhere => bail!("{}", elsewhere(task, &path)),
-            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match files.missing(task, state, &path, written) {
+                    Missing::NotYet => return Err(not_yet(not_run(state))),
+                    Missing::Nothing => Ok(()),
+                    Missing::Gone(why) => bail!("{why}"),
+                }
+            }
             Err(e) => bail!("cannot read the {what} of task {task} ({path}): {e}"),
         },
         RowOutput::Nothing => match state {
@@ -138,14 +144,16 @@ async fn cat(
     notes: &mut Notes,
 ) -> Result<()> {
     let mut from = 0;
+    let mut files = None;
     loop {
         let page = output_page(client, job, stderr, tasks.clone(), from).await?;
         if page.sink == Sink::Null {
             let what = stream_name(stderr);
             bail!("job {job} discards its tasks' {what} (submitted with --{what} none): nothing was kept");
         }
+        let files = files.get_or_insert_with(|| Files::of(&page.sink, stderr));
         for row in page.rows {
-            show_row(row, out, notes)?;
+            show_row(row, out, notes, files)?;
         }
         match page.next {
             Some(next) => from = next,
@@ -175,11 +183,17 @@ async fn output_page(
 }
 
 /// Writes one task's output, or notes why there is none.
-fn show_row(row: OutputRow, out: &mut impl Write, notes: &mut Notes) -> Result<()> {
+fn show_row(
+    row: OutputRow,
+    out: &mut impl Write,
+    notes: &mut Notes,
+    files: &mut Files,
+) -> Result<()> {
     let Some(state) = row.state else {
         notes.absent.push(row.id);
         return Ok(());
     };
+    let written = matches!(row.output, RowOutput::Written(_));
     match row.output {
         RowOutput::Kept(k) => write_kept(out, &k, row.id, notes)?,
         RowOutput::Dropped(why) => notes.dropped(row.id, &why),
@@ -188,19 +202,27 @@ fn show_row(row: OutputRow, out: &mut impl Write, notes: &mut Notes) -> Result<(
                 notes.not_ended += 1;
             }
         }
-        RowOutput::File(path) => {
+        RowOutput::File(path) | RowOutput::Written(path) => {
             if !state.is_terminal() {
                 // What a running task wrote so far is shown; it is counted as not ended.
                 notes.not_ended += 1;
             }
+            if !files.first_time(&path) {
+                return Ok(());
+            }
             match std::fs::File::open(&path) {
                 Ok(mut f) => {
                     io::copy(&mut f, out).with_context(|| format!("reading {path}"))?;
+                    if files.printed.is_some() {
+                        notes.shared(&path);
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => match missing_file(state, &path) {
-                    Missing::NotYet | Missing::Empty => {}
-                    Missing::Elsewhere => notes.unreadable(elsewhere(row.id, &path)),
-                },
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    match files.missing(row.id, state, &path, written) {
+                        Missing::NotYet | Missing::Nothing => {}
+                        Missing::Gone(why) => notes.unreadable(why),
+                    }
+                }
                 Err(e) => notes.unreadable(format!(
                     "cannot read the output of task {} ({path}): {e}",
                     row.id
@@ -238,41 +260,73 @@ fn broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
+/// How the output files of one stream of a job are read.
+struct Files {
+    stream: &'static str,
+    /// Whether a task's file is its own (its path names `{job}` and `{task}`), which its
+    /// worker removes when the task leaves it empty: missing, it means something only if the
+    /// server knows the task wrote to it (`RowOutput::Written`). Other files are never
+    /// removed: missing once the task has finished, they were deleted.
+    own: bool,
+    /// The files printed so far, when the job's tasks share files: each is printed once,
+    /// whole (it holds the outputs of every task that writes it).
+    printed: Option<HashSet<String>>,
+}
+
 /// What a missing output file means.
 enum Missing {
     /// The task has not started (or is starting): no file yet.
     NotYet,
-    /// The task ended and its output was empty (workers remove empty output files).
-    Empty,
-    /// Its directory is not here either: the task ran on a machine whose files this one does
-    /// not see.
-    Elsewhere,
+    /// The task wrote nothing there, or never ran, or that is not known.
+    Nothing,
+    /// It was there and is not: why, to say as an error.
+    Gone(String),
 }
 
-fn missing_file(state: TaskState, path: &str) -> Missing {
-    match state {
-        TaskState::Ready | TaskState::Waiting | TaskState::Assigned | TaskState::Running => {
-            Missing::NotYet
-        }
-        // A canceled task may never have run.
-        TaskState::Canceled => Missing::Empty,
-        TaskState::Finished | TaskState::Failed => {
-            let dir = Path::new(path)
-                .parent()
-                .filter(|d| !d.as_os_str().is_empty());
-            if dir.is_none_or(Path::is_dir) {
-                Missing::Empty
-            } else {
-                Missing::Elsewhere
-            }
+impl Files {
+    fn of(sink: &Sink, stderr: bool) -> Files {
+        let pattern = match sink {
+            Sink::File(p) => p.as_str(),
+            Sink::Null | Sink::Stream { .. } => "",
+        };
+        Files {
+            stream: stream_name(stderr),
+            own: names_one_task(pattern),
+            printed: (!per_task(None, pattern)).then(HashSet::new),
         }
     }
-}
 
-fn elsewhere(task: u32, path: &str) -> String {
-    format!(
-        "the output file of task {task}, {path}, is not on this machine (nor its directory): run this where the task's files are, or use --stdout stream to keep outputs on the server"
-    )
+    /// Whether `path` is to be read: always, unless it is a shared file already read.
+    fn first_time(&mut self, path: &str) -> bool {
+        self.printed
+            .as_mut()
+            .is_none_or(|p| p.insert(path.to_string()))
+    }
+
+    /// What the absence of `path`, the file of `task` (in `state`), means; `written` if the
+    /// server knows the task left output in it.
+    fn missing(&self, task: u32, state: TaskState, path: &str, written: bool) -> Missing {
+        if !state.is_terminal() {
+            return Missing::NotYet;
+        }
+        // A canceled task may never have run, a failed one may have failed before it started
+        // (an input missing), and a task's own file left empty was removed.
+        let gone = written || (!self.own && state == TaskState::Finished);
+        if !gone {
+            return Missing::Nothing;
+        }
+        let dir = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty());
+        let what = format!("the {} file of task {task}, {path},", self.stream);
+        Missing::Gone(if dir.is_none_or(Path::is_dir) {
+            format!("{what} is missing: it was deleted or moved since the task wrote it")
+        } else {
+            format!(
+                "{what} is missing and so is its directory: it was deleted, or is not on this machine (run this where the task's files are, or use --stdout stream to keep outputs on the server)"
+            )
+        })
+    }
 }
 
 fn not_run(state: TaskState) -> &'static str {
@@ -300,6 +354,8 @@ struct Notes {
     truncated: u32,
     dropped: u32,
     unreadable: u32,
+    /// Shared files printed, said once.
+    shared: u32,
 }
 
 impl Notes {
@@ -312,6 +368,7 @@ impl Notes {
             truncated: 0,
             dropped: 0,
             unreadable: 0,
+            shared: 0,
         }
     }
 
@@ -335,6 +392,16 @@ impl Notes {
             eprintln!(
                 "note: the {} of task {task} of job {} was {why}",
                 self.stream, self.job
+            );
+        }
+    }
+
+    fn shared(&mut self, path: &str) {
+        self.shared += 1;
+        if self.shared == 1 {
+            eprintln!(
+                "note: the tasks of job {} share {path}: it is printed once, as it is (each task's {} added to it whole)",
+                self.job, self.stream
             );
         }
     }

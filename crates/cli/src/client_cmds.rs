@@ -140,6 +140,7 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
             s.spec.parent = Some(parent);
         }
     }
+    let existing = crate::run_dirs::Existing::before(&subs);
     let subs = keyed(subs, user_key);
     let total: u64 = subs.iter().map(|s| s.sub.tasks.len() as u64).sum();
     let mut conn = session::open(g, session::WAITING).await?;
@@ -185,6 +186,11 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
     };
     let ids: Vec<JobId> = done.iter().map(|d| d.job).collect();
     report_submitted(g, &subs, &done, args.parsable);
+    let fresh: Vec<Option<JobId>> = done
+        .iter()
+        .map(|d| (!d.repeated).then_some(d.job))
+        .collect();
+    existing.warn(&fresh);
     let waited = if args.wait {
         let quiet = g.output == Format::Json || args.parsable;
         let p = match wait_for(&mut conn, ids.clone(), quiet).await? {

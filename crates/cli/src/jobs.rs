@@ -3,7 +3,7 @@
 //! `kestrel submit`, `kestrel run` and job files share [`TaskOptions`], so an option means the
 //! same thing wherever it is written.
 
-use crate::sizes;
+use crate::{output, sizes};
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::placeholders;
 use kestrel_core::{
@@ -61,9 +61,14 @@ pub struct TaskOptions {
     /// file per task; read it with `kestrel job cat`), the first 1M of each task's output, or
     /// up to SIZE with `stream:SIZE` (at most 4M); or a path with placeholders (see below),
     /// relative to the task's directory (`./stream` for a file named so)
-    /// [default: job-{job}/{task}.out]. A file the task leaves empty is removed if its path
-    /// names both {job} and {task} (the default does), as no other task can be writing it; a
-    /// file shared by several tasks is kept
+    /// [default: job-{job}/{task}.out]. A path without {task} or {line} (all.txt,
+    /// by-{line:1}.txt) is shared by the job's tasks and gets each task's output whole, never
+    /// two tasks' lines mixed: `kestrel run` writes it afresh in task order when the run ends
+    /// (GNU parallel's --keep-order); on a server each task adds its output to the end of the
+    /// file as it ends, after what the file held (remove it first to start afresh; a task run
+    /// again adds its output again). A file the task leaves empty is removed if its path names
+    /// both {job} and {task} (the default does), as no other task can be writing it, and so is
+    /// the job's directory of them once the job has ended, if nothing is left in it
     #[arg(long, value_name = "none|stream[:SIZE]|PATH")]
     pub stdout: Option<String>,
     /// Where each task's stderr goes, like --stdout [default: job-{job}/{task}.err]
@@ -540,7 +545,8 @@ pub fn from_flags(
                 eprintln!("warning: --each: {{line}} appears nowhere in the command, paths, files or --env values, so every task runs the same command; put {{line}} where each task's line goes (GNU parallel's {{}} is {{line}} here)");
             }
             opts.add_env_all(&mut spec);
-            let lines = each_lines(file, sizes::task_room(&spec)?)?;
+            let fields = placeholders::fields_needed(&spec.template);
+            let lines = each_lines(file, sizes::task_room(&spec)?, fields)?;
             Ok(Submission::new(spec, TaskSet::Lines(lines)))
         }
         (array, None) => {
@@ -591,8 +597,9 @@ fn read_each(file: &Path) -> Result<Vec<u8>> {
     })
 }
 
-/// One task per non-blank line of `file`; each line must fit in `room` bytes.
-fn each_lines(file: &Path, room: usize) -> Result<LineList> {
+/// One task per non-blank line of `file`; each line must fit in `room` bytes and have at least
+/// `fields` whitespace-separated fields (the highest `{line:N}` used).
+fn each_lines(file: &Path, room: usize, fields: usize) -> Result<LineList> {
     let (what, _) = each_source(file);
     let bytes = read_each(file)?;
     let text = std::str::from_utf8(&bytes).map_err(|e| {
@@ -612,6 +619,15 @@ fn each_lines(file: &Path, room: usize) -> Result<LineList> {
             sizes::string_bytes(line),
             room,
         )?;
+        let has = line.split_whitespace().count();
+        if has < fields {
+            bail!(
+                "--each {what}: line {} ({:?}) has {} but {{line:{fields}}} needs {fields}; give every line at least {fields} whitespace-separated fields, or remove that line",
+                n + 1,
+                line,
+                output::plural(has as u64, "field"),
+            );
+        }
         lines.push(line);
     }
     if lines.is_empty() {

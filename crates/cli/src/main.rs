@@ -12,6 +12,7 @@ mod graph_dot;
 mod graph_file;
 mod jobs;
 mod json;
+mod keep_order;
 mod output;
 mod queries;
 mod run;
@@ -206,7 +207,9 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
             _ => None,
         },
         quarantine: quarantine == args::Switch::On,
-        first_job: 1,
+        // After the `job-N` output directories here, so that a new server's job 1 does not
+        // write into an earlier run's `job-1/`.
+        first_job: run_dirs::first_free(&std::env::current_dir()?),
         store,
         policy: jobs::parse_policy(&policy)?,
         util_threshold_permille: jobs::util_threshold(util_threshold)?,
@@ -216,7 +219,11 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         },
         run_record: false,
     };
+    let first_job = config.first_job;
     let server = kestrel_server::start(config).await?;
+    if first_job > 1 && server.restored.as_ref().is_none_or(|(r, _)| r.jobs == 0) {
+        eprintln!("jobs are numbered from {first_job}, after the job-N output directories here");
+    }
     if let Some((r, took)) = &server.restored {
         eprintln!(
             "restored {} job(s) and {} task result(s) from the journal in {:.2?}",

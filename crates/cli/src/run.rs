@@ -5,6 +5,7 @@ use crate::args::{Global, RunArgs, Switch};
 use crate::client_cmds::{submissions, wait_exit};
 use crate::jobs::Submission;
 use crate::json::{CountsView, RunView};
+use crate::keep_order::KeepOrder;
 use crate::output::{self, Format, Progress};
 use crate::queries::FailureList;
 use crate::run_dirs::RunDirs;
@@ -30,7 +31,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             "--workers must be at least 1 (or give --alloc for workers from an allocation queue)"
         );
     }
-    let subs = submissions(&a.shape, &a.options, a.command)?;
+    let mut subs = submissions(&a.shape, &a.options, a.command)?;
     let slots = a
         .slots
         .unwrap_or_else(|| (crate::cpus() / n_workers.max(1)).max(1));
@@ -89,6 +90,9 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     // runs here, so runs never write into each other's outputs.
     let out_dirs = RunDirs::take(&subs);
     let first_job = out_dirs.first_job;
+    // Files the tasks of a job share are written in task order when the run ends.
+    let here = std::env::current_dir().unwrap_or_default();
+    let keep_order = KeepOrder::prepare(&mut subs, &here);
     let started = Instant::now();
     let server = kestrel_server::start(ServerConfig {
         quarantine: a.quarantine == Switch::On,
@@ -197,18 +201,19 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             Err(e) => eprintln!("warning: a local worker crashed: {e}"),
         }
     }
+    let shared_files = keep_order.map(|k| k.finish(first_job, &here));
     let outcome = match outcome {
         Ok(o) => o,
         Err(stop) => {
-            out_dirs.finish(&std::env::current_dir().unwrap_or_default());
+            out_dirs.finish(&here);
             return Ok(stop.code());
         }
     };
     let (counts, jobs, allocs, failed) = outcome?;
     let total = counts.total().max(tasks);
     let rate = total as f64 / wall.as_secs_f64().max(1e-9);
-    let here = std::env::current_dir().unwrap_or_default();
-    let dirs = out_dirs.finish(&here);
+    let mut dirs = out_dirs.finish(&here);
+    dirs.extend(shared_files.into_iter().flatten());
     match g.output {
         Format::Json => output::json(&RunView {
             jobs: jobs.clone(),

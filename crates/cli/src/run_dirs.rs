@@ -1,10 +1,16 @@
-//! Where `kestrel run`'s default outputs go, so that runs never write into each other's.
+//! Where default outputs go, so that jobs never write into each other's `job-N/`.
 //!
 //! A run's server is new each time, so its job numbers would start at 1 and its default
 //! outputs (`job-{job}/...` in the task's directory) would land in an earlier run's `job-1/`.
 //! Before submitting, the run takes the next free numbers and creates their `job-N`
 //! directories itself: `create_dir` fails on one that exists, so two runs started together in
 //! one directory take different numbers. Directories left empty are removed at the end.
+//!
+//! A standalone server numbers its jobs after the `job-N` directories of the directory it
+//! starts in ([`first_free`]), for the same reason: a new server (or one without a journal,
+//! started again) would otherwise give its job 1 an earlier run's `job-1/`. A job submitted
+//! from elsewhere may still meet an older `job-N/` of its number there: `submit` says so
+//! ([`Existing`]).
 
 use crate::jobs::{Submission, DEFAULT_STDERR, DEFAULT_STDOUT};
 use kestrel_core::Sink;
@@ -29,6 +35,51 @@ fn default_dir(s: &Submission) -> Option<&Path> {
 
 /// The highest `N` of a `job-N` directory in `dir` (0 if none).
 fn highest(dir: &Path) -> u32 {
+    job_dirs(dir).max().unwrap_or(0)
+}
+
+/// The first job number past the `job-N` directories in `dir`.
+pub fn first_free(dir: &Path) -> u32 {
+    highest(dir).saturating_add(1)
+}
+
+/// The `job-N` directories that existed, before submission, where each job writes its default
+/// outputs, to tell when a job's own `job-N/` already held files.
+pub struct Existing(Vec<Option<(PathBuf, Vec<u32>)>>);
+
+impl Existing {
+    /// Looks, for each of `subs`, at the directory of its default outputs.
+    pub fn before(subs: &[Submission]) -> Existing {
+        Existing(
+            subs.iter()
+                .map(|s| {
+                    let dir = default_dir(s)?;
+                    let numbers = job_dirs(dir).collect::<Vec<_>>();
+                    (!numbers.is_empty()).then(|| (dir.to_path_buf(), numbers))
+                })
+                .collect(),
+        )
+    }
+
+    /// Warns about each new job of `ids` (in the order of the submissions looked at; `None`
+    /// for one submitted before, under the same key) whose `job-N/` was there before it.
+    pub fn warn(&self, ids: &[Option<u32>]) {
+        for (seen, id) in self.0.iter().zip(ids) {
+            let (Some((dir, numbers)), Some(id)) = (seen, id) else {
+                continue;
+            };
+            if numbers.contains(id) {
+                eprintln!(
+                    "warning: job-{id}/ in {} already held files before job {id} (another server's or run's): job {id}'s outputs go in with them, replacing those of the same names; move old job-N directories away before submitting there",
+                    dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// The numbers of the `job-N` directories in `dir`.
+fn job_dirs(dir: &Path) -> impl Iterator<Item = u32> {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -37,8 +88,6 @@ fn highest(dir: &Path) -> u32 {
             let n: u32 = e.file_name().to_str()?.strip_prefix("job-")?.parse().ok()?;
             e.file_type().ok()?.is_dir().then_some(n)
         })
-        .max()
-        .unwrap_or(0)
 }
 
 impl RunDirs {

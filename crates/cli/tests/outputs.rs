@@ -281,3 +281,137 @@ fn forgetting_a_job_drops_its_output_log() {
     );
     c.run(&["job", "cat", "1"]).failed();
 }
+
+/// Issue 29, defect 2: tasks sharing one `--stdout` file left only the last task's output.
+/// On a server each task adds its output whole when it ends, stdout and stderr as written,
+/// after what the file held; `job cat` prints the file once.
+#[test]
+fn tasks_sharing_a_file_on_a_server_add_their_output_whole() {
+    let c = Cluster::with_workers(&[2, 2]);
+    std::fs::write(c.work.join("all.txt"), "from before\n").unwrap();
+    submit_sh(
+        &c,
+        "--array 1-20 --stdout all.txt --stderr all.txt --wait",
+        // Each task writes twice, with a pause between, while three others run.
+        "echo a{task}; sleep 0.0$(({task} % 4)); echo b{task} >&2",
+    )
+    .ok();
+    let text = c.read("all.txt").unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("from before"));
+    let rest: Vec<&str> = lines.collect();
+    assert_eq!(rest.len(), 40, "{text}");
+    let mut tasks: Vec<u32> = rest
+        .chunks(2)
+        .map(|pair| {
+            let t = pair[0].strip_prefix('a').expect("a task's first line");
+            assert_eq!(pair[1], format!("b{t}"), "a task's lines apart: {text}");
+            t.parse().unwrap()
+        })
+        .collect();
+    tasks.sort_unstable();
+    assert_eq!(tasks, (1..=20).collect::<Vec<_>>());
+    let out = c.run(&["job", "cat", "1"]);
+    assert_eq!(out.ok().stdout, text, "printed once");
+    assert!(
+        out.stderr.contains("tasks of job 1 share") && out.stderr.contains("printed once"),
+        "{out:#?}"
+    );
+}
+
+/// Issue 29, defect 9: a deleted output file was passed over in silence (status 0). It is
+/// named, the other tasks' outputs printed, and the status is 2. A task that wrote nothing
+/// has no file either (its worker removed it), and that is not taken for a deleted one: the
+/// worker told the server.
+#[test]
+fn a_deleted_output_file_is_named_and_the_rest_printed() {
+    let c = Cluster::with_workers(&[2]);
+    submit_sh(
+        &c,
+        "--array 1-4 --wait",
+        "[ {task} -eq 4 ] || echo out {task}; [ {task} -ne 3 ] || echo bad >&2",
+    )
+    .ok();
+    assert!(
+        !c.work.join("job-1/4.out").exists(),
+        "an empty output is removed"
+    );
+    std::fs::remove_file(c.work.join("job-1/2.out")).unwrap();
+    let out = c.run(&["job", "cat", "1"]);
+    assert_eq!(out.code(), Some(2), "{out:#?}");
+    assert_eq!(out.stdout, lines("out", [1, 3]));
+    let gone = |file: &str, task| {
+        format!(
+            "error: the {} file of task {task}, {}, is missing: it was deleted or moved since the task wrote it",
+            if file.ends_with(".out") { "stdout" } else { "stderr" },
+            c.path(file)
+        )
+    };
+    assert_eq!(out.stderr.trim(), gone("job-1/2.out", 2));
+    let out = c.run(&["task", "output", "1", "2"]);
+    assert_eq!(out.code(), Some(2), "{out:#?}");
+    assert_eq!(out.one_line_error(), gone("job-1/2.out", 2));
+    assert_eq!(c.run(&["task", "output", "1", "4"]).ok().stdout, "");
+    // Stderr: only task 3 wrote any; its file deleted is named too.
+    assert_eq!(c.run(&["job", "cat", "1", "--stderr"]).ok().stdout, "bad\n");
+    std::fs::remove_file(c.work.join("job-1/3.err")).unwrap();
+    let out = c.run(&["job", "cat", "1", "--stderr"]);
+    assert_eq!(out.code(), Some(2), "{out:#?}");
+    assert_eq!(out.stderr.trim(), gone("job-1/3.err", 3));
+}
+
+/// Issue 29: a job whose tasks write nothing where its outputs go left an empty `job-N/`.
+#[test]
+fn an_ended_job_leaves_no_empty_output_directory() {
+    let c = Cluster::with_workers(&[2]);
+    submit_sh(&c, "--array 1-3 --stdout none --wait", "true").ok();
+    submit_sh(
+        &c,
+        "--array 1-3 --stdout none --wait",
+        "[ {task} -ne 2 ] || echo e >&2",
+    )
+    .ok();
+    poll("job-1/ to go", STARTUP, || {
+        (!c.work.join("job-1").exists()).then_some(())
+    });
+    // A directory with an output in it stays, with that output alone.
+    assert_eq!(c.read("job-2/2.err").as_deref(), Some("e\n"));
+    let left: Vec<_> = std::fs::read_dir(c.work.join("job-2")).unwrap().collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}
+
+/// Issue 29: a new server's job 1 wrote into the `job-1/` of an earlier `kestrel run` there.
+/// A server numbers its jobs after the `job-N` directories of the directory it starts in; a
+/// job submitted from a directory whose `job-N/` it meets anyway is warned about.
+#[test]
+fn a_new_server_numbers_its_jobs_after_the_outputs_there() {
+    let mut c = Cluster::new();
+    c.kill_server();
+    std::fs::remove_dir_all(&c.server_dir).unwrap();
+    let mut run = kestrel();
+    run.args(["run", "--array", "1-2", "--", "echo", "run", "{task}"])
+        .current_dir(&c.work);
+    run_bounded(run, COMMAND_LIMIT).ok();
+    c.start_server();
+    c.add_worker(1);
+    let out = submit_sh(&c, "--array 1-2 --wait", "echo server {task}");
+    assert!(out.ok().stderr.contains("submitted job 2 "), "{out:#?}");
+    for t in 1..=2 {
+        assert_eq!(
+            c.read(&format!("job-1/{t}.out")),
+            Some(format!("run {t}\n"))
+        );
+        assert_eq!(
+            c.read(&format!("job-2/{t}.out")),
+            Some(format!("server {t}\n"))
+        );
+    }
+    // Elsewhere, an old job-3/ in the way.
+    std::fs::create_dir_all(c.work.join("elsewhere/job-3")).unwrap();
+    let out = submit_sh(&c, "--cwd elsewhere --wait", "echo new");
+    let warning = format!(
+        "warning: job-3/ in {} already held files before job 3",
+        c.path("elsewhere")
+    );
+    assert!(out.ok().stderr.contains(&warning), "{out:#?}");
+}

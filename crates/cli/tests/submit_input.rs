@@ -107,12 +107,12 @@ fn a_mistyped_or_misplaced_placeholder_is_refused_at_submit() {
     let out = c.run(&["submit", "--array", "1-3", "--", "echo", "{tsk}"]);
     assert_eq!(
         out.one_line_error(),
-        "error: unknown placeholder {tsk} in the command (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)"
+        "error: unknown placeholder {tsk} in the command (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1; {line:q} and {line:N:q} quoted for a shell)"
     );
     let out = c.run(&["submit", "--stdout", "out/{line}.txt", "--", "true"]);
     assert_eq!(
         out.one_line_error(),
-        "error: placeholder {line} in --stdout works only with --each; placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)"
+        "error: placeholder {line} in --stdout works only with --each; placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1; {line:q} and {line:N:q} quoted for a shell)"
     );
     // A job file names the job.
     fs::write(
@@ -142,6 +142,93 @@ fn a_mistyped_or_misplaced_placeholder_is_refused_at_submit() {
     ]);
     out.ok();
     assert_eq!(c.read("awk.txt").as_deref(), Some("home\n"));
+}
+
+/// Issue 29: HyperQueue's placeholders were taken literally (`out/%{TASK_ID}.txt`, one file
+/// for every task); they are refused, naming Kestrel's.
+#[test]
+fn hyperqueue_placeholders_are_refused_naming_kestrel_s() {
+    let c = Cluster::with_workers(&[1]);
+    let out = c.run(&[
+        "submit",
+        "--array",
+        "1-3",
+        "--stdout",
+        "out/%{TASK_ID}.txt",
+        "--",
+        "true",
+    ]);
+    assert_eq!(
+        out.one_line_error(),
+        "error: %{TASK_ID} in --stdout is HyperQueue's syntax; Kestrel's is {task}"
+    );
+    let out = c.run(&["submit", "--", "sh", "-c", "echo %{JOB_ID} $HQ_TASK_ID"]);
+    assert_eq!(
+        out.one_line_error(),
+        "error: %{JOB_ID} in the command is HyperQueue's syntax; Kestrel's is {job}"
+    );
+    let out = c.run(&["submit", "--cwd", "%{SUBMIT_DIR}/x", "--", "true"]);
+    assert!(
+        out.one_line_error().contains("write a relative path"),
+        "{out:#?}"
+    );
+    assert_eq!(jobs(&c), json!([]), "nothing was submitted");
+}
+
+/// Issue 29: `{line}` in `sh -c` broke on a file name with spaces; `{line:q}` is the line as
+/// one shell word. A line without the field a `{line:N}` names is refused at submission,
+/// instead of running with an empty argument.
+#[test]
+fn a_quoted_line_is_one_shell_word_and_a_missing_field_is_refused() {
+    let c = Cluster::with_workers(&[2]);
+    let names = ["my data.txt", "it's $HOME.txt", "plain.txt"];
+    for n in names {
+        fs::write(c.work.join(n), format!("in {n}\n")).unwrap();
+    }
+    fs::write(c.work.join("files.txt"), names.join("\n")).unwrap();
+    submit_with(
+        &c,
+        None,
+        &[],
+        &[
+            "--each",
+            "files.txt",
+            "--stdout",
+            "{task}.out",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "cat {line:q} && echo {line:1:q}",
+        ],
+    )
+    .ok();
+    for (task, n) in names.iter().enumerate() {
+        let first = n.split_whitespace().next().unwrap();
+        assert_eq!(
+            c.read(&format!("{task}.out")).as_deref(),
+            Some(format!("in {n}\n{first}\n").as_str())
+        );
+    }
+    fs::write(c.work.join("pairs.txt"), "a.fits b.fits\n\nc.fits\n").unwrap();
+    let out = c.run(&[
+        "submit",
+        "--each",
+        "pairs.txt",
+        "--",
+        "cmp",
+        "{line:1}",
+        "{line:2}",
+    ]);
+    assert_eq!(
+        out.one_line_error(),
+        "error: --each file pairs.txt: line 3 (\"c.fits\") has 1 field but {line:2} needs 2; give every line at least 2 whitespace-separated fields, or remove that line"
+    );
+    assert_eq!(
+        jobs(&c).as_array().map(Vec::len),
+        Some(1),
+        "only the first job"
+    );
 }
 
 #[test]

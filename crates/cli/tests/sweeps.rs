@@ -119,10 +119,11 @@ fn tasks_under_run_submit_tasks_that_the_run_waits_for() {
     // The parent task and the 4 it submitted, all finished before the run ended.
     assert_eq!(v["tasks"].as_u64(), Some(5), "{v}");
     assert_eq!(v["counts"]["finished"].as_u64(), Some(5), "{v}");
-    // `{task}` in the parent's command was the parent's id (0); each child wrote the same file.
+    // `{task}` in the parent's command was the parent's id (0): the children share one file,
+    // and each added its line to it.
     assert_eq!(
         std::fs::read_to_string(dir.path().join("child-0.out")).unwrap(),
-        "child\n"
+        "child\n".repeat(4)
     );
 }
 
@@ -442,4 +443,68 @@ fn an_interrupted_run_stops_its_tasks_and_cleans_up() {
         0,
         "temporary files left"
     );
+}
+
+/// Issue 29, defect 2, as reported: `kestrel run --array 1-5 --stdout all.txt` left "hi 5".
+/// A file the tasks share is written afresh in task order (GNU parallel's --keep-order),
+/// however the tasks were spread over workers and whenever they ended.
+#[test]
+fn a_file_the_tasks_share_holds_every_task_s_output_in_task_order() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("all.txt"), "an earlier run's\n").unwrap();
+    let out = run_in(
+        dir.path(),
+        &[
+            "run",
+            "--workers",
+            "2",
+            "--slots",
+            "2",
+            "--array",
+            "1-12",
+            "--stdout",
+            "all.txt",
+            "--stderr",
+            "all.txt",
+            "--",
+            "sh",
+            "-c",
+            // Later tasks end first; each writes stdout, then stderr after a pause.
+            "echo hi {task}; sleep 0.0$((12 - {task})); echo err {task} >&2",
+        ],
+    );
+    out.ok();
+    let want: String = (1..=12).map(|t| format!("hi {t}\nerr {t}\n")).collect();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("all.txt")).unwrap(),
+        want
+    );
+    assert!(out.stdout.contains("outputs in all.txt"), "{out:#?}");
+    // Grouped by a field of the line, and nothing of the run's own left behind.
+    std::fs::write(dir.path().join("pairs.txt"), "x 1\ny 2\nx 3\ny 4\n").unwrap();
+    run_in(
+        dir.path(),
+        &[
+            "run",
+            "--each",
+            "pairs.txt",
+            "--stdout",
+            "by-{line:1}.txt",
+            "--",
+            "echo",
+            "{line:2}",
+        ],
+    )
+    .ok();
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    assert_eq!(
+        (read("by-x.txt"), read("by-y.txt")),
+        ("1\n3\n".into(), "2\n4\n".into())
+    );
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["all.txt", "by-x.txt", "by-y.txt", "pairs.txt"]);
 }

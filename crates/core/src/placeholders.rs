@@ -2,11 +2,14 @@
 //!
 //! `{job}` is the job's id, `{task}` the task's id and, in a job made of the lines of a file
 //! (`--each`), `{line}` the task's line and `{line:N}` its Nth whitespace-separated field, from
-//! 1 (All-Pairs: a line `a.fits b.fits` names both inputs of its task). A placeholder is `{name}` not preceded by `$`, so
+//! 1 (All-Pairs: a line `a.fits b.fits` names both inputs of its task). `{line:q}` and
+//! `{line:N:q}` are the same quoted for a shell (`sh -c 'wc -l {line:q}'` with a line holding
+//! spaces), as GNU parallel quotes its `{}`. A placeholder is `{name}` not preceded by `$`, so
 //! `${line}` stays the shell's variable. Workers replace them ([`substitute`]); at submission,
-//! [`check_template`] refuses a placeholder that does not apply (`{line}` without `--each`) or that
-//! looks like a mistyped one (`{tsk}`, `{TASK}`, `{lines}`), and lets any other text in braces
-//! through untouched (`awk '{print $1}'`, `find -exec rm {} +`, `{x}`).
+//! [`check_template`] refuses a placeholder that does not apply (`{line}` without `--each`),
+//! that looks like a mistyped one (`{tsk}`, `{TASK}`, `{lines}`) or that is HyperQueue's
+//! (`%{TASK_ID}`, `$HQ_TASK_ID`), and lets any other text in braces through untouched
+//! (`awk '{print $1}'`, `find -exec rm {} +`, `{x}`).
 //!
 //! A task that reads files also has `{input:NAME}` (the path its input NAME was staged at),
 //! `{input:N}` (the Nth input's, from 0) and `{inputs}` (all of them, space-separated). Their
@@ -38,7 +41,8 @@ pub struct Values<'a> {
 }
 
 /// Each placeholder-shaped `{name}` of `text` (`name` of letters, digits and `_`, not preceded
-/// by `$`): `(start, end, name)`, `start..end` covering the braces.
+/// by `$`; or `line` with `:N` and/or `:q` after it): `(start, end, name)`, `start..end`
+/// covering the braces.
 fn tokens(text: &str) -> impl Iterator<Item = (usize, usize, &str)> + '_ {
     let bytes = text.as_bytes();
     let mut from = 0;
@@ -51,14 +55,20 @@ fn tokens(text: &str) -> impl Iterator<Item = (usize, usize, &str)> + '_ {
                 .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
                 .count();
             let mut close = from + len;
-            // `{line:N}`: the Nth field of the line.
-            if &text[from..close] == LINE && bytes.get(close) == Some(&b':') {
-                let digits = bytes[close + 1..]
-                    .iter()
-                    .take_while(|c| c.is_ascii_digit())
-                    .count();
-                if digits > 0 {
-                    close += 1 + digits;
+            if &text[from..close] == LINE {
+                // `{line:N}`: the Nth field of the line.
+                if bytes.get(close) == Some(&b':') {
+                    let digits = bytes[close + 1..]
+                        .iter()
+                        .take_while(|c| c.is_ascii_digit())
+                        .count();
+                    if digits > 0 {
+                        close += 1 + digits;
+                    }
+                }
+                // `{line:q}`, `{line:N:q}`: quoted for a shell.
+                if bytes.get(close..close + 2) == Some(b":q") {
+                    close += 2;
                 }
             }
             let dollar = open > 0 && bytes[open - 1] == b'$';
@@ -71,26 +81,54 @@ fn tokens(text: &str) -> impl Iterator<Item = (usize, usize, &str)> + '_ {
     })
 }
 
+/// A placeholder of the line, parsed from its name: `line`, `line:N`, `line:q`, `line:N:q`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LinePart {
+    /// The field, from 1; `None` for the whole line.
+    field: Option<usize>,
+    /// Quoted for a shell.
+    quoted: bool,
+}
+
+/// The part of the line a placeholder's name stands for, if it is a line placeholder
+/// (a field number, if any, at least 1).
+fn line_part(name: &str) -> Option<LinePart> {
+    let rest = name.strip_prefix(LINE)?;
+    let (rest, quoted) = match rest.strip_suffix(":q") {
+        Some(r) => (r, true),
+        None => (rest, false),
+    };
+    if rest.is_empty() {
+        return Some(LinePart {
+            field: None,
+            quoted,
+        });
+    }
+    let n: usize = rest.strip_prefix(':')?.parse().ok()?;
+    (n >= 1).then_some(LinePart {
+        field: Some(n),
+        quoted,
+    })
+}
+
 /// `text` with its placeholders replaced; borrowed when there is nothing to replace. Every
 /// placeholder is replaced in one pass, so a line holding `{task}` is not replaced again.
 pub fn substitute<'a>(text: &'a str, v: &Values) -> Cow<'a, str> {
     let mut out: Option<String> = None;
     let mut copied = 0;
     for (start, end, name) in tokens(text) {
-        let value = match (name, v.line) {
-            (JOB, _) => v.job,
-            (TASK, _) => v.task,
-            (LINE, Some(line)) => line,
-            (_, Some(line)) => match field_number(name) {
-                // A line with fewer fields gives an empty one.
-                Some(n) => line.split_whitespace().nth(n - 1).unwrap_or(""),
+        let value: Cow<'_, str> = match (name, v.line) {
+            (JOB, _) => Cow::Borrowed(v.job),
+            (TASK, _) => Cow::Borrowed(v.task),
+            (_, Some(line)) => match line_part(name) {
+                Some(part) => line_value(line, part),
                 None => continue,
             },
             _ => continue,
         };
         let o = out.get_or_insert_with(|| String::with_capacity(text.len() + value.len()));
         o.push_str(&text[copied..start]);
-        o.push_str(value);
+        o.push_str(&value);
         copied = end;
     }
     match out {
@@ -102,32 +140,64 @@ pub fn substitute<'a>(text: &'a str, v: &Values) -> Cow<'a, str> {
     }
 }
 
-/// N of a `{line:N}` placeholder's name (`line:N`), if it is one with N ≥ 1.
-fn field_number(name: &str) -> Option<usize> {
-    let n: usize = name.strip_prefix("line:")?.parse().ok()?;
-    (n >= 1).then_some(n)
+/// What a line placeholder stands for in `line`. A line with fewer fields gives an empty one
+/// (submission refuses such lines: see [`fields_needed`]).
+fn line_value(line: &str, part: LinePart) -> Cow<'_, str> {
+    let value = match part.field {
+        None => line,
+        Some(n) => line.split_whitespace().nth(n - 1).unwrap_or(""),
+    };
+    if !part.quoted {
+        return Cow::Borrowed(value);
+    }
+    // A line holds no NUL (submission refuses it), the one thing a shell word cannot carry.
+    shlex::try_quote(value).unwrap_or(Cow::Borrowed("''"))
 }
 
 /// A placeholder refused at submission.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlaceholderError {
-    /// As written, with its braces.
-    pub found: String,
-    /// Where: "the command", "--stdout", "--env NAME", ...
-    pub place: String,
-    /// The placeholder it looks like.
-    pub meant: &'static str,
-    /// Whether the job is made of lines (`--each`).
-    pub lines: bool,
+pub enum PlaceholderError {
+    /// One that does not apply here, or looks like a mistyped one.
+    Unknown {
+        /// As written, with its braces.
+        found: String,
+        /// Where: "the command", "--stdout", "--env NAME", ...
+        place: String,
+        /// The placeholder it looks like.
+        meant: &'static str,
+        /// Whether the job is made of lines (`--each`).
+        lines: bool,
+    },
+    /// HyperQueue's syntax (`%{TASK_ID}`, `$HQ_TASK_ID`), which Kestrel would take literally.
+    HyperQueue {
+        /// As written.
+        found: String,
+        /// Where, as in `Unknown`.
+        place: String,
+        /// What to write instead.
+        instead: &'static str,
+    },
 }
 
 impl fmt::Display for PlaceholderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (found, place, meant) = (&self.found, &self.place, self.meant);
+        let (found, place, meant, lines) = match self {
+            PlaceholderError::HyperQueue {
+                found,
+                place,
+                instead,
+            } => return write!(f, "{found} in {place} is HyperQueue's syntax; {instead}"),
+            PlaceholderError::Unknown {
+                found,
+                place,
+                meant,
+                lines,
+            } => (found, place, *meant, *lines),
+        };
         let name = found.trim_matches(['{', '}']);
-        if (name == LINE || field_number(name).is_some()) && !self.lines {
+        if line_part(name).is_some() && !lines {
             write!(f, "placeholder {found} in {place} works only with --each")?;
-        } else if meant == LINE && !self.lines {
+        } else if meant == LINE && !lines {
             write!(
                 f,
                 "unknown placeholder {found} in {place} (did you mean {{{meant}}}? it works only with --each)"
@@ -139,7 +209,7 @@ impl fmt::Display for PlaceholderError {
             )?;
         }
         f.write_str(
-            "; placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)",
+            "; placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1; {line:q} and {line:N:q} quoted for a shell)",
         )
     }
 }
@@ -153,6 +223,68 @@ fn meant(name: &str) -> Option<&'static str> {
     NAMES
         .into_iter()
         .find(|n| strsim::osa_distance(&lower, n) <= 1)
+}
+
+/// HyperQueue's placeholders (`%{NAME}`) and what Kestrel has instead.
+const HQ_PLACEHOLDERS: [(&str, &str); 6] = [
+    ("TASK_ID", "Kestrel's is {task}"),
+    ("JOB_ID", "Kestrel's is {job}"),
+    (
+        "INSTANCE_ID",
+        "Kestrel has no instance id (a task run again writes the same files); leave it out",
+    ),
+    (
+        "CWD",
+        "Kestrel's relative paths are relative to the task's directory (--cwd); leave it out",
+    ),
+    (
+        "SUBMIT_DIR",
+        "tasks run in the directory you submit from (unless --cwd says otherwise); write a relative path",
+    ),
+    (
+        "SERVER_UID",
+        "Kestrel has no server id; {job} in a path keeps jobs apart",
+    ),
+];
+
+/// HyperQueue's variables in a task's environment and Kestrel's.
+const HQ_VARIABLES: [(&str, &str); 2] = [
+    ("HQ_TASK_ID", "Kestrel's is $KESTREL_TASK_ID"),
+    ("HQ_JOB_ID", "Kestrel's is $KESTREL_JOB_ID"),
+];
+
+/// HyperQueue's syntax in `text`, if any: `%{TASK_ID}` and the like, or `$HQ_TASK_ID`.
+fn hyperqueue(text: &str, place: &str) -> Option<PlaceholderError> {
+    let refused = |found: String, instead| PlaceholderError::HyperQueue {
+        found,
+        place: place.to_string(),
+        instead,
+    };
+    for (start, _, name) in tokens(text) {
+        if !text[..start].ends_with('%') {
+            continue;
+        }
+        if let Some((_, instead)) = HQ_PLACEHOLDERS.iter().find(|(n, _)| *n == name) {
+            return Some(refused(format!("%{{{name}}}"), instead));
+        }
+    }
+    if !text.contains("HQ_") {
+        return None;
+    }
+    for (var, instead) in HQ_VARIABLES {
+        for found in [format!("${var}"), format!("${{{var}}}")] {
+            let at = text.find(&found);
+            // `$HQ_TASK_IDS` is another variable.
+            let whole = at.is_some_and(|at| {
+                !text[at + found.len()..]
+                    .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            });
+            if whole {
+                return Some(refused(found, instead));
+            }
+        }
+    }
+    None
 }
 
 /// The logical file names `patterns` make for each task of `tasks` from index `from` on, in
@@ -235,8 +367,11 @@ pub fn substitute_inputs<'a>(text: &'a str, inputs: &[(String, String)]) -> Cow<
 /// Checks the placeholders of one piece of text (see the module's rule); `place` names it in
 /// the error, `lines` says whether `{line}` applies.
 pub fn check(text: &str, place: &str, lines: bool) -> Result<(), PlaceholderError> {
+    if let Some(e) = hyperqueue(text, place) {
+        return Err(e);
+    }
     for (_, _, name) in tokens(text) {
-        let of_line = name == LINE || field_number(name).is_some();
+        let of_line = line_part(name).is_some();
         let fine = name == JOB || name == TASK || (of_line && lines);
         if fine {
             continue;
@@ -247,7 +382,7 @@ pub fn check(text: &str, place: &str, lines: bool) -> Result<(), PlaceholderErro
             false => meant(name),
         };
         if let Some(meant) = meant {
-            return Err(PlaceholderError {
+            return Err(PlaceholderError::Unknown {
                 found: format!("{{{name}}}"),
                 place: place.to_string(),
                 meant,
@@ -258,35 +393,41 @@ pub fn check(text: &str, place: &str, lines: bool) -> Result<(), PlaceholderErro
     Ok(())
 }
 
-/// Checks every text of a job's template that placeholders are replaced in: the command, the
-/// output paths, the directory and the environment values. `lines` says whether the job is
-/// made of lines (`--each`). A list's own commands are checked with [`check`] each.
-pub fn check_template(t: &TaskTemplate, lines: bool) -> Result<(), PlaceholderError> {
-    for arg in &t.argv {
-        check(arg, "the command", lines)?;
-    }
-    for (sink, flag) in [(&t.stdout, "--stdout"), (&t.stderr, "--stderr")] {
-        if let Sink::File(path) = sink {
-            check(path, flag, lines)?;
-        }
-    }
-    if let Some(cwd) = &t.cwd {
-        check(cwd, "--cwd", lines)?;
-    }
-    for (key, value) in &t.env {
-        check(value, &format!("--env {key}"), lines)?;
-    }
+/// Every text of a template that placeholders are replaced in, with where it is for errors:
+/// the command, the output paths, the directory, the environment values and the files.
+fn texts(t: &TaskTemplate) -> impl Iterator<Item = (&str, Cow<'static, str>)> + '_ {
+    let sinks = [(&t.stdout, "--stdout"), (&t.stderr, "--stderr")]
+        .into_iter()
+        .filter_map(|(sink, flag)| match sink {
+            Sink::File(path) => Some((path.as_str(), Cow::Borrowed(flag))),
+            Sink::Null | Sink::Stream { .. } => None,
+        });
     let f = &t.files;
-    for (names, flag) in [
+    let files = [
         (&f.inputs, "--input"),
         (&f.outputs, "--output-file"),
         (&f.statics, "--input-static"),
-    ] {
-        for name in names {
-            check(name, flag, lines)?;
-        }
-    }
-    Ok(())
+    ]
+    .into_iter()
+    .flat_map(|(names, flag)| names.iter().map(move |n| (n.as_str(), Cow::Borrowed(flag))));
+    t.argv
+        .iter()
+        .map(|a| (a.as_str(), Cow::Borrowed("the command")))
+        .chain(sinks)
+        .chain(t.cwd.as_deref().map(|c| (c, Cow::Borrowed("--cwd"))))
+        .chain(
+            t.env
+                .iter()
+                .map(|(k, v)| (v.as_str(), Cow::Owned(format!("--env {k}")))),
+        )
+        .chain(files)
+}
+
+/// Checks every text of a job's template that placeholders are replaced in: the command, the
+/// output paths, the directory, the environment values and the files. `lines` says whether
+/// the job is made of lines (`--each`). A list's own commands are checked with [`check`] each.
+pub fn check_template(t: &TaskTemplate, lines: bool) -> Result<(), PlaceholderError> {
+    texts(t).try_for_each(|(text, place)| check(text, &place, lines))
 }
 
 /// Whether placeholder `name` appears in `text` where it would be replaced.
@@ -294,23 +435,46 @@ pub fn uses(text: &str, name: &str) -> bool {
     tokens(text).any(|(_, _, n)| n == name)
 }
 
-/// Whether `{line}` appears anywhere it would be replaced, files included (a job of lines
-/// without it runs the same command on the same files for every line, which is rarely meant).
+/// Whether `{line}` (or a field of it) appears anywhere it would be replaced, files included
+/// (a job of lines without it runs the same command on the same files for every line, which
+/// is rarely meant).
 pub fn uses_line(t: &TaskTemplate) -> bool {
-    let sinks = [&t.stdout, &t.stderr].into_iter().filter_map(|s| match s {
-        Sink::File(p) => Some(p.as_str()),
-        Sink::Null | Sink::Stream { .. } => None,
-    });
-    let f = &t.files;
-    let files = f.inputs.iter().chain(&f.outputs).chain(&f.statics);
-    t.argv
-        .iter()
-        .map(String::as_str)
-        .chain(sinks)
-        .chain(t.cwd.as_deref())
-        .chain(t.env.iter().map(|(_, v)| v.as_str()))
-        .chain(files.map(String::as_str))
-        .any(|text| tokens(text).any(|(_, _, n)| n == LINE || field_number(n).is_some()))
+    texts(t).any(|(text, _)| tokens(text).any(|(_, _, n)| line_part(n).is_some()))
+}
+
+/// How many whitespace-separated fields each line must have for the `{line:N}` placeholders
+/// of `t`: the highest N (0 if none). A line with fewer would make an empty argument or path,
+/// so submission refuses it, naming the line.
+pub fn fields_needed(t: &TaskTemplate) -> usize {
+    texts(t)
+        .flat_map(|(text, _)| tokens(text).filter_map(|(_, _, n)| line_part(n)?.field))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether a file sink's path `path` names a file of its own for each task of a job: it uses
+/// `{task}` or the whole `{line}`, or, being relative, is in a directory `cwd` that does.
+/// Otherwise the job's tasks share the file (`--stdout all.txt`, `--stdout by-{line:1}.txt`),
+/// and each task's output is added to it whole.
+pub fn per_task(cwd: Option<&str>, path: &str) -> bool {
+    let names_task = |text: &str| {
+        tokens(text).any(|(_, _, n)| n == TASK || line_part(n).is_some_and(|p| p.field.is_none()))
+    };
+    names_task(path) || (Path::new(path).is_relative() && cwd.is_some_and(names_task))
+}
+
+/// Whether the tasks of a job (if it has several) share the file sink `path` in `cwd`: it does
+/// not name a file per task ([`per_task`]) and is not a device (`/dev/stdout` is written as it
+/// is by every task).
+pub fn shared_file(cwd: Option<&str>, path: &str) -> bool {
+    !per_task(cwd, path) && !path.starts_with("/dev/")
+}
+
+/// Whether a file sink's path names both `{job}` and `{task}`, so that no other task of any
+/// job writes the file: the worker may remove it when the task leaves it empty, and a
+/// missing one means just that.
+pub fn names_one_task(path: &str) -> bool {
+    uses(path, TASK) && uses(path, JOB)
 }
 
 /// `p` relative to the task's working directory, when it has one and `p` is relative.
@@ -413,11 +577,106 @@ mod tests {
     }
 
     #[test]
+    fn a_quoted_line_is_one_shell_word() {
+        let v = values(Some("my file.txt  it's $HOME"));
+        assert_eq!(
+            substitute("wc -l {line:q}", &values(Some("my file.txt"))),
+            "wc -l 'my file.txt'"
+        );
+        // Each field quoted on its own; a plain word stays as it is.
+        assert_eq!(substitute("{line:1:q} {line:3:q}", &v), "my \"it's\"");
+        let quoted = substitute("{line:q}", &v).into_owned();
+        assert_eq!(
+            shlex::split(&quoted).unwrap(),
+            vec!["my file.txt  it's $HOME"],
+            "{quoted}"
+        );
+        assert_eq!(substitute("{line:q}", &values(Some(""))), "''");
+        assert!(check("sh -c 'cat {line:q} {line:2:q}'", "the command", true).is_ok());
+        let e = check("{line:q}", "the command", false).unwrap_err();
+        assert!(e.to_string().contains("works only with --each"), "{e}");
+        // Not placeholders: kept as they are.
+        for kept in ["{line:qq}", "{line:q:2}", "${line:q}", "{task:q}"] {
+            assert!(matches!(substitute(kept, &v), Cow::Borrowed(_)), "{kept}");
+        }
+    }
+
+    #[test]
+    fn hyperqueue_syntax_is_refused_with_kestrel_s() {
+        let e = check("out/%{TASK_ID}.txt", "--stdout", false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "%{TASK_ID} in --stdout is HyperQueue's syntax; Kestrel's is {task}"
+        );
+        for (text, says) in [
+            ("%{JOB_ID}", "Kestrel's is {job}"),
+            ("%{CWD}/x", "relative to the task's directory"),
+            ("%{SUBMIT_DIR}/x", "write a relative path"),
+            ("%{INSTANCE_ID}", "no instance id"),
+            ("%{SERVER_UID}", "no server id"),
+            ("echo $HQ_TASK_ID", "Kestrel's is $KESTREL_TASK_ID"),
+            ("echo ${HQ_JOB_ID}", "Kestrel's is $KESTREL_JOB_ID"),
+        ] {
+            let e = check(text, "the command", true).unwrap_err().to_string();
+            assert!(
+                e.contains("is HyperQueue's syntax; ") && e.contains(says),
+                "{e}"
+            );
+        }
+        for fine in [
+            "%{other}",
+            "{TASK_ID}",
+            "$HQ_TASK_IDS",
+            "printf %s {task}",
+            "HQ_TASK_ID",
+        ] {
+            assert_eq!(check(fine, "the command", false), Ok(()), "{fine}");
+        }
+    }
+
+    #[test]
+    fn paths_naming_each_task_and_those_tasks_share() {
+        assert!(per_task(None, "out/{task}.txt"));
+        assert!(per_task(None, "sums/{line}.sha"));
+        assert!(per_task(None, "{line:q}"));
+        assert!(per_task(Some("/r/{task}"), "out.txt"));
+        // Shared by the job's tasks: no task, or only a field of the line.
+        assert!(!per_task(None, "all.txt"));
+        assert!(!per_task(None, "job-{job}.log"));
+        assert!(!per_task(None, "by-{line:1}.txt"));
+        assert!(!per_task(Some("/r/{task}"), "/abs/all.txt"));
+        assert!(!per_task(None, "${task}.txt"));
+        assert!(names_one_task("job-{job}/{task}.err"));
+        assert!(!names_one_task("out/{task}.err"));
+        assert!(!names_one_task("job-{job}.log"));
+    }
+
+    #[test]
+    fn the_fields_lines_need_are_the_highest_used() {
+        let mut t = TaskTemplate {
+            argv: vec!["cmp".into(), "{line:1}".into(), "{line:3:q}".into()],
+            env: vec![],
+            cwd: None,
+            stdout: Sink::File("{line:2}.out".into()),
+            stderr: Sink::Null,
+            timeout_ms: None,
+            files: Default::default(),
+        };
+        assert_eq!(fields_needed(&t), 3);
+        t.files.inputs = vec!["raw/{line:4}".into()];
+        assert_eq!(fields_needed(&t), 4);
+        t.argv = vec!["echo".into(), "{line}".into()];
+        t.files.inputs.clear();
+        t.stdout = Sink::Null;
+        assert_eq!(fields_needed(&t), 0);
+    }
+
+    #[test]
     fn near_misses_are_refused_and_other_braces_pass() {
         let e = check("out/{tsk}.txt", "--stdout", false).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown placeholder {tsk} in --stdout (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1)"
+            "unknown placeholder {tsk} in --stdout (did you mean {task}?); placeholders are {job}, {task} and, with --each, {line} (and {line:N}, its Nth field from 1; {line:q} and {line:N:q} quoted for a shell)"
         );
         for typo in [
             "{TASK}", "{Job}", "{jobs}", "{tasks}", "{lien}", "{lines}", "{ob}",

@@ -34,7 +34,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// `Waiting` state, the deletion of intermediate files), left out when unused
 /// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
 /// ([`ALLOC_VERSION`]). Version 11 adds what a waiting job waits for to the jobs listed
-/// ([`WAITING_FOR_VERSION`]) and the control of workers ([`WORKERS_VERSION`]).
+/// ([`WAITING_FOR_VERSION`]), the control of workers ([`WORKERS_VERSION`]) and which own
+/// output files of a task hold output ([`OUTPUT_FILES_VERSION`]).
 pub const PROTOCOL_VERSION: u32 = 11;
 
 /// The first version in which a listed job says what its waiting tasks wait for: a server
@@ -45,6 +46,11 @@ pub const WAITING_FOR_VERSION: u32 = 11;
 /// left, or to stop workers, and a worker says it leaves (SIGTERM): a client asks an older
 /// server none of it, and a worker tells an older server nothing.
 pub const WORKERS_VERSION: u32 = 11;
+
+/// The first version in which a worker says which of a task's own output files it left in
+/// place (`TaskOutput::files`), and a server tells a client which output files a task wrote
+/// (`RowOutput::Written`): neither is sent to an older peer.
+pub const OUTPUT_FILES_VERSION: u32 = 11;
 
 /// The first version in which a worker says which allocation it runs in and when that ends:
 /// a worker does not send them to an older server.

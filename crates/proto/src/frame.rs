@@ -415,6 +415,7 @@ mod tests {
                     data,
                 }),
                 stderr: None,
+                files: 0,
             }],
             waited: vec![],
             cache: Default::default(),

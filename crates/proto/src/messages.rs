@@ -298,13 +298,30 @@ impl Kept {
     }
 }
 
-/// The streamed output of one run of a task, reported with its end.
+/// The streamed output of one run of a task, reported with its end, and which of its own
+/// output files hold output where that is not the usual.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskOutput {
     pub job: JobId,
     pub index: TaskIndex,
     pub stdout: Option<Kept>,
     pub stderr: Option<Kept>,
+    /// How the task's own output files (paths naming both `{job}` and `{task}`, which the
+    /// worker removes when the task leaves them empty) differ from the usual, a stdout file
+    /// written and an empty stderr file removed: [`STDOUT_EMPTY`], [`STDERR_WRITTEN`]. So a
+    /// usual task sends nothing, and `kestrel job cat` can tell a deleted file from an empty
+    /// output (version 11; absent when 0, and never sent to an older server).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub files: u8,
+}
+
+/// In [`TaskOutput::files`]: the task left its own stdout file empty, and it was removed.
+pub const STDOUT_EMPTY: u8 = 1;
+/// In [`TaskOutput::files`]: the task wrote to its own stderr file, which was kept.
+pub const STDERR_WRITTEN: u8 = 2;
+
+fn is_zero_u8(n: &u8) -> bool {
+    *n == 0
 }
 
 impl TaskOutput {
@@ -1070,6 +1087,10 @@ pub enum RowOutput {
     Kept(Kept),
     /// Streamed but not kept, and why.
     Dropped(String),
+    /// Written to this file, which the task is known to have left holding output: if it is
+    /// not there, it was deleted (or is on another machine). `File` says as much when the
+    /// server does not know (version 11; an older client gets `File`).
+    Written(String),
 }
 
 /// One line of `kestrel job list`.

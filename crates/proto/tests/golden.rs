@@ -85,6 +85,7 @@ fn output() -> TaskOutput {
             total: 3,
         }),
         stderr: None,
+        files: 0,
     }
 }
 
@@ -794,6 +795,49 @@ fn a_job_waiting_for_others_names_them() {
             result: Ok(Answer::JobsPage(JobsPage {
                 jobs: vec![waiting],
                 more: 0,
+            })),
+        },
+    );
+}
+
+/// Version 11: which own output files of a task hold output where that is not the usual (a
+/// trailing field of `TaskOutput`, absent when 0, so the `update` above is as in 10), and an
+/// output file a task is known to have written (`RowOutput::Written`).
+#[test]
+fn output_files_of_version_11() {
+    golden(
+        "update-v11-files",
+        FromWorker::Update {
+            started: vec![],
+            finished: ends(),
+            outputs: vec![
+                TaskOutput {
+                    job: 7,
+                    index: 0,
+                    files: STDOUT_EMPTY,
+                    ..TaskOutput::default()
+                },
+                TaskOutput {
+                    files: STDERR_WRITTEN,
+                    ..output()
+                },
+            ],
+            waited: vec![],
+            cache: Default::default(),
+        },
+    );
+    golden(
+        "reply-v11-written",
+        ToClient::Reply {
+            id: 9,
+            result: Ok(Answer::Output(OutputPage {
+                sink: Sink::File("job-{job}/{task}.out".into()),
+                rows: vec![OutputRow {
+                    id: 1,
+                    state: Some(TaskState::Finished),
+                    output: RowOutput::Written("/data/job-7/1.out".into()),
+                }],
+                next: None,
             })),
         },
     );

@@ -15,6 +15,7 @@ mod clock;
 mod config;
 mod conn;
 mod engine;
+mod file_marks;
 pub mod journal;
 mod lock;
 mod outbox;

@@ -2,9 +2,12 @@
 
 use bytes::Bytes;
 use kestrel_core::IndexRun;
-use kestrel_proto::messages::{Answer, Assigned, Refusal, ToClient, ToWorker};
+use kestrel_proto::messages::{
+    Answer, Assigned, OutputPage, Refusal, RowOutput, ToClient, ToWorker,
+};
 use kestrel_proto::{
-    encode, ProtoError, ALLOC_VERSION, FILES_VERSION, MAX_FRAME_BYTES, WAITING_FOR_VERSION,
+    encode, ProtoError, ALLOC_VERSION, FILES_VERSION, MAX_FRAME_BYTES, OUTPUT_FILES_VERSION,
+    WAITING_FOR_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -77,6 +80,11 @@ impl Outbox {
                 rows.iter_mut().for_each(|r| r.alloc = None);
             }
         }
+        if self.version < OUTPUT_FILES_VERSION {
+            if let Ok(Answer::Output(page)) = &mut result {
+                written_as_files(page);
+            }
+        }
         match encode(&ToClient::Reply { id, result }) {
             Ok(frame) => self.queue(frame),
             Err(e) => {
@@ -138,6 +146,16 @@ impl Outbox {
                     unsendable.push((run, size));
                 }
             }
+        }
+    }
+}
+
+/// Says `File` for the output files a task is known to have written (`Written`, version 11),
+/// for a client that cannot read the difference.
+fn written_as_files(page: &mut OutputPage) {
+    for row in &mut page.rows {
+        if let RowOutput::Written(path) = &mut row.output {
+            row.output = RowOutput::File(std::mem::take(path));
         }
     }
 }
@@ -271,6 +289,30 @@ mod tests {
             .unwrap();
             assert_eq!(&frame[..], &want[..], "version {version}");
         }
+    }
+
+    #[test]
+    fn an_older_client_reads_a_file_known_written_as_a_file() {
+        let page = |output| {
+            Answer::Output(OutputPage {
+                sink: kestrel_core::Sink::File("job-{job}/{task}.out".into()),
+                rows: vec![kestrel_proto::messages::OutputRow {
+                    id: 1,
+                    state: None,
+                    output,
+                }],
+                next: None,
+            })
+        };
+        let (mut out, mut rx) = outbox();
+        out.version = OUTPUT_FILES_VERSION - 1;
+        out.reply(1, Ok(page(RowOutput::Written("/w/job-1/1.out".into()))));
+        let want = encode(&ToClient::Reply {
+            id: 1,
+            result: Ok(page(RowOutput::File("/w/job-1/1.out".into()))),
+        })
+        .unwrap();
+        assert_eq!(&rx.try_recv().expect("a reply")[..], &want[..]);
     }
 
     use super::*;

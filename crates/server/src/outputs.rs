@@ -8,6 +8,7 @@
 //! past it are dropped, and reading them says why. Only the latest run of a task counts: a
 //! re-run replaces (or, if it wrote nothing, removes) what an earlier run left.
 
+use crate::file_marks::FileMarks;
 use crate::journal::{Journal, Pending};
 use kestrel_core::placeholders::{output_path, Values};
 use kestrel_core::{IdRanges, Job, JobId, JobSpec, Sink, TaskIndex};
@@ -210,6 +211,8 @@ pub struct OutputLog {
     limit: u64,
     /// Whether any job streams an output (until then task ends skip this module).
     streaming: bool,
+    /// Which own output files of tasks hold output, for the rows of jobs that write files.
+    pub files: FileMarks,
 }
 
 impl Default for OutputLog {
@@ -226,12 +229,14 @@ impl OutputLog {
             held: 0,
             limit,
             streaming: false,
+            files: FileMarks::default(),
         }
     }
 
     /// Notes a job (submitted or restored); its task ends concern this log if it streams.
     pub fn note_job(&mut self, spec: &JobSpec) {
         self.streaming |= spec.template.stdout.is_stream() || spec.template.stderr.is_stream();
+        self.files.note_job(spec);
     }
 
     /// Whether a task end may concern this log.
@@ -303,6 +308,7 @@ impl OutputLog {
     /// Drops every output of `job` (`kestrel job forget`); with `journal`, from the journal too
     /// (in its pending transaction).
     pub fn forget(&mut self, job: JobId, journal: Option<&mut Pending>) {
+        self.files.forget(job);
         if let Some(stored) = self.memory.remove(&job) {
             self.held -= stored.iter().map(Stored::heap_bytes).sum::<u64>();
         }
@@ -365,7 +371,12 @@ impl OutputLog {
                         .display()
                         .to_string();
                     bytes += path.len();
-                    RowOutput::File(path)
+                    match self.files.written(job.id, index, stream as usize) {
+                        Some(true) => RowOutput::Written(path),
+                        // Left empty, and removed by its worker.
+                        Some(false) => RowOutput::Nothing,
+                        None => RowOutput::File(path),
+                    }
                 }
                 _ => self.read(journal, job.id, index, stream)?,
             };
@@ -456,6 +467,7 @@ mod tests {
         TaskOutput {
             job,
             index,
+            files: 0,
             stdout: Some(Kept {
                 data: text.as_bytes().to_vec(),
                 total,
@@ -471,6 +483,7 @@ mod tests {
                 RowOutput::Kept(k) => String::from_utf8_lossy(&k.data).into_owned(),
                 RowOutput::Nothing => "-".into(),
                 RowOutput::File(p) => format!("file {p}"),
+                RowOutput::Written(p) => format!("written {p}"),
                 RowOutput::Dropped(_) => "dropped".into(),
             })
             .collect()
@@ -543,6 +556,29 @@ mod tests {
             ]
         );
         assert_eq!(page.rows[0].state, Some(kestrel_core::TaskState::Ready));
+    }
+
+    #[test]
+    fn an_own_file_known_written_or_left_empty_is_said_so() {
+        use kestrel_proto::messages::STDOUT_EMPTY;
+        let (core, job) = job_with("1-3", Sink::File("job-{job}/{task}.out".into()), stream());
+        let j = core.job(job).unwrap();
+        let mut log = OutputLog::default();
+        log.note_job(&j.spec);
+        log.files.record(job, &j.spec, 0, Some(0));
+        log.files.record(job, &j.spec, 1, Some(STDOUT_EMPTY));
+        let page = log.page(None, j, Stream::Stdout, None, 0, 1 << 20).unwrap();
+        assert_eq!(
+            texts(&page),
+            [
+                format!("written /w/job-{job}/1.out"),
+                "-".to_string(),
+                format!("file /w/job-{job}/3.out")
+            ]
+        );
+        log.forget(job, None);
+        let page = log.page(None, j, Stream::Stdout, None, 0, 1 << 20).unwrap();
+        assert_eq!(texts(&page)[0], format!("file /w/job-{job}/1.out"));
     }
 
     #[test]

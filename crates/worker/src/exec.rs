@@ -26,13 +26,15 @@
 
 use crate::capture::{Capture, Captured, Captures};
 use crate::reaper::Reaper;
+use crate::sinks::{open_creating_dirs, Outputs};
 use std::cell::OnceCell;
 use std::ffi::{CString, OsStr};
 use std::fmt;
-use std::fs::{self, File};
-use std::io::{self, Read, Seek, SeekFrom};
+use std::fs::{self, File, OpenOptions};
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -86,6 +88,11 @@ pub enum Sink {
     /// created or truncated. If stdout and stderr name the same path, they share one
     /// open file so their output interleaves instead of overwriting each other.
     File(PathBuf),
+    /// Add to the end of this file, which other tasks write too: what the task writes is
+    /// added whole when it ends, under a lock, after what is there (see `sinks`). Missing
+    /// parent directories and the file are created, never truncated. Stdout and stderr
+    /// naming the same path share one open file, as for [`Sink::File`].
+    Shared(PathBuf),
     /// Capture in memory through a pipe, keeping the first N bytes ([`Outcome::stdout`] /
     /// [`Outcome::stderr`]); see `capture` for how it is read.
     Capture(u32),
@@ -109,6 +116,9 @@ pub struct Outcome {
     pub stdout: Option<Captured>,
     /// What was captured of stderr, when it went to [`Sink::Capture`].
     pub stderr: Option<Captured>,
+    /// For stdout and stderr, if its file was the task's own ([`Launch::remove_if_empty`]):
+    /// whether it held output (kept) or was left empty (removed).
+    pub own_files: [Option<bool>; 2],
 }
 
 /// How a task ended; distinguishes the user's failures from the engine's interventions.
@@ -298,17 +308,32 @@ pub fn run(launch: &Launch, cancel: &CancelHandle) -> Outcome {
 pub fn run_with(launch: &Launch, cancel: &CancelHandle, reaper: Option<&Reaper>) -> Outcome {
     let started = SystemTime::now();
     let mut captures = Captures::default();
-    let status = run_inner(launch, cancel, &mut captures, reaper);
+    let mut outputs = Outputs::default();
+    let mut status = run_inner(launch, cancel, &mut captures, &mut outputs, reaper);
     let finished = SystemTime::now();
     let (stdout, stderr) = captures.finish();
     let stderr_tail = match (&status, &launch.stderr) {
         (ExitKind::SpawnFailed(_) | ExitKind::Unrunnable(_), _) | (_, Sink::Null) => None,
         (s, _) if s.is_success() => None,
         (_, Sink::File(path)) => read_tail(path, STDERR_TAIL_BYTES),
+        (_, Sink::Shared(path)) => {
+            let slot = usize::from(launch.stdout != Sink::Shared(path.clone()));
+            outputs
+                .part(slot)
+                .and_then(|part| read_tail_of(part, STDERR_TAIL_BYTES))
+        }
         (_, Sink::Capture(_)) => stderr
             .as_ref()
             .and_then(|c| tail_of(&c.data, STDERR_TAIL_BYTES as usize)),
     };
+    // After the tail was read: a shared stderr's part is copied out and closed here.
+    let closed = outputs.close();
+    if let Some(lost) = closed.lost {
+        tracing::warn!("{lost}");
+        if status.is_success() {
+            status = ExitKind::SpawnFailed(lost);
+        }
+    }
     Outcome {
         started,
         finished,
@@ -316,14 +341,16 @@ pub fn run_with(launch: &Launch, cancel: &CancelHandle, reaper: Option<&Reaper>)
         stderr_tail,
         stdout,
         stderr,
+        own_files: closed.own,
     }
 }
 
 /// Runs the task; the pipes of captured streams are left in `captures`.
-fn run_inner(
-    launch: &Launch,
+fn run_inner<'a>(
+    launch: &'a Launch,
     cancel: &CancelHandle,
     captures: &mut Captures,
+    outputs: &mut Outputs<'a>,
     reaper: Option<&Reaper>,
 ) -> ExitKind {
     if cancel.is_canceled() {
@@ -344,10 +371,10 @@ fn run_inner(
         return ExitKind::Canceled;
     };
 
-    // Dropped when this function returns, after the child is reaped: removes the task's own
-    // output files that are still empty, whichever way the task ended.
-    let (mut cmd, _own_outputs) = match build_command(launch, program, captures) {
-        Ok(built) => built,
+    // The output files stay open in `outputs` until the caller closes them, after the child
+    // is reaped, whichever way the task ended.
+    let mut cmd = match build_command(launch, program, captures, outputs) {
+        Ok(cmd) => cmd,
         Err(msg) => return ExitKind::SpawnFailed(msg),
     };
     // A cancel may have arrived while the sinks were opened; don't start a doomed task.
@@ -375,13 +402,14 @@ fn run_inner(
 }
 
 /// Builds the `Command` without doing anything that would make std leave its posix_spawn
-/// fast path; the pipes of captured streams go into `captures`, and the task's own output
-/// files are kept open. Errors are ready-made `SpawnFailed` messages.
+/// fast path; the pipes of captured streams go into `captures`, and the task's own and shared
+/// output files into `outputs`. Errors are ready-made `SpawnFailed` messages.
 fn build_command<'a>(
     launch: &'a Launch,
     program: &str,
     captures: &mut Captures,
-) -> Result<(Command, OwnOutputs<'a>), String> {
+    outputs: &mut Outputs<'a>,
+) -> Result<Command, String> {
     let path_override = launch
         .env
         .iter()
@@ -422,76 +450,48 @@ fn build_command<'a>(
     cmd.process_group(0);
 
     let cwd = launch.cwd.as_deref();
-    let mut own = OwnOutputs::default();
     let out_file = match &launch.stdout {
         Sink::Null => None,
         Sink::File(path) => {
             let file = open_sink(path, "stdout", cwd)?;
             if launch.remove_if_empty.stdout {
-                own.keep(0, &file, path);
+                outputs.keep_own(0, &file, path);
             }
             Some(file)
         }
+        Sink::Shared(path) => Some(outputs.open_shared(0, path, "stdout", cwd)?),
         Sink::Capture(limit) => Some(capture(*limit, "stdout", &mut captures.stdout)?),
     };
-    let err_stdio =
-        match &launch.stderr {
-            Sink::Null => Stdio::null(),
-            Sink::Capture(limit) => Stdio::from(capture(*limit, "stderr", &mut captures.stderr)?),
-            Sink::File(path) => match (&launch.stdout, &out_file) {
-                // One file for both streams: it is the task's own only if both say so.
-                (Sink::File(out_path), Some(out)) if out_path == path => {
-                    if !launch.remove_if_empty.stderr {
-                        own.files[0] = None;
-                    }
-                    Stdio::from(out.try_clone().map_err(|e| {
-                        format!("cannot open stderr file '{}': {e}", path.display())
-                    })?)
-                }
-                _ => {
-                    let file = open_sink(path, "stderr", cwd)?;
-                    if launch.remove_if_empty.stderr {
-                        own.keep(1, &file, path);
-                    }
-                    Stdio::from(file)
-                }
-            },
-        };
+    let same_file = match (&launch.stdout, &launch.stderr) {
+        (Sink::File(a), Sink::File(b)) | (Sink::Shared(a), Sink::Shared(b)) => a == b,
+        _ => false,
+    };
+    let err_stdio = match (&launch.stderr, &out_file) {
+        (Sink::Null, _) => Stdio::null(),
+        (Sink::Capture(limit), _) => Stdio::from(capture(*limit, "stderr", &mut captures.stderr)?),
+        // One file for both streams: it is the task's own only if both say so.
+        (Sink::File(path) | Sink::Shared(path), Some(out)) if same_file => {
+            outputs.stderr_in_stdout(launch.remove_if_empty.stderr);
+            Stdio::from(
+                out.try_clone()
+                    .map_err(|e| format!("cannot open stderr file '{}': {e}", path.display()))?,
+            )
+        }
+        (Sink::File(path), _) => {
+            let file = open_sink(path, "stderr", cwd)?;
+            if launch.remove_if_empty.stderr {
+                outputs.keep_own(1, &file, path);
+            }
+            Stdio::from(file)
+        }
+        (Sink::Shared(path), _) => Stdio::from(outputs.open_shared(1, path, "stderr", cwd)?),
+    };
     cmd.stdout(match out_file {
         Some(f) => Stdio::from(f),
         None => Stdio::null(),
     });
     cmd.stderr(err_stdio);
-    Ok((cmd, own))
-}
-
-/// A task's own output files (see [`Launch::remove_if_empty`]), kept open while it runs so
-/// that when it ends one `fstat` each tells whether it left them empty; those are removed.
-#[derive(Default)]
-struct OwnOutputs<'a> {
-    /// Stdout's and stderr's file (one entry when they share a file).
-    files: [Option<(File, &'a Path)>; 2],
-}
-
-impl<'a> OwnOutputs<'a> {
-    /// Keeps a second descriptor of `file`; without one (out of descriptors) the file stays.
-    fn keep(&mut self, slot: usize, file: &File, path: &'a Path) {
-        self.files[slot] = file.try_clone().ok().map(|f| (f, path));
-    }
-}
-
-impl Drop for OwnOutputs<'_> {
-    fn drop(&mut self) {
-        for (file, path) in self.files.iter_mut().filter_map(Option::take) {
-            let empty = file.metadata().is_ok_and(|m| m.len() == 0);
-            // Closed first: unlinking a file still open costs a filesystem more (ext4 keeps
-            // it on its orphan list until the last close).
-            drop(file);
-            if empty {
-                let _ = fs::remove_file(path);
-            }
-        }
-    }
+    Ok(cmd)
 }
 
 /// Opens the pipe of a captured stream; returns the write end for the child as a `File`.
@@ -503,30 +503,11 @@ fn capture(limit: u32, which: &str, slot: &mut Option<Capture>) -> Result<File, 
     Ok(File::from(write))
 }
 
-/// Creates/truncates a sink file; parent directories are created only if the first open
-/// says they are missing, so the common case is a single `open`. A missing working
-/// directory is reported as such instead of being created as a parent of the file.
+/// Creates/truncates a sink file (see [`open_creating_dirs`]).
 fn open_sink(path: &Path, which: &str, cwd: Option<&Path>) -> Result<File, String> {
-    let open_err = |e: io::Error| format!("cannot open {which} file '{}': {e}", path.display());
-    match File::create(path) {
-        Ok(f) => Ok(f),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if let Some(problem) = cwd.and_then(cwd_problem) {
-                return Err(problem);
-            }
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                fs::create_dir_all(parent).map_err(|e| {
-                    format!(
-                        "cannot create directory '{}' for {which} file '{}': {e}",
-                        parent.display(),
-                        path.display()
-                    )
-                })?;
-            }
-            File::create(path).map_err(open_err)
-        }
-        Err(e) => Err(open_err(e)),
-    }
+    let mut create = OpenOptions::new();
+    create.write(true).create(true).truncate(true);
+    open_creating_dirs(path, which, cwd, &create)
 }
 
 /// Waits for the child's exit, the timeout or a cancel, whichever comes first, and reaps it
@@ -804,7 +785,7 @@ fn tail_of(data: &[u8], max: usize) -> Option<String> {
 }
 
 /// Why a task cannot run in `cwd`, if it cannot (a one-line message); `None` if it can.
-fn cwd_problem(cwd: &Path) -> Option<String> {
+pub(crate) fn cwd_problem(cwd: &Path) -> Option<String> {
     match fs::metadata(cwd) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Some(format!(
             "working directory '{}' does not exist; create it or fix the task's cwd",
@@ -829,15 +810,18 @@ fn cwd_problem(cwd: &Path) -> Option<String> {
 /// Last `max` bytes of `path` as lossy UTF-8, skipping a character cut in half at the
 /// start; `None` if the file is empty or unreadable.
 fn read_tail(path: &Path, max: u64) -> Option<String> {
-    let mut file = File::open(path).ok()?;
+    read_tail_of(&File::open(path).ok()?, max)
+}
+
+/// [`read_tail`] of an open file, read where it is (its offset is left alone).
+fn read_tail_of(file: &File, max: u64) -> Option<String> {
     let len = file.metadata().ok()?.len();
     if len == 0 {
         return None;
     }
     let start = len.saturating_sub(max);
-    file.seek(SeekFrom::Start(start)).ok()?;
-    let mut buf = Vec::with_capacity(usize::try_from(len - start).unwrap_or(0));
-    file.take(max).read_to_end(&mut buf).ok()?;
+    let mut buf = vec![0; usize::try_from(len - start).ok()?];
+    file.read_exact_at(&mut buf, start).ok()?;
     lossy_tail(&buf, start > 0)
 }
 
@@ -1117,6 +1101,8 @@ mod tests {
         assert_eq!(out.status, ExitKind::Exited(0));
         assert_eq!(fs::read_to_string(path("a.out")).unwrap(), "hi\n");
         assert!(!path("a.err").exists());
+        // What became of each is told, for the server (see `TaskOutput::files`).
+        assert_eq!(out.own_files, [Some(true), Some(false)]);
         // A failed task's stderr stays, with its tail reported.
         let out = run_it(&Launch {
             stdout: Sink::File(path("b.out")),
@@ -1136,6 +1122,7 @@ mod tests {
         });
         assert_eq!(out.status, ExitKind::Exited(0));
         assert!(!path("c.log").exists());
+        assert_eq!(out.own_files, [Some(false), Some(false)]);
         // A task that cannot start leaves nothing either.
         let out = run_it(&Launch {
             argv: vec!["kestrel-no-such-program-xyz".into()],
@@ -1159,6 +1146,38 @@ mod tests {
         assert_eq!(out.status, ExitKind::Exited(0));
         assert!(path("shared.out").exists());
         assert!(!path("e.err").exists());
+        assert_eq!(out.own_files, [None, Some(false)]);
+    }
+
+    #[test]
+    fn tasks_sharing_a_file_add_their_output_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("logs/all.log");
+        let shared = |script: &str| Launch {
+            stdout: Sink::Shared(log.clone()),
+            stderr: Sink::Shared(log.clone()),
+            ..sh(script)
+        };
+        // Two tasks at once, each writing in several pieces.
+        let a = shared("for i in 1 2 3; do echo a$i; sleep 0.05; done");
+        let b = shared("for i in 1 2 3; do echo b$i >&2; sleep 0.05; done; exit 3");
+        let other = thread::spawn(move || run_it(&a));
+        let out = run_it(&b);
+        assert_eq!(other.join().unwrap().status, ExitKind::Exited(0));
+        assert_eq!(out.status, ExitKind::Exited(3));
+        // The failed task's stderr tail is its own, read from its part.
+        assert_eq!(out.stderr_tail.as_deref(), Some("b1\nb2\nb3\n"));
+        let text = fs::read_to_string(&log).unwrap();
+        assert!(
+            text == "a1\na2\na3\nb1\nb2\nb3\n" || text == "b1\nb2\nb3\na1\na2\na3\n",
+            "{text:?}"
+        );
+        // What was there stays, and a task that writes nothing adds nothing.
+        run_it(&shared("true"));
+        run_it(&shared("echo c"));
+        assert_eq!(fs::read_to_string(&log).unwrap(), format!("{text}c\n"));
+        let names: Vec<_> = fs::read_dir(dir.path().join("logs")).unwrap().collect();
+        assert_eq!(names.len(), 1, "no part left: {names:?}");
     }
 
     /// True if `pid` is gone, a zombie, or has a SIGKILL pending (it is being killed).

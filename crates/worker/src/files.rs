@@ -766,6 +766,7 @@ fn failed(started: SystemTime, why: ExitKind) -> Outcome {
         stderr_tail: None,
         stdout: None,
         stderr: None,
+        own_files: [None; 2],
     }
 }
 

@@ -38,6 +38,7 @@ mod pool;
 mod prefetch;
 pub mod reaper;
 mod session;
+mod sinks;
 mod staging;
 mod state;
 pub mod store;

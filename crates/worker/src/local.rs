@@ -9,7 +9,9 @@ use crate::files::FilesPlan;
 use crate::gpu::Gpu;
 use crate::store::Store;
 use kestrel_core::files::cached_name;
-use kestrel_core::placeholders::{resolve, substitute, uses, Values, JOB, TASK};
+use kestrel_core::placeholders::{
+    names_one_task, per_task, resolve, shared_file, substitute, uses, Values, JOB,
+};
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
 use kestrel_proto::messages::{Assigned, JobIds};
 use rustc_hash::FxHashMap;
@@ -47,9 +49,76 @@ pub struct JobDef {
     pub resources: Resources,
     /// Named resources each task holds.
     pub named: Vec<(String, u32)>,
+    /// How the files of stdout and stderr are written, decided once for the job.
+    files: [FileRule; 2],
+}
+
+/// How a task writes a file sink, decided from its path once per job, so that no task pays
+/// for looking at the path again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileRule {
+    /// One file per task, created or truncated, kept.
+    Plain,
+    /// One file per task that no other task of any job writes: removed if left empty.
+    Own,
+    /// One file for several tasks: each adds its output whole when it ends.
+    Shared,
+}
+
+impl FileRule {
+    /// The rule for a sink of a job in `cwd`, of more than one task if `many`.
+    fn of(cwd: Option<&str>, sink: &Sink, many: bool) -> FileRule {
+        let Sink::File(path) = sink else {
+            return FileRule::Plain;
+        };
+        if many && shared_file(cwd, path) {
+            FileRule::Shared
+        } else if names_one_task(path) {
+            FileRule::Own
+        } else {
+            FileRule::Plain
+        }
+    }
 }
 
 impl JobDef {
+    /// The directories made for the outputs of job `job` that a task may have left empty:
+    /// those of its own files (removed when empty) whose directory names the job and no task
+    /// (`job-{job}/{task}.err`). When the job has ended, the worker removes those it finds
+    /// empty (`rmdir` leaves any other), so that a job whose tasks wrote nothing there leaves
+    /// no empty `job-N/` behind; one call per job, nothing per task.
+    pub fn output_dirs(&self, job: JobId) -> Vec<PathBuf> {
+        let t = &self.template;
+        let job_s = job.to_string();
+        let values = Values {
+            job: &job_s,
+            task: "",
+            line: None,
+        };
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for (sink, rule) in [&t.stdout, &t.stderr].into_iter().zip(self.files) {
+            let Sink::File(path) = sink else { continue };
+            let dir = Path::new(path)
+                .parent()
+                .and_then(Path::to_str)
+                .unwrap_or("");
+            let cwd_per_task =
+                Path::new(dir).is_relative() && t.cwd.as_deref().is_some_and(|c| per_task(None, c));
+            if rule != FileRule::Own || !uses(dir, JOB) || per_task(None, dir) || cwd_per_task {
+                continue;
+            }
+            let cwd = t
+                .cwd
+                .as_deref()
+                .map(|c| PathBuf::from(substitute(c, &values).as_ref()));
+            let dir = resolve(cwd.as_deref(), &substitute(dir, &values));
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+        dirs
+    }
+
     /// What `{job}` and `{task}` stand for in `task` of this job.
     fn ids_of(&self, task: &LocalTask) -> (String, String) {
         let id = match &self.ids {
@@ -117,9 +186,20 @@ impl Local {
         named: Vec<(String, u32)>,
         store: Option<String>,
     ) {
+        let many = match &ids {
+            JobIds::Array(r) => r.len() > 1,
+            // Lines may be added to a list later.
+            JobIds::List => true,
+        };
+        let cwd = template.cwd.as_deref();
+        let files = [
+            FileRule::of(cwd, &template.stdout, many),
+            FileRule::of(cwd, &template.stderr, many),
+        ];
         self.jobs.insert(
             job,
             JobDef {
+                files,
                 template,
                 cache_prefix: cached_name(store.as_deref(), ""),
                 store: store.as_deref().map(Store::parse),
@@ -316,10 +396,11 @@ impl Local {
             None => t.argv.iter().map(|s| sub(s)).collect(),
         };
         let cwd = t.cwd.as_deref().map(|c| PathBuf::from(sub(c)));
-        let sink = |s: &Sink| match s {
-            Sink::Null => ExecSink::Null,
-            Sink::File(p) => ExecSink::File(resolve(cwd.as_deref(), &sub(p))),
-            Sink::Stream { limit } => ExecSink::Capture(*limit),
+        let sink = |s: &Sink, rule| match (s, rule) {
+            (Sink::Null, _) => ExecSink::Null,
+            (Sink::File(p), FileRule::Shared) => ExecSink::Shared(resolve(cwd.as_deref(), &sub(p))),
+            (Sink::File(p), _) => ExecSink::File(resolve(cwd.as_deref(), &sub(p))),
+            (Sink::Stream { limit }, _) => ExecSink::Capture(*limit),
         };
         let mut env = Vec::with_capacity(t.env.len() + 6);
         env.push(("KESTREL_JOB_ID".to_string(), job_s.clone()));
@@ -341,13 +422,13 @@ impl Local {
         let launch = Launch {
             argv,
             env,
-            stdout: sink(&t.stdout),
-            stderr: sink(&t.stderr),
+            stdout: sink(&t.stdout, def.files[0]),
+            stderr: sink(&t.stderr, def.files[1]),
             cwd,
             timeout: t.timeout_ms.map(Duration::from_millis),
             remove_if_empty: RemoveIfEmpty {
-                stdout: names_one_task(t.cwd.as_deref(), &t.stdout),
-                stderr: names_one_task(t.cwd.as_deref(), &t.stderr),
+                stdout: def.files[0] == FileRule::Own,
+                stderr: def.files[1] == FileRule::Own,
             },
         };
         Ok((launch, files))
@@ -407,17 +488,6 @@ fn files_plan(def: &JobDef, values: &Values, cwd: Option<&Path>) -> Option<Box<F
     }))
 }
 
-/// Whether a sink's path template names one task of one job (`{job}` and `{task}`, the
-/// job possibly in the working directory of a relative path), so that no other task writes
-/// the file and the worker may remove it when the task leaves it empty.
-fn names_one_task(cwd: Option<&str>, sink: &Sink) -> bool {
-    let Sink::File(path) = sink else {
-        return false;
-    };
-    let job_in_cwd = Path::new(path).is_relative() && cwd.is_some_and(|c| uses(c, JOB));
-    uses(path, TASK) && (uses(path, JOB) || job_in_cwd)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,14 +545,8 @@ mod tests {
             ExecSink::File("/data/run-3/logs/20.out".into())
         );
         assert_eq!(launch.timeout, Some(Duration::from_millis(1500)));
-        // `{task}` in the path and `{job}` in the directory it is relative to.
-        assert_eq!(
-            launch.remove_if_empty,
-            RemoveIfEmpty {
-                stdout: true,
-                stderr: false
-            }
-        );
+        // `{task}` in the path but not `{job}`: another job's task may write it too.
+        assert_eq!(launch.remove_if_empty, RemoveIfEmpty::default());
         let env: FxHashMap<_, _> = launch.env.into_iter().collect();
         assert_eq!(env["KESTREL_TASK_ID"], "20");
         assert_eq!(env["KESTREL_JOB_ID"], "3");
@@ -491,16 +555,83 @@ mod tests {
     }
 
     #[test]
-    fn only_files_naming_one_task_are_removed_when_empty() {
-        let file = |p: &str| Sink::File(p.into());
-        assert!(names_one_task(None, &file("job-{job}/{task}.err")));
-        assert!(names_one_task(Some("/r/{job}"), &file("{task}.err")));
-        // Shared by the job's tasks, or by the same task of other jobs.
-        assert!(!names_one_task(None, &file("job-{job}.log")));
-        assert!(!names_one_task(Some("/r"), &file("out/{task}.txt")));
-        assert!(!names_one_task(Some("/r/{job}"), &file("/abs/{task}.txt")));
-        assert!(!names_one_task(None, &file("job-{job}/${task}.err")));
-        assert!(!names_one_task(None, &Sink::Null));
+    fn how_each_file_is_written_is_decided_once_per_job() {
+        let rule =
+            |cwd: Option<&str>, p: &str, many| FileRule::of(cwd, &Sink::File(p.into()), many);
+        assert_eq!(rule(None, "job-{job}/{task}.err", true), FileRule::Own);
+        assert_eq!(rule(None, "out/{task}.txt", true), FileRule::Plain);
+        assert_eq!(rule(None, "job-{job}/${task}.err", true), FileRule::Shared);
+        // Several tasks write these: each adds its output whole.
+        assert_eq!(rule(None, "all.txt", true), FileRule::Shared);
+        assert_eq!(rule(None, "by-{line:1}.txt", true), FileRule::Shared);
+        assert_eq!(
+            rule(Some("/r/{job}"), "/abs/{job}.log", true),
+            FileRule::Shared
+        );
+        // Unless the job has one task, the directory is the task's, or the file a device.
+        assert_eq!(rule(None, "all.txt", false), FileRule::Plain);
+        assert_eq!(rule(Some("/r/{task}"), "all.txt", true), FileRule::Plain);
+        assert_eq!(rule(None, "/dev/stdout", true), FileRule::Plain);
+        assert_eq!(FileRule::of(None, &Sink::Null, true), FileRule::Plain);
+    }
+
+    #[test]
+    fn a_shared_file_goes_to_the_executor_as_such_and_job_dirs_are_named() {
+        let mut l = Local::new(1, &[], 0, &[]);
+        let mut t = template();
+        t.stdout = Sink::File("all-{job}.txt".into());
+        t.stderr = Sink::File("job-{job}/{task}.err".into());
+        l.define(
+            5,
+            t.clone(),
+            JobIds::Array(IdRanges::parse("1-3").unwrap()),
+            Resources::default(),
+            vec![],
+            None,
+        );
+        l.enqueue(
+            Assigned::run(IndexRun {
+                job: 5,
+                first: 0,
+                count: 1,
+            }),
+            0,
+        );
+        let (task, _) = l.next_startable().unwrap();
+        let launch = l.launch(&task, &[], &me()).unwrap().0;
+        assert_eq!(
+            launch.stdout,
+            ExecSink::Shared("/data/run-5/all-5.txt".into())
+        );
+        assert_eq!(
+            launch.stderr,
+            ExecSink::File("/data/run-5/job-5/1.err".into())
+        );
+        assert_eq!(
+            launch.remove_if_empty,
+            RemoveIfEmpty {
+                stdout: false,
+                stderr: true
+            }
+        );
+        assert_eq!(
+            l.jobs[&5].output_dirs(5),
+            vec![PathBuf::from("/data/run-5/job-5")]
+        );
+        // A directory of the task's own, or one that does not name the job, is left alone.
+        t.stderr = Sink::File("job-{job}/{task}/{job}-{task}.err".into());
+        l.define(
+            6,
+            t.clone(),
+            JobIds::List,
+            Resources::default(),
+            vec![],
+            None,
+        );
+        assert!(l.jobs[&6].output_dirs(6).is_empty());
+        t.stderr = Sink::File("logs/{job}-{task}.err".into());
+        l.define(7, t, JobIds::List, Resources::default(), vec![], None);
+        assert!(l.jobs[&7].output_dirs(7).is_empty());
     }
 
     #[test]

@@ -225,7 +225,7 @@ impl Session<'_> {
                 epoch: *epoch,
                 running,
                 finished: l.finished[..sent].to_vec(),
-                outputs: l.outputs[..sent_outputs].to_vec(),
+                outputs: outputs::for_version(&l.outputs[..sent_outputs], self.version),
             }
         });
         writer
@@ -484,7 +484,15 @@ impl Session<'_> {
                 }
             }
             ToWorker::ForgetJob { job } => {
-                l.local.jobs.remove(&job);
+                let dirs = l.local.jobs.remove(&job).map(|d| d.output_dirs(job));
+                if let Some(dirs) = dirs.filter(|d| !d.is_empty()) {
+                    // Off the loop: a shared file system may be slow to answer.
+                    tokio::task::spawn_blocking(move || {
+                        for d in dirs {
+                            let _ = std::fs::remove_dir(d);
+                        }
+                    });
+                }
             }
             ToWorker::Shutdown { reason } => return Some(SessionEnd::Shutdown(reason)),
             // Both off the session's loop, on tokio's bounded pool of blocking threads: the
@@ -567,7 +575,8 @@ impl Session<'_> {
             return;
         };
         let mut outcome = done.outcome;
-        if let Some(output) = outputs::of_run(done.key, &mut outcome) {
+        let files = self.version >= kestrel_proto::OUTPUT_FILES_VERSION;
+        if let Some(output) = outputs::of_run(done.key, &mut outcome, files) {
             l.outputs.push(output);
         }
         let end = run_end(outcome, done.timeout);
@@ -787,6 +796,7 @@ mod tests {
                         stderr_tail: None,
                         stdout: None,
                         stderr: None,
+                        own_files: [None; 2],
                     },
                     timeout: None,
                     next: None,

@@ -169,7 +169,8 @@ impl Engine {
             }
             match r {
                 Record::Ended { ends } => {
-                    if !(journaling || streaming) {
+                    let files = self.outputs.files.any();
+                    if !(journaling || streaming || files) {
                         continue;
                     }
                     // Ends come in runs of one job: it is looked up once per run.
@@ -182,6 +183,12 @@ impl Engine {
                             continue;
                         };
                         let output = outputs.take(&f);
+                        if files {
+                            let told = outputs
+                                .reports_files
+                                .then(|| output.as_ref().map_or(0, |o| o.files));
+                            self.outputs.files.record(f.job, &j.spec, f.index, told);
+                        }
                         let pending = journaling.then_some(&mut *pending);
                         keep_end(pending, &mut self.outputs, f, j, output);
                     }
@@ -254,17 +261,30 @@ fn keep_end(
 
 /// The streamed outputs of one report, taken by the end they belong to.
 #[derive(Default)]
-pub(super) struct OutputsOf(FxHashMap<(JobId, u32), TaskOutput>);
+pub(super) struct OutputsOf {
+    outputs: FxHashMap<(JobId, u32), TaskOutput>,
+    /// Whether the report says how its tasks' own output files are (`TaskOutput::files`).
+    reports_files: bool,
+}
 
 impl OutputsOf {
+    /// The outputs of a report that does not say how its tasks' own files are.
     pub(super) fn new(outputs: Vec<TaskOutput>) -> OutputsOf {
-        OutputsOf(outputs.into_iter().map(|o| ((o.job, o.index), o)).collect())
+        OutputsOf::from_worker(outputs, false)
+    }
+
+    /// The outputs of a report; `reports_files` if it says how its tasks' own files are.
+    pub(super) fn from_worker(outputs: Vec<TaskOutput>, reports_files: bool) -> OutputsOf {
+        OutputsOf {
+            outputs: outputs.into_iter().map(|o| ((o.job, o.index), o)).collect(),
+            reports_files,
+        }
     }
 
     fn take(&mut self, f: &kestrel_core::Finished) -> Option<TaskOutput> {
-        if self.0.is_empty() {
+        if self.outputs.is_empty() {
             return None;
         }
-        self.0.remove(&(f.job, f.index))
+        self.outputs.remove(&(f.job, f.index))
     }
 }

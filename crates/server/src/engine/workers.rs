@@ -347,7 +347,12 @@ impl Engine {
         {
             self.ignored_reports += u64::from(ignored);
         }
-        self.journal_ends_with(now, OutputsOf::new(outputs));
+        // A worker that runs processes says how its tasks' own output files are from
+        // version 11 on (a no-op one runs nothing, and writes no file).
+        let reports_files = self.conns.workers.get(&worker).is_some_and(|c| {
+            c.outbox.version >= kestrel_proto::OUTPUT_FILES_VERSION && c.exec == "process"
+        });
+        self.journal_ends_with(now, OutputsOf::from_worker(outputs, reports_files));
     }
 }
 

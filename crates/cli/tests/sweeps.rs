@@ -479,7 +479,7 @@ fn a_file_the_tasks_share_holds_every_task_s_output_in_task_order() {
         std::fs::read_to_string(dir.path().join("all.txt")).unwrap(),
         want
     );
-    assert!(out.stdout.contains("outputs in all.txt"), "{out:#?}");
+    assert!(out.stderr.contains("outputs in all.txt"), "{out:#?}");
     // Grouped by a field of the line, and nothing of the run's own left behind.
     std::fs::write(dir.path().join("pairs.txt"), "x 1\ny 2\nx 3\ny 4\n").unwrap();
     run_in(

@@ -409,7 +409,6 @@ pub async fn worker_resume(g: &Global, worker: u32) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `1 cpu per task`, `2 cpus, 1 gpu per task`.
 /// What each task of a job holds: `2 cpus, 1 GPU, 4.0 GiB of memory, 1 licenses per task`.
 fn resources(spec: &kestrel_core::JobSpec) -> String {
     let r = spec.resources;
@@ -421,6 +420,13 @@ fn resources(spec: &kestrel_core::JobSpec) -> String {
         parts.push(format!("{} of memory", output::bytes(r.mem)));
     }
     parts.extend(spec.named.iter().map(|(name, n)| format!("{n} {name}")));
+    if spec.nodes > 0 {
+        return format!(
+            "{} per task, each with at least {}",
+            plural(spec.nodes, "whole worker"),
+            parts.join(", ")
+        );
+    }
     format!("{} per task", parts.join(", "))
 }
 

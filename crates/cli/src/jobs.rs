@@ -40,6 +40,15 @@ pub struct TaskOptions {
     #[arg(long = "resource", value_name = "NAME=N")]
     #[serde(default, rename = "resources", deserialize_with = "resource_entries")]
     pub resource: Vec<String>,
+    /// Give each task N whole workers (an MPI run): it runs on the first of them and nothing
+    /// else runs on any of them until it ends. The task finds them in KESTREL_NODE_LIST
+    /// (host names, comma-separated), KESTREL_NODE_FILE (a host file, one per line, for
+    /// `mpirun --hostfile`), KESTREL_NUM_NODES and KESTREL_NODE_WORKERS (worker ids). The
+    /// workers come from one allocation (or one `worker start --group`); --cpus, --gpus and
+    /// --mem say what each must have at least. E.g. `kestrel submit --nodes 4 -- mpirun
+    /// --hostfile '$KESTREL_NODE_FILE' ./sim` (in sh -c)
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
     /// Higher-priority jobs' tasks are dispatched first (may be negative)
     #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub priority: Option<i32>,
@@ -141,6 +150,7 @@ impl TaskOptions {
         }
         fill!(
             name,
+            nodes,
             cpus,
             gpus,
             mem,
@@ -215,6 +225,9 @@ impl TaskOptions {
         if cpus == 0 {
             bail!("--cpus must be at least 1");
         }
+        if self.nodes == Some(0) {
+            bail!("--nodes must be at least 1 (leave it out for tasks that share a worker)");
+        }
         let files = output_modes(TaskFiles {
             inputs: self.input.clone(),
             outputs: self.output_files.clone(),
@@ -271,6 +284,8 @@ impl TaskOptions {
                 .map(|a| After::parse(a).map_err(|e| anyhow!(e)))
                 .collect::<Result<_>>()?,
             parent: None,
+            nodes: self.nodes.unwrap_or(0),
+            deps: Vec::new(),
         })
     }
 }
@@ -655,6 +670,7 @@ struct JobEntry {
     tasks: Option<Vec<CommandLine>>,
     each: Option<PathBuf>,
     name: Option<String>,
+    nodes: Option<u32>,
     cpus: Option<u32>,
     gpus: Option<u32>,
     mem: Option<String>,
@@ -748,6 +764,7 @@ pub fn from_file(path: &Path) -> Result<Vec<Submission>> {
 fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission> {
     let opts = TaskOptions {
         name: e.name,
+        nodes: e.nodes,
         cpus: e.cpus,
         gpus: e.gpus,
         mem: e.mem,

@@ -5,7 +5,7 @@ use crate::error::{lost_or_unreachable, Error};
 use crate::pieces::{argv_bytes, piece_ranges, string_bytes};
 use kestrel_core::{After, IdRanges, JobId, JobSpec, TaskSet};
 use kestrel_proto::messages::{Answer, Ask};
-use kestrel_proto::{FILES_VERSION, GRAPH_VERSION};
+use kestrel_proto::{FILES_VERSION, GRAPH_VERSION, NODES_VERSION, TASK_DEPS_VERSION};
 
 /// Task bytes per message, well under the frame limit.
 pub const PIECE_BYTES: usize = 4 << 20;
@@ -159,6 +159,26 @@ async fn submit_from(
                 spec.name,
                 client.version()
             )));
+        }
+        for (used, needs, what) in [
+            (
+                spec.nodes > 0,
+                NODES_VERSION,
+                "takes whole workers per task (--nodes)",
+            ),
+            (
+                !spec.deps.is_empty(),
+                TASK_DEPS_VERSION,
+                "has tasks that wait for other tasks (deps in a job file)",
+            ),
+        ] {
+            if used && client.version() < needs {
+                return Err(Error::TooOld(format!(
+                    "job {:?} {what} (protocol {needs}), but the server speaks protocol {}: upgrade the server (`kestrel server info` shows its version)",
+                    spec.name,
+                    client.version()
+                )));
+            }
         }
         let needs = FILES_VERSION;
         if client.version() < needs

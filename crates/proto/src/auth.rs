@@ -33,8 +33,18 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// the trailing fields of task graphs (a job's `after`, parent and output modes, a task's
 /// `Waiting` state, the deletion of intermediate files), left out when unused
 /// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
-/// ([`ALLOC_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// ([`ALLOC_VERSION`]). Version 11 adds multi-node tasks ([`NODES_VERSION`]) and task-level
+/// dependencies ([`TASK_DEPS_VERSION`]), trailing fields left out when unused.
+pub const PROTOCOL_VERSION: u32 = 11;
+
+/// The first version that carries multi-node tasks (a job's `nodes`, an assignment's workers):
+/// a client does not submit them to an older server, and a server gives them only to workers
+/// of this version or later.
+pub const NODES_VERSION: u32 = 11;
+
+/// The first version that carries dependencies of single tasks (a job's `deps`): a client does
+/// not send them to an older server.
+pub const TASK_DEPS_VERSION: u32 = 11;
 
 /// The first version in which a worker says which allocation it runs in and when that ends:
 /// a worker does not send them to an older server.

@@ -370,20 +370,65 @@ pub enum JobIds {
 }
 
 /// A run of assigned tasks; for list jobs with one argv per task, for jobs of lines with one
-/// line per task (the template's command runs with `{line}` replaced by it).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// line per task (the template's command runs with `{line}` replaced by it). A multi-node
+/// task (version 11) comes alone in its run, with the workers it runs on.
+///
+/// Written `[run, argvs, lines?, nodes?]`: each trailing field goes only as far as the last
+/// one used (the array is positional), so an array's assignment is as short as before.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Assigned {
     #[serde(with = "IndexRunDef")]
     pub run: IndexRun,
     pub argvs: Vec<Vec<String>>,
-    /// Left out when empty (only a trailing field can be: fields are positional), so an
-    /// array's assignment is as short as before.
-    #[serde(
-        default,
-        skip_serializing_if = "LineList::is_empty",
-        with = "line_list"
-    )]
+    #[serde(default, with = "line_list")]
     pub lines: LineList,
+    /// The workers of a multi-node task, the root (this worker) first (version 11).
+    #[serde(default)]
+    pub nodes: Vec<Node>,
+}
+
+impl Serialize for Assigned {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Run<'a>(&'a IndexRun);
+        impl Serialize for Run<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                IndexRunDef::serialize(self.0, s)
+            }
+        }
+        struct Lines<'a>(&'a LineList);
+        impl Serialize for Lines<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                line_list::serialize(self.0, s)
+            }
+        }
+        let trailing = if !self.nodes.is_empty() {
+            2
+        } else if !self.lines.is_empty() {
+            1
+        } else {
+            0
+        };
+        let mut st = s.serialize_struct("Assigned", 2 + trailing)?;
+        st.serialize_field("run", &Run(&self.run))?;
+        st.serialize_field("argvs", &self.argvs)?;
+        if trailing >= 1 {
+            st.serialize_field("lines", &Lines(&self.lines))?;
+        }
+        if trailing >= 2 {
+            st.serialize_field("nodes", &self.nodes)?;
+        }
+        st.end()
+    }
+}
+
+/// One worker of a multi-node task: `[worker, host]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// Its id.
+    pub worker: WorkerId,
+    /// Its host name, as it registered.
+    pub host: String,
 }
 
 impl Assigned {
@@ -393,6 +438,7 @@ impl Assigned {
             run,
             argvs: Vec::new(),
             lines: LineList::new(),
+            nodes: Vec::new(),
         }
     }
 
@@ -412,6 +458,12 @@ impl Assigned {
             },
             argvs: self.argvs.split_off((at as usize).min(self.argvs.len())),
             lines: self.lines.split_off(at as usize),
+            // A multi-node task comes alone: its workers go with it.
+            nodes: if at == 0 {
+                std::mem::take(&mut self.nodes)
+            } else {
+                Vec::new()
+            },
         };
         self.run.count = at;
         right

@@ -7,7 +7,7 @@
 use kestrel_core::files::Transfers;
 use kestrel_core::{
     After, Failure, Finished, IdRanges, IndexRun, JobSpec, Keep, LineList, Placement, PolicyName,
-    Resources, RunEnd, Sink, TaskFiles, TaskSet, TaskState, TaskTemplate,
+    Resources, RunEnd, Sink, TaskDeps, TaskFiles, TaskRef, TaskSet, TaskState, TaskTemplate,
 };
 use kestrel_proto::messages::*;
 use kestrel_proto::{decode, encode};
@@ -120,6 +120,8 @@ fn spec() -> JobSpec {
         placement: Placement::default(),
         after: vec![],
         parent: None,
+        nodes: 0,
+        deps: vec![],
     }
 }
 
@@ -175,6 +177,62 @@ fn graph_fields_follow_the_placement_which_travels_when_they_do() {
     child.parent = Some((3, 12));
     child.template.files.keep = vec![Keep::Local];
     golden("submit-v9-parent", submit_request(child));
+}
+
+#[test]
+fn nodes_and_task_deps_follow_the_graph_fields_which_travel_when_they_do() {
+    // Without them a spec is written as in version 10: the requests above pin those bytes.
+    // `nodes` alone: an empty placement, `after` and a nil parent go before it.
+    let mut mpi = spec();
+    mpi.nodes = 4;
+    golden("submit-v11-nodes", submit_request(mpi));
+    // `deps`: on tasks of the same job (nil job) and of another; `nodes` 0 goes before it.
+    let mut deps = spec();
+    deps.deps = vec![
+        TaskDeps {
+            task: 3,
+            on: vec![
+                TaskRef { job: None, task: 1 },
+                TaskRef {
+                    job: Some(5),
+                    task: 2,
+                },
+            ],
+        },
+        TaskDeps {
+            task: 4,
+            on: vec![TaskRef { job: None, task: 3 }],
+        },
+    ];
+    golden(
+        "submit-v11-deps",
+        Request {
+            id: 9,
+            body: Ask::Submit {
+                spec: deps,
+                tasks: TaskSet::List(vec![vec!["a".into()]; 5]),
+                open: false,
+                key: None,
+            },
+        },
+    );
+    // A multi-node task's assignment: its workers after the (empty) lines.
+    let mut one = Assigned::run(IndexRun {
+        job: 7,
+        first: 3,
+        count: 1,
+    });
+    one.nodes = vec![
+        Node {
+            worker: 2,
+            host: "node2".into(),
+        },
+        Node {
+            worker: 5,
+            host: "node5".into(),
+        },
+    ];
+    golden("assign-v11-nodes", ToWorker::Assign { tasks: vec![one] });
 }
 
 fn lines() -> LineList {
@@ -393,6 +451,7 @@ fn server_to_worker() {
                     run: run(64, 1),
                     argvs: vec![vec!["echo".into(), "x".into()]],
                     lines: LineList::new(),
+                    nodes: vec![],
                 },
                 lines_run,
             ],

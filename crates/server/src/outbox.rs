@@ -243,6 +243,7 @@ mod tests {
                 },
                 argvs: (0..30).map(|_| long_task(1 << 20)).collect(),
                 lines: Default::default(),
+                nodes: vec![],
             },
             Assigned {
                 run: IndexRun {
@@ -252,6 +253,7 @@ mod tests {
                 },
                 argvs: (0..10).map(|_| long_task(1 << 20)).collect(),
                 lines: Default::default(),
+                nodes: vec![],
             },
         ];
         assert!(o.assign(tasks).is_empty());
@@ -288,6 +290,7 @@ mod tests {
             },
             argvs: vec![],
             lines: (0..40).map(|_| line.as_str()).collect(),
+            nodes: vec![],
         }];
         assert!(o.assign(tasks).is_empty());
         let mut indices = Vec::new();
@@ -314,6 +317,7 @@ mod tests {
             },
             argvs: vec![long_task(10), long_task(MAX_FRAME_BYTES + 1)],
             lines: Default::default(),
+            nodes: vec![],
         }];
         let left = o.assign(tasks);
         assert_eq!(left.len(), 1);

@@ -208,6 +208,7 @@ impl Scheduler {
             total += u64::from(cpus);
             busy += u64::from(w.used.cpus.min(cpus));
             if w.offer.stages_files
+                && w.node_of.is_none()
                 && w.before_end_margin(now_us)
                 && w.room_for(Resources::ONE_CPU, w.offer.prefetch) > 0
             {

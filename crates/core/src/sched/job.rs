@@ -293,8 +293,9 @@ impl Job {
     }
 
     /// Whether a waiting task of this job is worth taking back from a busy worker.
+    /// (A multi-node task never is: its workers were chosen together.)
     pub(super) fn worth_stealing(&self, min_run_us: u64) -> bool {
-        !self.canceled && self.mean_run_us.is_none_or(|m| m >= min_run_us)
+        !self.canceled && self.spec.nodes == 0 && self.mean_run_us.is_none_or(|m| m >= min_run_us)
     }
 
     /// Records of touched tasks, in index order (untouched tasks are ready or canceled).

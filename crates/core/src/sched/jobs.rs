@@ -39,6 +39,7 @@ impl Scheduler {
             return Err(e);
         }
         self.next_job += 1;
+        self.note_nodes(id);
         for span in self.ready_spans(id) {
             self.ready.push_new(priority, span);
         }
@@ -255,6 +256,7 @@ impl Scheduler {
             self.ready.push_requeued(priority, span);
         }
         self.live_jobs.insert(job);
+        self.note_nodes(job);
         if ended {
             self.graph_rejoin(job);
         }

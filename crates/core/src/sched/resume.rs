@@ -73,6 +73,7 @@ impl Scheduler {
                     .held(|job, index| keep.contains(&(job, index)) && holds(job, index))
             };
             self.drop_worker(now_us, p, false, &keep);
+            self.node_moved(p, worker);
             for (job, index) in moved {
                 // Reassign to the new id so its report matches; state stays as it was.
                 let Some(j) = self.jobs.get_mut(&job) else {
@@ -167,6 +168,10 @@ impl Scheduler {
         let rec = j.table.get(index);
         let shown = j.record(index).state;
         if shown.is_terminal() {
+            return Claim::Ended;
+        }
+        if j.spec.nodes > 0 && rec.worker != worker {
+            // A multi-node run is its set's: without it (lost, or run elsewhere), it stops.
             return Claim::Ended;
         }
         if rec.state != TaskState::Ready {

@@ -24,6 +24,9 @@ pub enum Stall {
     /// The tasks read or write files, and no connected worker has a cache (all are of an
     /// older version, or were started without one).
     NoCache,
+    /// Multi-node tasks (`--nodes`) for which no group has enough workers: what they need,
+    /// what there is, and what to do.
+    Nodes(String),
 }
 
 impl fmt::Display for Stall {
@@ -35,6 +38,7 @@ impl fmt::Display for Stall {
                 f.write_str("no worker is connected; start one with `kestrel worker start`")
             }
             Stall::TooBig { what } => write!(f, "each task needs {what}"),
+            Stall::Nodes(what) => f.write_str(what),
             Stall::NoCache => f.write_str(
                 "the tasks read or write files, and no connected worker has a file cache; start workers of this version (`kestrel worker start`)",
             ),
@@ -62,6 +66,9 @@ impl Scheduler {
         }
         if self.workers.is_empty() {
             return Some(Stall::NoWorkers);
+        }
+        if j.spec.nodes > 0 {
+            return self.nodes_stall(j);
         }
         let need = j.need;
         if j.has_files() && !self.workers.values().any(|w| w.offer.stages_files) {

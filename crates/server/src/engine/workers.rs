@@ -60,6 +60,15 @@ impl Engine {
                 ),
             }
         }
+        if outbox.version >= kestrel_proto::NODES_VERSION {
+            // It can be one node of multi-node tasks, beside the workers of its allocation
+            // (HyperQueue's default grouping) or of none.
+            let group = r
+                .alloc
+                .map(|a| format!("allocation {a}"))
+                .unwrap_or_default();
+            self.event(now, Event::WorkerNodes { worker: id, group });
+        }
         if let Some(end) = r.ends_at_s {
             let at_us = end.saturating_mul(1_000_000);
             if at_us <= now {

@@ -268,6 +268,8 @@ pub enum ServerCommand {
     Info,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum WorkerCommand {
     /// Start a worker in the foreground; it connects out to the server and runs tasks
@@ -325,6 +327,11 @@ pub enum WorkerCommand {
         /// The allocation this worker runs in, as Kestrel's pilot scripts number it
         #[arg(long, value_name = "ID")]
         alloc: Option<u32>,
+        /// The workers a multi-node task (`submit --nodes`) may span with this one: those
+        /// started with the same --group (nodes that reach each other, e.g. one rack)
+        /// [default: those of its allocation, or those of none]
+        #[arg(long, value_name = "NAME")]
+        group: Option<String>,
     },
     /// List connected workers (quarantined ones with the reason)
     List,

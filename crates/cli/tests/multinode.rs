@@ -191,3 +191,47 @@ fn hostname_of(c: &Cluster, id: u32) -> String {
         .expect("the worker is listed")
         .to_string()
 }
+
+#[test]
+fn a_task_spans_workers_of_one_group_only() {
+    let mut c = Cluster::new();
+    c.add_worker_with(1, &["--group", "rack-a"]);
+    c.wait_workers(1);
+    c.add_worker_with(1, &["--group", "rack-b"]);
+    c.wait_workers(2);
+    c.add_worker_with(1, &["--group", "rack-a"]);
+    c.wait_workers(3);
+    let job = c
+        .run(&[
+            "submit",
+            "--parsable",
+            "--nodes",
+            "2",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "echo $KESTREL_NODE_WORKERS > set.txt",
+        ])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    assert!(!job.is_empty());
+    // Workers 1 and 3 are rack-a's; 2 is alone in rack-b.
+    assert_eq!(c.read("set.txt").unwrap().trim(), "1,3");
+    let three = c
+        .run(&["submit", "--parsable", "--nodes", "3", "--", "true"])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    let info = c
+        .run(&["job", "info", &three, "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(
+        info["waiting"],
+        "each task needs 3 whole workers of one group, and the largest group of workers that can (group rack-a) has 2 (workers 1, 3); start more workers (`kestrel worker start`) or cancel the job"
+    );
+}

@@ -125,15 +125,22 @@ pub struct Registration {
     /// no task there that could outlive it.
     #[serde(default)]
     pub ends_at_s: Option<u64>,
+    /// The group of workers it may be one node of a multi-node task with (`--group`,
+    /// version 11); `None`: those of its allocation, or those of none.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl Serialize for Registration {
     /// `[hostname, slots, gpus, prefetch, exec, resume, mem, named, cache?, alloc?,
-    /// ends_at_s?]`: `cache` (version 8) and `alloc`, `ends_at_s` (version 10) go up to the
-    /// last one set, a field before it as nil, so a worker without them reads as in version 7.
+    /// ends_at_s?, group?]`: `cache` (version 8), `alloc`, `ends_at_s` (version 10) and
+    /// `group` (version 11) go up to the last one set, a field before it as nil, so a worker
+    /// without them reads as in version 7.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let trailing = if self.ends_at_s.is_some() {
+        let trailing = if self.group.is_some() {
+            4
+        } else if self.ends_at_s.is_some() {
             3
         } else if self.alloc.is_some() {
             2
@@ -159,6 +166,9 @@ impl Serialize for Registration {
         }
         if trailing >= 3 {
             st.serialize_field("ends_at_s", &self.ends_at_s)?;
+        }
+        if trailing >= 4 {
+            st.serialize_field("group", &self.group)?;
         }
         st.end()
     }

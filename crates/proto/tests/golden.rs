@@ -266,6 +266,7 @@ fn worker_to_server() {
             cache: None,
             alloc: None,
             ends_at_s: None,
+            group: None,
         }),
     );
     // Version 8: a worker with a cache says so, and reports what it gains and loses.
@@ -287,6 +288,7 @@ fn worker_to_server() {
             }),
             alloc: None,
             ends_at_s: None,
+            group: None,
         }),
     );
     // A worker a pilot script started says which allocation it runs in and when that ends.
@@ -304,6 +306,25 @@ fn worker_to_server() {
             cache: None,
             alloc: Some(7),
             ends_at_s: Some(1_795_000_000),
+            group: None,
+        }),
+    );
+    // Version 11: a worker of a group of its own (`--group`); the fields before it as nil.
+    golden(
+        "register-v11-group",
+        FromWorker::Register(Registration {
+            hostname: "n1".into(),
+            slots: 4,
+            gpus: 0,
+            prefetch: 4,
+            exec: "process".into(),
+            resume: None,
+            mem: 4 << 30,
+            named: vec![],
+            cache: None,
+            alloc: None,
+            ends_at_s: None,
+            group: Some("rack-2".into()),
         }),
     );
     golden(

@@ -45,6 +45,9 @@ pub struct WorkerConfig {
     pub alloc: Option<u32>,
     /// When its allocation ends, in seconds since the epoch.
     pub ends_at_s: Option<u64>,
+    /// The workers it may be one node of a multi-node task with (`--group`); `None`: those of
+    /// its allocation, or those of none.
+    pub group: Option<String>,
 }
 
 /// Where and how big a worker's file cache is.
@@ -107,6 +110,7 @@ impl WorkerConfig {
             cache: Some(CacheConfig::default()),
             alloc: None,
             ends_at_s: None,
+            group: None,
         }
     }
 

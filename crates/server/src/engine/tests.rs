@@ -121,6 +121,7 @@ impl Server {
             cache: None,
             alloc: None,
             ends_at_s: None,
+            group: None,
         };
         self.batch([Inbound::WorkerJoin {
             registration,

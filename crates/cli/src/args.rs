@@ -142,7 +142,17 @@ Job file (TOML):
   each = \"inputs.txt\"                         # relative to the job file
   command = \"./process {line}\"
   [[job]]
-  tasks = [\"./post a\", \"./post b\"]            # a list of commands";
+  tasks = [\"./post a\", \"./post b\"]            # a list of commands
+  [[job]]                    # tasks one by one, as HyperQueue's job files give them
+  name = \"pipeline\"
+  nodes = 2                  # like --nodes: two whole workers per task
+  [[job.task]]
+  id = 1                     # ids of their own (all or none; else 0, 1, 2, ...)
+  command = \"./prep\"
+  [[job.task]]
+  id = 3
+  command = \"./solve\"
+  deps = [1, \"sim:7\"]       # after task 1, and after task 7 of the earlier job sim";
 
 /// How the tasks of a job are given.
 #[derive(Args, Debug, Clone, Default)]

@@ -144,6 +144,15 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
                 at + 1
             );
         }
+        // The first job of a file: say which, as for the others.
+        Err(e @ kestrel_client::Error::Refused(_)) => match &args.shape.file {
+            Some(file) => {
+                let name = subs.first().map_or("", |k| k.sub.spec.name.as_str());
+                return Err(anyhow::Error::new(e)
+                    .context(format!("job file {}, job #1 ({name})", file.display())));
+            }
+            None => return Err(e.into()),
+        },
         other => other?,
     };
     let ids: Vec<JobId> = done.iter().map(|d| d.job).collect();

@@ -266,6 +266,7 @@ fn true_spec(name: &str) -> kestrel_core::JobSpec {
         placement: Default::default(),
         nodes: 0,
         deps: vec![],
+        task_ids: None,
     }
 }
 

@@ -737,6 +737,9 @@ pub struct JobSpec {
     pub nodes: u32,
     /// Tasks single tasks of this job wait for (a job file's `deps = [...]`), beside `after`.
     pub deps: Vec<TaskDeps>,
+    /// The ids of a list job's tasks, in order, when they are not their positions (a job
+    /// file's `id = ...`, as HyperQueue's); `None` numbers them 0, 1, 2, ...
+    pub task_ids: Option<IdRanges>,
 }
 
 /// The tasks one task waits for: it starts only once they have all finished successfully,
@@ -822,6 +825,16 @@ impl JobSpec {
             parent: None,
             nodes: 0,
             deps: Vec::new(),
+            task_ids: None,
+        }
+    }
+
+    /// `tasks` as their ids go: an array standing in for a list whose tasks have ids of
+    /// their own ([`Self::task_ids`]), for what computes names from ids (file names).
+    pub fn ids_of<'a>(&self, tasks: &'a TaskSet) -> std::borrow::Cow<'a, TaskSet> {
+        match (&self.task_ids, tasks) {
+            (Some(ids), TaskSet::List(_)) => std::borrow::Cow::Owned(TaskSet::Array(ids.clone())),
+            _ => std::borrow::Cow::Borrowed(tasks),
         }
     }
 }
@@ -897,6 +910,9 @@ pub enum SpecError {
     /// More nodes than one task may take.
     #[error("--nodes {0}: a task may take at most {max} workers", max = MAX_NODES)]
     TooManyNodes(u32),
+    /// Ids of their own for tasks that are not a list, or not one per task.
+    #[error("{0}")]
+    TaskIds(String),
 }
 
 /// The most workers one multi-node task may take.
@@ -960,6 +976,32 @@ impl JobSpec {
                     return Err(SpecError::EmptyTask(i as u32));
                 }
             }
+        }
+        self.check_task_ids(tasks)
+    }
+
+    /// Checks the ids a list's tasks have of their own, if any: one per task, sorted, unique.
+    pub fn check_task_ids(&self, tasks: &TaskSet) -> Result<(), SpecError> {
+        let Some(ids) = &self.task_ids else {
+            return Ok(());
+        };
+        if !matches!(tasks, TaskSet::List(_)) {
+            return Err(SpecError::TaskIds(format!(
+                "only a list of commands may give its tasks ids of their own, not {}",
+                tasks.kind()
+            )));
+        }
+        if ids.len() != tasks.len() {
+            return Err(SpecError::TaskIds(format!(
+                "{} ids for {} tasks; give one id per task",
+                ids.len(),
+                tasks.len()
+            )));
+        }
+        if !ids.is_sorted_unique() {
+            return Err(SpecError::TaskIds(
+                "the tasks' ids must be sorted and unique".into(),
+            ));
         }
         Ok(())
     }

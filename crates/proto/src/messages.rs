@@ -842,6 +842,8 @@ pub enum EdgeKind {
     After,
     /// `from` submitted the job `to`.
     Parent,
+    /// `to` waits for `from` by its `deps` (version 11; an older client is sent `After`).
+    Deps,
 }
 
 /// Why the server refused a request: a message for people (what is wrong and what to do) and

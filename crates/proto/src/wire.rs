@@ -221,7 +221,7 @@ mod policy_option {
 }
 
 /// [`JobSpec`]: `[name, template, resources, priority, retries, named, placement?, after?,
-/// parent?, nodes?, deps?]`. Decoded by the derived [`JobSpecFields`]; encoded by hand,
+/// parent?, nodes?, deps?, task_ids?]`. Decoded by the derived [`JobSpecFields`]; encoded by hand,
 /// because a field may be left out only when every field after it is too (the array is
 /// positional).
 pub struct JobSpecDef;
@@ -230,7 +230,9 @@ impl JobSpecDef {
     pub fn serialize<S: Serializer>(v: &JobSpec, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         // How many of the trailing, optional fields go: each up to the last one present.
-        let trailing = if !v.deps.is_empty() {
+        let trailing = if v.task_ids.is_some() {
+            6
+        } else if !v.deps.is_empty() {
             5
         } else if v.nodes > 0 {
             4
@@ -264,6 +266,9 @@ impl JobSpecDef {
         }
         if trailing >= 5 {
             st.serialize_field("deps", &DepsList(&v.deps))?;
+        }
+        if trailing >= 6 {
+            st.serialize_field("task_ids", &v.task_ids.as_ref().map(Ref))?;
         }
         st.end()
     }
@@ -411,6 +416,9 @@ struct JobSpecFields {
     /// Version 11.
     #[serde(default, deserialize_with = "deps_list::deserialize")]
     pub deps: Vec<TaskDeps>,
+    /// Version 11.
+    #[serde(default, with = "option")]
+    pub task_ids: Option<IdRanges>,
 }
 
 /// [`TaskSet`]: `{"Array": runs}`, `{"List": [argv, ...]}` or `{"Lines": [line, ...]}`.

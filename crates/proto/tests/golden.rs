@@ -122,6 +122,7 @@ fn spec() -> JobSpec {
         parent: None,
         nodes: 0,
         deps: vec![],
+        task_ids: None,
     }
 }
 
@@ -211,6 +212,21 @@ fn nodes_and_task_deps_follow_the_graph_fields_which_travel_when_they_do() {
             body: Ask::Submit {
                 spec: deps,
                 tasks: TaskSet::List(vec![vec!["a".into()]; 5]),
+                open: false,
+                key: None,
+            },
+        },
+    );
+    // Tasks with ids of their own: `nodes` 0 and no `deps` go before them.
+    let mut ids = spec();
+    ids.task_ids = Some(IdRanges::parse("1,3,5").unwrap());
+    golden(
+        "submit-v11-task-ids",
+        Request {
+            id: 9,
+            body: Ask::Submit {
+                spec: ids,
+                tasks: TaskSet::List(vec![vec!["a".into()]; 3]),
                 open: false,
                 key: None,
             },

@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use kestrel_core::IndexRun;
-use kestrel_proto::messages::{Answer, Assigned, Refusal, ToClient, ToWorker};
-use kestrel_proto::{encode, ProtoError, FILES_VERSION, MAX_FRAME_BYTES};
+use kestrel_proto::messages::{Answer, Assigned, EdgeKind, Refusal, ToClient, ToWorker};
+use kestrel_proto::{encode, ProtoError, FILES_VERSION, MAX_FRAME_BYTES, TASK_DEPS_VERSION};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -62,6 +62,11 @@ impl Outbox {
         if self.version < FILES_VERSION {
             if let Ok(answer) = &mut result {
                 for_older_client(answer);
+            }
+        }
+        if self.version < TASK_DEPS_VERSION {
+            if let Ok(answer) = &mut result {
+                before_nodes_and_deps(answer);
             }
         }
         match encode(&ToClient::Reply { id, result }) {
@@ -154,6 +159,26 @@ fn for_older_client(answer: &mut Answer) {
                 .rows
                 .iter_mut()
                 .for_each(|r| r.transfers = Default::default());
+        }
+        _ => {}
+    }
+}
+
+/// Leaves out of `answer` what a client of version 10 or older cannot read (a job's `nodes`
+/// and `deps`, longer arrays; a graph's `Deps` edges, drawn as `after` for it).
+fn before_nodes_and_deps(answer: &mut Answer) {
+    match answer {
+        Answer::Job(d) => {
+            d.spec.nodes = 0;
+            d.spec.deps = Vec::new();
+            d.spec.task_ids = None;
+        }
+        Answer::Graph(g) => {
+            for e in &mut g.edges {
+                if e.kind == EdgeKind::Deps {
+                    e.kind = EdgeKind::After;
+                }
+            }
         }
         _ => {}
     }

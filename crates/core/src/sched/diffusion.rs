@@ -116,7 +116,8 @@ impl Scheduler {
             .reserve((end.saturating_sub(from) as usize) * patterns.len());
         let files = &mut self.files;
         let inputs = &mut j.inputs;
-        let _ = try_each_name(&j.tasks, &job.to_string(), from, patterns, |_, _, name| {
+        let tasks = j.spec.ids_of(&j.tasks);
+        let _ = try_each_name(&tasks, &job.to_string(), from, patterns, |_, _, name| {
             inputs.push(files.intern(&cached_name(store, &name)));
             Ok::<(), ()>(())
         });

@@ -249,6 +249,7 @@ impl Scheduler {
             }
             Event::Retry { job, failed_only } => {
                 let (failed, canceled) = self.retry_job(job, failed_only)?;
+                self.rewait_task_deps(now_us, job);
                 Reply::Retried { failed, canceled }
             }
             Event::Forget { job } => {

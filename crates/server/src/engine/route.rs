@@ -74,9 +74,11 @@ impl Engine {
                     else {
                         continue;
                     };
-                    let ids = match &j.tasks {
-                        TaskSet::Array(r) => JobIds::Array(r.clone()),
-                        TaskSet::List(_) | TaskSet::Lines(_) => JobIds::List,
+                    let ids = match (&j.tasks, &j.spec.task_ids) {
+                        (TaskSet::Array(r), _) | (TaskSet::List(_), Some(r)) => {
+                            JobIds::Array(r.clone())
+                        }
+                        (TaskSet::List(_) | TaskSet::Lines(_), _) => JobIds::List,
                     };
                     let mut template = j.spec.template.clone();
                     // As resolved at submission, when some output is `local` (the worker

@@ -149,6 +149,7 @@ impl Server {
     fn ask(&mut self, client: &mut Peer, id: u64, body: Ask) -> Vec<ToClient> {
         let request = Request { id, body };
         let conn = client.conn;
+        let request = Box::new(request);
         self.batch([Inbound::Client { conn, request }]);
         client.sent()
     }

@@ -21,21 +21,7 @@ i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"#;
 #[test]
 fn a_two_node_task_sees_two_hosts_and_nothing_else_runs_on_them() {
     let c = Cluster::with_workers(&[1, 1, 1]);
-    let job = c
-        .run(&[
-            "submit",
-            "--parsable",
-            "--nodes",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            MPI,
-        ])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
+    let job = submit(&c, &["--nodes", "2", "--", "sh", "-c", MPI]);
     poll(
         "the two-node task to start",
         Duration::from_secs(20),
@@ -62,21 +48,17 @@ fn a_two_node_task_sees_two_hosts_and_nothing_else_runs_on_them() {
     assert_eq!(hosts.trim(), format!("{host},{host}"));
     assert_eq!(c.read("hostfile.txt").unwrap(), format!("{host}\n{host}\n"));
     // Meanwhile, single tasks all go to the third worker.
-    let singles = c
-        .run(&[
-            "submit",
-            "--parsable",
+    let singles = submit(
+        &c,
+        &[
             "--array",
             "1-6",
             "--",
             "sh",
             "-c",
             "echo $KESTREL_WORKER_ID > single-{task}.txt",
-        ])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
+        ],
+    );
     c.run(&["job", "wait", &singles]).ok();
     let on: BTreeSet<u32> = (1..=6)
         .map(|t| {
@@ -90,38 +72,22 @@ fn a_two_node_task_sees_two_hosts_and_nothing_else_runs_on_them() {
     assert_eq!(on.len(), 1, "{on:?}");
     assert!(!nodes.contains(on.first().unwrap()), "{on:?} vs {nodes:?}");
     // The job says what it takes; its host file is gone when it ends.
-    let info = c
-        .run(&["job", "info", &job, "--output", "json"])
-        .ok()
-        .json();
+    let info = job_json(&c, &job);
     assert_eq!(info["nodes"], 2);
     std::fs::write(c.work.join("go"), "").unwrap();
     c.run(&["job", "wait", &job]).ok();
     let path = c.read("hostfile-path.txt").unwrap();
     assert!(!std::path::Path::new(path.trim()).exists(), "{path}");
     // And the two workers take single tasks again.
-    let after = c
-        .run(&["submit", "--parsable", "--array", "1-30", "--", "true"])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
+    let after = submit(&c, &["--array", "1-30", "--", "true"]);
     c.run(&["job", "wait", &after]).ok();
 }
 
 #[test]
 fn more_nodes_than_workers_waits_and_says_why() {
     let c = Cluster::with_workers(&[1, 1]);
-    let job = c
-        .run(&["submit", "--parsable", "--nodes", "3", "--", "true"])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
-    let info = c
-        .run(&["job", "info", &job, "--output", "json"])
-        .ok()
-        .json();
+    let job = submit(&c, &["--nodes", "3", "--", "true"]);
+    let info = job_json(&c, &job);
     assert_eq!(
         info["waiting"],
         "each task needs 3 whole workers of one group, and only 2 can take it (workers 1, 2); start more workers (`kestrel worker start`) or cancel the job"
@@ -179,6 +145,18 @@ fn run_gives_a_task_whole_local_workers() {
     assert_eq!(lines.next().unwrap().trim(), "3");
 }
 
+/// Runs `kestrel submit --parsable ARGS`; returns the job id it printed.
+fn submit(c: &Cluster, args: &[&str]) -> String {
+    let mut all = vec!["submit", "--parsable"];
+    all.extend(args);
+    c.run(&all).ok().stdout.trim().to_string()
+}
+
+/// `kestrel job info JOB --output json`.
+fn job_json(c: &Cluster, job: &str) -> serde_json::Value {
+    c.run(&["job", "info", job, "--output", "json"]).ok().json()
+}
+
 /// The host name worker `id` registered with.
 fn hostname_of(c: &Cluster, id: u32) -> String {
     let list = c.run(&["worker", "list", "--output", "json"]).ok().json();
@@ -201,10 +179,9 @@ fn a_task_spans_workers_of_one_group_only() {
     c.wait_workers(2);
     c.add_worker_with(1, &["--group", "rack-a"]);
     c.wait_workers(3);
-    let job = c
-        .run(&[
-            "submit",
-            "--parsable",
+    let job = submit(
+        &c,
+        &[
             "--nodes",
             "2",
             "--wait",
@@ -212,24 +189,13 @@ fn a_task_spans_workers_of_one_group_only() {
             "sh",
             "-c",
             "echo $KESTREL_NODE_WORKERS > set.txt",
-        ])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
+        ],
+    );
     assert!(!job.is_empty());
     // Workers 1 and 3 are rack-a's; 2 is alone in rack-b.
     assert_eq!(c.read("set.txt").unwrap().trim(), "1,3");
-    let three = c
-        .run(&["submit", "--parsable", "--nodes", "3", "--", "true"])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
-    let info = c
-        .run(&["job", "info", &three, "--output", "json"])
-        .ok()
-        .json();
+    let three = submit(&c, &["--nodes", "3", "--", "true"]);
+    let info = job_json(&c, &three);
     assert_eq!(
         info["waiting"],
         "each task needs 3 whole workers of one group, and the largest group of workers that can (group rack-a) has 2 (workers 1, 3); start more workers (`kestrel worker start`) or cancel the job"

@@ -169,7 +169,15 @@ impl Scheduler {
                     continue;
                 }
                 let key = (span.job, index);
-                if let Some(set) = pick_free(workers, j, now_us, &plan.taken, before, key) {
+                let pick = Pick {
+                    workers,
+                    j,
+                    now_us,
+                    taken: &plan.taken,
+                    before,
+                    key,
+                };
+                if let Some(set) = pick.free() {
                     plan.taken.extend(&set);
                     plan.starts.push((key, set));
                     n += 1;
@@ -177,7 +185,7 @@ impl Scheduler {
                 }
                 let higher_waits = ordinary_front.is_some_and(|p| p > j.spec.priority);
                 if plan.holding.is_none() && !higher_waits {
-                    if let Some(ws) = pick_held(workers, j, now_us, &plan.taken, before, key) {
+                    if let Some(ws) = pick.held() {
                         plan.taken.extend(&ws);
                         plan.holding = Some((key, ws));
                     }
@@ -331,16 +339,10 @@ impl Scheduler {
                 plural(n as usize)
             )));
         }
-        let mut groups: BTreeMap<&str, Vec<WorkerId>> = BTreeMap::new();
         // Whatever the time: a worker near its allocation's end is replaced by another.
         let could =
-            |w: &Worker| w.group.is_some() && w.quarantined.is_none() && w.can_ever_run(j.need);
-        for w in self.workers.values().filter(|w| could(w)) {
-            groups
-                .entry(w.group.as_deref().unwrap_or_default())
-                .or_default()
-                .push(w.id);
-        }
+            |w: &&Worker| w.group.is_some() && w.quarantined.is_none() && w.can_ever_run(j.need);
+        let groups = by_group(self.workers.values().filter(could), |w| w.id);
         if groups.values().any(|ws| ws.len() >= n as usize) {
             return None;
         }
@@ -367,6 +369,21 @@ impl Scheduler {
     }
 }
 
+/// `workers` by their group, each as `f` makes it.
+fn by_group<'a, T>(
+    workers: impl Iterator<Item = &'a Worker>,
+    f: impl Fn(&'a Worker) -> T,
+) -> BTreeMap<&'a str, Vec<T>> {
+    let mut groups: BTreeMap<&str, Vec<T>> = BTreeMap::new();
+    for w in workers {
+        groups
+            .entry(w.group.as_deref().unwrap_or_default())
+            .or_default()
+            .push(f(w));
+    }
+    groups
+}
+
 /// A group's name for people.
 fn group_name(group: &str) -> String {
     if group.is_empty() {
@@ -376,82 +393,78 @@ fn group_name(group: &str) -> String {
     }
 }
 
-/// The free workers task `key` of `j` starts on now, if a group has enough: those held for
-/// it last pass if they are all free, else the first of the smallest group that has enough
-/// (bigger groups are left to bigger tasks).
-fn pick_free(
-    workers: &BTreeMap<WorkerId, Worker>,
-    j: &Job,
+/// What choosing workers for task `key` of `j` looks at: the workers, those `taken` by tasks
+/// ahead of it this pass, and those held `before` (last pass) for some task.
+struct Pick<'a> {
+    workers: &'a BTreeMap<WorkerId, Worker>,
+    j: &'a Job,
     now_us: u64,
-    taken: &BTreeSet<WorkerId>,
-    before: Option<&(TaskKey, Vec<WorkerId>)>,
+    taken: &'a BTreeSet<WorkerId>,
+    before: Option<&'a (TaskKey, Vec<WorkerId>)>,
     key: TaskKey,
-) -> Option<Vec<WorkerId>> {
-    let n = j.spec.nodes as usize;
-    let usable = |w: &Worker| !taken.contains(&w.id) && free(w) && able(w, j, now_us);
-    if let Some((_, held)) = before.filter(|(k, _)| *k == key) {
-        if held.len() >= n && held.iter().all(|id| workers.get(id).is_some_and(&usable)) {
-            return Some(held[..n].to_vec());
-        }
-    }
-    let mut groups: BTreeMap<&str, Vec<WorkerId>> = BTreeMap::new();
-    for w in workers.values().filter(|w| usable(w)) {
-        groups
-            .entry(w.group.as_deref().unwrap_or_default())
-            .or_default()
-            .push(w.id);
-    }
-    groups
-        .into_values()
-        .filter(|ws| ws.len() >= n)
-        .min_by_key(Vec::len)
-        .map(|mut ws| {
-            ws.truncate(n);
-            ws
-        })
 }
 
-/// The workers to hold for task `key` of `j` as they drain, if a group has enough that could
-/// take it: the group it was held in last pass if it still has enough, else the one with the
-/// most free workers; in it, those held before, then the free ones, then the least busy.
-fn pick_held(
-    workers: &BTreeMap<WorkerId, Worker>,
-    j: &Job,
-    now_us: u64,
-    taken: &BTreeSet<WorkerId>,
-    before: Option<&(TaskKey, Vec<WorkerId>)>,
-    key: TaskKey,
-) -> Option<Vec<WorkerId>> {
-    let n = j.spec.nodes as usize;
-    let held_before = |id: WorkerId| before.is_some_and(|(k, ws)| *k == key && ws.contains(&id));
-    let mut groups: BTreeMap<&str, Vec<&Worker>> = BTreeMap::new();
-    for w in workers
-        .values()
-        .filter(|w| !taken.contains(&w.id) && able(w, j, now_us))
-    {
-        groups
-            .entry(w.group.as_deref().unwrap_or_default())
-            .or_default()
-            .push(w);
+impl Pick<'_> {
+    /// The free workers the task starts on now, if a group has enough: those held for it
+    /// last pass if they are all free, else the first of the smallest group that has enough
+    /// (bigger groups are left to bigger tasks).
+    fn free(&self) -> Option<Vec<WorkerId>> {
+        let n = self.j.spec.nodes as usize;
+        let usable =
+            |w: &Worker| !self.taken.contains(&w.id) && free(w) && able(w, self.j, self.now_us);
+        if let Some((_, held)) = self.before.filter(|(k, _)| *k == self.key) {
+            if held.len() >= n
+                && held
+                    .iter()
+                    .all(|id| self.workers.get(id).is_some_and(&usable))
+            {
+                return Some(held[..n].to_vec());
+            }
+        }
+        by_group(self.workers.values().filter(|w| usable(w)), |w| w.id)
+            .into_values()
+            .filter(|ws| ws.len() >= n)
+            .min_by_key(Vec::len)
+            .map(|mut ws| {
+                ws.truncate(n);
+                ws
+            })
     }
-    let score = |ws: &Vec<&Worker>| {
-        let before = ws.iter().filter(|w| held_before(w.id)).count();
-        let free = ws.iter().filter(|w| free(w)).count();
-        (before >= n, free, ws.len())
-    };
-    let mut ws = groups
-        .into_values()
-        .filter(|ws| ws.len() >= n)
-        .max_by_key(score)?;
-    // Held before first; then free; then workers of no other set, least busy first.
-    ws.sort_by_key(|w| {
-        (
-            !held_before(w.id),
-            !free(w),
-            w.node_of.is_some(),
-            w.used.cpus,
-            w.id,
-        )
-    });
-    Some(ws.iter().take(n).map(|w| w.id).collect())
+
+    /// The workers to hold for the task as they drain, if a group has enough that could take
+    /// it: the group it was held in last pass if it still has enough, else the one with the
+    /// most free workers; in it, those held before, then the free ones, then the least busy.
+    fn held(&self) -> Option<Vec<WorkerId>> {
+        let n = self.j.spec.nodes as usize;
+        let held_before = |id: WorkerId| {
+            self.before
+                .is_some_and(|(k, ws)| *k == self.key && ws.contains(&id))
+        };
+        let groups = by_group(
+            self.workers
+                .values()
+                .filter(|w| !self.taken.contains(&w.id) && able(w, self.j, self.now_us)),
+            |w| w,
+        );
+        let score = |ws: &Vec<&Worker>| {
+            let before = ws.iter().filter(|w| held_before(w.id)).count();
+            let free = ws.iter().filter(|w| free(w)).count();
+            (before >= n, free, ws.len())
+        };
+        let mut ws = groups
+            .into_values()
+            .filter(|ws| ws.len() >= n)
+            .max_by_key(score)?;
+        // Held before first; then free; then workers of no other set, least busy first.
+        ws.sort_by_key(|w| {
+            (
+                !held_before(w.id),
+                !free(w),
+                w.node_of.is_some(),
+                w.used.cpus,
+                w.id,
+            )
+        });
+        Some(ws.iter().take(n).map(|w| w.id).collect())
+    }
 }

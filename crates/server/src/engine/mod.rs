@@ -60,10 +60,7 @@ pub enum Inbound {
     ClientJoin { outbox: Outbox },
     /// A client's request (boxed: a submission's spec is far bigger than the other events,
     /// and one allocation per request is nothing beside its decoding).
-    Client {
-        conn: ConnId,
-        request: Box<Request>,
-    },
+    Client { conn: ConnId, request: Box<Request> },
     /// A client's connection ended.
     ClientGone { conn: ConnId },
     /// Stop the server.

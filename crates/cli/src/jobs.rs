@@ -45,8 +45,8 @@ pub struct TaskOptions {
     /// (host names, comma-separated), KESTREL_NODE_FILE (a host file, one per line, for
     /// `mpirun --hostfile`), KESTREL_NUM_NODES and KESTREL_NODE_WORKERS (worker ids). The
     /// workers come from one allocation (or one `worker start --group`); --cpus, --gpus and
-    /// --mem say what each must have at least. E.g. `kestrel submit --nodes 4 -- mpirun
-    /// --hostfile '$KESTREL_NODE_FILE' ./sim` (in sh -c)
+    /// --mem say what each must have at least. E.g. `kestrel submit --nodes 4 -- sh -c
+    /// 'mpirun --hostfile "$KESTREL_NODE_FILE" ./sim'`
     #[arg(long, value_name = "N")]
     pub nodes: Option<u32>,
     /// Higher-priority jobs' tasks are dispatched first (may be negative)
@@ -237,7 +237,7 @@ impl TaskOptions {
         });
         // Here too, not only at the server: a job without files does not send `replicas`.
         files.validate().map_err(|e| anyhow!("{e}"))?;
-        Ok(JobSpec {
+        let spec = JobSpec {
             name: self
                 .name
                 .clone()
@@ -287,7 +287,10 @@ impl TaskOptions {
             nodes: self.nodes.unwrap_or(0),
             deps: Vec::new(),
             task_ids: None,
-        })
+        };
+        // What the server checks too, said before anything is sent (--nodes with files).
+        spec.validate_spec().map_err(|e| anyhow!("{e}"))?;
+        Ok(spec)
     }
 }
 

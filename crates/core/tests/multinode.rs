@@ -362,3 +362,68 @@ fn a_retried_multinode_job_runs_again() {
     assert_eq!(nodes_given(&h, mpi, 0).len(), 2);
     assert_sound(&h);
 }
+
+/// A worker of one slot that may be a node, joined to `s` directly.
+fn node(s: &mut Scheduler) -> WorkerId {
+    let w = common::staging_worker(s, 1);
+    s.handle(
+        0,
+        Event::WorkerNodes {
+            worker: w,
+            group: String::new(),
+        },
+    )
+    .unwrap();
+    w
+}
+
+/// The workers assigned something by the commands `s` gives after a pass.
+fn assigned_to(s: &mut Scheduler, now: u64) -> Vec<WorkerId> {
+    s.handle(now, Event::Schedule).unwrap();
+    let mut ws: Vec<WorkerId> = s
+        .take_commands()
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Assign { worker, .. } | Command::AssignNodes { worker, .. } => Some(worker),
+            _ => None,
+        })
+        .collect();
+    ws.sort_unstable();
+    ws.dedup();
+    ws
+}
+
+#[test]
+fn a_node_or_root_that_reconnects_keeps_its_place_in_the_set() {
+    use common::Events;
+    let mut s = Scheduler::new(Config::default());
+    let (a, b) = (node(&mut s), node(&mut s));
+    let mpi = s.submit(0, nodes_job(2), array(1), false).unwrap();
+    assert_eq!(assigned_to(&mut s, 1), vec![a]);
+    let started = vec![Started {
+        job: mpi,
+        index: 0,
+        at_us: 2,
+    }];
+    s.handle(2, Event::TasksStarted { worker: a, started })
+        .unwrap();
+    // The second node's connection drops and it registers again as c.
+    let c = node(&mut s);
+    s.worker_resumed(3, c, Some(b), vec![], vec![]);
+    assert_eq!(s.nodes_of((mpi, 0)), Some(&[a, c][..]));
+    // Single-node work does not go to it meanwhile.
+    let singles = s.submit(4, spec("single"), array(4), false).unwrap();
+    assert_eq!(assigned_to(&mut s, 5), Vec::<WorkerId>::new());
+    // The root comes back as d with the task still running: it stays the set's root.
+    let d = node(&mut s);
+    let r = s.worker_resumed(6, d, Some(a), vec![(mpi, 0)], vec![]);
+    assert_eq!(r.taken, 1);
+    assert_eq!(assigned_to(&mut s, 7), Vec::<WorkerId>::new());
+    assert_eq!(s.nodes_of((mpi, 0)), Some(&[d, c][..]));
+    // Its end frees both for the single tasks.
+    let ends = vec![Finished::at_once(mpi, 0, 8, RunEnd::Success)];
+    s.handle(8, Event::TasksEnded { worker: d, ends }).unwrap();
+    assert_eq!(assigned_to(&mut s, 9), vec![c, d]);
+    assert_eq!(s.job(singles).unwrap().counts.assigned, 2);
+    assert!(s.audit().is_empty(), "{:?}", s.audit());
+}

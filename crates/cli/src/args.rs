@@ -158,7 +158,17 @@ Job file (TOML):
   each = \"inputs.txt\"                         # relative to the job file
   command = \"./process {line}\"
   [[job]]
-  tasks = [\"./post a\", \"./post b\"]            # a list of commands";
+  tasks = [\"./post a\", \"./post b\"]            # a list of commands
+  [[job]]                    # tasks one by one, as HyperQueue's job files give them
+  name = \"pipeline\"
+  nodes = 2                  # like --nodes: two whole workers per task
+  [[job.task]]
+  id = 1                     # ids of their own (all or none; else 0, 1, 2, ...)
+  command = \"./prep\"
+  [[job.task]]
+  id = 3
+  command = \"./solve\"
+  deps = [1, \"sim:7\"]       # after task 1, and after task 7 of the earlier job sim";
 
 /// How the tasks of a job are given.
 #[derive(Args, Debug, Clone, Default)]
@@ -286,6 +296,8 @@ pub enum ServerCommand {
     Info,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum WorkerCommand {
     /// Start a worker in the foreground; it connects out to the server and runs tasks
@@ -347,6 +359,11 @@ pub enum WorkerCommand {
         /// The allocation this worker runs in, as Kestrel's pilot scripts number it
         #[arg(long, value_name = "ID")]
         alloc: Option<u32>,
+        /// The workers a multi-node task (`submit --nodes`) may span with this one: those
+        /// started with the same --group (nodes that reach each other, e.g. one rack)
+        /// [default: those of its allocation, or those of none]
+        #[arg(long, value_name = "NAME")]
+        group: Option<String>,
     },
     /// List connected workers (quarantined ones with the reason); --all adds those that left
     #[command(

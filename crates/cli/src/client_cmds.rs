@@ -182,6 +182,15 @@ pub async fn submit(g: &Global, args: SubmitArgs) -> Result<ExitCode> {
                 at + 1
             );
         }
+        // The first job of a file: say which, as for the others.
+        Err(e @ kestrel_client::Error::Refused(_)) => match &args.shape.file {
+            Some(file) => {
+                let name = subs.first().map_or("", |k| k.sub.spec.name.as_str());
+                return Err(anyhow::Error::new(e)
+                    .context(format!("job file {}, job #1 ({name})", file.display())));
+            }
+            None => return Err(e.into()),
+        },
         other => other?,
     };
     let ids: Vec<JobId> = done.iter().map(|d| d.job).collect();
@@ -471,7 +480,6 @@ fn plural_were(n: u32) -> String {
     }
 }
 
-/// `1 cpu per task`, `2 cpus, 1 gpu per task`.
 /// What each task of a job holds: `2 cpus, 1 GPU, 4.0 GiB of memory, 1 licenses per task`.
 fn resources(spec: &kestrel_core::JobSpec) -> String {
     let r = spec.resources;
@@ -483,6 +491,13 @@ fn resources(spec: &kestrel_core::JobSpec) -> String {
         parts.push(format!("{} of memory", output::bytes(r.mem)));
     }
     parts.extend(spec.named.iter().map(|(name, n)| format!("{n} {name}")));
+    if spec.nodes > 0 {
+        return format!(
+            "{} per task, each with at least {}",
+            plural(spec.nodes, "whole worker"),
+            parts.join(", ")
+        );
+    }
     format!("{} per task", parts.join(", "))
 }
 

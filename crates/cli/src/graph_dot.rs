@@ -146,6 +146,8 @@ fn edge(
         }
         EdgeKind::After => attrs.push("style=dashed, label=\"after\"".into()),
         EdgeKind::Parent => attrs.push("style=dotted, label=\"submitted\"".into()),
+        // A plain arrow: the task waits for the other, with nothing passed between them.
+        EdgeKind::Deps => {}
     }
     format!("{from} -> {to} [{}];", attrs.join(", "))
 }
@@ -225,6 +227,7 @@ impl From<&WorkflowView> for GraphJson {
                         EdgeKind::Files { names, count } => ("files", names.clone(), *count),
                         EdgeKind::After => ("after", Vec::new(), 0),
                         EdgeKind::Parent => ("parent", Vec::new(), 0),
+                        EdgeKind::Deps => ("deps", Vec::new(), 0),
                     };
                     GraphEdgeJson {
                         from: end(e.from),

@@ -24,10 +24,16 @@ fn names(sub: &Submission, patterns: &[String]) -> Option<Vec<(usize, u32, Strin
         return None;
     }
     let mut out = Vec::new();
-    let _ = try_each_name(&sub.tasks, "", 0, patterns, |_, id, name| {
-        out.push((out.len() % patterns.len(), id, name.into_owned()));
-        Ok::<(), ()>(())
-    });
+    let _ = try_each_name(
+        &sub.spec.ids_of(&sub.tasks),
+        "",
+        0,
+        patterns,
+        |_, id, name| {
+            out.push((out.len() % patterns.len(), id, name.into_owned()));
+            Ok::<(), ()>(())
+        },
+    );
     Some(out)
 }
 

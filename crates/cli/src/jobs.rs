@@ -7,8 +7,8 @@ use crate::{output, sizes};
 use anyhow::{anyhow, bail, Context, Result};
 use kestrel_core::placeholders;
 use kestrel_core::{
-    After, IdRanges, JobSpec, Keep, LineList, Placement, PolicyName, Resources, Sink, TaskFiles,
-    TaskSet, TaskTemplate, DEFAULT_STREAM_LIMIT, MAX_STREAM_LIMIT,
+    After, IdRanges, JobSpec, Keep, LineList, Placement, PolicyName, Resources, Sink, TaskDeps,
+    TaskFiles, TaskRef, TaskSet, TaskTemplate, DEFAULT_STREAM_LIMIT, MAX_STREAM_LIMIT,
 };
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -41,6 +41,15 @@ pub struct TaskOptions {
     #[arg(long = "resource", value_name = "NAME=N")]
     #[serde(default, rename = "resources", deserialize_with = "resource_entries")]
     pub resource: Vec<String>,
+    /// Give each task N whole workers (an MPI run): it runs on the first of them and nothing
+    /// else runs on any of them until it ends. The task finds them in KESTREL_NODE_LIST
+    /// (host names, comma-separated), KESTREL_NODE_FILE (a host file, one per line, for
+    /// `mpirun --hostfile`), KESTREL_NUM_NODES and KESTREL_NODE_WORKERS (worker ids). The
+    /// workers come from one allocation (or one `worker start --group`); --cpus, --gpus and
+    /// --mem say what each must have at least. E.g. `kestrel submit --nodes 4 -- sh -c
+    /// 'mpirun --hostfile "$KESTREL_NODE_FILE" ./sim'`
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
     /// Higher-priority jobs' tasks are dispatched first (may be negative)
     #[arg(long, value_name = "P", allow_hyphen_values = true)]
     pub priority: Option<i32>,
@@ -147,6 +156,7 @@ impl TaskOptions {
         }
         fill!(
             name,
+            nodes,
             cpus,
             gpus,
             mem,
@@ -221,6 +231,9 @@ impl TaskOptions {
         if cpus == 0 {
             bail!("--cpus must be at least 1");
         }
+        if self.nodes == Some(0) {
+            bail!("--nodes must be at least 1 (leave it out for tasks that share a worker)");
+        }
         let files = output_modes(TaskFiles {
             inputs: self.input.clone(),
             outputs: self.output_files.clone(),
@@ -230,7 +243,7 @@ impl TaskOptions {
         });
         // Here too, not only at the server: a job without files does not send `replicas`.
         files.validate().map_err(|e| anyhow!("{e}"))?;
-        Ok(JobSpec {
+        let spec = JobSpec {
             name: self
                 .name
                 .clone()
@@ -277,7 +290,13 @@ impl TaskOptions {
                 .map(|a| After::parse(a).map_err(|e| anyhow!(e)))
                 .collect::<Result<_>>()?,
             parent: None,
-        })
+            nodes: self.nodes.unwrap_or(0),
+            deps: Vec::new(),
+            task_ids: None,
+        };
+        // What the server checks too, said before anything is sent (--nodes with files).
+        spec.validate_spec().map_err(|e| anyhow!("{e}"))?;
+        Ok(spec)
     }
 }
 
@@ -672,6 +691,7 @@ struct JobEntry {
     tasks: Option<Vec<CommandLine>>,
     each: Option<PathBuf>,
     name: Option<String>,
+    nodes: Option<u32>,
     cpus: Option<u32>,
     gpus: Option<u32>,
     mem: Option<String>,
@@ -698,6 +718,33 @@ struct JobEntry {
     policy: Option<String>,
     util_threshold: Option<f64>,
     replicas: Option<u8>,
+    /// Its tasks one by one (`[[job.task]]`), as HyperQueue's job files give them.
+    #[serde(default)]
+    task: Vec<TaskEntry>,
+}
+
+/// One task of a job given task by task: `[[job.task]] id = 3 command = "..." deps = [1, 2]`.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct TaskEntry {
+    /// Its id (all of a job's tasks have one, or none: then 0, 1, 2, ... in order).
+    id: Option<u32>,
+    command: CommandLine,
+    /// Tasks it waits for: ids of its job's tasks, `"NAME:ID"` of an earlier job of the file,
+    /// `"JOB:ID"` of a job submitted before.
+    #[serde(default, deserialize_with = "after_entries")]
+    deps: Vec<String>,
+}
+
+/// A dependency on a task of an earlier job of the same file, by the job's name: its
+/// `spec.deps` entry and place in `on`, to be given the job's id once it is submitted.
+struct NamedDep {
+    dep: usize,
+    on: usize,
+    name: String,
+    task: u32,
+    /// The dependency as written, for messages.
+    text: String,
 }
 
 /// Reads a TOML job file: `[defaults]` options and one `[[job]]` table per job.
@@ -738,7 +785,29 @@ pub fn from_file(path: &Path) -> Result<Vec<Submission>> {
     for (i, e) in file.job.into_iter().enumerate() {
         let after = e.after.clone();
         let at = || format!("job file {}, job #{}", path.display(), i + 1);
-        let mut sub = entry(e, &file.defaults, &base).with_context(at)?;
+        let (mut sub, named) = entry(e, &file.defaults, &base).with_context(at)?;
+        for n in named {
+            let Some(pos) = subs.iter().position(|s| s.spec.name == n.name) else {
+                return Err(anyhow!(
+                    "deps = [{:?}]: no job named {:?} comes before it in the file (a job's name is its `name`, else its program's)",
+                    n.text,
+                    n.name
+                ))
+                .with_context(at);
+            };
+            let earlier = &subs[pos];
+            if !has_task(earlier, n.task) {
+                return Err(anyhow!(
+                    "deps = [{:?}]: job {:?} (job #{} of the file) has no task {}",
+                    n.text,
+                    n.name,
+                    pos + 1,
+                    n.task
+                ))
+                .with_context(at);
+            }
+            sub.earlier_tasks.push((n.dep, n.on, pos));
+        }
         for a in after.iter().filter(|a| is_earlier_job(a)) {
             let (name, tasks) = match a.split_once(':') {
                 Some((n, t)) => (n, Some(t)),
@@ -762,9 +831,136 @@ pub fn from_file(path: &Path) -> Result<Vec<Submission>> {
     Ok(subs)
 }
 
-fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission> {
+/// Whether submission `sub` has a task of id `id`.
+fn has_task(sub: &Submission, id: u32) -> bool {
+    match (&sub.spec.task_ids, &sub.tasks) {
+        (Some(ids), _) | (None, TaskSet::Array(ids)) => ids.index_of(id).is_some(),
+        (None, tasks) => id < tasks.len(),
+    }
+}
+
+/// The job of `argvs`, one task each: a list job, its command lines checked (`what(i)` names
+/// the `i`th in messages).
+fn list_job(
+    opts: &TaskOptions,
+    argvs: Vec<Vec<String>>,
+    base: &Path,
+    what: impl Fn(usize) -> String,
+) -> Result<(JobSpec, TaskSet)> {
+    let name = argvs
+        .first()
+        .map(|a| program_name(a))
+        .unwrap_or_else(|| "job".into());
+    let mut spec = opts.spec(Vec::new(), &name, base)?;
+    placeholders::check_template(&spec.template, false)?;
+    for (i, argv) in argvs.iter().enumerate() {
+        for arg in argv {
+            placeholders::check(arg, &what(i), false)?;
+        }
+    }
+    opts.add_env_all(&mut spec);
+    let room = sizes::task_room(&spec)?;
+    for (i, argv) in argvs.iter().enumerate() {
+        sizes::check_task(&what(i), sizes::argv_bytes(argv), room)?;
+    }
+    Ok((spec, TaskSet::List(argvs)))
+}
+
+/// A job given task by task (`[[job.task]]`): its tasks in the order of their ids, those ids
+/// when they are not 0, 1, 2, ..., and their `deps`, those on earlier jobs of the file by name
+/// returned apart.
+fn task_tables(
+    opts: &TaskOptions,
+    tables: Vec<TaskEntry>,
+    base: &Path,
+) -> Result<(Submission, Vec<NamedDep>)> {
+    let n = tables.len();
+    let given = tables.iter().filter(|t| t.id.is_some()).count();
+    if given != 0 && given != n {
+        bail!("give every [[job.task]] an `id`, or none (they are then numbered 0, 1, 2, ... in order)");
+    }
+    let mut tables: Vec<(u32, TaskEntry)> = tables
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (t.id.unwrap_or(i as u32), t))
+        .collect();
+    tables.sort_by_key(|(id, _)| *id);
+    if let Some(w) = tables.windows(2).find(|w| w[0].0 == w[1].0) {
+        bail!("two [[job.task]] have id {}; give each its own", w[0].0);
+    }
+    let argvs = tables
+        .iter()
+        .map(|(id, t)| t.command.words().with_context(|| format!("task {id}")))
+        .collect::<Result<Vec<_>>>()?;
+    let ids: Vec<u32> = tables.iter().map(|(id, _)| *id).collect();
+    let (mut spec, tasks) = list_job(opts, argvs, base, |i| format!("task {}", ids[i]))?;
+    if ids.iter().enumerate().any(|(i, &id)| id != i as u32) {
+        let text: Vec<String> = ids.iter().map(u32::to_string).collect();
+        spec.task_ids = Some(IdRanges::parse(&text.join(","))?);
+    }
+    let mut named = Vec::new();
+    for (id, t) in tables.iter().filter(|(_, t)| !t.deps.is_empty()) {
+        let mut on = Vec::with_capacity(t.deps.len());
+        for text in &t.deps {
+            let (job, task) = parse_dep(text).with_context(|| format!("task {id}"))?;
+            match job {
+                DepJob::Same => on.push(TaskRef { job: None, task }),
+                DepJob::Id(j) => on.push(TaskRef { job: Some(j), task }),
+                DepJob::Named(name) => {
+                    named.push(NamedDep {
+                        dep: spec.deps.len(),
+                        on: on.len(),
+                        name,
+                        task,
+                        text: text.clone(),
+                    });
+                    // Named once the earlier job is submitted (see `Submission::earlier_tasks`).
+                    on.push(TaskRef { job: None, task });
+                }
+            }
+        }
+        spec.deps.push(TaskDeps { task: *id, on });
+    }
+    spec.validate(&tasks).map_err(|e| anyhow!("{e}"))?;
+    Ok((Submission::new(spec, tasks), named))
+}
+
+/// The job a `deps` entry names: the task's own, one by its id, or an earlier one of the file
+/// by its name.
+enum DepJob {
+    Same,
+    Id(u32),
+    Named(String),
+}
+
+/// A `deps` entry: `3` (a task of the same job), `"prep:1"` (of the file's earlier job named
+/// prep) or `"7:1"` (of job 7).
+fn parse_dep(text: &str) -> Result<(DepJob, u32)> {
+    let bad = || {
+        anyhow!(
+            "deps = [{text:?}]: give the id of a task of this job (3), or JOB:ID for a task of another: an earlier job of the file by its name (\"prep:1\") or a job id (\"7:1\")"
+        )
+    };
+    let (job, task) = match text.rsplit_once(':') {
+        Some((j, t)) => (Some(j.trim()), t),
+        None => (None, text),
+    };
+    let task: u32 = task.trim().parse().map_err(|_| bad())?;
+    let job = match job {
+        None => DepJob::Same,
+        Some("") => return Err(bad()),
+        Some(j) if j.bytes().all(|b| b.is_ascii_digit()) => {
+            DepJob::Id(j.parse().map_err(|_| bad())?)
+        }
+        Some(j) => DepJob::Named(j.to_string()),
+    };
+    Ok((job, task))
+}
+
+fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<(Submission, Vec<NamedDep>)> {
     let opts = TaskOptions {
         name: e.name,
+        nodes: e.nodes,
         cpus: e.cpus,
         gpus: e.gpus,
         mem: e.mem,
@@ -787,11 +983,19 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
         replicas: e.replicas,
     }
     .or(defaults);
-    match (e.command, e.tasks) {
+    if !e.task.is_empty() {
+        if e.command.is_some() || e.tasks.is_some() || e.array.is_some() || e.each.is_some() {
+            bail!("a job of [[job.task]] tables takes no `command`, `tasks`, `array` or `each`: each task has its own command");
+        }
+        return task_tables(&opts, e.task, base);
+    }
+    let sub = match (e.command, e.tasks) {
         (Some(_), Some(_)) => {
             bail!("give either `command` (with `array` or `each`) or `tasks`, not both")
         }
-        (None, None) => bail!("a job needs `command` (with `array` or `each`) or `tasks`"),
+        (None, None) => {
+            bail!("a job needs `command` (with `array` or `each`), `tasks`, or [[job.task]] tables")
+        }
         (None, Some(tasks)) => {
             if e.array.is_some() || e.each.is_some() {
                 bail!("`array` and `each` go with `command`, not with `tasks`");
@@ -800,29 +1004,9 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
                 .iter()
                 .map(CommandLine::words)
                 .collect::<Result<Vec<_>>>()?;
-            let name = argvs
-                .first()
-                .map(|a| program_name(a))
-                .unwrap_or_else(|| "job".into());
-            let mut spec = opts.spec(Vec::new(), &name, base)?;
-            placeholders::check_template(&spec.template, false)?;
-            for (i, argv) in argvs.iter().enumerate() {
-                for arg in argv {
-                    placeholders::check(arg, &format!("task {i} of `tasks`"), false)?;
-                }
-            }
-            opts.add_env_all(&mut spec);
-            let room = sizes::task_room(&spec)?;
-            for (i, argv) in argvs.iter().enumerate() {
-                sizes::check_task(
-                    &format!("task {i} of `tasks`"),
-                    sizes::argv_bytes(argv),
-                    room,
-                )?;
-            }
-            let tasks = TaskSet::List(argvs);
+            let (spec, tasks) = list_job(&opts, argvs, base, |i| format!("task {i} of `tasks`"))?;
             spec.validate(&tasks).map_err(|e| anyhow!("{e}"))?;
-            Ok(Submission::new(spec, tasks))
+            Submission::new(spec, tasks)
         }
         (Some(cmd), None) => {
             // `each = "-"` reads standard input, like the flag.
@@ -837,9 +1021,10 @@ fn entry(e: JobEntry, defaults: &TaskOptions, base: &Path) -> Result<Submission>
                 array: e.array.as_deref(),
                 each: each.as_deref(),
             };
-            from_flags(&opts, shape, cmd.words()?, base)
+            from_flags(&opts, shape, cmd.words()?, base)?
         }
-    }
+    };
+    Ok((sub, Vec::new()))
 }
 
 #[cfg(test)]
@@ -1036,6 +1221,119 @@ retries = 0
             jobs[1].spec.template.env,
             vec![("PATH".into(), "/mine".into())]
         );
+    }
+
+    #[test]
+    fn job_files_give_tasks_one_by_one_with_ids_and_deps() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("hq.toml");
+        std::fs::write(
+            &f,
+            r#"
+[[job]]
+name = "prep"
+array = "1-2"
+command = "./prep {task}"
+
+[[job]]
+name = "pipe"
+[[job.task]]
+id = 5
+command = ["./merge"]
+deps = [1, 3]
+[[job.task]]
+id = 1
+command = "./a"
+[[job.task]]
+id = 3
+command = "./b"
+deps = ["prep:2", "7:4"]
+"#,
+        )
+        .unwrap();
+        let jobs = from_file(&f).unwrap();
+        let pipe = &jobs[1];
+        // In the order of their ids, which are not their positions.
+        assert_eq!(
+            pipe.tasks,
+            TaskSet::List(vec![
+                vec!["./a".into()],
+                vec!["./b".into()],
+                vec!["./merge".into()]
+            ])
+        );
+        assert_eq!(pipe.spec.task_ids, Some(IdRanges::parse("1,3,5").unwrap()));
+        let same = |task| TaskRef { job: None, task };
+        assert_eq!(
+            pipe.spec.deps,
+            vec![
+                TaskDeps {
+                    task: 3,
+                    // prep's id is filled in once it is submitted.
+                    on: vec![
+                        same(2),
+                        TaskRef {
+                            job: Some(7),
+                            task: 4
+                        }
+                    ],
+                },
+                TaskDeps {
+                    task: 5,
+                    on: vec![same(1), same(3)],
+                },
+            ]
+        );
+        assert_eq!(pipe.earlier_tasks, vec![(0, 0, 0)]);
+        // Without ids, they are 0, 1, 2, ... in order.
+        std::fs::write(
+            &f,
+            "[[job]]\n[[job.task]]\ncommand = \"a\"\n[[job.task]]\ncommand = \"b\"\ndeps = [0]\n",
+        )
+        .unwrap();
+        let jobs = from_file(&f).unwrap();
+        assert_eq!(jobs[0].spec.task_ids, None);
+        assert_eq!(jobs[0].spec.deps[0].task, 1);
+    }
+
+    #[test]
+    fn task_table_mistakes_say_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("bad.toml");
+        let err = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            format!("{:#}", from_file(&f).unwrap_err())
+        };
+        let e =
+            err("[[job]]\n[[job.task]]\nid = 1\ncommand = \"a\"\n[[job.task]]\ncommand = \"b\"\n");
+        assert!(
+            e.contains("give every [[job.task]] an `id`, or none"),
+            "{e}"
+        );
+        let e = err("[[job]]\n[[job.task]]\nid = 1\ncommand = \"a\"\n[[job.task]]\nid = 1\ncommand = \"b\"\n");
+        assert!(
+            e.contains("two [[job.task]] have id 1; give each its own"),
+            "{e}"
+        );
+        let e = err("[[job]]\n[[job.task]]\ncommand = \"a\"\ndeps = [\"x\"]\n");
+        assert!(
+            e.contains("task 0: deps = [\"x\"]: give the id of a task of this job"),
+            "{e}"
+        );
+        let e = err("[[job]]\n[[job.task]]\ncommand = \"a\"\ndeps = [\"later:1\"]\n\n[[job]]\nname = \"later\"\ncommand = \"b\"\n");
+        assert!(
+            e.contains(
+                "job #1: deps = [\"later:1\"]: no job named \"later\" comes before it in the file"
+            ),
+            "{e}"
+        );
+        let e = err("[[job]]\nname = \"p\"\narray = \"1-2\"\ncommand = \"a\"\n\n[[job]]\n[[job.task]]\ncommand = \"b\"\ndeps = [\"p:9\"]\n");
+        assert!(
+            e.contains("job #2: deps = [\"p:9\"]: job \"p\" (job #1 of the file) has no task 9"),
+            "{e}"
+        );
+        let e = err("[[job]]\ncommand = \"a\"\n[[job.task]]\ncommand = \"b\"\n");
+        assert!(e.contains("takes no `command`"), "{e}");
     }
 
     #[test]

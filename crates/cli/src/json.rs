@@ -158,6 +158,8 @@ pub struct JobInfoView {
     pub env: BTreeMap<String, String>,
     pub stdout: String,
     pub stderr: String,
+    /// Whole workers each task takes (`--nodes`); 0 for tasks that share a worker.
+    pub nodes: u32,
     pub cpus: u32,
     pub gpus: u32,
     /// Memory each task holds, in bytes (0: none asked for).
@@ -226,6 +228,7 @@ impl From<&JobDetail> for JobInfoView {
             env: t.env.iter().cloned().collect(),
             stdout: sink(&t.stdout),
             stderr: sink(&t.stderr),
+            nodes: d.spec.nodes,
             cpus: d.spec.resources.cpus,
             gpus: d.spec.resources.gpus,
             mem: d.spec.resources.mem,

@@ -122,10 +122,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             peer_listen,
             ends_at,
             alloc,
+            group,
         }) => {
             let offer = Offer {
                 ends_at,
                 alloc,
+                group,
                 slots,
                 gpus,
                 mem,
@@ -268,6 +270,8 @@ struct Offer {
     /// When its allocation ends (seconds since the epoch), and which allocation that is.
     ends_at: Option<u64>,
     alloc: Option<u32>,
+    /// The workers a multi-node task may span with it.
+    group: Option<String>,
     slots: Option<u32>,
     gpus: Option<String>,
     mem: Option<String>,
@@ -302,6 +306,7 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     config.cache = Some(offer.cache);
     config.ends_at_s = offer.ends_at;
     config.alloc = offer.alloc;
+    config.group = offer.group.filter(|g| !g.is_empty());
     config.exec = exec.into();
     config.reconnect_for = session::reconnect_for(g, session::WORKER)?;
     config.server_dir = path.parent().map(|p| p.display().to_string());

@@ -44,6 +44,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     if n_workers > 0 {
         refuse_impossible(&subs, slots, &gpus, n_workers)?;
     }
+    refuse_more_nodes(&subs, n_workers, queue.is_some())?;
     if let (Some(q), 0) = (&queue, n_workers) {
         // The queue's workers take no task that would outlive their allocation (30 s margin).
         for s in &subs {
@@ -355,6 +356,23 @@ fn refuse_impossible(
     Ok(())
 }
 
+/// Refuses at once a multi-node task that takes more workers than the run's local ones (with
+/// an allocation queue, its allocations' nodes decide, and the server says if too few).
+fn refuse_more_nodes(subs: &[Submission], workers: u32, queue: bool) -> Result<()> {
+    let Some(s) = subs.iter().find(|s| s.spec.nodes > workers) else {
+        return Ok(());
+    };
+    if queue {
+        return Ok(());
+    }
+    bail!(
+        "job {:?}: each task takes {} whole workers (--nodes), but this run has {workers}; give --workers {} (they share this machine's cores: --slots divides them)",
+        s.spec.name,
+        s.spec.nodes,
+        s.spec.nodes
+    )
+}
+
 /// Waits for `ids`, then for every job tasks submitted meanwhile, with one progress display;
 /// when the work stalls, says why and how to reach this run's server.
 async fn wait_all(client: &mut Client, ids: Vec<u32>, quiet: bool, hint: String) -> Result<()> {
@@ -406,6 +424,23 @@ mod tests {
             dir,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_task_of_more_nodes_than_local_workers_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = sub(dir.path());
+        s.spec.nodes = 3;
+        let e = refuse_more_nodes(&[s.clone()], 2, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "each task takes 3 whole workers (--nodes), but this run has 2; give --workers 3"
+            ),
+            "{e}"
+        );
+        assert!(refuse_more_nodes(&[s], 3, false).is_ok());
     }
 
     #[test]

@@ -264,6 +264,9 @@ fn true_spec(name: &str) -> kestrel_core::JobSpec {
         parent: None,
         named: vec![],
         placement: Default::default(),
+        nodes: 0,
+        deps: vec![],
+        task_ids: None,
     }
 }
 

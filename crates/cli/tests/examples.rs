@@ -40,3 +40,27 @@ fn the_sweep_example_writes_its_outputs_where_it_says() {
         "nothing outside out/"
     );
 }
+
+#[test]
+fn the_pipeline_example_runs_its_tasks_after_their_deps() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("examples");
+    fs::create_dir_all(&copy).unwrap();
+    fs::copy(examples.join("pipeline.toml"), copy.join("pipeline.toml")).unwrap();
+    let mut cmd = kestrel();
+    cmd.arg("--server-dir")
+        .arg(dir.path().join("no-server"))
+        .args([
+            "run",
+            "--quiet",
+            "--workers",
+            "2",
+            "--file",
+            "examples/pipeline.toml",
+        ])
+        .current_dir(dir.path());
+    run_bounded(cmd, COMMAND_LIMIT).ok();
+    let all = fs::read_to_string(copy.join("out/all.txt")).unwrap();
+    assert_eq!(all, "part 1\npart 2\npart 3\n");
+}

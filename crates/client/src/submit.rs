@@ -5,7 +5,7 @@ use crate::error::{lost_or_unreachable, Error};
 use crate::pieces::{argv_bytes, piece_ranges, string_bytes};
 use kestrel_core::{After, IdRanges, JobId, JobSpec, TaskSet};
 use kestrel_proto::messages::{Answer, Ask};
-use kestrel_proto::{FILES_VERSION, GRAPH_VERSION};
+use kestrel_proto::{FILES_VERSION, GRAPH_VERSION, NODES_VERSION, TASK_DEPS_VERSION};
 
 /// Task bytes per message, well under the frame limit.
 pub const PIECE_BYTES: usize = 4 << 20;
@@ -20,6 +20,10 @@ pub struct Submission {
     /// `after` dependencies on submissions earlier in the same call, by position (a job
     /// file's `after = ["NAME"]`): their job ids are added to `spec.after` when known.
     pub earlier: Vec<(usize, Option<IdRanges>)>,
+    /// Task dependencies on submissions earlier in the same call (a job file's `deps =
+    /// ["NAME:ID"]`), as (entry of `spec.deps`, entry of its `on`, position of the earlier
+    /// submission): that `on` entry names the earlier job once its id is known.
+    pub earlier_tasks: Vec<(usize, usize, usize)>,
 }
 
 impl Submission {
@@ -29,6 +33,7 @@ impl Submission {
             spec,
             tasks,
             earlier: Vec::new(),
+            earlier_tasks: Vec::new(),
         }
     }
 }
@@ -151,6 +156,19 @@ async fn submit_from(
                 tasks: tasks.clone(),
             });
         }
+        for &(dep, on, pos) in &k.sub.earlier_tasks {
+            let (Some(d), Some(r)) = (
+                done.get(pos),
+                spec.deps.get_mut(dep).and_then(|d| d.on.get_mut(on)),
+            ) else {
+                return Err(Error::Unexpected(format!(
+                    "job {:?} has tasks that depend on submission {} of the same call, which comes after it",
+                    spec.name,
+                    pos + 1
+                )));
+            };
+            r.job = Some(d.job);
+        }
         let graph =
             !spec.after.is_empty() || spec.parent.is_some() || !spec.template.files.keep.is_empty();
         if graph && client.version() < GRAPH_VERSION {
@@ -159,6 +177,31 @@ async fn submit_from(
                 spec.name,
                 client.version()
             )));
+        }
+        for (used, needs, what) in [
+            (
+                spec.nodes > 0,
+                NODES_VERSION,
+                "takes whole workers per task (--nodes)",
+            ),
+            (
+                !spec.deps.is_empty(),
+                TASK_DEPS_VERSION,
+                "has tasks that wait for other tasks (deps in a job file)",
+            ),
+            (
+                spec.task_ids.is_some(),
+                TASK_DEPS_VERSION,
+                "gives its tasks ids of their own (id in a job file)",
+            ),
+        ] {
+            if used && client.version() < needs {
+                return Err(Error::TooOld(format!(
+                    "job {:?} {what} (protocol {needs}), but the server speaks protocol {}: upgrade the server (`kestrel server info` shows its version)",
+                    spec.name,
+                    client.version()
+                )));
+            }
         }
         let needs = FILES_VERSION;
         if client.version() < needs

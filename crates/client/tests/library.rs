@@ -251,3 +251,51 @@ fn a_graph_job_sent_in_pieces_is_linked_whole_or_withdrawn_whole() {
         server.stop().await;
     });
 }
+
+/// A client does not send what a server of protocol 10 cannot read (multi-node tasks, task
+/// dependencies): it says to upgrade the server, and submits nothing.
+#[test]
+fn nodes_and_task_deps_are_not_sent_to_a_server_of_protocol_10() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    rt().block_on(async {
+        let server = start(ServerConfig::local(dir.path().to_path_buf()))
+            .await
+            .expect("server");
+        // A server of 10 as its access file says: the client speaks 10 to it.
+        let mut access = server.access.clone();
+        access.protocol = 10;
+        let mut conn = Connection::open(Target::Fixed(access), Reconnect::NEVER)
+            .await
+            .expect("connected");
+        let mut mpi = JobSpec::command("mpi", vec!["true".into()]);
+        mpi.nodes = 2;
+        let mut deps = JobSpec::command("deps", Vec::new());
+        deps.deps = vec![kestrel_core::TaskDeps {
+            task: 1,
+            on: vec![kestrel_core::TaskRef { job: None, task: 0 }],
+        }];
+        let list = TaskSet::List(vec![vec!["true".into()]; 2]);
+        for (spec, tasks, what) in [
+            (mpi, TaskSet::Array(kestrel_core::IdRanges::span(1, 2)), "takes whole workers per task (--nodes)"),
+            (deps, list, "has tasks that wait for other tasks (deps in a job file)"),
+        ] {
+            let name = spec.name.clone();
+            let err = conn
+                .submit(&keyed(vec![Submission::new(spec, tasks)], None))
+                .await
+                .expect_err("refused");
+            let Error::TooOld(msg) = err else {
+                panic!("{err:?}");
+            };
+            assert_eq!(
+                msg,
+                format!("job {name:?} {what} (protocol 11), but the server speaks protocol 10: upgrade the server (`kestrel server info` shows its version)")
+            );
+        }
+        let Answer::Jobs(jobs) = conn.call(Ask::JobList).await.expect("job list") else {
+            panic!("not a job list");
+        };
+        assert!(jobs.is_empty(), "nothing submitted: {jobs:?}");
+        server.stop().await;
+    });
+}

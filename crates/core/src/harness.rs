@@ -135,6 +135,8 @@ pub struct Harness {
     store_free_us: u64,
     /// Where inputs came from (with [`Self::with_data`]).
     pub data_stats: DataStats,
+    /// Every run started, in order: when, on which worker, which task.
+    pub starts: Vec<(u64, WorkerId, (JobId, TaskIndex))>,
 }
 
 impl Harness {
@@ -176,6 +178,7 @@ impl Harness {
             data: None,
             store_free_us: 0,
             data_stats: DataStats::default(),
+            starts: Vec::new(),
         }
     }
 
@@ -261,7 +264,13 @@ impl Harness {
     }
 
     /// Adds a worker with `slots` cpus and a prefetch window of `prefetch`; returns its id.
+    /// It may be a node of multi-node tasks, with the other workers of no group.
     pub fn add_worker(&mut self, slots: u32, prefetch: u32) -> WorkerId {
+        self.add_worker_in("", slots, prefetch)
+    }
+
+    /// [`Self::add_worker`] in worker group `group` (see [`Event::WorkerNodes`]).
+    pub fn add_worker_in(&mut self, group: &str, slots: u32, prefetch: u32) -> WorkerId {
         let offer = WorkerOffer {
             hostname: "sim".into(),
             resources: Resources {
@@ -275,6 +284,10 @@ impl Harness {
         let Reply::Joined(id) = self.event(Event::WorkerJoined { offer }) else {
             unreachable!("a joining worker is answered with its id")
         };
+        self.event(Event::WorkerNodes {
+            worker: id,
+            group: group.into(),
+        });
         self.workers.insert(
             id,
             SimWorker {
@@ -541,6 +554,7 @@ impl Harness {
                 sw.free -= 1;
                 sw.running.insert(t, now);
                 sw.runs += 1;
+                self.starts.push((now, w, t));
                 started.push((t, now - arrived));
             }
             sw.max_held = sw.max_held.max(sw.running.len() + sw.waiting.len());
@@ -582,6 +596,12 @@ impl Harness {
                         .iter()
                         .flat_map(|r| (r.first..r.first + r.count).map(move |i| (r.job, i)))
                         .collect();
+                    self.at(self.now_us + self.latency_us, Ev::Deliver(*worker, tasks));
+                }
+                Command::AssignNodes {
+                    worker, job, index, ..
+                } => {
+                    let tasks = vec![(*job, *index)];
                     self.at(self.now_us + self.latency_us, Ev::Deliver(*worker, tasks));
                 }
                 Command::Cancel { worker, tasks } => {

@@ -32,6 +32,7 @@ pub use sched::{
 };
 pub use spec::{
     After, IdRanges, IdRun, JobId, JobSpec, Keep, LineList, Placement, PolicyName, RangeError,
-    Resources, Sink, SpecError, TaskFiles, TaskId, TaskIndex, TaskSet, TaskState, TaskTemplate,
-    WorkerId, DEFAULT_STREAM_LIMIT, MAX_NAMED, MAX_REPLICAS, MAX_STREAM_LIMIT, MAX_TASK_FILES,
+    Resources, Sink, SpecError, TaskDeps, TaskFiles, TaskId, TaskIndex, TaskRef, TaskSet,
+    TaskState, TaskTemplate, WorkerId, DEFAULT_STREAM_LIMIT, MAX_NAMED, MAX_NODES, MAX_REPLICAS,
+    MAX_STREAM_LIMIT, MAX_TASK_FILES,
 };

@@ -123,6 +123,19 @@ pub enum Command {
         /// The tasks, as runs of consecutive indices.
         runs: Vec<IndexRun>,
     },
+    /// Hand a multi-node task (`--nodes`) to its root worker, the first of `nodes`: it runs
+    /// there, told every worker of the set, and the others are held for it, idle, until it
+    /// ends. Preceded by [`Command::DefineJob`] like any first task of a job on a worker.
+    AssignNodes {
+        /// The root worker, which runs the task's process.
+        worker: WorkerId,
+        /// The job of the task.
+        job: JobId,
+        /// The task's index in its job.
+        index: TaskIndex,
+        /// The workers it takes, the root first.
+        nodes: Vec<WorkerId>,
+    },
     /// Ask the worker to give back these tasks if they still wait there for a slot (work
     /// stealing); its answer comes back as [`crate::Event::TasksRevoked`].
     Revoke {

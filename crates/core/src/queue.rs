@@ -122,6 +122,42 @@ impl ReadyQueue {
         }
     }
 
+    /// The priority of the entry at the front, if there is one.
+    pub fn front_priority(&self) -> Option<i32> {
+        self.entries.keys().next().map(|k| k.priority.0)
+    }
+
+    /// Moves the entries `pick` chooses, from the front, into `to`, each keeping its place in
+    /// the order (priority, re-queued first, then first come); at most `max_skips` entries it
+    /// does not choose are looked at. `to` must take entries from this queue alone, so that
+    /// their places stay unique.
+    pub fn move_front(
+        &mut self,
+        to: &mut ReadyQueue,
+        max_skips: usize,
+        mut pick: impl FnMut(&Span) -> bool,
+    ) {
+        let mut skips = 0;
+        let mut moved = Vec::new();
+        for (key, span) in &self.entries {
+            if pick(span) {
+                moved.push(*key);
+            } else {
+                skips += 1;
+                if skips > max_skips {
+                    break;
+                }
+            }
+        }
+        for key in moved {
+            if let Some(span) = self.entries.remove(&key) {
+                self.tasks -= u64::from(span.len());
+                to.tasks += u64::from(span.len());
+                to.entries.insert(key, span);
+            }
+        }
+    }
+
     /// Drops every entry for which `keep` says no (used to purge a canceled job's spans when
     /// they are seen; also used by tests).
     pub fn retain(&mut self, mut keep: impl FnMut(&Span) -> bool) {

@@ -730,6 +730,44 @@ pub struct JobSpec {
     /// The running task that submitted this job (`kestrel submit` inside a task, as `(job,
     /// task id)`): its job is complete only when this one is.
     pub parent: Option<(JobId, TaskId)>,
+    /// Whole workers each task takes (`--nodes N`, HyperQueue's multi-node tasks): 0 for an
+    /// ordinary task, which holds `resources` on one worker. A task of N nodes runs on the
+    /// first of N workers of one group and holds all N whole (nothing else runs on them) until
+    /// it ends; `resources` is then what each of them must offer at least.
+    pub nodes: u32,
+    /// Tasks single tasks of this job wait for (a job file's `deps = [...]`), beside `after`.
+    pub deps: Vec<TaskDeps>,
+    /// The ids of a list job's tasks, in order, when they are not their positions (a job
+    /// file's `id = ...`, as HyperQueue's); `None` numbers them 0, 1, 2, ...
+    pub task_ids: Option<IdRanges>,
+}
+
+/// The tasks one task waits for: it starts only once they have all finished successfully,
+/// and is canceled, saying why, if one of them fails for good.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskDeps {
+    /// The id of the waiting task, in its job.
+    pub task: TaskId,
+    /// What it waits for.
+    pub on: Vec<TaskRef>,
+}
+
+/// A task named by its id: in the same job (`job: None`), or in another job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskRef {
+    /// Its job; `None` for the job that names it.
+    pub job: Option<JobId>,
+    /// Its id in that job.
+    pub task: TaskId,
+}
+
+impl fmt::Display for TaskRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.job {
+            None => write!(f, "{}", self.task),
+            Some(j) => write!(f, "{j}:{}", self.task),
+        }
+    }
 }
 
 /// A dependency on another job's tasks: all of them (`tasks: None`) or those with these ids.
@@ -785,6 +823,18 @@ impl JobSpec {
             placement: Placement::default(),
             after: Vec::new(),
             parent: None,
+            nodes: 0,
+            deps: Vec::new(),
+            task_ids: None,
+        }
+    }
+
+    /// `tasks` as their ids go: an array standing in for a list whose tasks have ids of
+    /// their own ([`Self::task_ids`]), for what computes names from ids (file names).
+    pub fn ids_of<'a>(&self, tasks: &'a TaskSet) -> std::borrow::Cow<'a, TaskSet> {
+        match (&self.task_ids, tasks) {
+            (Some(ids), TaskSet::List(_)) => std::borrow::Cow::Owned(TaskSet::Array(ids.clone())),
+            _ => std::borrow::Cow::Borrowed(tasks),
         }
     }
 }
@@ -854,7 +904,19 @@ pub enum SpecError {
     /// A utilisation threshold above 1.
     #[error("--util-threshold {0}/1000 is above 1; give a fraction such as 0.9")]
     UtilThreshold(u16),
+    /// A multi-node job that declares files (staged on one worker only).
+    #[error("--nodes {0}: a multi-node task cannot declare files (--input, --output-file, --input-static); read and write them on a shared file system")]
+    NodesWithFiles(u32),
+    /// More nodes than one task may take.
+    #[error("--nodes {0}: a task may take at most {max} workers", max = MAX_NODES)]
+    TooManyNodes(u32),
+    /// Ids of their own for tasks that are not a list, or not one per task.
+    #[error("{0}")]
+    TaskIds(String),
 }
+
+/// The most workers one multi-node task may take.
+pub const MAX_NODES: u32 = 4096;
 
 /// The most retries a task may have: failures are counted per task in one byte (task records
 /// stay small for millions of tasks), and the count must be able to exceed the retries.
@@ -879,6 +941,12 @@ impl JobSpec {
         self.template.files.validate()?;
         if let Some(t) = self.placement.util_threshold_permille.filter(|&t| t > 1000) {
             return Err(SpecError::UtilThreshold(t));
+        }
+        if self.nodes > MAX_NODES {
+            return Err(SpecError::TooManyNodes(self.nodes));
+        }
+        if self.nodes > 0 && !self.template.files.is_empty() {
+            return Err(SpecError::NodesWithFiles(self.nodes));
         }
         Ok(())
     }
@@ -908,6 +976,32 @@ impl JobSpec {
                     return Err(SpecError::EmptyTask(i as u32));
                 }
             }
+        }
+        self.check_task_ids(tasks)
+    }
+
+    /// Checks the ids a list's tasks have of their own, if any: one per task, sorted, unique.
+    pub fn check_task_ids(&self, tasks: &TaskSet) -> Result<(), SpecError> {
+        let Some(ids) = &self.task_ids else {
+            return Ok(());
+        };
+        if !matches!(tasks, TaskSet::List(_)) {
+            return Err(SpecError::TaskIds(format!(
+                "only a list of commands may give its tasks ids of their own, not {}",
+                tasks.kind()
+            )));
+        }
+        if ids.len() != tasks.len() {
+            return Err(SpecError::TaskIds(format!(
+                "{} ids for {} tasks; give one id per task",
+                ids.len(),
+                tasks.len()
+            )));
+        }
+        if !ids.is_sorted_unique() {
+            return Err(SpecError::TaskIds(
+                "the tasks' ids must be sorted and unique".into(),
+            ));
         }
         Ok(())
     }

@@ -844,3 +844,237 @@ fn a_job_canceled_while_sent_in_pieces_is_not_retried_and_an_open_array_is_refus
         "an open array never ends"
     );
 }
+
+/// What one task waits for: `(job, task)`, `None` for a task of the same job.
+type On<'a> = &'a [(Option<JobId>, u32)];
+
+/// A list job of `n` tasks (ids `0..n`) whose `deps` are `(task, on)`.
+fn deps_job(name: &str, n: u32, deps: &[(u32, On)]) -> (JobSpec, TaskSet) {
+    let mut spec = JobSpec::command(name, Vec::new());
+    spec.deps = deps
+        .iter()
+        .map(|&(task, on)| TaskDeps {
+            task,
+            on: on
+                .iter()
+                .map(|&(job, task)| TaskRef { job, task })
+                .collect(),
+        })
+        .collect();
+    let list = (0..n).map(|i| vec![format!("t{i}")]).collect();
+    (spec, TaskSet::List(list))
+}
+
+#[test]
+fn deps_order_the_tasks_of_a_job() {
+    let (mut s, w) = setup(4);
+    let job = submit(
+        &mut s,
+        deps_job(
+            "diamond",
+            4,
+            &[
+                (3, &[(None, 1), (None, 2)]),
+                (1, &[(None, 0)]),
+                (2, &[(None, 0)]),
+            ],
+        ),
+    )
+    .unwrap();
+    assert_eq!(s.job(job).unwrap().counts.waiting, 3);
+    assert_eq!(state(&s, job, 0), TaskState::Ready);
+    let mut now = 0;
+    let ran = run(&mut s, w, &mut now, |_, _| true);
+    // 0 first; 1 and 2 once it ended; 3 last, although four slots were free all along.
+    assert_eq!(ran, vec![(job, 0), (job, 1), (job, 2), (job, 3)]);
+    assert!(s.job(job).unwrap().is_done());
+    let g = s.workflow_graph(job).unwrap();
+    let mut edges = g.deps.clone();
+    edges.sort_unstable();
+    assert_eq!(
+        edges,
+        vec![
+            ((job, 0), (job, 1)),
+            ((job, 0), (job, 2)),
+            ((job, 1), (job, 3)),
+            ((job, 2), (job, 3))
+        ]
+    );
+    assert!(s.audit().is_empty(), "{:?}", s.audit());
+}
+
+#[test]
+fn a_failed_task_cancels_what_depends_on_it_with_the_reason() {
+    let (mut s, w) = setup(1);
+    let job = submit(
+        &mut s,
+        deps_job("chain", 4, &[(1, &[(None, 0)]), (2, &[(None, 1)])]),
+    )
+    .unwrap();
+    let mut now = 0;
+    let ran = run(&mut s, w, &mut now, |_, id| id != 0);
+    // 3 depends on nothing and runs; 1 and 2 never do.
+    assert_eq!(ran, vec![(job, 0), (job, 3)]);
+    let j = s.job(job).unwrap();
+    assert_eq!(
+        (j.counts.failed, j.counts.canceled, j.counts.finished),
+        (1, 2, 1)
+    );
+    assert!(j.is_done());
+    assert_eq!(
+        j.failure(1).unwrap().reason,
+        format!("deps: task {job}:0 failed")
+    );
+    assert_eq!(
+        j.failure(2).unwrap().reason,
+        format!("deps: task {job}:1 was canceled")
+    );
+}
+
+#[test]
+fn a_task_may_wait_for_a_task_of_an_earlier_job() {
+    let (mut s, w) = setup(2);
+    let (spec, tasks) = files_job("prep", 2, &[], &[]);
+    let prep = submit(&mut s, (spec, tasks)).unwrap();
+    let post = submit(&mut s, deps_job("post", 2, &[(0, &[(Some(prep), 2)])])).unwrap();
+    assert_eq!(state(&s, post, 0), TaskState::Waiting);
+    assert_eq!(state(&s, post, 1), TaskState::Ready);
+    let mut now = 0;
+    let ran = run(&mut s, w, &mut now, |_, _| true);
+    let at = |k| ran.iter().position(|x| *x == k).unwrap();
+    assert!(at((prep, 2)) < at((post, 0)), "{ran:?}");
+    assert!(s.job(post).unwrap().is_done());
+    // Once prep:2 has finished, a job depending on it waits for nothing.
+    let late = submit(&mut s, deps_job("late", 1, &[(0, &[(Some(prep), 2)])])).unwrap();
+    assert_eq!(state(&s, late, 0), TaskState::Ready);
+}
+
+#[test]
+fn impossible_deps_are_refused_naming_the_tasks() {
+    let (mut s, w) = setup(1);
+    let refused = |s: &mut Scheduler, job| match submit(s, job) {
+        Err(SchedError::Graph(msg)) => msg,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        refused(&mut s, deps_job("self", 2, &[(1, &[(None, 1)])])),
+        "task 1 depends on itself"
+    );
+    assert_eq!(
+        refused(&mut s, deps_job("unknown", 2, &[(1, &[(None, 5)])])),
+        "task 1 depends on task 5, which the job does not have"
+    );
+    assert_eq!(
+        refused(&mut s, deps_job("nobody", 2, &[(7, &[(None, 0)])])),
+        "deps of task 7: the job has no task 7"
+    );
+    assert_eq!(
+        refused(
+            &mut s,
+            deps_job("cycle", 4, &[(0, &[(None, 2)]), (1, &[(None, 0)]), (2, &[(None, 1)])])
+        ),
+        "the job's tasks wait for each other in a cycle: task 0 depends on task 2, task 2 depends on task 1, task 1 depends on task 0"
+    );
+    assert_eq!(
+        refused(&mut s, deps_job("ghost", 1, &[(0, &[(Some(99), 1)])])),
+        "task 0 depends on task 99:1, but job 99 does not exist; `kestrel job list` shows the jobs"
+    );
+    let (spec, tasks) = files_job("bad", 1, &[], &[]);
+    let bad = submit(&mut s, (spec, tasks)).unwrap();
+    let mut now = 0;
+    run(&mut s, w, &mut now, |_, _| false);
+    assert_eq!(
+        refused(&mut s, deps_job("after-bad", 1, &[(0, &[(Some(bad), 1)])])),
+        format!("task 0 depends on task {bad}:1, which has failed, so it could never start; `kestrel job retry {bad}` first")
+    );
+    assert_eq!(
+        refused(
+            &mut s,
+            deps_job("no-such-task", 1, &[(0, &[(Some(bad), 4)])])
+        ),
+        format!("task 0 depends on task {bad}:4, but job {bad} has no task 4")
+    );
+    // Nothing of the refused jobs is left.
+    assert_eq!(s.jobs().count(), 1);
+}
+
+#[test]
+fn a_replayed_journal_keeps_the_deps() {
+    let mut s = Scheduler::new(Config::default());
+    let (spec, tasks) = deps_job("chain", 3, &[(1, &[(None, 0)]), (2, &[(None, 1)])]);
+    s.restore_submit(1, 0, spec, tasks, false).unwrap();
+    s.restore_task_end(Finished::at_once(1, 0, 5, RunEnd::Success), 1);
+    s.restore_done();
+    let j = s.job(1).unwrap();
+    assert_eq!(
+        (0..3).map(|i| j.record(i).state).collect::<Vec<_>>(),
+        vec![TaskState::Finished, TaskState::Ready, TaskState::Waiting]
+    );
+    assert!(s.audit().is_empty(), "{:?}", s.audit());
+}
+
+#[test]
+fn tasks_with_ids_of_their_own_are_named_by_them() {
+    let (mut s, w) = setup(2);
+    // HyperQueue's example: ids 1, 3 and 5, the last waiting for the other two.
+    let (mut spec, tasks) = deps_job("ids", 3, &[(5, &[(None, 1), (None, 3)])]);
+    spec.task_ids = Some(IdRanges::parse("1,3,5").unwrap());
+    let job = submit(&mut s, (spec.clone(), tasks.clone())).unwrap();
+    let j = s.job(job).unwrap();
+    assert_eq!(
+        (j.task_id(2), j.index_of(5), j.index_of(2)),
+        (5, Some(2), None)
+    );
+    assert_eq!(state(&s, job, 5), TaskState::Waiting);
+    let mut now = 0;
+    let ran = run(&mut s, w, &mut now, |_, _| true);
+    assert_eq!(ran, vec![(job, 1), (job, 3), (job, 5)]);
+    // One id per task, sorted; only for a list.
+    let mut short = spec.clone();
+    short.task_ids = Some(IdRanges::parse("1,3").unwrap());
+    assert_eq!(
+        submit(&mut s, (short, tasks.clone())),
+        Err(SchedError::Spec(SpecError::TaskIds(
+            "2 ids for 3 tasks; give one id per task".into()
+        )))
+    );
+    let mut array = spec;
+    array.template.argv = vec!["x".into()];
+    assert!(matches!(
+        submit(&mut s, (array, TaskSet::Array(IdRanges::span(1, 3)))),
+        Err(SchedError::Spec(SpecError::TaskIds(_)))
+    ));
+}
+
+#[test]
+fn a_retried_job_runs_its_tasks_in_the_order_of_their_deps_again() {
+    let (mut s, w) = setup(4);
+    let job = submit(
+        &mut s,
+        deps_job("chain", 3, &[(1, &[(None, 0)]), (2, &[(None, 1)])]),
+    )
+    .unwrap();
+    let mut now = 0;
+    let first = std::cell::Cell::new(true);
+    // Task 0 fails the first time only.
+    let ran = run(&mut s, w, &mut now, |_, id| {
+        id != 0 || !first.replace(false)
+    });
+    assert_eq!(ran, vec![(job, 0)]);
+    assert_eq!(s.job(job).unwrap().counts.canceled, 2);
+    s.handle(
+        now,
+        Event::Retry {
+            job,
+            failed_only: false,
+        },
+    )
+    .unwrap();
+    // 1 and 2 wait again for what they depend on, instead of running at once beside 0.
+    assert_eq!(state(&s, job, 1), TaskState::Waiting);
+    assert_eq!(state(&s, job, 2), TaskState::Waiting);
+    let ran = run(&mut s, w, &mut now, |_, _| true);
+    assert_eq!(ran, vec![(job, 0), (job, 1), (job, 2)]);
+    assert_eq!(s.job(job).unwrap().counts.finished, 3);
+    assert!(s.audit().is_empty(), "{:?}", s.audit());
+}

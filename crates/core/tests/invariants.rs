@@ -1,7 +1,8 @@
 //! The scheduler's invariants ([`Scheduler::audit`]) hold after every step of random runs:
 //! workers joining, dying and freezing, jobs submitted (some after others), canceled and
-//! retried (bringing back what a failure canceled downstream), runs failing, time passing.
-//! And when a big enough worker stays, every job ends: no task is lost.
+//! retried (bringing back what a failure canceled downstream), runs failing, time passing,
+//! multi-node tasks taking and freeing workers. And when big enough workers stay, every job
+//! ends: no task is lost.
 
 mod common;
 
@@ -20,6 +21,7 @@ enum Step {
         tasks: u32,
         cpus: u32,
         retries: u32,
+        nodes: u32,
     },
     /// A job after an earlier one (refused if that one has failed already).
     SubmitAfter {
@@ -50,8 +52,11 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         2 => (1u32..4, 0u32..4).prop_map(|(slots, prefetch)| Step::AddWorker { slots, prefetch }),
-        3 => (1u32..25, 1u32..3, 0u32..3)
-            .prop_map(|(tasks, cpus, retries)| Step::Submit { tasks, cpus, retries }),
+        3 => (1u32..25, 1u32..3, 0u32..3, 0usize..6).prop_map(|(tasks, cpus, retries, n)| {
+            // One job in three takes whole workers.
+            let nodes = [0, 0, 0, 0, 1, 2][n];
+            Step::Submit { tasks, cpus, retries, nodes }
+        }),
         1 => (1u32..6, any::<usize>()).prop_map(|(tasks, pick)| Step::SubmitAfter { tasks, pick }),
         1 => any::<usize>().prop_map(|pick| Step::Cancel { pick }),
         1 => (any::<usize>(), any::<bool>())
@@ -99,10 +104,11 @@ proptest! {
         for s in &steps {
             match *s {
                 Step::AddWorker { slots, prefetch } => workers.push(h.add_worker(slots, prefetch)),
-                Step::Submit { tasks, cpus, retries } => {
+                Step::Submit { tasks, cpus, retries, nodes } => {
                     let mut sp = spec("j");
                     sp.resources.cpus = cpus;
                     sp.retries = retries;
+                    sp.nodes = nodes;
                     jobs.push(h.submit(sp, array(tasks)));
                 }
                 Step::SubmitAfter { tasks, pick: p } => {
@@ -151,7 +157,9 @@ proptest! {
             assert_sound(&h, s);
         }
 
-        // A worker big enough for any task joins and stays; frozen ones time out.
+        // Workers big enough for any task join and stay (two, for tasks of two nodes); frozen
+        // ones time out.
+        h.add_worker(4, 2);
         h.add_worker(4, 2);
         for _ in 0..4 {
             h.tick(40_000_000);

@@ -34,8 +34,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// `Waiting` state, the deletion of intermediate files), left out when unused
 /// ([`GRAPH_VERSION`]). Version 10 adds a worker's allocation and its end
 /// ([`ALLOC_VERSION`]). Version 11 adds what a waiting job waits for to the jobs listed
-/// ([`WAITING_FOR_VERSION`]), the control of workers ([`WORKERS_VERSION`]) and which own
-/// output files of a task hold output ([`OUTPUT_FILES_VERSION`]).
+/// ([`WAITING_FOR_VERSION`]), the control of workers ([`WORKERS_VERSION`]), which own
+/// output files of a task hold output ([`OUTPUT_FILES_VERSION`]), multi-node tasks
+/// ([`NODES_VERSION`]) and task-level dependencies ([`TASK_DEPS_VERSION`]).
 pub const PROTOCOL_VERSION: u32 = 11;
 
 /// The first version in which a listed job says what its waiting tasks wait for: a server
@@ -51,6 +52,15 @@ pub const WORKERS_VERSION: u32 = 11;
 /// place (`TaskOutput::files`), and a server tells a client which output files a task wrote
 /// (`RowOutput::Written`): neither is sent to an older peer.
 pub const OUTPUT_FILES_VERSION: u32 = 11;
+
+/// The first version that carries multi-node tasks (a job's `nodes`, an assignment's workers):
+/// a client does not submit them to an older server, and a server gives them only to workers
+/// of this version or later.
+pub const NODES_VERSION: u32 = 11;
+
+/// The first version that carries dependencies of single tasks (a job's `deps`): a client does
+/// not send them to an older server.
+pub const TASK_DEPS_VERSION: u32 = 11;
 
 /// The first version in which a worker says which allocation it runs in and when that ends:
 /// a worker does not send them to an older server.

@@ -321,6 +321,7 @@ mod tests {
                     run: IndexRun { job, first, count },
                     argvs,
                     lines: lines.iter().map(String::as_str).collect(),
+                    nodes: vec![],
                 }],
             }).collect();
             prop_assert_eq!(through_a_stream(&msgs, |_| false), msgs);

@@ -130,15 +130,22 @@ pub struct Registration {
     /// no task there that could outlive it.
     #[serde(default)]
     pub ends_at_s: Option<u64>,
+    /// The group of workers it may be one node of a multi-node task with (`--group`,
+    /// version 11); `None`: those of its allocation, or those of none.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl Serialize for Registration {
     /// `[hostname, slots, gpus, prefetch, exec, resume, mem, named, cache?, alloc?,
-    /// ends_at_s?]`: `cache` (version 8) and `alloc`, `ends_at_s` (version 10) go up to the
-    /// last one set, a field before it as nil, so a worker without them reads as in version 7.
+    /// ends_at_s?, group?]`: `cache` (version 8), `alloc`, `ends_at_s` (version 10) and
+    /// `group` (version 11) go up to the last one set, a field before it as nil, so a worker
+    /// without them reads as in version 7.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let trailing = if self.ends_at_s.is_some() {
+        let trailing = if self.group.is_some() {
+            4
+        } else if self.ends_at_s.is_some() {
             3
         } else if self.alloc.is_some() {
             2
@@ -164,6 +171,9 @@ impl Serialize for Registration {
         }
         if trailing >= 3 {
             st.serialize_field("ends_at_s", &self.ends_at_s)?;
+        }
+        if trailing >= 4 {
+            st.serialize_field("group", &self.group)?;
         }
         st.end()
     }
@@ -392,20 +402,65 @@ pub enum JobIds {
 }
 
 /// A run of assigned tasks; for list jobs with one argv per task, for jobs of lines with one
-/// line per task (the template's command runs with `{line}` replaced by it).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// line per task (the template's command runs with `{line}` replaced by it). A multi-node
+/// task (version 11) comes alone in its run, with the workers it runs on.
+///
+/// Written `[run, argvs, lines?, nodes?]`: each trailing field goes only as far as the last
+/// one used (the array is positional), so an array's assignment is as short as before.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Assigned {
     #[serde(with = "IndexRunDef")]
     pub run: IndexRun,
     pub argvs: Vec<Vec<String>>,
-    /// Left out when empty (only a trailing field can be: fields are positional), so an
-    /// array's assignment is as short as before.
-    #[serde(
-        default,
-        skip_serializing_if = "LineList::is_empty",
-        with = "line_list"
-    )]
+    #[serde(default, with = "line_list")]
     pub lines: LineList,
+    /// The workers of a multi-node task, the root (this worker) first (version 11).
+    #[serde(default)]
+    pub nodes: Vec<Node>,
+}
+
+impl Serialize for Assigned {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Run<'a>(&'a IndexRun);
+        impl Serialize for Run<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                IndexRunDef::serialize(self.0, s)
+            }
+        }
+        struct Lines<'a>(&'a LineList);
+        impl Serialize for Lines<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                line_list::serialize(self.0, s)
+            }
+        }
+        let trailing = if !self.nodes.is_empty() {
+            2
+        } else if !self.lines.is_empty() {
+            1
+        } else {
+            0
+        };
+        let mut st = s.serialize_struct("Assigned", 2 + trailing)?;
+        st.serialize_field("run", &Run(&self.run))?;
+        st.serialize_field("argvs", &self.argvs)?;
+        if trailing >= 1 {
+            st.serialize_field("lines", &Lines(&self.lines))?;
+        }
+        if trailing >= 2 {
+            st.serialize_field("nodes", &self.nodes)?;
+        }
+        st.end()
+    }
+}
+
+/// One worker of a multi-node task: `[worker, host]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// Its id.
+    pub worker: WorkerId,
+    /// Its host name, as it registered.
+    pub host: String,
 }
 
 impl Assigned {
@@ -415,6 +470,7 @@ impl Assigned {
             run,
             argvs: Vec::new(),
             lines: LineList::new(),
+            nodes: Vec::new(),
         }
     }
 
@@ -434,6 +490,12 @@ impl Assigned {
             },
             argvs: self.argvs.split_off((at as usize).min(self.argvs.len())),
             lines: self.lines.split_off(at as usize),
+            // A multi-node task comes alone: its workers go with it.
+            nodes: if at == 0 {
+                std::mem::take(&mut self.nodes)
+            } else {
+                Vec::new()
+            },
         };
         self.run.count = at;
         right
@@ -883,6 +945,8 @@ pub enum EdgeKind {
     After,
     /// `from` submitted the job `to`.
     Parent,
+    /// `to` waits for `from` by its `deps` (version 11; an older client is sent `After`).
+    Deps,
 }
 
 /// Why the server refused a request: a message for people (what is wrong and what to do) and

@@ -23,8 +23,8 @@
 use kestrel_core::files::Transfers;
 use kestrel_core::{
     After, Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, Keep, LineList,
-    Placement, PolicyName, Resources, RunEnd, Sink, Started, TaskFiles, TaskIndex, TaskSet,
-    TaskState, TaskTemplate, MAX_NAMED,
+    Placement, PolicyName, Resources, RunEnd, Sink, Started, TaskDeps, TaskFiles, TaskId,
+    TaskIndex, TaskRef, TaskSet, TaskState, TaskTemplate, MAX_NAMED,
 };
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -221,15 +221,22 @@ mod policy_option {
 }
 
 /// [`JobSpec`]: `[name, template, resources, priority, retries, named, placement?, after?,
-/// parent?]`. Decoded by the derived [`JobSpecFields`]; encoded by hand, because a field may
-/// be left out only when every field after it is too (the array is positional).
+/// parent?, nodes?, deps?, task_ids?]`. Decoded by the derived [`JobSpecFields`]; encoded by hand,
+/// because a field may be left out only when every field after it is too (the array is
+/// positional).
 pub struct JobSpecDef;
 
 impl JobSpecDef {
     pub fn serialize<S: Serializer>(v: &JobSpec, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         // How many of the trailing, optional fields go: each up to the last one present.
-        let trailing = if v.parent.is_some() {
+        let trailing = if v.task_ids.is_some() {
+            6
+        } else if !v.deps.is_empty() {
+            5
+        } else if v.nodes > 0 {
+            4
+        } else if v.parent.is_some() {
             3
         } else if !v.after.is_empty() {
             2
@@ -253,6 +260,15 @@ impl JobSpecDef {
         }
         if trailing >= 3 {
             st.serialize_field("parent", &v.parent)?;
+        }
+        if trailing >= 4 {
+            st.serialize_field("nodes", &v.nodes)?;
+        }
+        if trailing >= 5 {
+            st.serialize_field("deps", &DepsList(&v.deps))?;
+        }
+        if trailing >= 6 {
+            st.serialize_field("task_ids", &v.task_ids.as_ref().map(Ref))?;
         }
         st.end()
     }
@@ -311,6 +327,67 @@ mod after_list {
     }
 }
 
+/// [`TaskRef`]: `[job or nil, task]` (version 11).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "TaskRef")]
+struct TaskRefDef {
+    job: Option<JobId>,
+    task: TaskId,
+}
+
+/// [`TaskDeps`]: `[task, [TaskRef, ...]]` (version 11).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "TaskDeps")]
+struct TaskDepsDef {
+    task: TaskId,
+    #[serde(with = "task_refs")]
+    on: Vec<TaskRef>,
+}
+
+mod task_refs {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct One(#[serde(with = "TaskRefDef")] TaskRef);
+
+    pub fn serialize<S: Serializer>(v: &[TaskRef], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|r| One(*r)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<TaskRef>, D::Error> {
+        Ok(Vec::<One>::deserialize(d)?
+            .into_iter()
+            .map(|o| o.0)
+            .collect())
+    }
+}
+
+struct DepsList<'a>(&'a [TaskDeps]);
+impl Serialize for DepsList<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct One<'a>(&'a TaskDeps);
+        impl Serialize for One<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                TaskDepsDef::serialize(self.0, s)
+            }
+        }
+        s.collect_seq(self.0.iter().map(One))
+    }
+}
+
+mod deps_list {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<TaskDeps>, D::Error> {
+        #[derive(Deserialize)]
+        struct One(#[serde(with = "TaskDepsDef")] TaskDeps);
+        Ok(Vec::<One>::deserialize(d)?
+            .into_iter()
+            .map(|o| o.0)
+            .collect())
+    }
+}
+
 /// The fields of [`JobSpecDef`], decoded.
 #[derive(Deserialize)]
 #[serde(remote = "JobSpec")]
@@ -333,6 +410,15 @@ struct JobSpecFields {
     /// Version 9.
     #[serde(default)]
     pub parent: Option<(JobId, u32)>,
+    /// Version 11.
+    #[serde(default)]
+    pub nodes: u32,
+    /// Version 11.
+    #[serde(default, deserialize_with = "deps_list::deserialize")]
+    pub deps: Vec<TaskDeps>,
+    /// Version 11.
+    #[serde(default, with = "option")]
+    pub task_ids: Option<IdRanges>,
 }
 
 /// [`TaskSet`]: `{"Array": runs}`, `{"List": [argv, ...]}` or `{"Lines": [line, ...]}`.

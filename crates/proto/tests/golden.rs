@@ -7,7 +7,7 @@
 use kestrel_core::files::Transfers;
 use kestrel_core::{
     After, Failure, Finished, IdRanges, IndexRun, JobSpec, Keep, LineList, Placement, PolicyName,
-    Resources, RunEnd, Sink, TaskFiles, TaskSet, TaskState, TaskTemplate,
+    Resources, RunEnd, Sink, TaskDeps, TaskFiles, TaskRef, TaskSet, TaskState, TaskTemplate,
 };
 use kestrel_proto::messages::*;
 use kestrel_proto::{decode, encode};
@@ -121,6 +121,9 @@ fn spec() -> JobSpec {
         placement: Placement::default(),
         after: vec![],
         parent: None,
+        nodes: 0,
+        deps: vec![],
+        task_ids: None,
     }
 }
 
@@ -178,6 +181,77 @@ fn graph_fields_follow_the_placement_which_travels_when_they_do() {
     golden("submit-v9-parent", submit_request(child));
 }
 
+#[test]
+fn nodes_and_task_deps_follow_the_graph_fields_which_travel_when_they_do() {
+    // Without them a spec is written as in version 10: the requests above pin those bytes.
+    // `nodes` alone: an empty placement, `after` and a nil parent go before it.
+    let mut mpi = spec();
+    mpi.nodes = 4;
+    golden("submit-v11-nodes", submit_request(mpi));
+    // `deps`: on tasks of the same job (nil job) and of another; `nodes` 0 goes before it.
+    let mut deps = spec();
+    deps.deps = vec![
+        TaskDeps {
+            task: 3,
+            on: vec![
+                TaskRef { job: None, task: 1 },
+                TaskRef {
+                    job: Some(5),
+                    task: 2,
+                },
+            ],
+        },
+        TaskDeps {
+            task: 4,
+            on: vec![TaskRef { job: None, task: 3 }],
+        },
+    ];
+    golden(
+        "submit-v11-deps",
+        Request {
+            id: 9,
+            body: Ask::Submit {
+                spec: deps,
+                tasks: TaskSet::List(vec![vec!["a".into()]; 5]),
+                open: false,
+                key: None,
+            },
+        },
+    );
+    // Tasks with ids of their own: `nodes` 0 and no `deps` go before them.
+    let mut ids = spec();
+    ids.task_ids = Some(IdRanges::parse("1,3,5").unwrap());
+    golden(
+        "submit-v11-task-ids",
+        Request {
+            id: 9,
+            body: Ask::Submit {
+                spec: ids,
+                tasks: TaskSet::List(vec![vec!["a".into()]; 3]),
+                open: false,
+                key: None,
+            },
+        },
+    );
+    // A multi-node task's assignment: its workers after the (empty) lines.
+    let mut one = Assigned::run(IndexRun {
+        job: 7,
+        first: 3,
+        count: 1,
+    });
+    one.nodes = vec![
+        Node {
+            worker: 2,
+            host: "node2".into(),
+        },
+        Node {
+            worker: 5,
+            host: "node5".into(),
+        },
+    ];
+    golden("assign-v11-nodes", ToWorker::Assign { tasks: vec![one] });
+}
+
 fn lines() -> LineList {
     ["a.dat", "b.dat"].into_iter().collect()
 }
@@ -209,6 +283,7 @@ fn worker_to_server() {
             cache: None,
             alloc: None,
             ends_at_s: None,
+            group: None,
         }),
     );
     // Version 8: a worker with a cache says so, and reports what it gains and loses.
@@ -230,6 +305,7 @@ fn worker_to_server() {
             }),
             alloc: None,
             ends_at_s: None,
+            group: None,
         }),
     );
     // A worker a pilot script started says which allocation it runs in and when that ends.
@@ -247,6 +323,25 @@ fn worker_to_server() {
             cache: None,
             alloc: Some(7),
             ends_at_s: Some(1_795_000_000),
+            group: None,
+        }),
+    );
+    // Version 11: a worker of a group of its own (`--group`); the fields before it as nil.
+    golden(
+        "register-v11-group",
+        FromWorker::Register(Registration {
+            hostname: "n1".into(),
+            slots: 4,
+            gpus: 0,
+            prefetch: 4,
+            exec: "process".into(),
+            resume: None,
+            mem: 4 << 30,
+            named: vec![],
+            cache: None,
+            alloc: None,
+            ends_at_s: None,
+            group: Some("rack-2".into()),
         }),
     );
     golden(
@@ -394,6 +489,7 @@ fn server_to_worker() {
                     run: run(64, 1),
                     argvs: vec![vec!["echo".into(), "x".into()]],
                     lines: LineList::new(),
+                    nodes: vec![],
                 },
                 lines_run,
             ],

@@ -380,6 +380,7 @@ async fn serve_client(
     loop {
         match reader.try_recv::<Request>().await {
             Ok(Some(request)) => {
+                let request = Box::new(request);
                 if engine.send(Inbound::Client { conn, request }).is_err() {
                     return;
                 }

@@ -3,11 +3,11 @@
 use bytes::Bytes;
 use kestrel_core::IndexRun;
 use kestrel_proto::messages::{
-    Answer, Assigned, OutputPage, Refusal, RowOutput, ToClient, ToWorker,
+    Answer, Assigned, EdgeKind, OutputPage, Refusal, RowOutput, ToClient, ToWorker,
 };
 use kestrel_proto::{
     encode, ProtoError, ALLOC_VERSION, FILES_VERSION, MAX_FRAME_BYTES, OUTPUT_FILES_VERSION,
-    WAITING_FOR_VERSION,
+    TASK_DEPS_VERSION, WAITING_FOR_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -83,6 +83,11 @@ impl Outbox {
         if self.version < OUTPUT_FILES_VERSION {
             if let Ok(Answer::Output(page)) = &mut result {
                 written_as_files(page);
+            }
+        }
+        if self.version < TASK_DEPS_VERSION {
+            if let Ok(answer) = &mut result {
+                before_nodes_and_deps(answer);
             }
         }
         match encode(&ToClient::Reply { id, result }) {
@@ -197,6 +202,26 @@ fn without_waiting_for(answer: &mut Answer) {
         Answer::Jobs(jobs) => jobs.iter_mut().for_each(|j| j.waiting_for.clear()),
         Answer::JobsPage(page) => page.jobs.iter_mut().for_each(|j| j.waiting_for.clear()),
         Answer::Job(d) => d.summary.waiting_for.clear(),
+        _ => {}
+    }
+}
+
+/// Leaves out of `answer` what a client of version 10 or older cannot read (a job's `nodes`
+/// and `deps`, longer arrays; a graph's `Deps` edges, drawn as `after` for it).
+fn before_nodes_and_deps(answer: &mut Answer) {
+    match answer {
+        Answer::Job(d) => {
+            d.spec.nodes = 0;
+            d.spec.deps = Vec::new();
+            d.spec.task_ids = None;
+        }
+        Answer::Graph(g) => {
+            for e in &mut g.edges {
+                if e.kind == EdgeKind::Deps {
+                    e.kind = EdgeKind::After;
+                }
+            }
+        }
         _ => {}
     }
 }
@@ -347,6 +372,7 @@ mod tests {
                 },
                 argvs: (0..30).map(|_| long_task(1 << 20)).collect(),
                 lines: Default::default(),
+                nodes: vec![],
             },
             Assigned {
                 run: IndexRun {
@@ -356,6 +382,7 @@ mod tests {
                 },
                 argvs: (0..10).map(|_| long_task(1 << 20)).collect(),
                 lines: Default::default(),
+                nodes: vec![],
             },
         ];
         assert!(o.assign(tasks).is_empty());
@@ -392,6 +419,7 @@ mod tests {
             },
             argvs: vec![],
             lines: (0..40).map(|_| line.as_str()).collect(),
+            nodes: vec![],
         }];
         assert!(o.assign(tasks).is_empty());
         let mut indices = Vec::new();
@@ -418,6 +446,7 @@ mod tests {
             },
             argvs: vec![long_task(10), long_task(MAX_FRAME_BYTES + 1)],
             lines: Default::default(),
+            nodes: vec![],
         }];
         let left = o.assign(tasks);
         assert_eq!(left.len(), 1);

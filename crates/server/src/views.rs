@@ -93,16 +93,20 @@ pub fn job_detail(core: &Scheduler, j: &Job, waiting: Option<String>) -> JobDeta
         TaskSet::Array(r) if r.len() == 1 => format!("1 task (id {r})"),
         TaskSet::Array(r) if r.is_empty() => "no tasks".into(),
         TaskSet::Array(r) => format!("array of {} tasks, ids {r}", r.len()),
-        TaskSet::List(l) if l.len() == 1 => "list of 1 task".into(),
-        TaskSet::List(l) => format!("list of {} tasks", l.len()),
+        TaskSet::List(l) => match (&j.spec.task_ids, l.len()) {
+            (Some(ids), 1) => format!("list of 1 task (id {ids})"),
+            (Some(ids), n) => format!("list of {n} tasks, ids {ids}"),
+            (None, 1) => "list of 1 task".into(),
+            (None, n) => format!("list of {n} tasks"),
+        },
         TaskSet::Lines(l) => match l.len() {
             1 => "1 task, one per line".into(),
             n => format!("{n} tasks, one per line"),
         },
     };
-    let ids = match &j.tasks {
-        TaskSet::Array(r) => Some(r.to_string()),
-        TaskSet::List(_) | TaskSet::Lines(_) => None,
+    let ids = match (&j.tasks, &j.spec.task_ids) {
+        (TaskSet::Array(r), _) | (TaskSet::List(_), Some(r)) => Some(r.to_string()),
+        (TaskSet::List(_) | TaskSet::Lines(_), _) => None,
     };
     JobDetail {
         summary: job_summary(core, j),
@@ -354,6 +358,16 @@ pub fn workflow(core: &kestrel_core::Scheduler, job: JobId, by_job: bool) -> Opt
         from,
         to,
         kind: EdgeKind::After,
+    }));
+    let mut deps: Vec<(End, End)> = g.deps.into_iter().map(|(a, b)| (at(a), at(b))).collect();
+    deps.sort_unstable();
+    deps.dedup();
+    // Between jobs, an edge of the jobs' own (two tasks of one job make none).
+    deps.retain(|(from, to)| from != to);
+    edges.extend(deps.into_iter().map(|(from, to)| GraphEdge {
+        from,
+        to,
+        kind: EdgeKind::Deps,
     }));
     edges.extend(g.parents.into_iter().map(|(p, child)| GraphEdge {
         from: at(p),

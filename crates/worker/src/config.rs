@@ -53,6 +53,9 @@ pub struct WorkerConfig {
     /// Called with the reason when the worker stops because the server told it to, or because
     /// it was asked to ([`StopAsk`]); `None` for workers that should not say so.
     pub on_stop: Option<fn(&str)>,
+    /// The workers it may be one node of a multi-node task with (`--group`); `None`: those of
+    /// its allocation, or those of none.
+    pub group: Option<String>,
 }
 
 /// What the process running a worker asks of it (see [`WorkerConfig::stop`]).
@@ -130,6 +133,7 @@ impl WorkerConfig {
             ends_at_s: None,
             stop: None,
             on_stop: None,
+            group: None,
         }
     }
 

@@ -69,6 +69,26 @@ pub struct Launch {
     /// Output files that belong to this task alone and are removed when it ends with them
     /// still empty. Leave a file that other tasks may be writing unmarked.
     pub remove_if_empty: RemoveIfEmpty,
+    /// A multi-node task's host file: written before the task starts, removed when it ends.
+    pub node_file: Option<NodeFile>,
+}
+
+/// A file the worker writes for a task and removes after it (a multi-node task's hosts).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFile {
+    /// Where it goes.
+    pub path: PathBuf,
+    /// What it holds.
+    pub text: String,
+}
+
+/// Removes a [`NodeFile`] when dropped: when its task has ended, whichever way.
+struct Written<'a>(&'a Path);
+
+impl Drop for Written<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
 }
 
 /// Which of a task's output files the worker removes if the task leaves them empty.
@@ -376,6 +396,19 @@ fn run_inner<'a>(
     let mut cmd = match build_command(launch, program, captures, outputs) {
         Ok(cmd) => cmd,
         Err(msg) => return ExitKind::SpawnFailed(msg),
+    };
+    // Removed after the child is reaped, like the output files.
+    let _node_file = match &launch.node_file {
+        Some(f) => match std::fs::write(&f.path, &f.text) {
+            Ok(()) => Some(Written(&f.path)),
+            Err(e) => {
+                return ExitKind::SpawnFailed(format!(
+                    "cannot write the list of the task's nodes to {}: {e}",
+                    f.path.display()
+                ))
+            }
+        },
+        None => None,
     };
     // A cancel may have arrived while the sinks were opened; don't start a doomed task.
     if cancel.is_canceled() {
@@ -955,6 +988,31 @@ mod tests {
             bg_file,
             launch,
         }
+    }
+
+    #[test]
+    fn a_node_file_is_there_while_the_task_runs_and_gone_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nodes");
+        let copy = dir.path().join("copy");
+        let mut launch = sh(&format!("cat {} > {}", path.display(), copy.display()));
+        launch.node_file = Some(NodeFile {
+            path: path.clone(),
+            text: "a\nb\n".into(),
+        });
+        assert!(run_it(&launch).status.is_success());
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), "a\nb\n");
+        assert!(!path.exists());
+        // One that cannot be written fails the launch, saying where.
+        launch.node_file = Some(NodeFile {
+            path: dir.path().join("no/such/dir/nodes"),
+            text: String::new(),
+        });
+        let out = run_it(&launch);
+        assert!(
+            spawn_failed(&out).contains("cannot write the list of the task's nodes"),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Pure data; the session loop in `session.rs` drives it.
 
 use crate::cache::is_plain_name;
-use crate::exec::{Launch, RemoveIfEmpty, Sink as ExecSink};
+use crate::exec::{Launch, NodeFile, RemoveIfEmpty, Sink as ExecSink};
 use crate::files::FilesPlan;
 use crate::gpu::Gpu;
 use crate::store::Store;
@@ -13,7 +13,7 @@ use kestrel_core::placeholders::{
     names_one_task, per_task, resolve, shared_file, substitute, uses, Values, JOB,
 };
 use kestrel_core::{JobId, Resources, Sink, TaskIndex, TaskTemplate};
-use kestrel_proto::messages::{Assigned, JobIds};
+use kestrel_proto::messages::{Assigned, JobIds, Node};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,8 @@ pub struct LocalTask {
     pub arrived_us: u64,
     /// Own line (jobs of lines), for `{line}` in the template.
     pub line: Option<String>,
+    /// The workers of a multi-node task, this one first; empty for any other task.
+    pub nodes: Vec<Node>,
 }
 
 /// A job as this worker knows it.
@@ -211,7 +213,7 @@ impl Local {
     }
 
     /// Queues an assigned run of tasks in order; it arrived at `now_us`.
-    pub fn enqueue(&mut self, a: Assigned, now_us: u64) {
+    pub fn enqueue(&mut self, mut a: Assigned, now_us: u64) {
         let r = a.run;
         let task = |index, argv, line| LocalTask {
             job: r.job,
@@ -219,8 +221,15 @@ impl Local {
             argv,
             line,
             arrived_us: now_us,
+            nodes: Vec::new(),
         };
-        if !a.argvs.is_empty() {
+        if !a.nodes.is_empty() {
+            // A multi-node task comes alone in its run.
+            let line = a.lines.get(0).map(str::to_string);
+            let mut t = task(r.first, a.argvs.pop(), line);
+            t.nodes = a.nodes;
+            self.queue.push_back(t);
+        } else if !a.argvs.is_empty() {
             self.queue.extend(
                 a.argvs
                     .into_iter()
@@ -417,6 +426,7 @@ impl Local {
                 .collect();
             crate::gpu::task_env(&held, &mut env);
         }
+        let node_file = (!task.nodes.is_empty()).then(|| node_env(task, &mut env));
         env.extend(t.env.iter().map(|(k, v)| (k.clone(), sub(v))));
         let files = files_plan(def, &values, cwd.as_deref());
         let launch = Launch {
@@ -430,9 +440,34 @@ impl Local {
                 stdout: def.files[0] == FileRule::Own,
                 stderr: def.files[1] == FileRule::Own,
             },
+            node_file,
         };
         Ok((launch, files))
     }
+}
+
+/// What a multi-node task is told of its workers (as HyperQueue's `HQ_NODE_FILE` and
+/// `HQ_NUM_NODES`): `KESTREL_NODE_LIST` (host names, comma-separated, this worker's first),
+/// `KESTREL_NUM_NODES`, `KESTREL_NODE_WORKERS` (their worker ids, in the same order: host
+/// names alone cannot tell apart two workers of one machine) and `KESTREL_NODE_FILE`, the
+/// host file `mpirun --hostfile` takes (one host per line), written in the temporary
+/// directory before the task starts and removed when it ends.
+fn node_env(task: &LocalTask, env: &mut Vec<(String, String)>) -> NodeFile {
+    let hosts: Vec<&str> = task.nodes.iter().map(|n| n.host.as_str()).collect();
+    let ids: Vec<String> = task.nodes.iter().map(|n| n.worker.to_string()).collect();
+    let path = std::env::temp_dir().join(format!(
+        "kestrel-nodes-{}-{}.{}",
+        std::process::id(),
+        task.job,
+        task.index
+    ));
+    env.push(("KESTREL_NODE_LIST".to_string(), hosts.join(",")));
+    env.push(("KESTREL_NUM_NODES".to_string(), hosts.len().to_string()));
+    env.push(("KESTREL_NODE_WORKERS".to_string(), ids.join(",")));
+    env.push(("KESTREL_NODE_FILE".to_string(), path.display().to_string()));
+    let mut text = hosts.join("\n");
+    text.push('\n');
+    NodeFile { path, text }
 }
 
 impl Local {
@@ -520,6 +555,50 @@ mod tests {
     }
 
     #[test]
+    fn a_multinode_task_is_told_its_nodes_and_gets_a_host_file() {
+        let mut l = Local::new(2, &[], 0, &[]);
+        let ids = JobIds::Array(IdRanges::parse("10-20:5").unwrap());
+        l.define(3, template(), ids, Resources::default(), vec![], None);
+        let mut a = Assigned::run(IndexRun {
+            job: 3,
+            first: 1,
+            count: 1,
+        });
+        let node = |worker, host: &str| Node {
+            worker,
+            host: host.into(),
+        };
+        a.nodes = vec![node(7, "cn01"), node(2, "cn02"), node(9, "cn02")];
+        l.enqueue(a, 0);
+        let (t, _) = l.next_startable().unwrap();
+        let launch = l.launch(&t, &[], &me()).unwrap().0;
+        let env: FxHashMap<_, _> = launch.env.into_iter().collect();
+        assert_eq!(env["KESTREL_NODE_LIST"], "cn01,cn02,cn02");
+        assert_eq!(env["KESTREL_NUM_NODES"], "3");
+        assert_eq!(env["KESTREL_NODE_WORKERS"], "7,2,9");
+        assert_eq!(env["KESTREL_TASK_ID"], "15");
+        let file = launch.node_file.expect("a host file");
+        assert_eq!(env["KESTREL_NODE_FILE"], file.path.display().to_string());
+        assert_eq!(file.text, "cn01\ncn02\ncn02\n");
+        // Any other task has none.
+        l.enqueue(
+            Assigned::run(IndexRun {
+                job: 3,
+                first: 2,
+                count: 1,
+            }),
+            0,
+        );
+        let (t, _) = l.next_startable().unwrap();
+        let launch = l.launch(&t, &[], &me()).unwrap().0;
+        assert!(launch.node_file.is_none());
+        assert!(launch
+            .env
+            .iter()
+            .all(|(k, _)| !k.starts_with("KESTREL_NODE")));
+    }
+
+    #[test]
     fn placeholders_and_environment() {
         let mut l = Local::new(2, &[], 0, &[]);
         l.define(
@@ -536,6 +615,7 @@ mod tests {
             argv: None,
             arrived_us: 0,
             line: None,
+            nodes: vec![],
         };
         let launch = l.launch(&t, &[], &me()).unwrap().0;
         assert_eq!(launch.argv, vec!["sim", "--seed", "20", "j3"]);
@@ -708,6 +788,7 @@ mod tests {
                 },
                 argvs: vec![vec!["a".into()], vec!["b".into()]],
                 lines: Default::default(),
+                nodes: vec![],
             },
             0,
         );
@@ -748,6 +829,7 @@ mod tests {
             },
             argvs: vec![vec!["x".into()]; count as usize],
             lines: Default::default(),
+            nodes: vec![],
         };
         l.enqueue(run(1, 2), 0);
         l.enqueue(run(2, 3), 0);
@@ -799,6 +881,7 @@ mod tests {
                 },
                 argvs: vec![],
                 lines: ["a.dat", "b {task}.dat"].into_iter().collect(),
+                nodes: vec![],
             },
             0,
         );

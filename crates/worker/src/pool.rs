@@ -384,6 +384,7 @@ mod tests {
             argv: None,
             arrived_us: 0,
             line: None,
+            nodes: vec![],
         }
     }
 

@@ -14,7 +14,7 @@ use kestrel_proto::messages::{CacheChange, CacheInfo, FromWorker, Registration, 
 use kestrel_proto::{
     Access, ClientError, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
 };
-use kestrel_proto::{ALLOC_VERSION, FILES_VERSION, WORKERS_VERSION};
+use kestrel_proto::{ALLOC_VERSION, FILES_VERSION, NODES_VERSION, WORKERS_VERSION};
 use rustc_hash::FxHashSet;
 use std::time::Duration;
 
@@ -241,6 +241,11 @@ impl Session<'_> {
                     .config
                     .ends_at_s
                     .filter(|_| self.version >= ALLOC_VERSION),
+                group: self
+                    .config
+                    .group
+                    .clone()
+                    .filter(|_| self.version >= NODES_VERSION),
                 cache: self
                     .ledger
                     .files

@@ -166,6 +166,10 @@ impl Scheduler {
             .spans()
             .flat_map(|s| (s.next..s.end).map(move |i| (s.job, i)))
             .chain(self.window.iter().map(|(_, e)| (e.job, e.index)))
+            .chain(
+                self.nodes_spans()
+                    .flat_map(|s| (s.next..s.end).map(move |i| (s.job, i))),
+            )
             .collect()
     }
 }

@@ -116,7 +116,8 @@ impl Scheduler {
             .reserve((end.saturating_sub(from) as usize) * patterns.len());
         let files = &mut self.files;
         let inputs = &mut j.inputs;
-        let _ = try_each_name(&j.tasks, &job.to_string(), from, patterns, |_, _, name| {
+        let tasks = j.spec.ids_of(&j.tasks);
+        let _ = try_each_name(&tasks, &job.to_string(), from, patterns, |_, _, name| {
             inputs.push(files.intern(&cached_name(store, &name)));
             Ok::<(), ()>(())
         });
@@ -208,6 +209,7 @@ impl Scheduler {
             total += u64::from(cpus);
             busy += u64::from(w.used.cpus.min(cpus));
             if w.offer.stages_files
+                && w.node_of.is_none()
                 && w.before_end_margin(now_us)
                 && w.room_for(Resources::ONE_CPU, w.offer.prefetch) > 0
             {

@@ -30,6 +30,8 @@ impl Scheduler {
         if self.workers.is_empty() {
             return;
         }
+        // Multi-node tasks first: the workers they take or hold take nothing else below.
+        self.schedule_nodes(now_us);
         if !self.ready.is_empty() || !self.window.is_empty() {
             // Only workers that may have room: the others would take nothing.
             let mut ids: Vec<WorkerId> = self.open.iter().copied().collect();
@@ -127,32 +129,44 @@ impl Scheduler {
             .map(|w| w.id)
             .collect();
         for id in ending {
-            let jobs = &self.jobs;
-            let mut holds = holder(jobs, id);
-            let tasks: Vec<(JobId, TaskIndex)> = self.workers[&id].ledger.held_of(
-                |_| true,
-                |job, index| {
-                    holds(job, index)
-                        && jobs
-                            .get(&job)
-                            .is_some_and(|j| j.table.get(index).state == TaskState::Assigned)
-                },
-            );
-            if tasks.is_empty() {
-                continue;
-            }
-            let cpus = tasks
-                .iter()
-                .map(|(job, _)| jobs.get(job).map_or(0, |j| j.need.cpus))
-                .sum();
-            let w = self
-                .workers
-                .get_mut(&id)
-                .expect("an ending worker is a worker");
-            w.revoking = tasks.clone();
-            w.revoking_cpus = cpus;
-            self.commands.push(Command::Revoke { worker: id, tasks });
+            self.revoke_waiting(id);
         }
+    }
+
+    /// Asks worker `id` back every task it holds that has not started ([`Command::Revoke`]),
+    /// if it holds any and has no request out already.
+    pub(super) fn revoke_waiting(&mut self, id: WorkerId) {
+        let Some(w) = self.workers.get(&id) else {
+            return;
+        };
+        if !w.revoking.is_empty() || w.waiting_cpus() == 0 {
+            return;
+        }
+        let jobs = &self.jobs;
+        let mut holds = holder(jobs, id);
+        let tasks: Vec<(JobId, TaskIndex)> = w.ledger.held_of(
+            |_| true,
+            |job, index| {
+                holds(job, index)
+                    && jobs
+                        .get(&job)
+                        .is_some_and(|j| j.table.get(index).state == TaskState::Assigned)
+            },
+        );
+        if tasks.is_empty() {
+            return;
+        }
+        let cpus = tasks
+            .iter()
+            .map(|(job, _)| jobs.get(job).map_or(0, |j| j.need.cpus))
+            .sum();
+        let w = self
+            .workers
+            .get_mut(&id)
+            .expect("a worker asked for its tasks is a worker");
+        w.revoking = tasks.clone();
+        w.revoking_cpus = cpus;
+        self.commands.push(Command::Revoke { worker: id, tasks });
     }
 
     /// Gives worker `id` ready tasks up to `depth`, adding them to `runs` (the caller sends
@@ -170,7 +184,7 @@ impl Scheduler {
         let Some(w) = self.workers.get_mut(&id) else {
             return;
         };
-        if w.quarantined.is_some() || !w.before_end_margin(now_us) {
+        if w.quarantined.is_some() || w.node_of.is_some() || !w.before_end_margin(now_us) {
             return;
         }
         let horizon = self.config.prefetch_horizon_us;
@@ -190,8 +204,10 @@ impl Scheduler {
             };
             let need = j.need;
             // Windowed jobs are placed from the window; a job with files needs a cache.
+            // Multi-node tasks are placed by `schedule_nodes`.
             if !w.can_ever_run(need)
                 || j.windowed
+                || j.spec.nodes > 0
                 || (j.has_files() && !w.offer.stages_files)
                 || !w.fits_time(j, now_us)
             {
@@ -271,7 +287,7 @@ impl Scheduler {
             .open
             .iter()
             .filter_map(|id| self.workers.get(id))
-            .filter(|w| w.quarantined.is_none() && w.before_end_margin(now_us))
+            .filter(|w| w.takes_tasks(now_us))
             .map(|w| w.idle_cpus())
             .sum();
         if idle == 0 {
@@ -298,7 +314,7 @@ impl Scheduler {
         let thieves: Vec<(WorkerId, Resources)> = self
             .workers
             .values()
-            .filter(|w| w.quarantined.is_none() && w.before_end_margin(now_us) && w.idle_cpus() > 0)
+            .filter(|w| w.takes_tasks(now_us) && w.idle_cpus() > 0)
             .map(|w| (w.id, w.offer.resources))
             .collect();
         let (config, elsewhere_us) = (&self.config, self.elsewhere_us());

@@ -51,6 +51,9 @@ impl Scheduler {
     /// [`Self::worker_resumed`]: the first success wins and the other run is canceled. A taken
     /// end is recorded ([`Record::Ended`]).
     pub(crate) fn task_finished(&mut self, now_us: u64, worker: WorkerId, f: Finished) -> Accepted {
+        if self.broken_run_ended(now_us, worker, &f) {
+            return Accepted::Recorded;
+        }
         let taken = self.finish_one(now_us, worker, &f);
         if taken == Accepted::Recorded {
             self.records.push(Record::Ended { ends: vec![f] });
@@ -73,6 +76,10 @@ impl Scheduler {
         worker: WorkerId,
         mut ends: Vec<Finished>,
     ) -> u32 {
+        if self.has_broken_runs() {
+            // Ends of multi-node runs a lost node broke count as that loss, not as ends.
+            ends.retain(|f| !self.broken_run_ended(now_us, worker, f));
+        }
         // `ends[..kept]` are the ends taken so far, in order; `ends[i]` is the next to apply.
         let mut kept = 0;
         let mut i = 0;

@@ -96,6 +96,15 @@ pub enum Event {
         /// When its allocation ends.
         at_us: u64,
     },
+    /// A worker can be one of the nodes of multi-node tasks (`--nodes`; it speaks protocol 11
+    /// or later), together with workers of the same `group` (those of one allocation, or those
+    /// started with one `--group`; `""` for every other worker).
+    WorkerNodes {
+        /// The worker.
+        worker: WorkerId,
+        /// Its group.
+        group: String,
+    },
     /// A message came from a worker: it is alive.
     WorkerSeen {
         /// The worker heard from.
@@ -262,6 +271,7 @@ impl Scheduler {
             }
             Event::Retry { job, failed_only } => {
                 let (failed, canceled) = self.retry_job(job, failed_only)?;
+                self.rewait_task_deps(now_us, job);
                 Reply::Retried { failed, canceled }
             }
             Event::Forget { job } => {
@@ -287,6 +297,14 @@ impl Scheduler {
                     .get_mut(&worker)
                     .ok_or(SchedError::NoSuchWorker(worker))?;
                 w.ends_at_us = Some(at_us);
+                Reply::Done
+            }
+            Event::WorkerNodes { worker, group } => {
+                let w = self
+                    .workers
+                    .get_mut(&worker)
+                    .ok_or(SchedError::NoSuchWorker(worker))?;
+                w.group = Some(group);
                 Reply::Done
             }
             Event::WorkerSeen { worker } => {

@@ -25,9 +25,12 @@ use crate::queue::Span;
 use crate::spec::{JobId, Keep, TaskIndex, TaskState};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+mod deps;
 mod lineage;
 mod relink;
 mod view;
+
+use deps::Why;
 
 pub use view::WorkflowGraph;
 
@@ -44,6 +47,18 @@ enum Waiter {
     Reader(TaskKey, FileId),
     /// A job whose `after` names the producer.
     Gate(JobId),
+    /// A task whose `deps` name the producer.
+    Task(TaskKey),
+}
+
+impl Waiter {
+    /// The task that waits, if a task does (not a whole job).
+    fn waiting_task(&self) -> Option<TaskKey> {
+        match *self {
+            Waiter::Reader(t, _) | Waiter::Task(t) => Some(t),
+            Waiter::Gate(_) => None,
+        }
+    }
 }
 
 /// The graph's state, beside the scheduler's.
@@ -112,6 +127,8 @@ struct Links {
     outputs: Vec<FileId>,
     /// (reader index, producer, file) for inputs whose producer has not finished.
     reads: Vec<(TaskIndex, TaskKey, FileId)>,
+    /// (waiting index, producer) for `deps` whose producer has not finished.
+    task_waits: Vec<(TaskIndex, TaskKey)>,
     /// How many `after` tasks or jobs have not finished.
     gate: u32,
     /// Waits to register: on a task, or on a whole job.
@@ -155,6 +172,7 @@ impl Scheduler {
     fn outside_graph(&self, j: &Job) -> bool {
         j.spec.after.is_empty()
             && j.spec.parent.is_none()
+            && j.spec.deps.is_empty()
             && j.spec.template.files.outputs.is_empty()
             && (self.graph.produced.is_empty() || j.inputs.is_empty())
     }
@@ -164,6 +182,7 @@ impl Scheduler {
             inside: false,
             outputs: Vec::new(),
             reads: Vec::new(),
+            task_waits: Vec::new(),
             gate: 0,
             gate_tasks: Vec::new(),
             gate_jobs: Vec::new(),
@@ -250,10 +269,16 @@ impl Scheduler {
         let outs = &j.spec.template.files.outputs;
         let store = store_of(&j.spec.placement, &self.config);
         let files = &mut self.files;
-        let _ = try_each_name(&j.tasks, &id.to_string(), 0, outs, |_, _, name| {
-            links.outputs.push(files.intern(&cached_name(store, &name)));
-            Ok::<(), ()>(())
-        });
+        let _ = try_each_name(
+            &j.spec.ids_of(&j.tasks),
+            &id.to_string(),
+            0,
+            outs,
+            |_, _, name| {
+                links.outputs.push(files.intern(&cached_name(store, &name)));
+                Ok::<(), ()>(())
+            },
+        );
         let mut mine: FxHashMap<FileId, TaskIndex> = FxHashMap::default();
         for (i, &file) in links.outputs.iter().enumerate() {
             let index = (i / outs.len()) as TaskIndex;
@@ -320,11 +345,19 @@ impl Scheduler {
                 }
             }
         }
-        if !inner.is_empty() {
-            self.check_acyclic(j, &inner)?;
+        // Tasks one task of the job waits for (`deps`).
+        let mut edges: Vec<(TaskIndex, TaskIndex, Why)> = Vec::new();
+        self.plan_task_deps(j, &mut links, &mut edges)?;
+        if !inner.is_empty() || !edges.is_empty() {
+            let deps = edges.len();
+            edges.extend(inner.iter().map(|&(r, w, f)| (r, w, Why::File(f))));
+            self.check_acyclic(j, &edges)?;
             links
                 .reads
                 .extend(inner.iter().map(|&(r, w, f)| (r, (id, w), f)));
+            links
+                .task_waits
+                .extend(edges[..deps].iter().map(|&(r, w, _)| (r, (id, w))));
         }
         // Each output pattern's mode: auto is local when a task known now reads it.
         let files = &j.spec.template.files;
@@ -357,13 +390,13 @@ impl Scheduler {
     fn check_acyclic(
         &self,
         j: &Job,
-        edges: &[(TaskIndex, TaskIndex, FileId)],
+        edges: &[(TaskIndex, TaskIndex, Why)],
     ) -> Result<(), SchedError> {
         // Kahn's algorithm over the tasks that take part: what is left has a cycle.
-        let mut after: FxHashMap<TaskIndex, Vec<(TaskIndex, FileId)>> = FxHashMap::default();
+        let mut after: FxHashMap<TaskIndex, Vec<(TaskIndex, Why)>> = FxHashMap::default();
         let mut indegree: FxHashMap<TaskIndex, u32> = FxHashMap::default();
-        for &(reader, writer, file) in edges {
-            after.entry(writer).or_default().push((reader, file));
+        for &(reader, writer, why) in edges {
+            after.entry(writer).or_default().push((reader, why));
             *indegree.entry(reader).or_default() += 1;
             indegree.entry(writer).or_default();
         }
@@ -386,7 +419,7 @@ impl Scheduler {
             return Ok(());
         };
         // Walk back through writers that are left until a task repeats: that is a cycle.
-        let writer_of: FxHashMap<TaskIndex, (TaskIndex, FileId)> = edges
+        let writer_of: FxHashMap<TaskIndex, (TaskIndex, Why)> = edges
             .iter()
             .filter(|(r, w, _)| indegree.contains_key(r) && indegree.contains_key(w))
             .map(|&(r, w, f)| (r, (w, f)))
@@ -406,13 +439,8 @@ impl Scheduler {
         let mut text = Vec::new();
         for pair in cycle.windows(2) {
             let (reader, writer) = (pair[0], pair[1]);
-            let file = writer_of.get(&reader).map(|&(_, f)| f).unwrap_or(0);
-            text.push(format!(
-                "task {} reads {} written by task {}",
-                self.task_name_of(j, reader),
-                self.file_name(file),
-                self.task_name_of(j, writer)
-            ));
+            let why = writer_of.get(&reader).map_or(Why::Dep, |&(_, w)| w);
+            text.push(self.edge_text(j, reader, writer, why));
         }
         Err(SchedError::Graph(format!(
             "the job's tasks wait for each other in a cycle: {}",
@@ -428,6 +456,7 @@ impl Scheduler {
             inside: _,
             outputs,
             reads,
+            task_waits,
             gate,
             gate_tasks,
             gate_jobs,
@@ -447,14 +476,18 @@ impl Scheduler {
             }
         }
         let mut unmet: FxHashMap<TaskIndex, u32> = FxHashMap::default();
-        for &(reader, by, file) in &reads {
+        let waits = reads
+            .iter()
+            .map(|&(reader, by, file)| (reader, by, Waiter::Reader((id, reader), file)))
+            .chain(
+                task_waits
+                    .iter()
+                    .map(|&(reader, by)| (reader, by, Waiter::Task((id, reader)))),
+            );
+        for (reader, by, waiter) in waits {
             let w = self.graph.waiters.entry(by).or_default();
-            let waiter = Waiter::Reader((id, reader), file);
             // One wait per (reader, producer), however many of its files it reads.
-            if !w
-                .iter()
-                .any(|x| matches!(*x, Waiter::Reader(r, _) if r == (id, reader)))
-            {
+            if !w.iter().any(|x| x.waiting_task() == Some((id, reader))) {
                 w.push(waiter);
                 *unmet.entry(reader).or_default() += 1;
             }
@@ -531,6 +564,7 @@ impl Scheduler {
         let files = &spec.template.files;
         open && !(spec.after.is_empty()
             && spec.parent.is_none()
+            && spec.deps.is_empty()
             && files.outputs.is_empty()
             && files.inputs.is_empty())
     }
@@ -630,7 +664,7 @@ impl Scheduler {
         };
         for w in waiters {
             match w {
-                Waiter::Reader((rj, ri), _) => {
+                Waiter::Reader((rj, ri), _) | Waiter::Task((rj, ri)) => {
                     let Some(r) = self.jobs.get_mut(&rj) else {
                         continue;
                     };
@@ -733,6 +767,12 @@ impl Scheduler {
                     Waiter::Gate(gj) => {
                         let reason = format!("--after: task {producer} {verb}");
                         todo.extend(self.cancel_gated(now_us, gj, &reason));
+                    }
+                    Waiter::Task(waiter) => {
+                        let reason = format!("deps: task {producer} {verb}");
+                        if self.cancel_waiting(now_us, waiter, reason) {
+                            todo.push(waiter);
+                        }
                     }
                 }
             }

@@ -245,11 +245,17 @@ impl Job {
 
     /// The user-visible id of task `index`.
     pub fn task_id(&self, index: TaskIndex) -> u32 {
-        self.tasks.id_at(index)
+        match &self.spec.task_ids {
+            Some(ids) => ids.id_at(index).unwrap_or(index),
+            None => self.tasks.id_at(index),
+        }
     }
 
     /// The index of the task with a user-visible id.
     pub fn index_of(&self, id: u32) -> Option<TaskIndex> {
+        if let Some(ids) = &self.spec.task_ids {
+            return ids.index_of(id).filter(|&i| i < self.len());
+        }
         match &self.tasks {
             TaskSet::Array(r) => r.index_of(id),
             TaskSet::List(_) | TaskSet::Lines(_) => (id < self.tasks.len()).then_some(id),
@@ -311,8 +317,9 @@ impl Job {
     }
 
     /// Whether a waiting task of this job is worth taking back from a busy worker.
+    /// (A multi-node task never is: its workers were chosen together.)
     pub(super) fn worth_stealing(&self, min_run_us: u64) -> bool {
-        !self.canceled && self.mean_run_us.is_none_or(|m| m >= min_run_us)
+        !self.canceled && self.spec.nodes == 0 && self.mean_run_us.is_none_or(|m| m >= min_run_us)
     }
 
     /// Records of touched tasks, in index order (untouched tasks are ready or canceled).

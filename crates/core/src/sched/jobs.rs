@@ -30,6 +30,13 @@ impl Scheduler {
             // Nothing can be added to an array: open, it would never end.
             return Err(SchedError::NotAList(self.next_job));
         }
+        if open && spec.task_ids.is_some() {
+            // Its ids must match its tasks one for one from the start.
+            return Err(SpecError::TaskIds(
+                "a job whose tasks have ids of their own must come in one piece (its command lines add up to more than 4 MiB): split it into smaller jobs".into(),
+            )
+            .into());
+        }
         if open && matches!(&tasks, TaskSet::List(_) | TaskSet::Lines(_)) && tasks.is_empty() {
             spec.validate_spec()?;
         } else {
@@ -49,6 +56,7 @@ impl Scheduler {
             return Err(e);
         }
         self.next_job += 1;
+        self.note_nodes(id);
         for span in self.ready_spans(id) {
             self.ready.push_new(priority, span);
         }
@@ -355,6 +363,7 @@ impl Scheduler {
             self.windowed_jobs.insert(job);
         }
         self.live_jobs.insert(job);
+        self.note_nodes(job);
         if ended {
             self.graph_rejoin(job);
         }

@@ -21,6 +21,7 @@ mod failure;
 mod graph;
 mod job;
 mod jobs;
+mod multinode;
 pub mod restore;
 mod resume;
 mod stall;
@@ -187,6 +188,9 @@ pub struct Scheduler {
     cand_buf: Vec<(WorkerId, crate::files::Hits)>,
     /// Dependencies between tasks and the intermediate files they pass (see `graph`).
     graph: graph::Graph,
+    /// Multi-node tasks: their queue, the workers they run on or are held for (see
+    /// `multinode`).
+    nodes: multinode::Nodes,
 }
 
 impl Default for Scheduler {
@@ -223,6 +227,7 @@ impl Scheduler {
             hit_buf: Vec::new(),
             cand_buf: Vec::new(),
             graph: graph::Graph::default(),
+            nodes: multinode::Nodes::default(),
         }
     }
 
@@ -345,7 +350,7 @@ impl Scheduler {
     /// the resumed worker took back counts until the entry is reached and skipped. Tasks waiting
     /// out a retry backoff are not counted (see [`Self::next_wakeup`]).
     pub fn queued(&self) -> u64 {
-        self.ready.len() + self.window.len() as u64
+        self.ready.len() + self.window.len() as u64 + self.nodes_queued()
     }
 
     /// Ready tasks and the cpus they hold, over every live job whose tasks could end within
@@ -359,7 +364,8 @@ impl Scheduler {
             if j.canceled || longest.saturating_add(worker::END_MARGIN_US) > time_limit_us {
                 continue;
             }
-            let n = u64::from(j.counts.ready);
+            // A multi-node task takes that many workers, at least its cpus each.
+            let n = u64::from(j.counts.ready) * u64::from(j.spec.nodes.max(1));
             tasks += n;
             cpus += n * u64::from(j.need.cpus.max(1));
         }

@@ -50,6 +50,7 @@ impl Scheduler {
             .insert(job, Job::new(job, spec, need, tasks, submitted_us, open));
         self.live_jobs.insert(job);
         self.admit_files(job);
+        self.note_nodes(job);
         // Accepted once, so it links again as it did; a journal that no longer does (a job it
         // depended on was forgotten since) leaves the job outside the graph, not unrestored.
         let _ = self.link_or_hold(job);

@@ -83,6 +83,7 @@ impl Scheduler {
                 let keep = keep();
                 let moved = self.held_of(&self.workers[&p], &keep);
                 self.drop_worker(now_us, p, false, &keep);
+                self.node_moved(p, worker);
                 self.hold_moved(worker, moved);
             }
             _ => {}
@@ -195,6 +196,10 @@ impl Scheduler {
         let rec = j.table.get(index);
         let shown = j.record(index).state;
         if shown.is_terminal() {
+            return Claim::Ended;
+        }
+        if j.spec.nodes > 0 && rec.worker != worker {
+            // A multi-node run is its set's: without it (lost, or run elsewhere), it stops.
             return Claim::Ended;
         }
         if rec.state != TaskState::Ready {

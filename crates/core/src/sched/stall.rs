@@ -34,6 +34,9 @@ pub enum Stall {
         /// Whether more waiting tasks were not looked at (a big job): there may be more.
         partial: bool,
     },
+    /// Multi-node tasks (`--nodes`) for which no group has enough workers: what they need,
+    /// what there is, and what to do.
+    Nodes(String),
 }
 
 /// How many jobs and tasks [`Scheduler::waits_for`] names at most.
@@ -51,6 +54,7 @@ impl fmt::Display for Stall {
                 f.write_str("no worker is connected; start one with `kestrel worker start`")
             }
             Stall::TooBig { what } => write!(f, "each task needs {what}"),
+            Stall::Nodes(what) => f.write_str(what),
             Stall::NoCache => f.write_str(
                 "the tasks read or write files, and no connected worker has a file cache; start workers of this version (`kestrel worker start`)",
             ),
@@ -103,6 +107,9 @@ impl Scheduler {
         }
         if self.workers.is_empty() {
             return Some(Stall::NoWorkers);
+        }
+        if j.spec.nodes > 0 {
+            return self.nodes_stall(j);
         }
         let need = j.need;
         if j.has_files() && !self.workers.values().any(|w| w.offer.stages_files) {

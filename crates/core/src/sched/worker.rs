@@ -92,6 +92,12 @@ pub struct Worker {
     pub(super) duplicates: FxHashSet<(JobId, TaskIndex)>,
     /// When its allocation ends (see [`super::Event::WorkerEnds`]), on the scheduler's clock.
     pub ends_at_us: Option<u64>,
+    /// The group it may be one node of a multi-node task in (see [`super::Event::WorkerNodes`]);
+    /// `None` for a worker that cannot (an older one).
+    pub group: Option<String>,
+    /// The multi-node task it is held for, as one of its nodes or while it drains for it: it
+    /// takes no other task meanwhile.
+    pub node_of: Option<(JobId, TaskIndex)>,
 }
 
 impl Worker {
@@ -115,6 +121,8 @@ impl Worker {
             revoking_cpus: 0,
             duplicates: FxHashSet::default(),
             ends_at_us: None,
+            group: None,
+            node_of: None,
         }
     }
 
@@ -211,14 +219,21 @@ impl Worker {
             .is_none_or(|end| now_us.saturating_add(END_MARGIN_US) <= end)
     }
 
+    /// Whether it may be given new single-node tasks at `now_us`: not quarantined, not held
+    /// for a multi-node task, not within its end margin.
+    pub(super) fn takes_tasks(&self, now_us: u64) -> bool {
+        self.quarantined.is_none() && self.node_of.is_none() && self.before_end_margin(now_us)
+    }
+
     /// Whether a task needing `need` could ever run here.
     pub(super) fn can_ever_run(&self, need: Resources) -> bool {
         need.fits_in(&self.offer.resources)
     }
 
-    /// Tasks assigned to it and not finished.
+    /// Tasks assigned to it and not finished; a worker that is one of the nodes of another's
+    /// multi-node task counts that task (it is busy with it, though it holds nothing itself).
     pub fn outstanding(&self) -> usize {
-        self.held as usize
+        self.held as usize + usize::from(self.held == 0 && self.node_of.is_some())
     }
 }
 

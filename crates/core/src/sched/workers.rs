@@ -63,6 +63,8 @@ impl Scheduler {
             });
         }
         self.superseded = old;
+        // It keeps its place in a multi-node task's set.
+        self.node_moved(previous, previous);
         previous
     }
 
@@ -107,6 +109,8 @@ impl Scheduler {
         crashed: bool,
         keep: &FxHashSet<(JobId, TaskIndex)>,
     ) {
+        // A node of a multi-node task's set breaks the task's run.
+        self.node_lost(worker, crashed);
         let Some(w) = self.workers.remove(&worker) else {
             return;
         };
@@ -148,20 +152,14 @@ impl Scheduler {
             w.ledger
                 .held(|job, index| !keep.contains(&(job, index)) && holds(job, index))
         };
-        let max_crashes = self.config.max_crashes.max(1);
         // Slots not known to be busy: assigned tasks may have started there unreported (the
         // worker starts them in the order they came, which the index order approximates).
         let mut unreported = w.offer.resources.cpus.saturating_sub(w.running_cpus);
         let mut counted = Vec::new();
         for (job, index) in tasks {
-            let Some(j) = self.jobs.get_mut(&job) else {
+            let Some(j) = self.jobs.get(&job) else {
                 continue;
             };
-            if j.canceled {
-                j.set_state(index, TaskState::Canceled);
-                self.check_job_done(now_us, job);
-                continue;
-            }
             let need = j.need.cpus;
             let ran = match j.table.get(index).state {
                 TaskState::Running => true,
@@ -171,30 +169,55 @@ impl Scheduler {
                 }
                 _ => false,
             };
-            let was_running = j.table.get(index).state == TaskState::Running;
-            let rec = j.set_state(index, TaskState::Ready);
-            let crashed = crashed && ran;
-            if crashed {
-                rec.lost = rec.lost.saturating_add(1);
-                if !was_running {
-                    // Its start was never reported, but it probably ran (the crash counts it).
-                    rec.runs = rec.runs.saturating_add(1);
-                }
-            }
-            if rec.lost >= max_crashes {
-                let reason = format!("lost with {} workers (it may kill its worker)", rec.lost);
-                self.give_up(now_us, job, index, Failure::because(reason));
-                continue;
-            }
-            if crashed {
+            if self.requeue_lost(now_us, job, index, crashed && ran) {
                 counted.push((job, index));
             }
-            self.ready
-                .push_requeued(j.spec.priority, Span::one(job, index));
         }
         if !counted.is_empty() {
             self.records.push(Record::Lost { tasks: counted });
         }
+    }
+
+    /// Takes a task its worker no longer holds (the worker was lost, or its multi-node run
+    /// broke) back to the queue ahead of new work, without spending its retries; one that ran
+    /// there (`crashed`) counts a crash and its run, and fails for good on the
+    /// [`Config::max_crashes`]th. A task of a canceled job is canceled instead. Returns
+    /// whether a crash was counted (for [`Record::Lost`]).
+    ///
+    /// [`Config::max_crashes`]: super::Config::max_crashes
+    pub(super) fn requeue_lost(
+        &mut self,
+        now_us: u64,
+        job: JobId,
+        index: TaskIndex,
+        crashed: bool,
+    ) -> bool {
+        let max_crashes = self.config.max_crashes.max(1);
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return false;
+        };
+        if j.canceled {
+            j.set_state(index, TaskState::Canceled);
+            self.check_job_done(now_us, job);
+            return false;
+        }
+        let was_running = j.table.get(index).state == TaskState::Running;
+        let rec = j.set_state(index, TaskState::Ready);
+        if crashed {
+            rec.lost = rec.lost.saturating_add(1);
+            if !was_running {
+                // Its start was never reported, but it probably ran (the crash counts it).
+                rec.runs = rec.runs.saturating_add(1);
+            }
+        }
+        if rec.lost >= max_crashes {
+            let reason = format!("lost with {} workers (it may kill its worker)", rec.lost);
+            self.give_up(now_us, job, index, Failure::because(reason));
+            return false;
+        }
+        self.ready
+            .push_requeued(j.spec.priority, Span::one(job, index));
+        crashed
     }
 
     /// Time passes: workers silent past the heartbeat timeout are lost, and failed tasks whose

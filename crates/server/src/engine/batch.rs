@@ -121,7 +121,7 @@ impl Engine {
                 self.conns.clients.insert(outbox.conn, outbox);
             }
             Inbound::ClientGone { conn } => self.client_gone(conn),
-            Inbound::Client { conn, request } => self.answer(now, conn, request),
+            Inbound::Client { conn, request } => self.answer(now, conn, *request),
             Inbound::Stop => self.stopping = true,
         }
     }

@@ -29,6 +29,7 @@ pub(super) fn missing_input(
         return None;
     }
     let job = job.to_string();
+    let tasks = &*spec.ids_of(tasks);
     // What the job's own tasks write.
     let mut own: FxHashSet<String> = FxHashSet::default();
     let _ = try_each_name(tasks, &job, 0, &files.outputs, |_, _, name| {

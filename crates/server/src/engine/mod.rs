@@ -67,8 +67,9 @@ pub enum Inbound {
     },
     /// A client connected.
     ClientJoin { outbox: Outbox },
-    /// A client's request.
-    Client { conn: ConnId, request: Request },
+    /// A client's request (boxed: a submission's spec is far bigger than the other events,
+    /// and one allocation per request is nothing beside its decoding).
+    Client { conn: ConnId, request: Box<Request> },
     /// A client's connection ended.
     ClientGone { conn: ConnId },
     /// Stop the server.

@@ -3,8 +3,10 @@
 //! splits what is too big for one frame.
 
 use super::{ConnId, Engine, Outbox};
-use kestrel_core::{Command, Event, TaskSet, WorkerId};
-use kestrel_proto::messages::{Answer, Assigned, FileSources, JobIds, Refusal, ToClient, ToWorker};
+use kestrel_core::{Command, Event, IndexRun, TaskSet, WorkerId};
+use kestrel_proto::messages::{
+    Answer, Assigned, FileSources, JobIds, Node, Refusal, ToClient, ToWorker,
+};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::net::SocketAddr;
 
@@ -75,9 +77,11 @@ impl Engine {
                     else {
                         continue;
                     };
-                    let ids = match &j.tasks {
-                        TaskSet::Array(r) => JobIds::Array(r.clone()),
-                        TaskSet::List(_) | TaskSet::Lines(_) => JobIds::List,
+                    let ids = match (&j.tasks, &j.spec.task_ids) {
+                        (TaskSet::Array(r), _) | (TaskSet::List(_), Some(r)) => {
+                            JobIds::Array(r.clone())
+                        }
+                        (TaskSet::List(_) | TaskSet::Lines(_), _) => JobIds::List,
                     };
                     let mut template = j.spec.template.clone();
                     // As resolved at submission, when some output is `local` (the worker
@@ -111,27 +115,41 @@ impl Engine {
                     let Some(c) = self.conns.workers.get(&worker) else {
                         continue;
                     };
-                    let tasks: Vec<Assigned> = runs
-                        .into_iter()
-                        .map(|run| {
-                            let mut a = Assigned::run(run);
-                            let range = run.first as usize..(run.first + run.count) as usize;
-                            match self.core.job(run.job).map(|j| &j.tasks) {
-                                Some(TaskSet::List(list)) => {
-                                    a.argvs = list.get(range).unwrap_or_default().to_vec();
-                                }
-                                // One copy of the run's bytes, not a string per task.
-                                Some(TaskSet::Lines(lines)) => a.lines = lines.slice(range),
-                                _ => {}
-                            }
-                            a
-                        })
-                        .collect();
+                    let tasks: Vec<Assigned> =
+                        runs.into_iter().map(|run| self.assigned(run)).collect();
                     let sources = self.sources_for(worker, &tasks);
                     if !sources.is_empty() {
                         c.outbox.send(&ToWorker::Sources { files: sources });
                     }
                     unsendable.extend(c.outbox.assign(tasks).into_iter().map(|t| (worker, t)));
+                }
+                Command::AssignNodes {
+                    worker,
+                    job,
+                    index,
+                    nodes,
+                } => {
+                    let Some(c) = self.conns.workers.get(&worker) else {
+                        continue;
+                    };
+                    let mut a = self.assigned(IndexRun {
+                        job,
+                        first: index,
+                        count: 1,
+                    });
+                    a.nodes = nodes
+                        .into_iter()
+                        .map(|w| Node {
+                            worker: w,
+                            host: self
+                                .core
+                                .worker(w)
+                                .map(|x| x.offer.hostname.clone())
+                                .unwrap_or_default(),
+                        })
+                        .collect();
+                    tracing::info!(job, task = index, root = worker, nodes = ?a.nodes.iter().map(|n| n.worker).collect::<Vec<_>>(), "multi-node task started");
+                    unsendable.extend(c.outbox.assign(vec![a]).into_iter().map(|t| (worker, t)));
                 }
                 Command::Cancel { worker, tasks } => {
                     self.conns.to_worker(worker, &ToWorker::Cancel { tasks });
@@ -197,6 +215,21 @@ impl Engine {
         if !unsendable.is_empty() {
             self.fail_unsendable(unsendable);
         }
+    }
+
+    /// The assignment of `run`: list tasks carry their argvs, tasks of lines their lines.
+    fn assigned(&self, run: IndexRun) -> Assigned {
+        let mut a = Assigned::run(run);
+        let range = run.first as usize..(run.first + run.count) as usize;
+        match self.core.job(run.job).map(|j| &j.tasks) {
+            Some(TaskSet::List(list)) => {
+                a.argvs = list.get(range).unwrap_or_default().to_vec();
+            }
+            // One copy of the run's bytes, not a string per task.
+            Some(TaskSet::Lines(lines)) => a.lines = lines.slice(range),
+            _ => {}
+        }
+        a
     }
 
     /// Where `worker` can fetch the inputs of `tasks` it does not hold from: the peers whose

@@ -125,6 +125,7 @@ impl Server {
             cache: None,
             alloc: None,
             ends_at_s: None,
+            group: None,
         };
         self.batch([Inbound::WorkerJoin {
             registration,
@@ -152,6 +153,7 @@ impl Server {
     fn ask(&mut self, client: &mut Peer, id: u64, body: Ask) -> Vec<ToClient> {
         let request = Request { id, body };
         let conn = client.conn;
+        let request = Box::new(request);
         self.batch([Inbound::Client { conn, request }]);
         client.sent()
     }

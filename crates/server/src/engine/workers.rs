@@ -94,6 +94,16 @@ impl Engine {
                 ),
             }
         }
+        if outbox.version >= kestrel_proto::NODES_VERSION {
+            // It can be one node of multi-node tasks, beside the workers of its `--group`, else
+            // of its allocation (HyperQueue's default grouping), else of none.
+            let group = match (&r.group, r.alloc) {
+                (Some(g), _) => g.clone(),
+                (None, Some(a)) => format!("allocation {a}"),
+                (None, None) => String::new(),
+            };
+            self.event(now, Event::WorkerNodes { worker: id, group });
+        }
         if let Some(end) = r.ends_at_s {
             let at_us = end.saturating_mul(1_000_000);
             if at_us <= now {

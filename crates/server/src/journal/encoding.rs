@@ -627,4 +627,36 @@ mod tests {
             assert!(Entry::decode(*kind, body).is_ok(), "kind {kind} reads back");
         }
     }
+
+    /// A job of multi-node tasks with task dependencies (version 11): its two trailing fields
+    /// are journaled and read back; a job without them is written as before (above).
+    #[test]
+    fn nodes_and_task_deps_are_journaled_and_read_back() {
+        let mut spec = JobSpec::command("mpi", vec!["run".into()]);
+        spec.nodes = 2;
+        spec.deps = vec![kestrel_core::TaskDeps {
+            task: 1,
+            on: vec![
+                kestrel_core::TaskRef { job: None, task: 0 },
+                kestrel_core::TaskRef {
+                    job: Some(3),
+                    task: 4,
+                },
+            ],
+        }];
+        let list = TaskSet::List(vec![vec!["a".into()], vec!["b".into()]]);
+        let mut p = Pending::default();
+        p.submit(7, 1_000, None, &spec, &list, false);
+        let (kind, body) = &p.rows[0];
+        let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            format!("{kind}:{hex}"),
+            "1:9607cd03e8c09ba36d70699691a372756e90c0a44e756c6ca44e756c6cc09301000000009093c0c0c090c0029192019292c00092030481a44c6973749291a16191a162c2",
+            "journal entry changed its bytes"
+        );
+        let Ok(Entry::Submit(back)) = Entry::decode(*kind, body) else {
+            panic!("a submission reads back");
+        };
+        assert_eq!(back.spec, spec);
+    }
 }

@@ -558,7 +558,11 @@ impl Provision {
         for (&w, &(q, _)) in &self.origin {
             let entry = mine.entry(q).or_default();
             if let Some(worker) = core.worker(w) {
-                if worker.before_end_margin(now) && worker.quarantined.is_none() {
+                // A node of a multi-node task (or one held for it) has no slot free.
+                if worker.before_end_margin(now)
+                    && worker.quarantined.is_none()
+                    && worker.node_of.is_none()
+                {
                     let cpus = worker.offer.resources.cpus;
                     entry.0 += u64::from(cpus.saturating_sub(worker.used.cpus));
                 }

@@ -21,6 +21,8 @@ pub struct WorkflowGraph {
     pub after_tasks: Vec<(TaskKey, JobId)>,
     /// A task submitted a job: (the task, the job).
     pub parents: Vec<(TaskKey, JobId)>,
+    /// A task waits for another by its `deps`: (the other, the task).
+    pub deps: Vec<(TaskKey, TaskKey)>,
 }
 
 impl Scheduler {
@@ -74,6 +76,17 @@ impl Scheduler {
             }
             if let Some(p) = j.parent {
                 g.parents.push((p, id));
+            }
+            for d in &j.spec.deps {
+                let Some(index) = j.index_of(d.task) else {
+                    continue;
+                };
+                for r in &d.on {
+                    let on = r.job.unwrap_or(id);
+                    if let Some(k) = self.jobs.get(&on).and_then(|o| o.index_of(r.task)) {
+                        g.deps.push(((on, k), (id, index)));
+                    }
+                }
             }
         }
         Some(g)

@@ -34,6 +34,7 @@ fn rejoin(
         cache: None,
         alloc: None,
         ends_at_s: None,
+        group: None,
     };
     s.batch([Inbound::WorkerJoin {
         registration,

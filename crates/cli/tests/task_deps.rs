@@ -79,6 +79,10 @@ deps = ["prep:2"]
         (3, "waiting".to_string()),
         (5, "waiting".to_string()),
     ];
+    // Task 1's end reaches the server a moment after its line reaches the file.
+    poll("task 1 of pipe to be recorded finished", Duration::from_secs(20), || {
+        Some(()).filter(|_| waiting(&c)[0].1 == "finished")
+    });
     assert_eq!(waiting(&c), expect);
     // The journal keeps them: after a restart 3 and 5 still wait.
     c.kill_server();

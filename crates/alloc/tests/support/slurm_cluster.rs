@@ -45,7 +45,7 @@ pub fn take_cluster() -> Result<ClusterLock, String> {
         }
         if !said {
             eprintln!(
-                "waiting for the Slurm test cluster: another process holds {LOCK} (a benchmark?)"
+                "waiting for the Slurm test cluster: {LOCK} is held by another test or a benchmark"
             );
             said = true;
         }

@@ -8,7 +8,7 @@ of cache sizes, in the shape of the dissertation's MI workload, scaled to one ma
                                     [--out bench/results/diffusion.json]
     python3 bench/diffusion.py --report bench/results/diffusion.json   # only rewrite the doc
 
-The store is `../shared/store/slow-store` (nginx in its own network namespace behind a veth
+The store is `testsupport/store/slow-store` (nginx in its own network namespace behind a veth
 whose bandwidth the kernel limits), holding 200 files of 1 MB; its own byte counter
 (`slow-store stats`) is what the tables report as store traffic, beside Kestrel's counts.
 Every run starts a fresh server (`--store URL`) and 4 workers of 2 slots with caches of the
@@ -51,7 +51,7 @@ from kbench.plots import plot_elsewhere
 from kbench.procs import stop_groups
 
 REPO = Path(__file__).resolve().parent.parent
-STORE = REPO.parent / "shared" / "store" / "slow-store"
+STORE = REPO / "testsupport" / "store" / "slow-store"
 FILES = 200
 FILE_BYTES = 1_000_000
 WORKERS = 4
@@ -386,7 +386,7 @@ def write_doc(res: dict, doc: Path, png: Path) -> None:
         f"{res['tasks']:,} tasks, {reads} of "
         f"{res['file_bytes'] / 1e6:.0f} MB ({res['files'] * res['file_bytes'] / 1e6:.0f} MB working "
         f"set) and computing 10 ms; {res['workers']} workers of {res['slots']} slots on this "
-        f"machine; the store is `../shared/store/slow-store` limited to **{res['rate']}** "
+        f"machine; the store is `testsupport/store/slow-store` limited to **{res['rate']}** "
         f"({_rate_mb(res['rate'])} MB/s), so that first-available without caches is bound by it "
         "(its reads alone take longer than the tasks' compute). \"store MB\" is the store's "
         "own count of bytes sent (`slow-store stats`), not Kestrel's. Medians over "

@@ -194,10 +194,44 @@ def cores_busy(interval: float = 1.0) -> float:
     return (1 - (i1 - i0) / max(1, t1 - t0)) * (os.cpu_count() or 1)
 
 
+def cpu_mark() -> tuple[float, float, float]:
+    """Now, the machine's busy CPU seconds so far, and the CPU seconds of this process and of
+    its children that were waited for (with everything they waited for in turn: the servers,
+    workers and tasks the suite started and stopped)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+    busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return time.monotonic(), busy, own
+
+
+def others_cores(since: tuple[float, float, float]) -> float:
+    """Cores that other people's processes used, on average, since `cpu_mark()` gave `since`:
+    the machine's busy time less the suite's own. Exact once every process the suite started
+    in between has been waited for."""
+    now = cpu_mark()
+    wall = now[0] - since[0]
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((now[1] - since[1]) - (now[2] - since[2])) / wall)
+
+
 class Quiet:
     """Before a measurement, waits (within a budget) until nobody else is using the CPU."""
 
     THRESHOLD = 0.3  # cores busy with other people's work
+
+    @staticmethod
+    def loaded(sample: dict) -> bool:
+        """Whether others used the CPU when the sample started or while it ran: a figure that
+        says more about them than about Kestrel."""
+        return (
+            sample.get("busy_cores_before", 0) > Quiet.THRESHOLD
+            or sample.get("others_cores_during", 0) > Quiet.THRESHOLD
+        )
 
     def __init__(self, budget_s: float, per_sample_s: float = 180) -> None:
         self.budget, self.per_sample = budget_s, per_sample_s

@@ -3,7 +3,7 @@
 #
 #   examples/montage/run.sh WORKDIR [--mode local|store] [--workers 4] [--slots 2] [--server-dir DIR]
 #
-# WORKDIR/raw/*.fits are the tiles (`../shared/workloads/montage/make-tiles.py WORKDIR --grid 6`)
+# WORKDIR/raw/*.fits are the tiles (`testsupport/montage/make-tiles.py WORKDIR --grid 6`)
 # and WORKDIR is the store. The mosaic is written to the store as kestrel-MODE/mosaic.fits, so
 # WORKDIR/kestrel-MODE/mosaic.fits, beside run-serial.sh's WORKDIR/serial/mosaic.fits.
 #   --mode local   (default) files between stages stay in the workers' caches (Kestrel's

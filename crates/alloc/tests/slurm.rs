@@ -1,11 +1,14 @@
-//! The pilot scripts on a real Slurm: `../shared/slurm/test-cluster` (started here if it is
-//! not running and this runs as root; skipped, saying why, where it cannot be). The "worker"
+//! The pilot scripts on a real Slurm: the repository's `testsupport/slurm/test-cluster`
+//! (started here if no Slurm answers and this runs as root; each test is reported ignored,
+//! with the reason, where it cannot be). The "worker"
 //! is a stand-in script that records where it ran and with what arguments, so this checks what
 //! the batch system does with the pilot: one worker per node of a multi-node allocation, the
 //! end time passed, the user's arguments reaching `sbatch`/`qsub`.
 
 #[path = "support/slurm_cluster.rs"]
 mod slurm_cluster;
+#[path = "support/trials.rs"]
+mod trials;
 
 use kestrel_alloc::backend::{pbs, slurm, BatchState, Pilot};
 use slurm_cluster::{qsub_here, take_cluster};
@@ -20,16 +23,15 @@ fn run(argv: &[String]) -> Output {
         .unwrap_or_else(|e| panic!("{}: {e}", argv[0]))
 }
 
-macro_rules! need_slurm {
-    () => {
-        let _cluster = match take_cluster() {
-            Ok(lock) => lock,
-            Err(why) => {
-                eprintln!("skipped: {why}");
-                return;
-            }
-        };
-    };
+fn main() -> std::process::ExitCode {
+    trials::run(
+        file!(),
+        trials![
+            a_two_node_slurm_allocation_runs_one_worker_on_each_node,
+            a_wrong_partition_is_refused_with_slurms_message_and_a_test_only_dry_run_leaves_nothing,
+            the_torque_pilot_through_qsub_runs_one_worker_on_each_node,
+        ],
+    )
 }
 
 /// A stand-in for `kestrel` that appends `NODE ARGS` to `log` and exits.
@@ -123,9 +125,8 @@ fn check_two_workers(log: &Path, dir: &Path, before: u64) {
     }
 }
 
-#[test]
 fn a_two_node_slurm_allocation_runs_one_worker_on_each_node() {
-    need_slurm!();
+    let _cluster = trials::need(take_cluster());
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("started");
     let kestrel = fake_kestrel(dir.path(), &log);
@@ -147,9 +148,8 @@ fn a_two_node_slurm_allocation_runs_one_worker_on_each_node() {
     assert!(said.contains("the workers ended with status 0"), "{said}");
 }
 
-#[test]
 fn a_wrong_partition_is_refused_with_slurms_message_and_a_test_only_dry_run_leaves_nothing() {
-    need_slurm!();
+    let _cluster = trials::need(take_cluster());
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("started");
     let kestrel = fake_kestrel(dir.path(), &log);
@@ -180,13 +180,9 @@ fn a_wrong_partition_is_refused_with_slurms_message_and_a_test_only_dry_run_leav
     assert!(started(&log).is_empty(), "nothing ran");
 }
 
-#[test]
 fn the_torque_pilot_through_qsub_runs_one_worker_on_each_node() {
-    need_slurm!();
-    if let Err(why) = qsub_here() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    let _cluster = trials::need(take_cluster());
+    trials::need(qsub_here());
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("started");
     let kestrel = fake_kestrel(dir.path(), &log);

@@ -2,6 +2,7 @@
 //! this machine) for workers while work waits, and lets them go when they idle.
 
 use crate::args::Global;
+use crate::json::{AllocQueueJson, AllocQueuesJson};
 use crate::output::{self, Format};
 use crate::session;
 use anyhow::{bail, Context, Result};
@@ -280,7 +281,7 @@ fn ms(ms: u64) -> String {
 /// `kestrel alloc info Q`.
 fn info(g: &Global, q: &AllocQueueView) {
     if g.output == Format::Json {
-        output::json(q);
+        output::json(&AllocQueueJson::from(q));
         return;
     }
     let s = &q.spec;
@@ -438,7 +439,9 @@ fn show_logs(g: &Global, logs: &[AllocLogView]) {
 
 fn show(g: &Global, queues: &[AllocQueueView]) {
     if g.output == Format::Json {
-        output::json(&serde_json::json!({ "queues": queues }));
+        output::json(&AllocQueuesJson {
+            queues: queues.iter().map(AllocQueueJson::from).collect(),
+        });
         return;
     }
     if queues.is_empty() {

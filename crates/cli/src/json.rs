@@ -11,8 +11,8 @@
 use kestrel_core::files::Transfers;
 use kestrel_core::{Sink, TaskState};
 use kestrel_proto::messages::{
-    Counts, DepartedWorker, JobDetail, JobSummary, ServerInfo, StopResult, TaskDetail, TaskRow,
-    WaitProgress, WorkerDetail, WorkerRow,
+    AllocQueueView, AllocView, Counts, DepartedWorker, JobDetail, JobSummary, ServerInfo,
+    StopResult, TaskDetail, TaskRow, WaitProgress, WorkerDetail, WorkerRow,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -51,6 +51,11 @@ pub fn sink(s: &Sink) -> String {
 /// A wire time: 0 means "not yet".
 fn instant(us: u64) -> Option<u64> {
     (us > 0).then_some(us)
+}
+
+/// Milliseconds on the wire, microseconds in JSON.
+fn us(ms: u64) -> u64 {
+    ms.saturating_mul(1000)
 }
 
 /// Task counts by state, with their total.
@@ -235,7 +240,7 @@ impl From<&JobDetail> for JobInfoView {
             resources: d.spec.named.iter().cloned().collect(),
             priority: d.spec.priority,
             retries: d.spec.retries,
-            timeout_us: t.timeout_ms.map(|ms| ms.saturating_mul(1000)),
+            timeout_us: t.timeout_ms.map(us),
             timing: TimingView {
                 tasks_timed: d.timing.tasks,
                 mean_queue_us: timed(d.timing.mean_queue_us),
@@ -742,4 +747,109 @@ impl StopView {
             now,
         }
     }
+}
+
+/// An allocation queue, as `alloc list` (and `pause`, `resume`, `remove`) list them and
+/// `alloc info` shows one: its settings, state and allocations. The wire's milliseconds are
+/// turned into the vocabulary's microseconds here.
+#[derive(Serialize)]
+pub struct AllocQueueJson {
+    pub id: u32,
+    pub name: Option<String>,
+    /// local, slurm, pbs or torque.
+    pub backend: String,
+    /// Why it makes no allocations; `null` while it is active.
+    pub paused: Option<String>,
+    /// The last failure of its batch system's commands.
+    pub last_error: Option<String>,
+    /// Nodes per allocation, at most, and the slots a worker offers on each.
+    pub nodes: u32,
+    pub slots_per_node: u32,
+    pub time_limit_us: u64,
+    pub max_allocs: Option<u32>,
+    pub max_workers: Option<u32>,
+    pub backlog: u32,
+    /// `null`: idle allocations are kept.
+    pub idle_timeout_us: Option<u64>,
+    /// one, additive, exponential or all.
+    pub acquire: String,
+    /// `null`: no centralized release.
+    pub release_below: Option<u64>,
+    pub worker_args: Vec<String>,
+    pub batch_args: Vec<String>,
+    pub allocations: Vec<AllocJson>,
+}
+
+impl From<&AllocQueueView> for AllocQueueJson {
+    fn from(q: &AllocQueueView) -> AllocQueueJson {
+        let s = &q.spec;
+        AllocQueueJson {
+            id: q.id,
+            name: s.name.clone(),
+            backend: s.backend.clone(),
+            paused: q.paused.clone(),
+            last_error: q.last_error.clone(),
+            nodes: s.nodes,
+            slots_per_node: s.slots_per_node,
+            time_limit_us: us(s.time_limit_ms),
+            max_allocs: s.max_allocs,
+            max_workers: s.max_workers,
+            backlog: s.backlog,
+            idle_timeout_us: s.idle_timeout_ms.map(us),
+            acquire: s.acquire.clone(),
+            release_below: s.release_below,
+            worker_args: s.worker_args.clone(),
+            batch_args: s.batch_args.clone(),
+            allocations: q.allocations.iter().map(AllocJson::from).collect(),
+        }
+    }
+}
+
+/// One allocation of a queue.
+#[derive(Serialize)]
+pub struct AllocJson {
+    pub id: u32,
+    /// The batch system's id (a process id for `local`); `null` before it has one.
+    pub batch_id: Option<String>,
+    pub state: String,
+    /// Why it failed, if it did.
+    pub reason: Option<String>,
+    pub nodes: u32,
+    /// Its workers connected now.
+    pub workers: Vec<u32>,
+    pub submitted_us: u64,
+    /// When its nodes were given, and when it ended.
+    pub started_us: Option<u64>,
+    pub ended_us: Option<u64>,
+    /// How long it waited in the batch queue (so far).
+    pub queue_wait_us: u64,
+    /// CPU-time its slots were held (slots × its time from start to end, or to now), and
+    /// spent running tasks; the difference was idle.
+    pub held_cpu_us: u64,
+    pub busy_cpu_us: u64,
+}
+
+impl From<&AllocView> for AllocJson {
+    fn from(a: &AllocView) -> AllocJson {
+        AllocJson {
+            id: a.id,
+            batch_id: a.batch_id.clone(),
+            state: a.state.clone(),
+            reason: a.reason.clone(),
+            nodes: a.nodes,
+            workers: a.workers.clone(),
+            submitted_us: us(a.submitted_ms),
+            started_us: a.started_ms.map(us),
+            ended_us: a.ended_ms.map(us),
+            queue_wait_us: us(a.queue_wait_ms),
+            held_cpu_us: us(a.held_cpu_ms),
+            busy_cpu_us: us(a.busy_cpu_ms),
+        }
+    }
+}
+
+/// `alloc list`, and `alloc pause`, `resume` and `remove`, which answer with the queues.
+#[derive(Serialize)]
+pub struct AllocQueuesJson {
+    pub queues: Vec<AllocQueueJson>,
 }

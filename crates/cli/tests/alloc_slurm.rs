@@ -1,6 +1,7 @@
-//! Allocation queues on a real Slurm (`../shared/slurm/test-cluster`, started here if need
-//! be; skipped, saying why, where it cannot be): the server submits pilot allocations while
-//! work waits, their workers run it, and the allocations end once the workers idle.
+//! Allocation queues on a real Slurm (the repository's `testsupport/slurm/test-cluster`,
+//! started here if need be; each test is reported ignored, with the reason, where it cannot
+//! be): the server submits pilot allocations while work waits, their workers run it, and the
+//! allocations end once the workers idle.
 
 mod common;
 #[path = "../../alloc/tests/support/slurm_cluster.rs"]
@@ -16,21 +17,30 @@ use std::time::Duration;
 /// The test cluster has 4 nodes: its tests take turns, so that each finds them free.
 static SLURM: Mutex<()> = Mutex::new(());
 
-/// The cluster to oneself (from this binary's other tests, and from other processes), or
-/// why the test is skipped.
-fn take_slurm() -> Option<(std::sync::MutexGuard<'static, ()>, ClusterLock)> {
-    if let Err(why) = slurm_here() {
-        eprintln!("skipped: {why}");
-        return None;
-    }
+fn main() -> std::process::ExitCode {
+    trials::run(
+        file!(),
+        trials![
+            a_slurm_queue_brings_workers_for_the_work_and_gives_the_allocations_back,
+            a_wrong_partition_is_refused_at_alloc_add_with_slurms_message,
+            a_queue_grows_to_four_nodes_under_a_backlog_runs_2000_tasks_and_shrinks_to_none,
+            a_server_killed_while_allocations_run_adopts_them_after_its_restart,
+            an_sbatch_that_starts_failing_mid_run_pauses_the_queue_instead_of_flooding,
+            an_allocation_killed_at_its_time_limit_loses_no_task,
+            a_two_node_allocation_runs_a_worker_on_each_node_and_both_leave_together,
+            a_torque_queue_through_qsub_brings_workers_and_gives_them_back,
+            a_stopping_server_cancels_allocations_still_waiting_for_nodes,
+            allocations_whose_workers_cannot_start_fail_with_their_pilots_words_and_pause_the_queue,
+        ],
+    )
+}
+
+/// The cluster to oneself (from this binary's other tests, and from other processes); the
+/// test is skipped, saying why, where there is no Slurm.
+fn take_slurm() -> (std::sync::MutexGuard<'static, ()>, ClusterLock) {
+    trials::need(slurm_here());
     let turn = SLURM.lock().unwrap_or_else(|e| e.into_inner());
-    match take_cluster() {
-        Ok(lock) => Some((turn, lock)),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    (turn, trials::need(take_cluster()))
 }
 
 fn in_squeue(batch_id: &str) -> bool {
@@ -40,11 +50,8 @@ fn in_squeue(batch_id: &str) -> bool {
     out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == batch_id)
 }
 
-#[test]
 fn a_slurm_queue_brings_workers_for_the_work_and_gives_the_allocations_back() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let c = Cluster::new();
     c.run(&[
         "alloc",
@@ -92,11 +99,8 @@ fn a_slurm_queue_brings_workers_for_the_work_and_gives_the_allocations_back() {
     );
 }
 
-#[test]
 fn a_wrong_partition_is_refused_at_alloc_add_with_slurms_message() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let c = Cluster::new();
     let out = c.run(&[
         "alloc",
@@ -167,11 +171,8 @@ fn job_counts(c: &Cluster, job: &str) -> Value {
     c.run(&["job", "info", job, "--output", "json"]).ok().json()["counts"].clone()
 }
 
-#[test]
 fn a_queue_grows_to_four_nodes_under_a_backlog_runs_2000_tasks_and_shrinks_to_none() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let c = Cluster::new();
     c.run(&[
         "alloc",
@@ -247,17 +248,14 @@ fn a_queue_grows_to_four_nodes_under_a_backlog_runs_2000_tasks_and_shrinks_to_no
         .as_array()
         .unwrap()
         .iter()
-        .map(|a| a["busy_cpu_ms"].as_u64().unwrap())
+        .map(|a| a["busy_cpu_us"].as_u64().unwrap())
         .sum();
     // 2,000 tasks of 0.1 s: at least 200 CPU-seconds busy.
-    assert!(busy >= 200_000, "busy {busy} ms: {info}");
+    assert!(busy >= 200_000_000, "busy {busy} us: {info}");
 }
 
-#[test]
 fn a_server_killed_while_allocations_run_adopts_them_after_its_restart() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let mut c = Cluster::new();
     c.run(&[
         "alloc",
@@ -335,11 +333,8 @@ fn a_server_killed_while_allocations_run_adopts_them_after_its_restart() {
     assert_none_in_squeue(&allocs);
 }
 
-#[test]
 fn an_sbatch_that_starts_failing_mid_run_pauses_the_queue_instead_of_flooding() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let mut c = Cluster::new();
     // An sbatch that fails while a file exists, and counts its calls.
     let bin = c.root().join("bin");
@@ -427,11 +422,8 @@ fn an_sbatch_that_starts_failing_mid_run_pauses_the_queue_instead_of_flooding() 
     assert_none_in_squeue(&allocs);
 }
 
-#[test]
 fn an_allocation_killed_at_its_time_limit_loses_no_task() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let c = Cluster::new();
     c.run(&[
         "alloc",
@@ -479,11 +471,8 @@ fn an_allocation_killed_at_its_time_limit_loses_no_task() {
     assert_none_in_squeue(&allocs);
 }
 
-#[test]
 fn a_two_node_allocation_runs_a_worker_on_each_node_and_both_leave_together() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let c = Cluster::new();
     c.run(&[
         "alloc",
@@ -534,15 +523,9 @@ fn a_two_node_allocation_runs_a_worker_on_each_node_and_both_leave_together() {
     assert_none_in_squeue(&allocs);
 }
 
-#[test]
 fn a_torque_queue_through_qsub_brings_workers_and_gives_them_back() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
-    if let Err(why) = qsub_here() {
-        eprintln!("skipped: {why}");
-        return;
-    }
+    let _slurm = take_slurm();
+    trials::need(qsub_here());
     let c = Cluster::new();
     // Debian's qsub drives the same Slurm: the PBS backend's submit, query and cancel.
     c.run(&[
@@ -573,11 +556,8 @@ fn a_torque_queue_through_qsub_brings_workers_and_gives_them_back() {
     assert!(log.contains("kestrel pilot: allocation 1"), "{log}");
 }
 
-#[test]
 fn a_stopping_server_cancels_allocations_still_waiting_for_nodes() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let mut c = Cluster::new();
     // Held back by Slurm for an hour: it waits in the queue.
     c.run(&[
@@ -609,11 +589,8 @@ fn a_stopping_server_cancels_allocations_still_waiting_for_nodes() {
     assert!(!in_squeue(&id), "allocation {id} was left in squeue");
 }
 
-#[test]
 fn allocations_whose_workers_cannot_start_fail_with_their_pilots_words_and_pause_the_queue() {
-    let Some(_slurm) = take_slurm() else {
-        return;
-    };
+    let _slurm = take_slurm();
     let c = Cluster::new();
     // A typo in the workers' arguments: every worker exits at once, on every node.
     c.run(&[

@@ -6,6 +6,24 @@ mod common;
 use common::*;
 use std::fs;
 
+fn main() -> std::process::ExitCode {
+    trials::run(
+        file!(),
+        trials![
+            inputs_come_through_the_caches_and_outputs_reach_the_store,
+            a_missing_input_or_output_fails_its_task_by_name,
+            inputs_come_from_a_peer_that_caches_them_not_from_the_store,
+            a_peer_serving_a_corrupt_file_is_skipped_for_the_store,
+            a_peer_that_stalls_is_given_up_on_and_the_store_serves,
+            tasks_wait_for_a_store_that_is_down_and_say_so,
+            a_holder_killed_leaves_its_files_to_the_store_without_a_hang,
+            a_cache_smaller_than_the_inputs_evicts_under_each_policy,
+            pairs_of_inputs_come_from_the_fields_of_each_line,
+            a_full_cache_disk_evicts_or_streams_and_no_task_fails,
+        ],
+    )
+}
+
 /// A store directory holding `raw/1.dat` … `raw/N.dat`, each holding its own name
 /// (`file N`, 7 bytes for N < 10), and its path.
 fn store_of(n: u32) -> (tempfile::TempDir, String) {
@@ -32,7 +50,6 @@ fn cluster(policy: &str) -> (Cluster, String, tempfile::TempDir) {
     (c, store, dir)
 }
 
-#[test]
 fn inputs_come_through_the_caches_and_outputs_reach_the_store() {
     let (c, store, _dir) = cluster("good-cache-compute");
     fs::write(c.work.join("picks.txt"), "1\n2\n3\n4\n1\n2\n3\n4\n").unwrap();
@@ -94,7 +111,6 @@ fn inputs_come_through_the_caches_and_outputs_reach_the_store() {
     }
 }
 
-#[test]
 fn a_missing_input_or_output_fails_its_task_by_name() {
     let (c, store, _dir) = cluster("first-available");
     // A file the store does not have (and no task writes) is refused at submission.
@@ -215,7 +231,6 @@ fn want_outputs(n: u32) -> Vec<String> {
     (1..=n).map(|i| format!("file {i}\n")).collect()
 }
 
-#[test]
 fn inputs_come_from_a_peer_that_caches_them_not_from_the_store() {
     let (c, store, _dir) = two_sided_cluster(4);
     let first = read_on(&c, "a=1");
@@ -245,7 +260,6 @@ fn inputs_come_from_a_peer_that_caches_them_not_from_the_store() {
     }
 }
 
-#[test]
 fn a_peer_serving_a_corrupt_file_is_skipped_for_the_store() {
     let (c, store, _dir) = two_sided_cluster(4);
     read_on(&c, "a=1");
@@ -274,7 +288,6 @@ fn a_peer_serving_a_corrupt_file_is_skipped_for_the_store() {
     );
 }
 
-#[test]
 fn a_peer_that_stalls_is_given_up_on_and_the_store_serves() {
     let (mut c, store, _dir) = two_sided_cluster(12);
     read_on(&c, "a=1");
@@ -314,7 +327,6 @@ fn serve_http(listener: std::net::TcpListener, body: &'static str) {
     });
 }
 
-#[test]
 fn tasks_wait_for_a_store_that_is_down_and_say_so() {
     // A port where nothing listens yet: the store is down.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -356,7 +368,6 @@ fn tasks_wait_for_a_store_that_is_down_and_say_so() {
     assert_eq!(info["transfers"]["store_reads"], 1, "{info}");
 }
 
-#[test]
 fn a_holder_killed_leaves_its_files_to_the_store_without_a_hang() {
     let (mut c, store, _dir) = two_sided_cluster(4);
     read_on(&c, "a=1");
@@ -372,7 +383,6 @@ fn a_holder_killed_leaves_its_files_to_the_store_without_a_hang() {
     assert_eq!(outputs_of(&store, 2, 4), want_outputs(4));
 }
 
-#[test]
 fn a_cache_smaller_than_the_inputs_evicts_under_each_policy() {
     for policy in ["lru", "fifo", "lfu", "random"] {
         let (_dir, store) = store_of(6);
@@ -433,7 +443,6 @@ fn walk_files(dir: &std::path::Path) -> usize {
         .sum()
 }
 
-#[test]
 fn pairs_of_inputs_come_from_the_fields_of_each_line() {
     let (c, store, _dir) = cluster("good-cache-compute");
     // All-Pairs over three files: each line names the two inputs of its task.
@@ -497,7 +506,6 @@ fn kestrel_on_small_disk(dir: &std::path::Path, size: &str) -> Option<std::proce
     Some(c)
 }
 
-#[test]
 fn a_full_cache_disk_evicts_or_streams_and_no_task_fails() {
     // Eight files of 16 KiB, and one of 96 KiB, in a store; the worker's cache is a 64 KiB
     // disk while it was told 1 MiB.
@@ -514,10 +522,9 @@ fn a_full_cache_disk_evicts_or_streams_and_no_task_fails() {
     let store = dir.path().display().to_string();
     let mut c = Cluster::with_server_args(&["--store", &store]);
     let cache = c.root().join("cache");
-    let Some(worker) = kestrel_on_small_disk(&cache, "64k") else {
-        eprintln!("skipped: `unshare -rm` is not permitted here, so no small disk can be made");
-        return;
-    };
+    let worker = kestrel_on_small_disk(&cache, "64k").unwrap_or_else(|| {
+        trials::skip("`unshare -rm` is not permitted here, so no small disk can be made")
+    });
     let cache = cache.display().to_string();
     c.add_worker_as(worker, 1, &["--cache-dir", &cache, "--cache-size", "1M"]);
     c.wait_workers(1);

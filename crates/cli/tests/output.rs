@@ -8,6 +8,17 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
+fn main() -> std::process::ExitCode {
+    trials::run(
+        file!(),
+        trials![
+            every_command_speaks_one_json_vocabulary,
+            counts_of_one_read_as_one,
+            the_progress_bar_does_not_start_full,
+        ],
+    )
+}
+
 /// Checks one JSON document against the vocabulary of docs/json.md; `what` names it.
 fn check_vocabulary(what: &str, v: &Value) {
     const STATES: [&str; 10] = [
@@ -55,7 +66,6 @@ fn check_vocabulary(what: &str, v: &Value) {
     }
 }
 
-#[test]
 fn every_command_speaks_one_json_vocabulary() {
     let mut c = Cluster::with_workers(&[2]);
     let mut docs: Vec<(String, Value)> = Vec::new();
@@ -117,7 +127,6 @@ fn every_command_speaks_one_json_vocabulary() {
     }
 }
 
-#[test]
 fn counts_of_one_read_as_one() {
     let c = Cluster::with_workers(&[1]);
     let out = c.run(&["submit", "--array", "0", "--wait", "--", "true"]);
@@ -150,11 +159,11 @@ fn counts_of_one_read_as_one() {
     );
 }
 
-/// Runs `kestrel ARGS` under `script`, which gives it a terminal, and returns what it drew.
-fn on_a_terminal(server_dir: &Path, cwd: &Path, args: &str) -> Option<Out> {
+/// Runs `kestrel ARGS` under `script`, which gives it a terminal, and returns what it drew;
+/// skips the test where there is no `script`.
+fn on_a_terminal(server_dir: &Path, cwd: &Path, args: &str) -> Out {
     if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: `script` (util-linux) is not installed");
-        return None;
+        trials::skip("`script` (util-linux) is not installed");
     }
     let line = format!("{BIN} --server-dir {} {args}", server_dir.display());
     let mut cmd = Command::new("script");
@@ -162,17 +171,14 @@ fn on_a_terminal(server_dir: &Path, cwd: &Path, args: &str) -> Option<Out> {
         .env("TERM", "xterm")
         .env("COLUMNS", "120")
         .current_dir(cwd);
-    Some(run_bounded(cmd, COMMAND_LIMIT))
+    run_bounded(cmd, COMMAND_LIMIT)
 }
 
-#[test]
 fn the_progress_bar_does_not_start_full() {
     let c = Cluster::with_workers(&[2]);
     c.run(&["submit", "--array", "1-2", "--", "sleep", "1"])
         .ok();
-    let Some(out) = on_a_terminal(&c.server_dir, &c.work, "job wait 1") else {
-        return;
-    };
+    let out = on_a_terminal(&c.server_dir, &c.work, "job wait 1");
     out.ok();
     assert!(
         out.stdout

@@ -1,5 +1,5 @@
-//! The shared Slurm test cluster for integration tests (`../shared/slurm/test-cluster`):
-//! started if it is not running and this runs as root, and Debian's PBS commands
+//! The Slurm test cluster for integration tests (the repository's
+//! `testsupport/slurm/test-cluster`): started if no Slurm answers and this runs as root, and Debian's PBS commands
 //! (`slurm-wlm-torque`) installed on demand. Used by the tests of `kestrel-alloc` and of the
 //! CLI (included with `#[path]`, so both start it the same way).
 
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 /// other's jobs on the nodes.
 const LOCK: &str = "/tmp/kestrel-slurm.lock";
 
-/// How long a test waits for the cluster before it is skipped.
+/// How long a test waits for the cluster before it gives up.
 const LOCK_WAIT: Duration = Duration::from_secs(3600);
 
 /// The test cluster's nodes to oneself while it lives (an exclusive `flock`).
@@ -45,7 +45,7 @@ pub fn take_cluster() -> Result<ClusterLock, String> {
         }
         if !said {
             eprintln!(
-                "waiting for the Slurm test cluster: another process holds {LOCK} (a benchmark?)"
+                "waiting for the Slurm test cluster: {LOCK} is held by another test or a benchmark"
             );
             said = true;
         }
@@ -129,7 +129,8 @@ fn start_slurm() -> Result<(), String> {
     if answers() {
         return Ok(());
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/slurm/test-cluster");
+    // Both crates that include this are at crates/NAME.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testsupport/slurm/test-cluster");
     if !script.exists() {
         return Err(format!("no Slurm here and no {}", script.display()));
     }

@@ -1,7 +1,7 @@
 //! Snakemake drives Kestrel as a cluster (issue 29): its cluster-generic executor appends the
 //! job script to the submit command, `kestrel submit --parsable JOBSCRIPT`, and reads the job
 //! id from stdout. Needs snakemake and its cluster-generic executor plugin (pinned in
-//! `tests/snakemake/requirements.txt`); without them the test says it is skipped.
+//! `tests/snakemake/requirements.txt`); without them the test shows as ignored, saying why.
 
 mod common;
 
@@ -65,15 +65,17 @@ fn job_states(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-#[test]
+fn main() -> std::process::ExitCode {
+    trials::run(
+        file!(),
+        trials![a_snakemake_workflow_runs_with_kestrel_submit_as_its_cluster],
+    )
+}
+
 fn a_snakemake_workflow_runs_with_kestrel_submit_as_its_cluster() {
-    let exe = match snakemake() {
-        Ok(exe) => exe,
-        Err(why) => {
-            eprintln!("skipped: {why}; pip install -r crates/cli/tests/snakemake/requirements.txt");
-            return;
-        }
-    };
+    let exe = trials::need(snakemake().map_err(|why| {
+        format!("{why}; pip install -r crates/cli/tests/snakemake/requirements.txt")
+    }));
     // As the issue gives it: the submit command alone (the jobs' ends are seen in files).
     let c = Cluster::with_workers(&[2]);
     let out = run_workflow(&c, &exe, &[]);

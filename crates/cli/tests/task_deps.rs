@@ -80,9 +80,11 @@ deps = ["prep:2"]
         (5, "waiting".to_string()),
     ];
     // Task 1's end reaches the server a moment after its line reaches the file.
-    poll("task 1 of pipe to be recorded finished", Duration::from_secs(20), || {
-        Some(()).filter(|_| waiting(&c)[0].1 == "finished")
-    });
+    poll(
+        "task 1 of pipe to be recorded finished",
+        Duration::from_secs(20),
+        || Some(()).filter(|_| waiting(&c)[0].1 == "finished"),
+    );
     assert_eq!(waiting(&c), expect);
     // The journal keeps them: after a restart 3 and 5 still wait.
     c.kill_server();

@@ -2,7 +2,7 @@
 //! a job canceled because its `after` job A failed ran B anyway, and retrying A left B
 //! canceled with the stale reason. Now B's retry is refused while A has failed, naming A; A's
 //! retry brings B back, waiting for A; file dependencies behave the same; and a replayed
-//! journal gives the same.
+//! journal gives the same. The `deps` of single tasks (job files) are looked at the same way.
 
 mod common;
 
@@ -325,4 +325,74 @@ fn a_waiting_job_names_what_it_waits_for() {
     );
     assert_eq!(r.s.stall(gated), None, "ready now");
     assert_eq!(r.s.waits_for(b), (vec![], 0, false));
+}
+
+/// What one task waits for: `(job, task)`, `None` for a task of the same job.
+type On<'a> = &'a [(Option<JobId>, u32)];
+
+/// A job whose task `deps` are `(task, on)`, as a job file gives them.
+fn deps_job(name: &str, deps: &[(u32, On)]) -> JobSpec {
+    let mut spec = job(name, &[], &[], &[]);
+    spec.deps = deps
+        .iter()
+        .map(|&(task, on)| TaskDeps {
+            task,
+            on: on
+                .iter()
+                .map(|&(job, task)| TaskRef { job, task })
+                .collect(),
+        })
+        .collect();
+    spec
+}
+
+#[test]
+fn retrying_the_failed_tasks_of_a_job_brings_back_its_tasks_whose_deps_named_them() {
+    let mut r = Run::new();
+    // 2 depends on 1, 3 on 2: 1 fails, 2 and 3 are canceled.
+    let a = r.submit(deps_job("a", &[(2, &[(None, 1)]), (3, &[(None, 2)])]), 3);
+    r.run(|_, id| id != 1);
+    let c = counts(&r.s, a);
+    assert_eq!((c.failed, c.canceled), (1, 2));
+    // Its failed task only: the two canceled because of it come back, waiting for it.
+    assert_eq!(r.retry(a, true), Ok((1, 0)));
+    assert_eq!(state(&r.s, a, 2), TaskState::Waiting);
+    assert_eq!(state(&r.s, a, 3), TaskState::Waiting);
+    let before = r.ran.len();
+    r.run(|_, _| true);
+    assert_eq!(&r.ran[before..], [(a, 1), (a, 2), (a, 3)]);
+    assert_eq!(counts(&r.s, a).finished, 3);
+    let s = r.replayed();
+    assert_eq!(s.job(a).unwrap().counts, counts(&r.s, a));
+    assert!(s.audit().is_empty(), "{:?}", s.audit());
+}
+
+#[test]
+fn deps_on_another_job_are_looked_at_anew_by_retries() {
+    let mut r = Run::new();
+    let a = r.submit(job("a", &[], &[], &[]), 2);
+    // Task 1 of B waits for task 2 of A; task 2 of B for nothing.
+    let b = r.submit(deps_job("b", &[(1, &[(Some(a), 2)])]), 2);
+    r.run(|j, id| !(j == a && id == 2));
+    assert_eq!(state(&r.s, b, 1), TaskState::Canceled);
+    assert_eq!(state(&r.s, b, 2), TaskState::Finished);
+    // B's retry cannot run task 1 while A's task 2 has failed: refused, naming A.
+    let err = r.retry(b, false).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("depends on task {a}:2, which has failed"))
+            && err.contains(&format!("`kestrel job retry {a}`")),
+        "{err}"
+    );
+    assert_eq!(state(&r.s, b, 1), TaskState::Canceled);
+    // A's retry brings it back, waiting for A's task 2, and it runs after it.
+    assert_eq!(r.retry(a, true), Ok((1, 0)));
+    assert_eq!(state(&r.s, b, 1), TaskState::Waiting);
+    let before = r.ran.len();
+    r.run(|_, _| true);
+    assert_eq!(&r.ran[before..], [(a, 2), (b, 1)]);
+    let s = r.replayed();
+    for job in [a, b] {
+        assert_eq!(s.job(job).unwrap().counts, counts(&r.s, job), "job {job}");
+    }
+    assert!(s.audit().is_empty(), "{:?}", s.audit());
 }

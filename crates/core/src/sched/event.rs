@@ -270,7 +270,7 @@ impl Scheduler {
                 Reply::Canceled { queued, running }
             }
             Event::Retry { job, failed_only } => {
-                let (failed, canceled) = self.retry_job(job, failed_only)?;
+                let (failed, canceled) = self.retry_job(now_us, job, failed_only)?;
                 self.rewait_task_deps(now_us, job);
                 Reply::Retried { failed, canceled }
             }

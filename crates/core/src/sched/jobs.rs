@@ -8,7 +8,7 @@ use crate::spec::{JobId, JobSpec, SpecError, TaskIndex, TaskSet, TaskState};
 
 /// Whether a task shown in `state` is put back by a retry (of failed tasks only, or of
 /// failed and canceled ones).
-fn retried(state: TaskState, failed_only: bool) -> bool {
+pub(in crate::sched) fn retried(state: TaskState, failed_only: bool) -> bool {
     match state {
         TaskState::Failed => true,
         TaskState::Canceled => !failed_only,
@@ -221,6 +221,7 @@ impl Scheduler {
     /// were put back.
     pub(crate) fn retry_job(
         &mut self,
+        now_us: u64,
         job: JobId,
         failed_only: bool,
     ) -> Result<(u32, u32), SchedError> {
@@ -240,9 +241,11 @@ impl Scheduler {
         let gate = self
             .gate_now(job)
             .map_err(|n| self.to_retry_first(n).refusal(job))?;
+        self.task_deps_met(job, failed_only)
+            .map_err(|n| self.to_retry_first(n).refusal(job))?;
         let j = &self.jobs[&job];
         if gate.is_empty() && (j.inputs_per_task() == 0 || !self.graph_has_files()) {
-            return Ok(self.retry_unlinked(job, failed_only));
+            return Ok(self.retry_unlinked(now_us, job, failed_only));
         }
         // In a graph: each task waits again for the writers of its inputs.
         let chosen: Vec<(TaskIndex, TaskState)> = (0..j.len())
@@ -281,13 +284,13 @@ impl Scheduler {
         }
         self.live_again(job);
         self.records.push(Record::Retried { job, failed_only });
-        self.revive(job);
+        self.revive(now_us);
         Ok((failed, canceled))
     }
 
     /// [`Self::retry_job`] of a job that waits for nothing: its tasks go back to the queue as
     /// runs of indices, and tasks never handed out (of a canceled array) are not touched.
-    fn retry_unlinked(&mut self, job: JobId, failed_only: bool) -> (u32, u32) {
+    fn retry_unlinked(&mut self, now_us: u64, job: JobId, failed_only: bool) -> (u32, u32) {
         let Some(j) = self.jobs.get_mut(&job) else {
             return (0, 0);
         };
@@ -329,7 +332,7 @@ impl Scheduler {
         }
         self.live_again(job);
         self.records.push(Record::Retried { job, failed_only });
-        self.revive(job);
+        self.revive(now_us);
         (failed, canceled)
     }
 

@@ -135,7 +135,12 @@ impl Scheduler {
             let Some(index) = j.index_of(d.task) else {
                 continue;
             };
-            if j.table.get(index).state != TaskState::Ready {
+            // Waiting ones too: a task put back waiting for its inputs or its job's `after`
+            // must wait for its `deps` as well (one wait per producer, registered once).
+            if !matches!(
+                j.table.get(index).state,
+                TaskState::Ready | TaskState::Waiting
+            ) {
                 continue;
             }
             for r in &d.on {

@@ -1,7 +1,8 @@
 //! Retrying a job looks at its dependencies anew (issue 29, defect 4).
 //!
 //! A task put back by `job retry` waits again for what it depends on that has not finished:
-//! its job's `after` jobs and tasks, and the writers of the files it reads. When one of those
+//! its job's `after` jobs and tasks, the writers of the files it reads, and the tasks its
+//! `deps` name (a job file's task dependencies). When one of those
 //! has failed for good (or was canceled), the task could never run, and the retry is refused
 //! with the job to retry first: Slurm keeps such a job pending as *DependencyNeverSatisfied*,
 //! which leaves a job that never runs; a refusal says at once what to do. Retrying the failed
@@ -14,6 +15,7 @@
 use super::{TaskKey, Waiter};
 use crate::files::FileId;
 use crate::queue::Span;
+use crate::sched::jobs::retried;
 use crate::sched::{SchedError, Scheduler};
 use crate::spec::{JobId, Keep, TaskIndex, TaskState};
 use rustc_hash::FxHashSet;
@@ -189,6 +191,78 @@ impl Scheduler {
         Ok(waits)
     }
 
+    /// The producers named by the `deps` of task `index` of `job` (a job file's task
+    /// dependencies) that have not finished, or the one that never will. A producer for which
+    /// `coming` says yes is put back in the same step, and waited for.
+    pub(in crate::sched) fn deps_now(
+        &self,
+        job: JobId,
+        index: TaskIndex,
+        coming: &dyn Fn(TaskKey) -> bool,
+    ) -> Result<Vec<TaskKey>, Never> {
+        let mut waits = Vec::new();
+        let Some(j) = self.jobs.get(&job).filter(|j| !j.spec.deps.is_empty()) else {
+            return Ok(waits);
+        };
+        let id = j.task_id(index);
+        for r in j
+            .spec
+            .deps
+            .iter()
+            .filter(|d| d.task == id)
+            .flat_map(|d| &d.on)
+        {
+            let on = r.job.unwrap_or(job);
+            let Some((pj, p)) = self
+                .jobs
+                .get(&on)
+                .and_then(|o| o.index_of(r.task).map(|p| (o, p)))
+            else {
+                // A producer forgotten since had finished: it was waited for when it did.
+                continue;
+            };
+            match pj.record(p).state {
+                TaskState::Finished => {}
+                s if s.is_terminal() && !coming((on, p)) => {
+                    return Err(Never {
+                        why: format!(
+                            "task {} depends on task {}, which has {s}",
+                            self.task_name((job, index)),
+                            self.task_name((on, p))
+                        ),
+                        job: on,
+                        canceled: pj.canceled,
+                    })
+                }
+                _ => waits.push((on, p)),
+            }
+        }
+        Ok(waits)
+    }
+
+    /// Whether the tasks a retry of `job` would put back could run: none of them names in its
+    /// `deps` a task that has failed or been canceled for good and is not put back with them.
+    pub(in crate::sched) fn task_deps_met(
+        &self,
+        job: JobId,
+        failed_only: bool,
+    ) -> Result<(), Never> {
+        let Some(j) = self.jobs.get(&job).filter(|j| !j.spec.deps.is_empty()) else {
+            return Ok(());
+        };
+        let back = |index: TaskIndex| retried(j.record(index).state, failed_only);
+        let coming = |k: TaskKey| k.0 == job && back(k.1);
+        for d in &j.spec.deps {
+            match j.index_of(d.task) {
+                Some(index) if back(index) => {
+                    self.deps_now(job, index, &coming)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Puts `tasks` of `job` back, each with the state it is counted in now (failed or
     /// canceled): waiting for `gate` and for the writers in `reads` (per task, in the order of
     /// `tasks`), ready otherwise. Returns the spans of those ready, for the queue. Waits
@@ -301,17 +375,19 @@ impl Scheduler {
         }
     }
 
-    /// `job` was retried: the tasks of other jobs canceled because it (or what it canceled)
-    /// failed come back, waiting for it, unless something else they depend on has failed for
-    /// good. Jobs are looked at in id order, so a dependent's own dependents come back after
-    /// it. Canceled jobs stay canceled.
-    pub(in crate::sched) fn revive(&mut self, job: JobId) {
-        let candidates: Vec<JobId> = self
+    /// A job was retried: the tasks canceled because it (or what it canceled) failed come
+    /// back, waiting for it, unless something else they depend on has failed for good: those
+    /// of other jobs, and its own left canceled by a retry of its failed tasks only (a task
+    /// whose `deps` name a failed task of its job). Jobs are looked at in id order, so a
+    /// dependent's own dependents come back after it. Canceled jobs stay canceled.
+    pub(in crate::sched) fn revive(&mut self, now_us: u64) {
+        let mut candidates: Vec<JobId> = self
             .jobs
             .values()
-            .filter(|d| d.id != job && d.canceled_by_deps > 0 && !d.canceled && !d.held)
+            .filter(|d| d.canceled_by_deps > 0 && !d.canceled && !d.held)
             .map(|d| d.id)
             .collect();
+        candidates.sort_unstable();
         for d in candidates {
             let Ok(gate) = self.gate_now(d) else {
                 continue;
@@ -332,9 +408,13 @@ impl Scheduler {
                 let mut reads = Vec::with_capacity(back.len());
                 let mut kept = Vec::with_capacity(back.len());
                 for &i in &back {
-                    if let Ok(r) = self.reads_now(d, i, &is_coming) {
-                        reads.push(r);
-                        kept.push(i);
+                    let deps_met = self.deps_now(d, i, &is_coming).is_ok();
+                    match self.reads_now(d, i, &is_coming) {
+                        Ok(r) if deps_met => {
+                            reads.push(r);
+                            kept.push(i);
+                        }
+                        _ => {}
                     }
                 }
                 if kept.len() == back.len() {
@@ -367,6 +447,8 @@ impl Scheduler {
             if ended {
                 self.graph_rejoin(d);
             }
+            // What their `deps` name and has not finished, they wait for again.
+            self.rewait_task_deps(now_us, d);
         }
     }
 }

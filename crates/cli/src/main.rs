@@ -326,16 +326,9 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     if exec == Exec::Noop {
         eprintln!("warning: --exec noop completes tasks WITHOUT running them (benchmark mode)");
     }
-    // Ctrl-C or SIGTERM (a local allocation's end, `kestrel run --alloc` interrupted) ends the
-    // worker here rather than by the signal's default: its scratch cache directory goes with
-    // it (its reaper stops the tasks it ran, which the server runs elsewhere).
-    tokio::select! {
-        ended = kestrel_worker::run(config, access) => ended?,
-        stop = exit::stopped() => {
-            eprintln!("worker {}: leaving; the server runs its tasks elsewhere", stop.name());
-            return Ok(stop.code());
-        }
-    }
+    // SIGTERM and Ctrl-C are caught (`stop_on_signals`), so the worker ends through `run`
+    // whatever stops it: its scratch cache directory goes with it.
+    kestrel_worker::run(config, access).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -350,6 +350,43 @@ fn sigterm_drains_a_worker_and_a_second_signal_stops_it_at_once() {
     );
 }
 
+/// A batch system that ends an allocation (Slurm at its time limit, `scancel`) sends SIGTERM to
+/// every process of it at once: the worker and its tasks. The tasks killed so are not their
+/// own failures: the worker stops at once and they go back to the queue without spending a
+/// retry, whichever of the two signals it hears of first (found by the Slurm test of an
+/// allocation killed at its time limit once SIGTERM drained workers: the task failed).
+#[test]
+fn tasks_killed_by_the_signal_that_drains_their_worker_go_back_to_the_queue() {
+    let mut c = Cluster::new();
+    let a = c.add_worker(1);
+    c.wait_workers(1);
+    c.run(&[
+        "submit",
+        "--",
+        "sh",
+        "-c",
+        "test -f go && exit 0; echo $$ > task.pid; exec sleep 600",
+    ])
+    .ok();
+    task_in(&c, "1", 0, "running");
+    let pid: i32 = poll("the task to write its pid", COMMAND_LIMIT, || {
+        c.read("task.pid").and_then(|p| p.trim().parse().ok())
+    });
+    // The task's process group first: its end may reach the worker before its own signal.
+    // SAFETY: kill(2) of the process group of a task this test started.
+    unsafe { libc::kill(-pid, libc::SIGTERM) };
+    signal(c.worker_pid(a), libc::SIGTERM);
+    assert!(c.wait_worker_exit(a, COMMAND_LIMIT).success());
+    back_in_queue_unspent(&task_rows(&c, "1")[0]);
+    let log = c.worker_log();
+    assert!(log.contains("its tasks were killed by signal 15"), "{log}");
+    // It runs again on the next worker.
+    std::fs::write(c.path("go"), "").unwrap();
+    c.add_worker(1);
+    c.run(&["job", "wait", "1"]).ok();
+    assert_eq!(task_rows(&c, "1")[0]["state"], "finished");
+}
+
 /// `run --alloc "local --max-workers 2"` gave each worker every core: 4 tasks ran at once on 2
 /// cores. A local queue's workers share the machine.
 #[test]
@@ -368,7 +405,7 @@ fn a_local_queue_divides_the_machine_among_its_workers() {
     ])
     .ok();
     let args = c.run(&["alloc", "list", "--output", "json"]).ok().json();
-    let args = &args["queues"][0]["spec"]["worker_args"];
+    let args = &args["queues"][0]["worker_args"];
     assert_eq!(
         args,
         &serde_json::json!(["--slots", each.to_string()]),

@@ -112,6 +112,8 @@ pub(crate) async fn serve(
         staging,
         ledger,
         revoked: Vec::new(),
+        signaled: Vec::new(),
+        interrupted: None,
     };
     // Runs that ended while disconnected.
     session.take_done();
@@ -128,7 +130,19 @@ pub(crate) async fn serve(
         Ok(SessionEnd::Shutdown(_) | SessionEnd::Stopped(_)) => false,
         Err(e) => e.is_transient(),
     };
-    let Session { exec, ledger, .. } = session;
+    // Ends held back go with the next session's report, unless the worker stops.
+    let Session {
+        exec,
+        ledger,
+        signaled,
+        ..
+    } = session;
+    if keep {
+        for (_, end, output) in signaled {
+            ledger.finished.push(end);
+            ledger.outputs.extend(output);
+        }
+    }
     // Tasks only queued here go back to the server's queue when it drops this registration.
     let mut not_started: Vec<Key> = exec
         .take_back_all()
@@ -164,6 +178,31 @@ struct Session<'a> {
     ledger: &'a mut Ledger,
     /// Answers to `Revoke` requests not sent yet, one per request.
     revoked: Vec<Vec<Key>>,
+    /// Ends of runs killed by a signal that also stops workers, held back for
+    /// [`SIGNALED_HOLD`] (see [`Session::on_done`]).
+    signaled: Vec<Signaled>,
+    /// Why the worker stops at once: its tasks were killed by the signal that drains it.
+    interrupted: Option<String>,
+}
+
+/// A run's end held back: when it is due, the end, and its output report.
+type Signaled = (
+    tokio::time::Instant,
+    Finished,
+    Option<kestrel_proto::messages::TaskOutput>,
+);
+
+/// How long the end of a run killed by SIGTERM, SIGINT, SIGHUP or SIGKILL is held back before
+/// it is reported as a failure: a batch system ending an allocation signals every process of
+/// it at once, the worker and its tasks, and the worker may hear of its own signal after
+/// its tasks' ends.
+const SIGNALED_HOLD: Duration = Duration::from_secs(1);
+
+/// Whether a run was killed by a signal that also stops workers (not by its timeout or a
+/// cancel, which the worker sends).
+fn killed_like_its_worker(status: &ExitKind) -> bool {
+    matches!(status, ExitKind::Signaled(s)
+        if [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGKILL].contains(s))
 }
 
 /// The cached files a registration lists: as many as fit in 8 MiB of names, so that a huge
@@ -348,11 +387,16 @@ impl Session<'_> {
             return Ok(end);
         }
         loop {
+            let held_until = self.signaled.iter().map(|(due, ..)| *due).min();
             tokio::select! {
                 ask = stop_asked(&mut stop) => {
                     if let Some(end) = self.stop_asked(ask, writer).await? {
                         return Ok(end);
                     }
+                    self.release_signaled();
+                }
+                () = tokio::time::sleep_until(held_until.unwrap_or_else(tokio::time::Instant::now)), if held_until.is_some() => {
+                    self.release_signaled();
                 }
                 msg = reader.try_recv::<ToWorker>() => match msg {
                     Ok(Some(m)) => {
@@ -382,6 +426,11 @@ impl Session<'_> {
                         writer.send(&FromWorker::Heartbeat).await?;
                     }
                     sent_since_tick = false;
+                }
+            }
+            if let Some(reason) = self.interrupted.take() {
+                if let Some(end) = self.stop_asked(StopAsk::Now(reason), writer).await? {
+                    return Ok(end);
                 }
             }
             self.start_tasks();
@@ -581,19 +630,78 @@ impl Session<'_> {
         };
         let mut outcome = done.outcome;
         let files = self.version >= kestrel_proto::OUTPUT_FILES_VERSION;
-        if let Some(output) = outputs::of_run(done.key, &mut outcome, files) {
-            l.outputs.push(output);
-        }
+        let output = outputs::of_run(done.key, &mut outcome, files);
+        let killed = killed_like_its_worker(&outcome.status);
         let end = run_end(outcome, done.timeout);
         if end == RunEnd::Success {
             l.note_wait(done.key.0, waited_us);
         }
-        l.finished.push(Finished {
+        let finished = Finished {
             job: done.key.0,
             index: done.key.1,
             started_us,
             finished_us,
             end,
+        };
+        if killed {
+            // Killed by what drains the worker (a batch system ending the allocation signals
+            // all its processes): not the task's failure. The worker stops at once instead,
+            // and the server puts its tasks back without spending a retry. Not draining yet:
+            // held back a moment, in case the worker's own signal comes just after.
+            if self.draining() {
+                self.interrupt(&finished);
+            } else {
+                let due = tokio::time::Instant::now() + SIGNALED_HOLD;
+                self.signaled.push((due, finished, output));
+            }
+            return;
+        }
+        l.outputs.extend(output);
+        l.finished.push(finished);
+    }
+
+    /// Whether the process running the worker asked it to drain ([`StopAsk::Drain`]: a
+    /// SIGTERM).
+    fn draining(&self) -> bool {
+        self.config
+            .stop
+            .as_ref()
+            .is_some_and(|rx| matches!(*rx.borrow(), StopAsk::Drain(_)))
+    }
+
+    /// The worker stops at once because `killed` was killed by the signal that drains it.
+    fn interrupt(&mut self, killed: &Finished) {
+        if self.interrupted.is_none() {
+            let signal = match &killed.end {
+                RunEnd::Failed(f) => f.signal.unwrap_or_default(),
+                _ => 0,
+            };
+            self.interrupted = Some(format!(
+                "the worker got SIGTERM and its tasks were killed by signal {signal} (its allocation or node is going away); they go back to the queue"
+            ));
+        }
+    }
+
+    /// Ends held back ([`SIGNALED_HOLD`]): if the worker now drains, its tasks were killed by
+    /// the same signal and it stops at once; those due are reported as the failures they are.
+    fn release_signaled(&mut self) {
+        if self.signaled.is_empty() {
+            return;
+        }
+        if self.draining() {
+            let held = std::mem::take(&mut self.signaled);
+            self.interrupt(&held[0].1);
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let l = &mut *self.ledger;
+        self.signaled.retain_mut(|(due, end, output)| {
+            if *due > now {
+                return true;
+            }
+            l.outputs.extend(output.take());
+            l.finished.push(end.clone());
+            false
         });
     }
 
@@ -776,6 +884,8 @@ mod tests {
                 staging: &mut self.staging,
                 ledger: &mut self.ledger,
                 revoked: Vec::new(),
+                signaled: Vec::new(),
+                interrupted: None,
             }
         }
 

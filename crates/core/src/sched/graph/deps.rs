@@ -121,6 +121,22 @@ impl Scheduler {
 }
 
 impl Scheduler {
+    /// The tasks that `on` (a task's `deps`, in job `job`) names and that the server still
+    /// holds, with their states: a producer forgotten since had finished, and was waited for
+    /// when it did.
+    pub(in crate::sched) fn producers<'a>(
+        &'a self,
+        job: JobId,
+        on: &'a [crate::spec::TaskRef],
+    ) -> impl Iterator<Item = (TaskKey, TaskState)> + 'a {
+        on.iter().filter_map(move |r| {
+            let on = r.job.unwrap_or(job);
+            let pj = self.jobs.get(&on)?;
+            let p = pj.index_of(r.task)?;
+            Some(((on, p), pj.record(p).state))
+        })
+    }
+
     /// Job `job` was retried: its tasks queued again whose `deps` have not all finished (a
     /// producer that failed is retried with them, or still ended badly elsewhere) wait for
     /// them again, as at submission, instead of running before them.
@@ -143,19 +159,11 @@ impl Scheduler {
             ) {
                 continue;
             }
-            for r in &d.on {
-                let on = r.job.unwrap_or(job);
-                let Some((pj, p)) = self
-                    .jobs
-                    .get(&on)
-                    .and_then(|o| o.index_of(r.task).map(|p| (o, p)))
-                else {
-                    continue;
-                };
-                match pj.record(p).state {
+            for (by, state) in self.producers(job, &d.on) {
+                match state {
                     TaskState::Finished => {}
-                    s if s.is_terminal() => lost.push((index, (on, p))),
-                    _ => waits.push((index, (on, p))),
+                    s if s.is_terminal() => lost.push((index, by)),
+                    _ => waits.push((index, by)),
                 }
             }
         }

@@ -205,36 +205,23 @@ impl Scheduler {
             return Ok(waits);
         };
         let id = j.task_id(index);
-        for r in j
-            .spec
-            .deps
-            .iter()
-            .filter(|d| d.task == id)
-            .flat_map(|d| &d.on)
-        {
-            let on = r.job.unwrap_or(job);
-            let Some((pj, p)) = self
-                .jobs
-                .get(&on)
-                .and_then(|o| o.index_of(r.task).map(|p| (o, p)))
-            else {
-                // A producer forgotten since had finished: it was waited for when it did.
-                continue;
-            };
-            match pj.record(p).state {
-                TaskState::Finished => {}
-                s if s.is_terminal() && !coming((on, p)) => {
-                    return Err(Never {
-                        why: format!(
-                            "task {} depends on task {}, which has {s}",
-                            self.task_name((job, index)),
-                            self.task_name((on, p))
-                        ),
-                        job: on,
-                        canceled: pj.canceled,
-                    })
+        for d in j.spec.deps.iter().filter(|d| d.task == id) {
+            for (by, state) in self.producers(job, &d.on) {
+                match state {
+                    TaskState::Finished => {}
+                    s if s.is_terminal() && !coming(by) => {
+                        return Err(Never {
+                            why: format!(
+                                "task {} depends on task {}, which has {s}",
+                                self.task_name((job, index)),
+                                self.task_name(by)
+                            ),
+                            job: by.0,
+                            canceled: self.jobs.get(&by.0).is_some_and(|pj| pj.canceled),
+                        })
+                    }
+                    _ => waits.push(by),
                 }
-                _ => waits.push((on, p)),
             }
         }
         Ok(waits)

@@ -415,7 +415,7 @@ fn show_logs(g: &Global, logs: &[AllocLogView]) {
         return;
     }
     if logs.is_empty() {
-        println!("the queue has made no allocations yet");
+        eprintln!("the queue has made no allocations yet");
     }
     for a in logs {
         println!(
@@ -445,7 +445,7 @@ fn show(g: &Global, queues: &[AllocQueueView]) {
         return;
     }
     if queues.is_empty() {
-        println!("no allocation queues; add one with `kestrel alloc add local --time-limit 1h`");
+        eprintln!("no allocation queues; add one with `kestrel alloc add local --time-limit 1h`");
         return;
     }
     for q in queues {

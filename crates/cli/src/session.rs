@@ -69,14 +69,13 @@ pub async fn open(g: &Global, default: Duration) -> Result<Connection> {
 }
 
 /// The directory of a `kestrel run` that has ended, if the options point to one: it holds
-/// the run's record (`run --server-dir`) and no access file (its server is gone).
+/// the run's record (`run --server-dir`) and its server is gone.
 fn finished_run(g: &Global) -> Option<PathBuf> {
     if g.access.is_some() {
         return None;
     }
     let dir = g.server_dir.clone().unwrap_or_else(default_server_dir);
-    let finished = !dir.join(ACCESS_FILE).exists() && kestrel_server::record::is_run_record(&dir);
-    finished.then_some(dir)
+    kestrel_server::record::has_ended_run(&dir).then_some(dir)
 }
 
 /// The server reading a finished run's record, kept for as long as this command runs.

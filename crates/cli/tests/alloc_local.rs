@@ -137,8 +137,10 @@ fn alloc_commands_refuse_what_cannot_work() {
         ],
     );
     assert!(err.contains("unbalanced quotes"), "{err}");
-    let out = c.run(&["alloc", "list"]).ok().stdout.clone();
-    assert!(out.contains("no allocation queues"), "{out}");
+    let list = c.run(&["alloc", "list"]);
+    let list = list.ok();
+    assert!(list.stdout.is_empty(), "{list:?}");
+    assert!(list.stderr.contains("no allocation queues"), "{list:?}");
 }
 
 /// The worker processes of a local allocation, named in its batch id (`local:PID,PID`).

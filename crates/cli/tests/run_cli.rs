@@ -271,6 +271,50 @@ fn a_runs_record_answers_client_commands_after_it_ended() {
     assert_eq!(jobs[0]["state"], "finished");
 }
 
+/// A run killed where it stands (`kill -9`, its node gone) leaves its access file behind; its
+/// record is read all the same (its server is gone: nobody holds the directory's lock), with
+/// what it had finished before it died.
+#[test]
+fn a_killed_runs_record_is_read_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = dir.path().join("srv");
+    let srv_arg = srv.to_str().unwrap();
+    let mut run = Child::start(
+        dir.path(),
+        &[
+            "--server-dir",
+            srv_arg,
+            "run",
+            "--array",
+            "1-3",
+            "--",
+            "sh",
+            "-c",
+            "if [ {task} -lt 3 ]; then exit 0; fi; sleep 600",
+        ],
+        &[],
+    );
+    let k = |args: &[&str]| client(&srv, dir.path(), args);
+    poll("two tasks to finish", COMMAND_LIMIT, || {
+        let info = k(&["job", "info", "1", "--output", "json"]);
+        (info.code() == Some(0) && info.json()["counts"]["finished"] == 2).then_some(())
+    });
+    // Task ends are committed a few milliseconds after they are reported; a submission's
+    // reply waits for its commit, which takes the ends before it along.
+    k(&["submit", "--", "true"]).ok();
+    signal(run.child.id(), libc::SIGKILL);
+    let _ = run.child.wait();
+    assert!(srv.join("access.json").exists(), "a killed run leaves it");
+    let info = k(&["job", "info", "1", "--output", "json"]).ok().json();
+    assert_eq!(info["counts"]["finished"], 2, "{info:#}");
+    let retry = k(&["job", "retry", "1"]);
+    let err = retry.one_line_error();
+    assert!(
+        err.contains("record of a `kestrel run` that has ended"),
+        "{err}"
+    );
+}
+
 /// A server's journal is not a run's record: a run there is refused, and nothing is lost.
 #[test]
 fn a_run_refuses_a_servers_directory() {

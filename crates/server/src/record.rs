@@ -25,6 +25,15 @@ pub fn is_run_record(dir: &Path) -> bool {
     dir.join(RUN_MARK).is_file() && dir.join(JOURNAL_FILE).is_file()
 }
 
+/// Whether `dir` holds the record of a run that has ended: its server is gone. That is so
+/// when the run removed its access file as it ended, and also when the run was killed
+/// (`kill -9`, a node's crash) and left it behind: nobody holds the directory's lock then.
+pub fn has_ended_run(dir: &Path) -> bool {
+    is_run_record(dir)
+        && (!dir.join(kestrel_proto::ACCESS_FILE).exists()
+            || crate::lock::DirLock::acquire(dir).is_ok())
+}
+
 /// Makes `dir` (locked by the caller) ready for a run's record: an earlier run's record goes,
 /// a server's journal stays and is refused (a run must not take over, nor erase, a server's
 /// jobs).

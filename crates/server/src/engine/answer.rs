@@ -96,9 +96,14 @@ impl Engine {
                             }
                             tracing::info!(job, tasks = n, %name, "job submitted");
                             // A job too big for every worker connected now is kept (a bigger
-                            // one may come), but its submitter hears of it at once.
+                            // one may come), but its submitter hears of it at once, unless an
+                            // allocation queue may bring that bigger worker.
                             let warning = match self.core.stall(job) {
-                                Some(s @ kestrel_core::Stall::TooBig { .. }) => Some(s.to_string()),
+                                Some(s @ kestrel_core::Stall::TooBig { .. })
+                                    if !self.provision.has_active_queue() =>
+                                {
+                                    Some(s.to_string())
+                                }
                                 _ => None,
                             };
                             let submitted = Answer::Submitted {

@@ -471,6 +471,12 @@ impl Provision {
         }
     }
 
+    /// Whether an allocation queue is active (not paused): it may bring workers bigger than
+    /// those connected now.
+    pub fn has_active_queue(&self) -> bool {
+        self.allocator.queues().any(|q| q.paused.is_none())
+    }
+
     /// What the allocation queues are doing about work that has no worker: said instead of
     /// "start a worker" while a queue is active; `None` without queues.
     pub fn awaited(&self, core: &Scheduler) -> Option<String> {

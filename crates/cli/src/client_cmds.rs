@@ -353,7 +353,11 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                     if let Ok(Answer::Graph(graph)) =
                         s.call(Ask::JobGraph { job, by_job: false }).await
                     {
-                        let lines = crate::graph_dot::failed_subtree(&graph, job);
+                        let lines = crate::graph_dot::failed_subtree(
+                            &graph,
+                            job,
+                            &crate::session::reach(g),
+                        );
                         if !lines.is_empty() {
                             println!("failed subtree (what each failed task canceled downstream):");
                             for l in lines {

@@ -249,8 +249,9 @@ const SUBTREE_ROOTS: usize = 10;
 
 /// What `job`'s failed tasks canceled downstream, task by task (each failed task with its
 /// reason, then the tasks it canceled through files and `after`, transitively), for `job info`.
-/// Empty if its failures canceled nothing.
-pub fn failed_subtree(g: &WorkflowView, job: JobId) -> Vec<String> {
+/// Empty if its failures canceled nothing. `reach` is the global options of the command a
+/// hint names (see [`crate::session::reach`]).
+pub fn failed_subtree(g: &WorkflowView, job: JobId, reach: &str) -> Vec<String> {
     use std::collections::{BTreeMap, BTreeSet};
     // What each task (or whole job, `None`) holds up.
     let mut next: BTreeMap<End, Vec<End>> = BTreeMap::new();
@@ -314,7 +315,7 @@ pub fn failed_subtree(g: &WorkflowView, job: JobId) -> Vec<String> {
     }
     if failed.len() > SUBTREE_ROOTS {
         lines.push(format!(
-            "... and {} (`kestrel task list {job} --state failed`)",
+            "... and {} (`kestrel {reach}task list {job} --state failed`)",
             crate::output::plural((failed.len() - SUBTREE_ROOTS) as u64, "more failed task")
         ));
     }

@@ -106,6 +106,26 @@ fn stages_pass_intermediate_files_through_the_caches_not_the_store() {
     assert_eq!(server["intermediate_files_deleted"], 4, "{server}");
 }
 
+/// Past ten failed tasks, `job info` names the rest with a command that reaches the same
+/// server (its `--server-dir`), as every hint does.
+#[test]
+fn the_failed_subtree_points_to_the_rest_on_the_same_server() {
+    let mut c = Cluster::new();
+    c.add_worker(2);
+    c.wait_workers(1);
+    let first = c.run(&["submit", "--array", "1-12", "--", "false"]);
+    first.ok();
+    let second = c.run(&["submit", "--after", "1", "--", "true"]);
+    second.ok();
+    c.run(&["job", "wait", "2"]).failed();
+    let info = c.run(&["job", "info", "1"]).ok().stdout.clone();
+    let dir = c.server_dir.display().to_string();
+    let rest = format!(
+        "... and 2 more failed tasks (`kestrel --server-dir {dir} task list 1 --state failed`)"
+    );
+    assert!(info.contains(&rest), "{rest} not in\n{info}");
+}
+
 #[test]
 fn a_failed_writer_cancels_its_reader_with_the_reason() {
     let (c, _store, _dir) = cluster();

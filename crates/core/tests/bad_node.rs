@@ -6,7 +6,7 @@
 mod common;
 
 use common::{array, spec};
-use kestrel_core::harness::{Harness, SimRun};
+use kestrel_core::harness::{Harness, SimData, SimRun};
 use kestrel_core::*;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -134,6 +134,50 @@ fn a_failed_task_is_retried_on_another_worker() {
     }
     // Both fail every first run and succeed every retry: neither is to blame.
     assert!(h.sched.workers().all(|w| w.quarantined.is_none()));
+}
+
+/// Tasks placed by their data (from the window of a data-aware policy) are retried elsewhere
+/// too, whatever the policy.
+#[test]
+fn a_failed_task_placed_by_its_data_is_retried_on_another_worker() {
+    for policy in [
+        PolicyName::MaxComputeUtil,
+        PolicyName::GoodCacheCompute,
+        PolicyName::MaxCacheHit,
+    ] {
+        let (h, runs) = logged(Config::default(), |_, _, attempt| SimRun {
+            duration_us: 1_000,
+            succeed: attempt > 1,
+        });
+        let mut h = h.with_data(SimData {
+            cache_files: 100,
+            file_bytes: 1_000,
+            local_us: 10,
+            peer_us: 100,
+            store_us: 1_000,
+        });
+        h.add_worker(1, 1);
+        h.add_worker(1, 1);
+        let mut s = retrying(1);
+        s.template.files.inputs = vec!["data/{line}".into()];
+        s.placement.policy = Some(policy);
+        let lines: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
+        let job = h.submit(
+            s,
+            TaskSet::Lines(lines.iter().map(String::as_str).collect()),
+        );
+        h.run_until_idle();
+        assert_eq!(h.sched.job(job).unwrap().counts.finished, 20, "{policy:?}");
+        let runs = runs.borrow();
+        for i in 0..20 {
+            let on: Vec<WorkerId> = runs.iter().filter(|r| r.2 == i).map(|r| r.0).collect();
+            assert_eq!(on.len(), 2, "{policy:?}, task {i}: {on:?}");
+            assert_ne!(
+                on[0], on[1],
+                "{policy:?}: task {i} was retried where it failed"
+            );
+        }
+    }
 }
 
 /// A retry waits for another worker only so long: the other worker runs a long task, so after

@@ -351,6 +351,16 @@ impl Scheduler {
         if w.room_for(Resources::ONE_CPU, w.offer.prefetch) == 0 {
             return Offered::Full;
         }
+        // A failed task's retry keeps away from the worker it failed on for a while, as on
+        // the first-available path (see `Job::kept_from`).
+        let rec = j.table.get(index);
+        let elsewhere_us = if rec.runs > 0 { self.elsewhere_us() } else { 0 };
+        let config = &self.config;
+        let kept_from = |w: WorkerId| j.kept_from(index, &rec, w, now_us, config, elsewhere_us);
+        if let Some(until) = kept_from(id) {
+            self.kept_until = Some(self.kept_until.map_or(until, |k| k.min(until)));
+            return Offered::Unfit;
+        }
         let need = j.need;
         if !w.can_ever_run(need)
             || !w.fits_time(j, now_us)
@@ -367,7 +377,8 @@ impl Scheduler {
         let files = &self.files;
         let best = || {
             // The most any worker that could take it holds (a quarantined holder takes
-            // nothing, so waiting for it would wait for ever).
+            // nothing, so waiting for it would wait for ever; nor does the holder a retry
+            // keeps away from for now).
             entry
                 .files
                 .iter()
@@ -376,6 +387,7 @@ impl Scheduler {
                     workers
                         .get(h)
                         .is_some_and(|w| w.quarantined.is_none() && w.can_ever_run(need))
+                        && kept_from(*h).is_none()
                 })
                 .map(|h| files.hits(h, &entry.files))
                 .max()

@@ -93,7 +93,7 @@ impl Scheduler {
     /// How long a failed task's retry keeps away from the worker it failed on (see
     /// [`super::Config::retry_elsewhere_us`]): not at all when no other worker is there to take
     /// it (a second one not quarantined: found at once).
-    fn elsewhere_us(&self) -> u64 {
+    pub(super) fn elsewhere_us(&self) -> u64 {
         let others = self.workers.values().filter(|w| w.quarantined.is_none());
         if others.take(2).count() == 2 {
             self.config.retry_elsewhere_us

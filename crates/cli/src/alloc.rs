@@ -387,7 +387,7 @@ fn info(g: &Global, q: &AllocQueueView) {
         ]);
         t.add_row(row);
     }
-    println!("{t}");
+    output::print_table(&t);
 }
 
 /// What `alloc list` and `alloc info` both show of an allocation: id, batch id, state, nodes,
@@ -479,6 +479,6 @@ fn show(g: &Global, queues: &[AllocQueueView]) {
             row.push(Cell::new(a.reason.as_deref().unwrap_or("")));
             t.add_row(row);
         }
-        println!("{t}");
+        output::print_table(&t);
     }
 }

@@ -675,12 +675,11 @@ fn print_job(d: &JobDetail, on: &[RunningOn]) {
         };
         rows.insert(4, (label, w.clone()));
     }
-    let mut table = output::table(&["", ""]);
-    table.set_header(Vec::<Cell>::new());
+    let mut table = output::fields();
     for (k, v) in rows {
         table.add_row(vec![Cell::new(k), Cell::new(v)]);
     }
-    println!("{table}");
+    output::print_table(&table);
 }
 
 fn shell_words(argv: &[String]) -> String {

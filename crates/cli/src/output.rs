@@ -81,6 +81,22 @@ pub fn table(header: &[&str]) -> Table {
     t
 }
 
+/// A borderless table of `name value` rows (`task info`, `job info`), fitted to the terminal.
+pub fn fields() -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Dynamic);
+    t
+}
+
+/// Prints a table built by [`table`] or [`fields`], without the blanks that pad each line to
+/// the table's width (they would trail every line a user copies or greps).
+pub fn print_table(t: &Table) {
+    for line in t.lines() {
+        say(line.trim_end());
+    }
+}
+
 /// `1.5 ms`, `2.30 s`, `3m 12s`, `1h 02m`.
 pub fn duration(d: Duration) -> String {
     let s = d.as_secs_f64();

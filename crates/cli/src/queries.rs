@@ -82,7 +82,7 @@ pub async fn job_list(
             Cell::new(output::ago(j.submitted_us)),
         ]);
     }
-    println!("{t}");
+    output::print_table(&t);
     if page.more > 0 {
         eprintln!(
             "... and {} (--last N shows more, --last 0 all)",
@@ -288,7 +288,7 @@ async fn task_list(
             Cell::new(why),
         ]);
     }
-    println!("{t}");
+    output::print_table(&t);
     if let Some(next) = next_offset {
         let state = state.map_or(String::new(), |s| {
             format!(" --state {}", json::task_state(task_state_of(s)))
@@ -365,12 +365,11 @@ fn print_task(d: &TaskDetail) {
         ("stdout", paths.stdout),
         ("stderr", paths.stderr),
     ];
-    let mut table = output::table(&["", ""]);
-    table.set_header(Vec::<Cell>::new());
+    let mut table = output::fields();
     for (k, v) in rows {
         table.add_row(vec![Cell::new(k), Cell::new(v)]);
     }
-    println!("{table}");
+    output::print_table(&table);
     if let Some(tail) = &r.stderr_tail {
         println!("end of stderr:");
         for line in tail.lines() {

@@ -67,14 +67,14 @@ pub async fn worker_list(g: &Global, all: bool) -> Result<ExitCode> {
     if ws.is_empty() {
         eprintln!("no workers connected; start one with `kestrel worker start`");
     } else {
-        println!("{}", connected_table(&ws, stopping_of));
+        output::print_table(&connected_table(&ws, stopping_of));
     }
     match departed.as_deref() {
         None => {}
         Some([]) => eprintln!("no worker has left"),
         Some(left) => {
             println!("\nleft lately (the server keeps the last 1024):");
-            println!("{}", departed_table(left));
+            output::print_table(&departed_table(left));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -262,12 +262,11 @@ fn print_worker(d: &WorkerDetail) {
     if d.left.is_none() {
         rows.push(("tasks", held(d)));
     }
-    let mut table = output::table(&["", ""]);
-    table.set_header(Vec::<Cell>::new());
+    let mut table = output::fields();
     for (k, v) in rows {
         table.add_row(vec![Cell::new(k), Cell::new(v)]);
     }
-    println!("{table}");
+    output::print_table(&table);
 }
 
 /// `in 29m 10s`, or `10.0 s ago` for a time passed.

@@ -244,6 +244,9 @@ fn task_info_shows_one_task_in_full() {
     ] {
         assert!(table.contains(part), "{part} in\n{table}");
     }
+    // Its lines carry nothing past their text (copied or grepped, blanks would tag along).
+    assert!(table.starts_with(" task "), "{table}");
+    assert!(table.lines().all(|l| l == l.trim_end()), "{table:?}");
     let out = c.run(&["task", "info", "1", "4"]);
     assert!(
         out.one_line_error().contains("job 1 has no task 4"),

@@ -191,8 +191,15 @@ pub fn parse_queue(text: &str) -> Result<AllocQueueSpec> {
         format!("--alloc {text:?}: unbalanced quotes; quote it as a shell would")
     })?;
     let q = <Queue as clap::Parser>::try_parse_from(words).map_err(|e| {
-        let first = e.render().to_string();
-        let first = first.lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+        // clap's message up to its usage, on one line: a list it ends with (the missing
+        // options) follows its colon.
+        let rendered = e.render().to_string();
+        let first = rendered
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| l.trim().trim_start_matches("error: "))
+            .collect::<Vec<_>>()
+            .join(" ");
         anyhow::anyhow!("--alloc {text:?}: {first}; it takes the arguments of `kestrel alloc add`, e.g. \"local --time-limit 30m --max-workers 4\"")
     })?;
     spec(q.add)
@@ -480,5 +487,23 @@ fn show(g: &Global, queues: &[AllocQueueView]) {
             t.add_row(row);
         }
         output::print_table(&t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_queue;
+
+    /// A missing option is named, not lost with the lines of clap's message past its first.
+    #[test]
+    fn a_bad_alloc_names_what_it_lacks() {
+        let err = parse_queue("local --max-workers 2").unwrap_err().to_string();
+        assert!(
+            err.contains("the following required arguments were not provided: --time-limit"),
+            "{err}"
+        );
+        assert!(!err.contains("Usage"), "{err}");
+        let ok = parse_queue("local --time-limit 30m --max-workers 2");
+        assert!(ok.is_ok(), "{ok:?}");
     }
 }

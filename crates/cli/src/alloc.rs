@@ -497,7 +497,9 @@ mod tests {
     /// A missing option is named, not lost with the lines of clap's message past its first.
     #[test]
     fn a_bad_alloc_names_what_it_lacks() {
-        let err = parse_queue("local --max-workers 2").unwrap_err().to_string();
+        let err = parse_queue("local --max-workers 2")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("the following required arguments were not provided: --time-limit"),
             "{err}"

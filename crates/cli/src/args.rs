@@ -119,7 +119,8 @@ A {name} preceded by $ is left alone (${HOME}, ${line} belong to the shell), and
 other text in braces (awk '{print $1}', find -exec ... {} +). A placeholder that does not
 apply ({line} without --each), that looks mistyped ({tsk}, {TASK}, {lines}: a letter off,
 or another case) or that is HyperQueue's (%{TASK_ID}, $HQ_TASK_ID) is refused at
-submission, naming Kestrel's.
+submission, naming Kestrel's. Doubled braces keep a placeholder for a command the task
+runs: {{task}} is the text {task} (sh -c 'kestrel submit --array 1-3 -- echo {{task}}').
 
 A --stdout or --stderr path without {task} or {line} is shared by the job's tasks: each
 task's output goes into it whole, in task order under `kestrel run`, in the order the tasks

@@ -143,12 +143,13 @@ fn run_prints_the_streamed_output_of_the_jobs_its_tasks_submitted() {
             "--",
             "sh",
             "-c",
-            "echo parent; kestrel submit --array 1-3 --stdout stream --stderr stream -- sh -c 'echo child $KESTREL_TASK_ID; echo child-err >&2'",
+            // `{{task}}` is the child's placeholder, `{task}` the parent's.
+            "echo parent; kestrel submit --array 1-3 --stdout stream --stderr stream -- sh -c 'echo child {{task}} of {task}; echo child-err >&2'",
         ]);
     let out = run_bounded(k, COMMAND_LIMIT);
     out.ok();
     assert_eq!(
-        out.stdout, "parent\nchild 1\nchild 2\nchild 3\n",
+        out.stdout, "parent\nchild 1 of 0\nchild 2 of 0\nchild 3 of 0\n",
         "{out:#?}"
     );
     assert_eq!(out.stderr.matches("child-err\n").count(), 3, "{out:#?}");

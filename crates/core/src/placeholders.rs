@@ -9,7 +9,8 @@
 //! [`check_template`] refuses a placeholder that does not apply (`{line}` without `--each`),
 //! that looks like a mistyped one (`{tsk}`, `{TASK}`, `{lines}`) or that is HyperQueue's
 //! (`%{TASK_ID}`, `$HQ_TASK_ID`), and lets any other text in braces through untouched
-//! (`awk '{print $1}'`, `find -exec rm {} +`, `{x}`).
+//! (`awk '{print $1}'`, `find -exec rm {} +`, `{x}`). Doubled braces escape a placeholder:
+//! `{{task}}` is the text `{task}`, for a `kestrel submit` that the task itself runs.
 //!
 //! A task that reads files also has `{input:NAME}` (the path its input NAME was staged at),
 //! `{input:N}` (the Nth input's, from 0) and `{inputs}` (all of them, space-separated). Their
@@ -42,7 +43,8 @@ pub struct Values<'a> {
 
 /// Each placeholder-shaped `{name}` of `text` (`name` of letters, digits and `_`, not preceded
 /// by `$`; or `line` with `:N` and/or `:q` after it): `(start, end, name)`, `start..end`
-/// covering the braces.
+/// covering the braces. A placeholder in doubled braces (`{{task}}`) is an escaped one: its
+/// `name` is the text it stands for, braces included (`{task}`), which no name equals.
 fn tokens(text: &str) -> impl Iterator<Item = (usize, usize, &str)> + '_ {
     let bytes = text.as_bytes();
     let mut from = 0;
@@ -74,7 +76,17 @@ fn tokens(text: &str) -> impl Iterator<Item = (usize, usize, &str)> + '_ {
             let dollar = open > 0 && bytes[open - 1] == b'$';
             if len > 0 && bytes.get(close) == Some(&b'}') && !dollar {
                 from = close + 1;
-                return Some((open, close + 1, &text[open + 1..close]));
+                let name = &text[open + 1..close];
+                // `{{task}}`: the text `{task}` (for a `kestrel submit` the task runs).
+                let doubled = open > 0
+                    && bytes[open - 1] == b'{'
+                    && bytes.get(close + 1) == Some(&b'}')
+                    && (NAMES[..2].contains(&name) || line_part(name).is_some());
+                if doubled {
+                    from = close + 2;
+                    return Some((open - 1, close + 2, &text[open..close + 1]));
+                }
+                return Some((open, close + 1, name));
             }
         }
         None
@@ -118,6 +130,7 @@ pub fn substitute<'a>(text: &'a str, v: &Values) -> Cow<'a, str> {
     let mut copied = 0;
     for (start, end, name) in tokens(text) {
         let value: Cow<'_, str> = match (name, v.line) {
+            (escaped, _) if escaped.starts_with('{') => Cow::Borrowed(escaped),
             (JOB, _) => Cow::Borrowed(v.job),
             (TASK, _) => Cow::Borrowed(v.task),
             (_, Some(line)) => match line_part(name) {
@@ -372,7 +385,8 @@ pub fn check(text: &str, place: &str, lines: bool) -> Result<(), PlaceholderErro
     }
     for (_, _, name) in tokens(text) {
         let of_line = line_part(name).is_some();
-        let fine = name == JOB || name == TASK || (of_line && lines);
+        let escaped = name.starts_with('{');
+        let fine = escaped || name == JOB || name == TASK || (of_line && lines);
         if fine {
             continue;
         }
@@ -543,7 +557,10 @@ mod tests {
         let v = values(Some("a {task} b.txt"));
         assert_eq!(substitute("sums/{line}.sha", &v), "sums/a {task} b.txt.sha");
         assert_eq!(substitute("j{job}-t{task}-{task}", &v), "j3-t17-17");
-        assert_eq!(substitute("{{task}}", &v), "{17}");
+        // Doubled braces keep a placeholder for a command the task runs.
+        assert_eq!(substitute("{{task}}-{task}", &v), "{task}-17");
+        assert_eq!(substitute("{{line:2}} {{job}}", &v), "{line:2} {job}");
+        assert!(matches!(substitute("{{x}}", &v), Cow::Borrowed(_)));
         for kept in [
             "${line}",
             "awk '{print $1}'",

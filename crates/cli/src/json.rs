@@ -732,7 +732,8 @@ pub struct StopListView {
 pub struct StopView {
     pub id: u32,
     pub error: Option<String>,
-    /// The tasks it held: to finish, or (with `now`) killed and back in the queue.
+    /// The tasks it runs and finishes (those waiting for a slot go back to the queue), or
+    /// (with `now`) all it held, killed and back in the queue.
     pub tasks: Option<u32>,
     /// Whether it was stopped at once (`--now`) rather than drained.
     pub now: bool,

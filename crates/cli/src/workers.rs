@@ -348,7 +348,7 @@ pub async fn worker_stop(g: &Global, workers: Vec<u32>, all: bool, now: bool) ->
                 ),
                 Ok(0) => println!("worker {}: stopping; it runs nothing and exits now", r.worker),
                 Ok(held) => println!(
-                    "worker {}: stopping; it takes no new task, finishes the {} it holds, then exits (`kestrel worker stop {} --now` stops it at once)",
+                    "worker {}: stopping; it takes no new task, finishes the {} it runs (those waiting there for a slot go back to the queue), then exits (`kestrel worker stop {} --now` stops it at once)",
                     r.worker,
                     plural(held, "task"),
                     r.worker

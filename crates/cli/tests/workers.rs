@@ -283,6 +283,26 @@ fn worker_stop_drains_or_stops_at_once_and_list_all_and_info_say_why() {
     assert!(c.wait_worker_exit(d, COMMAND_LIMIT).success());
 }
 
+/// `worker stop` counts what the worker goes on to run: a task waiting there for the slot goes
+/// back to the queue (the trial of issue 29 was promised both were finished).
+#[test]
+fn worker_stop_counts_the_tasks_it_finishes_not_those_sent_back() {
+    let mut c = Cluster::new();
+    let a = c.add_worker_with(1, &["--prefetch", "1"]);
+    c.wait_workers(1);
+    c.run(&["submit", "--array", "1-2", "--", "sh", "-c", UNTIL_GO])
+        .ok();
+    states_become(&c, "1", &["running", "assigned"]);
+    let out = c.run(&["worker", "stop", "1"]).ok().stdout.clone();
+    assert!(
+        out.contains("finishes the 1 task it runs (those waiting there for a slot go back"),
+        "{out}"
+    );
+    states_become(&c, "1", &["running", "queued"]);
+    std::fs::write(c.path("go"), "").unwrap();
+    assert!(c.wait_worker_exit(a, COMMAND_LIMIT).success());
+}
+
 #[test]
 fn sigterm_drains_a_worker_and_a_second_signal_stops_it_at_once() {
     let mut c = Cluster::new();

@@ -184,7 +184,7 @@ impl Worker {
     }
 
     /// Cpus' worth of tasks it holds beyond its slots: tasks waiting there for a slot.
-    pub(super) fn waiting_cpus(&self) -> u32 {
+    pub fn waiting_cpus(&self) -> u32 {
         self.used.cpus.saturating_sub(self.offer.resources.cpus)
     }
 

@@ -109,7 +109,8 @@ impl Engine {
     /// Stops worker `worker` for `reason`: it takes no new task and what waits there for a
     /// slot goes back to the queue; it finishes what it runs and is then told to leave.
     /// With `now` it is told to leave at once (it kills its tasks), and its tasks go back to
-    /// the queue without counting a crash or spending a retry. Returns the tasks it held.
+    /// the queue without counting a crash or spending a retry. Returns the tasks it held
+    /// (stopped at once) or that it goes on to finish (draining: not those asked back).
     pub(super) fn stop_worker(
         &mut self,
         now: u64,
@@ -138,10 +139,24 @@ impl Engine {
         }
         tracing::info!(worker, held, "worker stopping: {reason}");
         // As if its allocation ended now: no new task, and what waits there goes back.
+        // What waits there for a slot (its cpus' worth beyond its slots, of tasks not started)
+        // is asked back by the scheduling pass: not finished there.
+        let mut beyond = w.waiting_cpus();
+        let mut waiting = 0u32;
+        if beyond > 0 {
+            for (job, _, state) in self.core.tasks_of(worker, usize::MAX) {
+                let cpus = self.core.job(job).map_or(1, |j| j.need.cpus.max(1));
+                if state == kestrel_core::TaskState::Assigned && cpus <= beyond {
+                    beyond -= cpus;
+                    waiting += 1;
+                }
+            }
+        }
+        let finishing = held.saturating_sub(waiting);
         self.event(now, Event::WorkerEnds { worker, at_us: now });
         self.leaving.insert(worker, reason);
         self.send_off_drained();
-        Ok(held)
+        Ok(finishing)
     }
 
     /// `kestrel worker stop`: each of `workers` (every connected one with `all`).

@@ -221,6 +221,7 @@ impl TaskOptions {
             Some(c) => absolute(base_dir, c),
             None => base_dir.display().to_string(),
         };
+        warn_missing_program(&argv, &cwd);
         let sink = |s: &Option<String>, which: &str, default: &str| match s.as_deref() {
             Some("none") | Some("null") => Ok(Sink::Null),
             Some(p) if p == "stream" || p.starts_with("stream:") => stream_sink(p, which),
@@ -297,6 +298,24 @@ impl TaskOptions {
         // What the server checks too, said before anything is sent (--nodes with files).
         spec.validate_spec().map_err(|e| anyhow!("{e}"))?;
         Ok(spec)
+    }
+}
+
+/// Says at once, on stderr, when the program is a path (`./sim`, `bin/sim`) that does not
+/// exist where the tasks will run it: a typo then fails every task only once they run. A
+/// warning, not a refusal: an earlier job may build it, or the workers see another file system.
+fn warn_missing_program(argv: &[String], cwd: &str) {
+    let Some(program) = argv.first() else {
+        return;
+    };
+    if !program.contains('/') || program.contains('{') {
+        return;
+    }
+    let path = Path::new(cwd).join(program);
+    if !path.exists() {
+        crate::output::note(&format!(
+            "warning: {program} does not exist in {cwd}: the tasks fail unless it is there when they run; check the path"
+        ));
     }
 }
 

@@ -387,3 +387,34 @@ fn job_file_with_an_unknown_key_names_file_and_key() {
     assert_eq!(jobs["jobs"], serde_json::json!([]), "nothing was submitted");
     c.assert_serves();
 }
+
+/// A typo in the program's path is said at submission (a warning: the file may appear
+/// before the tasks run), and each task then fails naming it.
+#[test]
+fn a_program_path_that_does_not_exist_is_said_at_submission() {
+    let c = Cluster::with_workers(&[1]);
+    let out = c.run(&["submit", "--wait", "./nosuch.sh"]);
+    out.failed();
+    let work = c.work.display();
+    assert!(
+        out.stderr.contains(&format!(
+            "warning: ./nosuch.sh does not exist in {work}: the tasks fail unless it is there when they run; check the path"
+        )),
+        "{out:#?}"
+    );
+    let failed = c
+        .run(&["task", "list", "1", "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(
+        failed["tasks"][0]["reason"], "'./nosuch.sh' does not exist; check the path",
+        "{failed}"
+    );
+    // A program found on PATH, or one that exists, is not warned about.
+    fs::write(c.work.join("there.sh"), "#!/bin/sh\n").unwrap();
+    for program in ["true", "./there.sh"] {
+        let out = c.run(&["submit", program]);
+        out.ok();
+        assert!(!out.stderr.contains("warning"), "{out:#?}");
+    }
+}

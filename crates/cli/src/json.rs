@@ -365,6 +365,9 @@ pub struct TaskInfoView {
     pub stderr: String,
     /// The host of the worker it was last assigned to, while that worker is connected.
     pub worker_hostname: Option<String>,
+    /// The workers of a multi-node task while it holds them, the one running its command
+    /// first; empty otherwise.
+    pub nodes: Vec<u32>,
 }
 
 /// A task's command, directory and output paths as its worker uses them.
@@ -418,6 +421,7 @@ impl From<&TaskDetail> for TaskInfoView {
             stdout: r.stdout,
             stderr: r.stderr,
             worker_hostname: d.worker_host.clone(),
+            nodes: d.nodes.clone(),
         }
     }
 }

@@ -326,6 +326,13 @@ fn print_task(d: &TaskDetail) {
         (Some(w), Some(host)) => format!("{w} ({host})"),
         (Some(w), None) => format!("{w} (no longer connected)"),
     };
+    let worker = match d.nodes.as_slice() {
+        [_, _, ..] => {
+            let ids: Vec<String> = d.nodes.iter().map(u32::to_string).collect();
+            format!("{worker}; its nodes: workers {}", ids.join(", "))
+        }
+        _ => worker,
+    };
     let ended = match (json::exit_code(r), json::end_signal(d)) {
         (Some(c), _) => format!("exit code {c}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),

@@ -71,9 +71,18 @@ fn a_two_node_task_sees_two_hosts_and_nothing_else_runs_on_them() {
         .collect();
     assert_eq!(on.len(), 1, "{on:?}");
     assert!(!nodes.contains(on.first().unwrap()), "{on:?} vs {nodes:?}");
-    // The job says what it takes; its host file is gone when it ends.
+    // The job says what it takes, the task which workers it holds; its host file is gone
+    // when it ends.
     let info = job_json(&c, &job);
     assert_eq!(info["nodes"], 2);
+    let task = c
+        .run(&["task", "info", &job, "0", "--output", "json"])
+        .ok()
+        .json();
+    assert_eq!(task["nodes"], serde_json::json!(nodes), "{task}");
+    let human = c.run(&["task", "info", &job, "0"]).ok().stdout.clone();
+    let named = format!("its nodes: workers {}, {}", nodes[0], nodes[1]);
+    assert!(human.contains(&named), "{named} not in\n{human}");
     std::fs::write(c.work.join("go"), "").unwrap();
     c.run(&["job", "wait", &job]).ok();
     let path = c.read("hostfile-path.txt").unwrap();

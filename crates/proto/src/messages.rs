@@ -1116,6 +1116,11 @@ pub struct TaskDetail {
     /// Its line, for a job of lines (`--each`): the value of `{line}`.
     #[serde(default)]
     pub line: Option<String>,
+    /// The workers of a multi-node task (`--nodes`) while it is assigned or running, the one
+    /// that runs its command first; empty otherwise (and then left out: an older client reads
+    /// the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<u32>,
 }
 
 /// A page of task outputs, the answer to [`Ask::Output`].

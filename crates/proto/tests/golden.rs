@@ -831,6 +831,7 @@ fn server_answers() {
             stderr: Sink::Null,
             worker_host: Some("node1".into()),
             line: Some("a.dat".into()),
+            nodes: Vec::new(),
         })),
         Answer::AllocLogs(vec![AllocLogView {
             alloc: 7,

@@ -226,8 +226,14 @@ pub fn task_row(j: &Job, index: TaskIndex) -> TaskRow {
     }
 }
 
-/// One task in full; `worker_host` names the worker it was last assigned to, if connected.
-pub fn task_detail(j: &Job, index: TaskIndex, worker_host: Option<String>) -> TaskDetail {
+/// One task in full; `worker_host` names the worker it was last assigned to, if connected;
+/// `nodes`, the workers of a multi-node task while it holds them.
+pub fn task_detail(
+    j: &Job,
+    index: TaskIndex,
+    worker_host: Option<String>,
+    nodes: Vec<u32>,
+) -> TaskDetail {
     let t = &j.spec.template;
     let failure = j.failure(index);
     TaskDetail {
@@ -240,6 +246,7 @@ pub fn task_detail(j: &Job, index: TaskIndex, worker_host: Option<String>) -> Ta
         stderr: t.stderr.clone(),
         worker_host,
         line: j.tasks.line(index).map(str::to_string),
+        nodes,
     }
 }
 

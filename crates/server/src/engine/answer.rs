@@ -371,7 +371,13 @@ impl Engine {
                             })
                             .flatten()
                             .cloned();
-                        Ok(Answer::Task(Box::new(views::task_detail(j, index, host))))
+                        let nodes = self
+                            .core
+                            .nodes_of((job, index))
+                            .map(<[u32]>::to_vec)
+                            .unwrap_or_default();
+                        let detail = views::task_detail(j, index, host, nodes);
+                        Ok(Answer::Task(Box::new(detail)))
                     }
                 },
             },

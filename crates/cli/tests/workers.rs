@@ -93,6 +93,9 @@ fn tasks_name_their_worker_and_workers_keep_their_ids_across_restarts_and_reconn
         || id_of(&c, "tag_b"),
     );
     assert_eq!(id_of(&c, "tag_b"), Some(id_b));
+    // ... and its runs are counted from the journal, not from zero.
+    let list = c.run(&["worker", "list", "--output", "json"]).ok().json();
+    assert_eq!(list["workers"][0]["finished"], 2, "{list}");
     // A new worker gets an id neither had.
     c.add_worker_with(1, &["--resource", "tag_c=1"]);
     let id_c = poll_every("worker C", STARTUP, Duration::from_millis(50), || {

@@ -171,6 +171,9 @@ pub struct Scheduler {
     /// first): shown by `worker list --all`, and taken up again by a worker that comes back
     /// under its id.
     departed: BTreeMap<WorkerId, Departed>,
+    /// The runs each worker the journal names finished and failed, replayed at a restart:
+    /// taken up by the worker when it comes back under its id.
+    restored_runs: FxHashMap<WorkerId, (u64, u64)>,
     /// A registration its own worker replaced by registering again before the loss of its
     /// connection was noticed: kept from [`Event::WorkerRejoined`] until the
     /// [`Event::WorkerResumed`] that follows says which of its tasks the worker still runs.
@@ -219,6 +222,7 @@ impl Scheduler {
             kept_until: None,
             quarantined_gone: FxHashMap::default(),
             departed: BTreeMap::new(),
+            restored_runs: FxHashMap::default(),
             superseded: None,
             names: Vec::new(),
             files: FileIndex::new(),

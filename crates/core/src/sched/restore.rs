@@ -87,6 +87,14 @@ impl Scheduler {
         if rec.state.is_terminal() {
             return;
         }
+        if worker != 0 {
+            let runs = self.restored_runs.entry(worker).or_default();
+            match f.end {
+                RunEnd::Success => runs.0 += 1,
+                RunEnd::Failed(_) => runs.1 += 1,
+                RunEnd::Canceled => {}
+            }
+        }
         let canceled = j.canceled;
         let retries = j.spec.retries;
         let to = match &f.end {

@@ -49,7 +49,12 @@ impl Scheduler {
                 // A quarantine that outlived the connection is in `quarantined_gone`, taken
                 // up with the resume.
                 Some(d) => (d.tasks_finished, d.tasks_failed, None),
-                None => (0, 0, None),
+                // Back after a server restart: what the journal says it ran.
+                None => {
+                    let (finished, failed) =
+                        self.restored_runs.remove(&previous).unwrap_or_default();
+                    (finished, failed, None)
+                }
             },
         };
         let w = self.admit(now_us, previous, offer);

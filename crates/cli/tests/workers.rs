@@ -286,16 +286,51 @@ fn worker_stop_drains_or_stops_at_once_and_list_all_and_info_say_why() {
     assert!(c.wait_worker_exit(d, COMMAND_LIMIT).success());
 }
 
-/// `worker stop` counts what the worker goes on to run: a task waiting there for the slot goes
-/// back to the queue (the trial of issue 29 was promised both were finished).
+/// A worker told to drain (SIGTERM) while its server is gone, with nothing to hand over,
+/// leaves at once instead of trying to reach the server for --reconnect-for (found by the
+/// A/B benchmark: workers left behind by a stopped server held its teardown for minutes).
 #[test]
-fn worker_stop_counts_the_tasks_it_finishes_not_those_sent_back() {
+fn a_draining_worker_without_a_server_or_tasks_leaves_at_once() {
+    let mut c = Cluster::new();
+    let a = c.add_worker_with(1, &["--reconnect-for", "10m"]);
+    c.wait_workers(1);
+    c.kill_server();
+    poll_every(
+        "the worker to notice the server is gone",
+        COMMAND_LIMIT,
+        Duration::from_millis(50),
+        || {
+            c.worker_log()
+                .contains("connection to the server lost")
+                .then_some(())
+        },
+    );
+    signal(c.worker_pid(a), libc::SIGTERM);
+    assert!(c.wait_worker_exit(a, COMMAND_LIMIT).success());
+    let log = c.worker_log();
+    assert!(
+        log.contains("worker stopped: the worker got SIGTERM"),
+        "{log}"
+    );
+}
+
+/// A 1-slot worker (its index returned) running the first task of job 1 while the second
+/// waits there for the slot, both until `go` appears.
+fn one_running_one_waiting() -> (Cluster, usize) {
     let mut c = Cluster::new();
     let a = c.add_worker_with(1, &["--prefetch", "1"]);
     c.wait_workers(1);
     c.run(&["submit", "--array", "1-2", "--", "sh", "-c", UNTIL_GO])
         .ok();
     states_become(&c, "1", &["running", "assigned"]);
+    (c, a)
+}
+
+/// `worker stop` counts what the worker goes on to run: a task waiting there for the slot goes
+/// back to the queue (the trial of issue 29 was promised both were finished).
+#[test]
+fn worker_stop_counts_the_tasks_it_finishes_not_those_sent_back() {
+    let (mut c, a) = one_running_one_waiting();
     let out = c.run(&["worker", "stop", "1"]).ok().stdout.clone();
     assert!(
         out.contains("finishes the 1 task it runs (those waiting there for a slot go back"),
@@ -308,13 +343,7 @@ fn worker_stop_counts_the_tasks_it_finishes_not_those_sent_back() {
 
 #[test]
 fn sigterm_drains_a_worker_and_a_second_signal_stops_it_at_once() {
-    let mut c = Cluster::new();
-    let a = c.add_worker_with(1, &["--prefetch", "1"]);
-    c.wait_workers(1);
-    c.run(&["submit", "--array", "1-2", "--", "sh", "-c", UNTIL_GO])
-        .ok();
-    // One runs, the other waits there for the slot.
-    states_become(&c, "1", &["running", "assigned"]);
+    let (mut c, a) = one_running_one_waiting();
     signal(c.worker_pid(a), libc::SIGTERM);
     // The waiting one goes back to the queue; the running one runs on.
     states_become(&c, "1", &["running", "queued"]);

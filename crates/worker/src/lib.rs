@@ -181,6 +181,14 @@ async fn serve_until_done(
             state.abandon().await;
             return Err(WorkerError::GaveUp(config.reconnect_for, reason));
         }
+        // Draining with nothing left to hand over, it has no reason to wait for a server.
+        let idle = state.carry.ledger.running.is_empty() && state.carry.ledger.finished.is_empty();
+        if let Some(why) = drain_asked(config).filter(|_| idle) {
+            if let Some(say) = config.on_stop {
+                say(&why);
+            }
+            return Ok(());
+        }
         // Said once for a run of quick ends, not at every try.
         let say = pause.is_zero();
         if started.elapsed() < QUICK_END {
@@ -200,13 +208,19 @@ async fn serve_until_done(
                 config.reconnect_for.as_secs()
             );
         }
-        access = match reconnect(config, access, &reason).await {
+        access = match reconnect(config, access, &reason, idle).await {
             Ok(a) => a,
             Err(e) => {
                 state.abandon().await;
                 return Err(e);
             }
         };
+        if let Some(why) = drain_asked(config).filter(|_| idle) {
+            if let Some(say) = config.on_stop {
+                say(&why);
+            }
+            return Ok(());
+        }
         if let Some(why) = stop_now_asked(config) {
             // No server to tell: the tasks stop here, and are lost to it (it re-queues them).
             state.abandon().await;
@@ -226,12 +240,22 @@ fn stop_now_asked(config: &WorkerConfig) -> Option<String> {
     }
 }
 
+/// Why the worker is to drain ([`StopAsk::Drain`]), if it is asked to.
+fn drain_asked(config: &WorkerConfig) -> Option<String> {
+    match &*config.stop.as_ref()?.borrow() {
+        StopAsk::Drain(why) => Some(why.clone()),
+        _ => None,
+    }
+}
+
 /// Waits with exponential backoff until the server (maybe restarted, with a new access file)
-/// answers a TCP connect, or the worker is asked to stop at once.
+/// answers a TCP connect, or the worker is asked to stop at once, or (`idle`: it runs nothing
+/// and holds no result) to drain.
 async fn reconnect(
     config: &WorkerConfig,
     mut access: Access,
     why: &str,
+    idle: bool,
 ) -> Result<Access, WorkerError> {
     let deadline = Instant::now() + config.reconnect_for;
     let mut delay = Duration::from_millis(100);
@@ -247,7 +271,7 @@ async fn reconnect(
         if Instant::now() >= deadline {
             return Err(WorkerError::GaveUp(config.reconnect_for, why.to_string()));
         }
-        if stop_now_asked(config).is_some() {
+        if stop_now_asked(config).is_some() || (idle && drain_asked(config).is_some()) {
             return Ok(access);
         }
         // Only a new ask wakes it early (a drain asked before keeps it trying).

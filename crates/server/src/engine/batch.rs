@@ -12,6 +12,8 @@ use tokio::sync::mpsc;
 const BATCH: usize = 4096;
 /// How often time-driven work runs (heartbeat checks, wait progress).
 const TICK: Duration = Duration::from_millis(100);
+/// How long a stopping server waits for its workers to close their connections.
+const FAREWELL_WAIT: Duration = Duration::from_secs(2);
 
 impl Engine {
     /// Runs until a stop request (or until every sender of `rx` is gone).
@@ -38,6 +40,32 @@ impl Engine {
             }
         }
         self.shut_down();
+        self.await_farewells(&mut rx).await;
+    }
+
+    /// Waits (at most [`FAREWELL_WAIT`]) for the workers told to stop to close their
+    /// connections: the farewell leaves through each connection's writer, and a server that
+    /// exited before they all went out left some workers (a dozen of 200) trying to reconnect
+    /// to a server that was gone.
+    async fn await_farewells(&mut self, rx: &mut mpsc::UnboundedReceiver<Inbound>) {
+        let deadline = tokio::time::Instant::now() + FAREWELL_WAIT;
+        while !self.conns.workers.is_empty() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(Inbound::WorkerGone { worker, conn, .. })) => {
+                    if self
+                        .conns
+                        .workers
+                        .get(&worker)
+                        .is_some_and(|c| c.outbox.conn == conn)
+                    {
+                        self.conns.workers.remove(&worker);
+                    }
+                }
+                // Nothing else is served any more.
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
     }
 
     /// Applies a batch of events at `now`, journaling what each recorded before the next.

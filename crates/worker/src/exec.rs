@@ -337,7 +337,7 @@ pub fn run_with(launch: &Launch, cancel: &CancelHandle, reaper: Option<&Reaper>)
         (s, _) if s.is_success() => None,
         (_, Sink::File(path)) => read_tail(path, STDERR_TAIL_BYTES),
         (_, Sink::Shared(path)) => {
-            let slot = usize::from(launch.stdout != Sink::Shared(path.clone()));
+            let slot = usize::from(!matches!(&launch.stdout, Sink::Shared(p) if p == path));
             outputs
                 .part(slot)
                 .and_then(|part| read_tail_of(part, STDERR_TAIL_BYTES))

@@ -183,10 +183,7 @@ async fn serve_until_done(
         }
         // Draining with nothing left to hand over, it has no reason to wait for a server.
         let idle = state.carry.ledger.running.is_empty() && state.carry.ledger.finished.is_empty();
-        if let Some(why) = drain_asked(config).filter(|_| idle) {
-            if let Some(say) = config.on_stop {
-                say(&why);
-            }
+        if leaves_drained(config, idle) {
             return Ok(());
         }
         // Said once for a run of quick ends, not at every try.
@@ -215,10 +212,7 @@ async fn serve_until_done(
                 return Err(e);
             }
         };
-        if let Some(why) = drain_asked(config).filter(|_| idle) {
-            if let Some(say) = config.on_stop {
-                say(&why);
-            }
+        if leaves_drained(config, idle) {
             return Ok(());
         }
         if let Some(why) = stop_now_asked(config) {
@@ -240,8 +234,20 @@ fn stop_now_asked(config: &WorkerConfig) -> Option<String> {
     }
 }
 
+/// Whether a worker that drains (and is `idle`: it runs nothing and holds no result) leaves
+/// now, said as a stop: without a server it has nothing to wait for.
+fn leaves_drained(config: &WorkerConfig, idle: bool) -> bool {
+    let Some(why) = drain_asked(config).filter(|_| idle) else {
+        return false;
+    };
+    if let Some(say) = config.on_stop {
+        say(&why);
+    }
+    true
+}
+
 /// Why the worker is to drain ([`StopAsk::Drain`]), if it is asked to.
-fn drain_asked(config: &WorkerConfig) -> Option<String> {
+pub(crate) fn drain_asked(config: &WorkerConfig) -> Option<String> {
     match &*config.stop.as_ref()?.borrow() {
         StopAsk::Drain(why) => Some(why.clone()),
         _ => None,

@@ -648,8 +648,8 @@ impl Session<'_> {
             // all its processes): not the task's failure. The worker stops at once instead,
             // and the server puts its tasks back without spending a retry. Not draining yet:
             // held back a moment, in case the worker's own signal comes just after.
-            if self.draining() {
-                self.interrupt(&finished);
+            if let Some(why) = crate::drain_asked(self.config) {
+                self.interrupt(&finished, &why);
             } else {
                 let due = tokio::time::Instant::now() + SIGNALED_HOLD;
                 self.signaled.push((due, finished, output));
@@ -660,24 +660,16 @@ impl Session<'_> {
         l.finished.push(finished);
     }
 
-    /// Whether the process running the worker asked it to drain ([`StopAsk::Drain`]: a
-    /// SIGTERM).
-    fn draining(&self) -> bool {
-        self.config
-            .stop
-            .as_ref()
-            .is_some_and(|rx| matches!(*rx.borrow(), StopAsk::Drain(_)))
-    }
-
-    /// The worker stops at once because `killed` was killed by the signal that drains it.
-    fn interrupt(&mut self, killed: &Finished) {
+    /// The worker stops at once because `killed` was killed by the signal that drains it
+    /// (`why`: the drain's reason).
+    fn interrupt(&mut self, killed: &Finished, why: &str) {
         if self.interrupted.is_none() {
             let signal = match &killed.end {
                 RunEnd::Failed(f) => f.signal.unwrap_or_default(),
                 _ => 0,
             };
             self.interrupted = Some(format!(
-                "the worker got SIGTERM and its tasks were killed by signal {signal} (its allocation or node is going away); they go back to the queue"
+                "{why} and its tasks were killed by signal {signal} (its allocation or node is going away); they go back to the queue"
             ));
         }
     }
@@ -688,21 +680,21 @@ impl Session<'_> {
         if self.signaled.is_empty() {
             return;
         }
-        if self.draining() {
+        if let Some(why) = crate::drain_asked(self.config) {
             let held = std::mem::take(&mut self.signaled);
-            self.interrupt(&held[0].1);
+            self.interrupt(&held[0].1, &why);
             return;
         }
         let now = tokio::time::Instant::now();
+        let (due, held): (Vec<Signaled>, Vec<Signaled>) = std::mem::take(&mut self.signaled)
+            .into_iter()
+            .partition(|(due, _, _)| *due <= now);
+        self.signaled = held;
         let l = &mut *self.ledger;
-        self.signaled.retain_mut(|(due, end, output)| {
-            if *due > now {
-                return true;
-            }
-            l.outputs.extend(output.take());
-            l.finished.push(end.clone());
-            false
-        });
+        for (_, end, output) in due {
+            l.outputs.extend(output);
+            l.finished.push(end);
+        }
     }
 
     async fn send_update(

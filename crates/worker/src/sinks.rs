@@ -132,11 +132,16 @@ impl<'a> Outputs<'a> {
         }
         for s in self.shared.iter_mut().filter_map(Option::take) {
             if let Err(e) = append_whole(&s.part, &s.target) {
-                closed.lost = Some(format!(
+                let lost = format!(
                     "the task's {} could not be added to shared file '{}': {e}",
                     s.which,
                     s.path.display()
-                ));
+                );
+                // Both streams may fail: each is said.
+                closed.lost = Some(match closed.lost.take() {
+                    Some(first) => format!("{first}; {lost}"),
+                    None => lost,
+                });
             }
         }
         closed

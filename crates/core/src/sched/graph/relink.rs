@@ -418,7 +418,7 @@ impl Scheduler {
             for &i in &back {
                 dj.failures.remove(&i);
             }
-            dj.canceled_by_deps -= back.len() as u32;
+            dj.canceled_by_deps = dj.canceled_by_deps.saturating_sub(back.len() as u32);
             let ended = dj.finished_us.take().is_some();
             let priority = dj.spec.priority;
             let windowed = dj.windowed;

@@ -29,7 +29,7 @@ pub struct KeepOrder {
 
 /// A job of the run with an output shared by its tasks.
 struct Ordered {
-    /// Its place among the run's jobs (they get consecutive ids in that order).
+    /// Its place among the run's jobs.
     nth: u32,
     /// Its template as submitted: where its outputs were meant to go.
     template: TaskTemplate,
@@ -82,13 +82,16 @@ impl KeepOrder {
     }
 
     /// Writes each shared file afresh from the parts, in task order (jobs in the order they
-    /// were submitted, from `first_job` on), and removes the parts. Returns the files written,
-    /// as the user can reach them (relative to `here` when inside it).
-    pub fn finish(self, first_job: JobId, here: &Path) -> Vec<String> {
+    /// were submitted, `submitted` their ids), and removes the parts. A job not submitted (a
+    /// refused submission) leaves its files as they were. Returns the files written, as the
+    /// user can reach them (relative to `here` when inside it).
+    pub fn finish(self, submitted: &[JobId], here: &Path) -> Vec<String> {
         let mut files: HashMap<PathBuf, Option<File>> = HashMap::new();
         let mut written = Vec::new();
         for job in &self.jobs {
-            let id = first_job + job.nth;
+            let Some(&id) = submitted.get(job.nth as usize) else {
+                continue;
+            };
             let id_s = id.to_string();
             let mut task_s = String::new();
             for index in 0..job.tasks.len() {

@@ -118,6 +118,9 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
     // The embedded server does not move or restart: no reconnection.
     let mut conn = Connection::open(Target::Fixed(server.access.clone()), Reconnect::NEVER).await?;
     let quiet = a.quiet || g.output == Format::Json;
+    // The run's jobs as the server numbered them (a task's own submission may come between
+    // two of them), for the files their tasks share; none if the submission was refused.
+    let mut submitted: Vec<kestrel_core::JobId> = Vec::new();
     let outcome = async {
         if let Some(spec) = queue {
             match conn.client().call(Ask::AllocAdd(Box::new(spec))).await? {
@@ -131,6 +134,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             .into_iter()
             .map(|s| s.job)
             .collect();
+        submitted.clone_from(&ids);
         let client = conn.client();
         let hint = format!(
             "this run's server is in {}: reach it with `kestrel --server-dir {} ...`",
@@ -202,7 +206,7 @@ pub async fn run(g: &Global, a: RunArgs) -> Result<ExitCode> {
             Err(e) => eprintln!("warning: a local worker crashed: {e}"),
         }
     }
-    let shared_files = keep_order.map(|k| k.finish(first_job, &here));
+    let shared_files = keep_order.map(|k| k.finish(&submitted, &here));
     let outcome = match outcome {
         Ok(o) => o,
         Err(stop) => {

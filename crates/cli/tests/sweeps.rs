@@ -508,3 +508,24 @@ fn a_file_the_tasks_share_holds_every_task_s_output_in_task_order() {
     names.sort();
     assert_eq!(names, ["all.txt", "by-x.txt", "by-y.txt", "pairs.txt"]);
 }
+
+/// A run whose submission is refused leaves a file its tasks would have shared as it was (it
+/// was written afresh, empty, from the parts of jobs never submitted).
+#[test]
+fn a_refused_run_leaves_the_shared_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("all.txt"), "kept\n").unwrap();
+    let out = run_in(
+        dir.path(),
+        &[
+            "run", "--array", "1-3", "--after", "99", "--stdout", "all.txt", "--", "echo", "hi",
+            "{task}",
+        ],
+    );
+    assert!(
+        out.one_line_error().contains("job 99 does not exist"),
+        "{out:#?}"
+    );
+    let all = std::fs::read_to_string(dir.path().join("all.txt")).unwrap();
+    assert_eq!(all, "kept\n");
+}

@@ -378,14 +378,7 @@ mod tests {
     use kestrel_core::TaskIndex;
 
     fn task(job: JobId, index: TaskIndex) -> LocalTask {
-        LocalTask {
-            job,
-            index,
-            argv: None,
-            arrived_us: 0,
-            line: None,
-            nodes: vec![],
-        }
+        LocalTask::of_template(job, index, 0)
     }
 
     fn launch(argv: &[&str]) -> Launch {

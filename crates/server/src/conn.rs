@@ -367,6 +367,20 @@ fn peer_went_away(e: &ProtoError) -> bool {
     }
 }
 
+/// The number of a request whose body cannot be read, to refuse it by that number.
+#[derive(serde::Deserialize)]
+struct RequestId {
+    id: u64,
+    #[serde(rename = "body")]
+    _body: serde::de::IgnoredAny,
+}
+
+/// The refusal of a request the server cannot read (an array with step 0, a field of the
+/// wrong type), for the client to print instead of a closed connection.
+fn unreadable(e: &ProtoError) -> String {
+    format!("the server cannot read this request ({e}); the client sent what `kestrel` and its client library never send: fix the client, or use one of the server's release")
+}
+
 async fn serve_client(
     mut reader: FrameReader<ConnRead>,
     peer: SocketAddr,
@@ -374,17 +388,19 @@ async fn serve_client(
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let conn = outbox.conn;
+    // Refusals of unreadable requests go straight to the connection's queue (the engine
+    // never sees those requests).
+    let refusals = Outbox {
+        conn,
+        tx: outbox.tx.clone(),
+        version: outbox.version,
+    };
     if engine.send(Inbound::ClientJoin { outbox }).is_err() {
         return;
     }
     loop {
-        match reader.try_recv::<Request>().await {
-            Ok(Some(request)) => {
-                let request = Box::new(request);
-                if engine.send(Inbound::Client { conn, request }).is_err() {
-                    return;
-                }
-            }
+        let frame = match reader.next_frame().await {
+            Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(e) if peer_went_away(&e) => {
                 tracing::debug!(%peer, "client connection closed: {e}");
@@ -394,6 +410,25 @@ async fn serve_client(
                 tracing::warn!(%peer, "closing client connection: {e}");
                 break;
             }
+        };
+        match kestrel_proto::decode::<Request>(&frame) {
+            Ok(request) => {
+                let request = Box::new(request);
+                if engine.send(Inbound::Client { conn, request }).is_err() {
+                    return;
+                }
+            }
+            // The frame was whole, so the next one is read as usual.
+            Err(e) => match kestrel_proto::decode::<RequestId>(&frame) {
+                Ok(RequestId { id, .. }) => {
+                    tracing::warn!(%peer, "refused a request it cannot read: {e}");
+                    refusals.reply(id, Err(unreadable(&e).into()));
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, "closing client connection: {e}");
+                    break;
+                }
+            },
         }
     }
     let _ = engine.send(Inbound::ClientGone { conn });

@@ -1,5 +1,7 @@
-//! Oversized fields (issue 30): requests whose size fields are at their maximum, and an array
-//! with step 0. Everything on 127.0.0.1.
+//! Floods and oversized fields (issue 30): bounded floods of idle and slow connections from
+//! other loopback addresses against the server's port while a real client submits and its
+//! work finishes; requests whose size fields are at their maximum; an array with step 0.
+//! Everything on 127.0.0.x; a few hundred descriptors at most.
 
 mod common;
 
@@ -15,6 +17,73 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// `n` connections to `127.0.0.1:port` from the loopback address `from`, each sent `first`.
+fn flood(
+    rt: &tokio::runtime::Runtime,
+    from: &str,
+    port: u16,
+    n: usize,
+    first: &[u8],
+) -> Vec<TcpStream> {
+    let from: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
+    (0..n)
+        .map(|_| {
+            let mut s = rt
+                .block_on(async {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind(from)?;
+                    socket
+                        .connect(([127, 0, 0, 1], port).into())
+                        .await?
+                        .into_std()
+                })
+                .expect("connect");
+            s.set_nonblocking(false).unwrap();
+            let _ = s.write_all(first);
+            s
+        })
+        .collect()
+}
+
+/// Room for the floods in this process too (a default soft limit may be 1,024).
+fn enough_descriptors() {
+    kestrel_proto::fds::raise_open_file_limit();
+}
+
+/// Issue 30: 2,000 idle connections from one process made 16 of 30 real submits fail: the
+/// 512 handshake places were global, and the flood held them all.
+#[test]
+fn idle_and_slow_connections_from_other_addresses_do_not_lock_a_client_out() {
+    enough_descriptors();
+    let c = Cluster::with_workers(&[2]);
+    let port = c.port();
+    let rt = runtime();
+    // One address takes the half of the places it may hold, another tries to take more; with
+    // that every place is taken. A third address sends half a frame.
+    let idle_a = flood(&rt, "127.0.0.3", port, 256, b"");
+    let idle_b = flood(&rt, "127.0.0.2", port, 300, b"");
+    let slow = flood(&rt, "127.0.0.4", port, 20, &[0, 0, 0, 100, 1, 2, 3]);
+    // A real client gets in (the oldest idle connection of the address holding the most gives
+    // way), and so does its work.
+    let out = c.run(&[
+        "submit", "--array", "1-20", "--wait", "--stdout", "none", "--stderr", "none", "--", "true",
+    ]);
+    out.ok();
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    assert_eq!(info["counts"]["finished"], 20, "{info}");
+    c.assert_serves();
+    // The first to give way were the oldest, from 127.0.0.3.
+    let log = poll("the server to log the flood", STARTUP, || {
+        let log = c.server_log();
+        log.contains("closed to make room").then_some(log)
+    });
+    assert!(
+        log.contains("256 connections from 127.0.0.2 are already waiting to prove the secret"),
+        "{log}"
+    );
+    drop((idle_a, idle_b, slow));
 }
 
 /// Frames announcing 4 GiB before and after the handshake, a request claiming 4 billion

@@ -1,7 +1,7 @@
 //! Floods and oversized fields (issue 30): bounded floods of idle and slow connections from
-//! other loopback addresses against the server's port while a real client submits and its
-//! work finishes; requests whose size fields are at their maximum; an array with step 0.
-//! Everything on 127.0.0.x; a few hundred descriptors at most.
+//! other loopback addresses against the server's port and a worker's peer port while a real
+//! client submits and its work finishes; requests whose size fields are at their maximum; an
+//! array with step 0. Everything on 127.0.0.x; a few hundred descriptors at most.
 
 mod common;
 
@@ -10,6 +10,7 @@ use kestrel_proto::messages::{Ask, Request, ToClient};
 use kestrel_proto::{Access, Role, SPOKEN_VERSIONS};
 use std::io::Write;
 use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
 use tokio::io::AsyncWriteExt;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -84,6 +85,66 @@ fn idle_and_slow_connections_from_other_addresses_do_not_lock_a_client_out() {
         "{log}"
     );
     drop((idle_a, idle_b, slow));
+}
+
+/// Issue 30: 1,100 idle connections to a worker's peer port used up its descriptors, and
+/// every task then failed with "Too many open files". The worker here may open 256 files.
+#[test]
+fn a_flooded_peer_port_leaves_the_workers_tasks_their_descriptors() {
+    enough_descriptors();
+    let mut c = Cluster::new();
+    let peer_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut worker = kestrel();
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        worker.pre_exec(|| {
+            let l = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let listen = format!("127.0.0.1:{peer_port}");
+    c.add_worker_as(worker, 2, &["--peer-listen", &listen]);
+    c.wait_workers(1);
+    poll("the peer port to listen", STARTUP, || {
+        TcpStream::connect(("127.0.0.1", peer_port)).ok()
+    });
+    let rt = runtime();
+    // More connections than the worker may open files, idle and slow (half a header).
+    let idle = flood(&rt, "127.0.0.2", peer_port, 300, b"");
+    let slow = flood(
+        &rt,
+        "127.0.0.3",
+        peer_port,
+        30,
+        b"GET /files/k/x HTTP/1.1\r\nx-a: ",
+    );
+    let out = c.run(&[
+        "submit",
+        "--array",
+        "1-40",
+        "--wait",
+        "--stdout",
+        "none",
+        "--stderr",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo {task} > /dev/null",
+    ]);
+    let info = c.run(&["job", "info", "1", "--output", "json"]).ok().json();
+    assert_eq!(info["counts"]["finished"], 40, "{info} {out:#?}");
+    out.ok();
+    drop((idle, slow));
 }
 
 /// Frames announcing 4 GiB before and after the handshake, a request claiming 4 billion

@@ -349,7 +349,8 @@ pub enum WorkerCommand {
         /// Where this worker serves its cache to the other workers (who fetch inputs from it
         /// rather than from the store): HOST:PORT, or `off` [default: the address it reaches
         /// the server from, on a port the system picks]. Requests are signed with the
-        /// server's secret; at most 10 are served at once
+        /// server's secret; at most 10 are served at once, and connections are bounded so
+        /// that a flood cannot take the tasks' file descriptors (docs/security.md)
         #[arg(long, value_name = "HOST:PORT|off")]
         peer_listen: Option<String>,
         /// When the allocation this worker runs in ends, in seconds since the epoch

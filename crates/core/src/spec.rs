@@ -390,8 +390,12 @@ pub struct IdRanges {
 impl TryFrom<Vec<IdRun>> for IdRanges {
     type Error = RangeError;
     fn try_from(runs: Vec<IdRun>) -> Result<Self, RangeError> {
-        if runs.iter().any(|r| r.step == 0) {
-            return Err(RangeError::ZeroStep("(from the wire)".into()));
+        if let Some(r) = runs.iter().find(|r| r.step == 0) {
+            // As it travels: the sender did not parse an expression.
+            return Err(RangeError::ZeroStep(format!(
+                "[first {}, count {}, step 0]",
+                r.first, r.count
+            )));
         }
         if runs.iter().any(|r| {
             r.count > 0 && r.first as u64 + (r.count as u64 - 1) * r.step as u64 > u32::MAX as u64

@@ -1,11 +1,11 @@
 //! Framing: each message is a 4-byte big-endian length followed by that many bytes of
 //! MessagePack. Frames above [`MAX_FRAME_BYTES`] are refused before any byte of them is buffered.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+use tokio_util::codec::{Decoder, FramedRead, FramedWrite, LengthDelimitedCodec};
 
 /// The largest frame either side accepts (16 MiB). Larger submissions are sent in pieces.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -55,15 +55,50 @@ fn codec() -> LengthDelimitedCodec {
 }
 
 fn map_io(e: std::io::Error) -> ProtoError {
-    map_io_max(e, MAX_FRAME_BYTES)
+    ProtoError::Io(e)
 }
 
-fn map_io_max(e: std::io::Error, max: usize) -> ProtoError {
-    // tokio-util reports an oversized frame as InvalidData with this text.
-    if e.kind() == std::io::ErrorKind::InvalidData && e.to_string().contains("frame size too big") {
-        ProtoError::FrameTooLarge { size: 0, max }
-    } else {
-        ProtoError::Io(e)
+/// The reading half of the framing. Not tokio-util's `LengthDelimitedCodec`, whose error for
+/// an oversized frame does not say the length announced (a 4 GiB header was logged as a
+/// "frame of 0 bytes"); like it, a frame's room is reserved only once its header passed the
+/// limit.
+struct FrameDecoder {
+    max: usize,
+    /// The length of the frame whose header was read, while its body is awaited.
+    body: Option<usize>,
+}
+
+impl Decoder for FrameDecoder {
+    type Item = BytesMut;
+    type Error = ProtoError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, ProtoError> {
+        let len = match self.body {
+            Some(len) => len,
+            None => {
+                if src.len() < HEADER_BYTES {
+                    return Ok(None);
+                }
+                let mut header = [0u8; HEADER_BYTES];
+                header.copy_from_slice(&src[..HEADER_BYTES]);
+                let len = u32::from_be_bytes(header) as usize;
+                if len > self.max {
+                    return Err(ProtoError::FrameTooLarge {
+                        size: len,
+                        max: self.max,
+                    });
+                }
+                src.advance(HEADER_BYTES);
+                self.body = Some(len);
+                len
+            }
+        };
+        if src.len() < len {
+            src.reserve(len - src.len());
+            return Ok(None);
+        }
+        self.body = None;
+        Ok(Some(src.split_to(len)))
     }
 }
 
@@ -99,34 +134,30 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtoError> {
 
 /// The receiving half of a connection.
 pub struct FrameReader<R> {
-    inner: FramedRead<R, LengthDelimitedCodec>,
-    /// The current frame limit, for the error message.
-    max: usize,
+    inner: FramedRead<R, FrameDecoder>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(r: R) -> Self {
-        FrameReader {
-            inner: FramedRead::new(r, codec()),
+        let decoder = FrameDecoder {
             max: MAX_FRAME_BYTES,
+            body: None,
+        };
+        FrameReader {
+            inner: FramedRead::new(r, decoder),
         }
     }
 
-    /// Changes the largest frame accepted from now on (the codec reserves a frame's announced
-    /// length as soon as its header arrives, so a small limit bounds what a peer can make us
+    /// Changes the largest frame accepted from now on (a frame's announced length is reserved
+    /// as soon as its header arrives, so a small limit bounds what a peer can make us
     /// allocate).
     pub fn set_max_frame(&mut self, bytes: usize) {
-        self.inner.decoder_mut().set_max_frame_length(bytes);
-        self.max = bytes;
+        self.inner.decoder_mut().max = bytes;
     }
 
     /// The next raw frame, or `None` at a clean end of stream.
     pub async fn next_frame(&mut self) -> Result<Option<BytesMut>, ProtoError> {
-        match self.inner.next().await {
-            None => Ok(None),
-            Some(Ok(b)) => Ok(Some(b)),
-            Some(Err(e)) => Err(map_io_max(e, self.max)),
-        }
+        self.inner.next().await.transpose()
     }
 
     /// The next message; a closed connection is an error.
@@ -197,6 +228,12 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
 
     /// Queues an encoded frame without flushing.
     pub async fn feed(&mut self, frame: Bytes) -> Result<(), ProtoError> {
+        if frame.len() > MAX_FRAME_BYTES {
+            return Err(ProtoError::FrameTooLarge {
+                size: frame.len(),
+                max: MAX_FRAME_BYTES,
+            });
+        }
         self.inner.feed(frame).await.map_err(map_io)
     }
 
@@ -497,6 +534,53 @@ mod tests {
             r.recv::<FromWorker>().await.unwrap_err()
         });
         assert!(matches!(err, ProtoError::FrameTooLarge { .. }), "{err}");
+    }
+
+    /// Issue 30: a header announcing 4 GiB was logged as "frame of 0 bytes".
+    #[test]
+    fn an_oversized_frame_is_reported_with_the_length_it_announced() {
+        let err = rt().block_on(async {
+            let (mut a, b) = tokio::io::duplex(1024);
+            a.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+            let mut r = FrameReader::new(b);
+            r.recv::<FromWorker>().await.unwrap_err()
+        });
+        assert!(
+            matches!(err, ProtoError::FrameTooLarge { size, max } if size == u32::MAX as usize && max == MAX_FRAME_BYTES),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with(
+                "frame of 4294967295 bytes is larger than the limit of 16777216 bytes"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn frames_split_anywhere_arrive_whole_one_after_another() {
+        let bodies: Vec<Vec<u8>> = vec![vec![], vec![7; 3], vec![9; 1000]];
+        let mut wire = Vec::new();
+        for b in &bodies {
+            wire.extend_from_slice(&(b.len() as u32).to_be_bytes());
+            wire.extend_from_slice(b);
+        }
+        for cut in 0..wire.len() {
+            let mut d = FrameDecoder {
+                max: MAX_FRAME_BYTES,
+                body: None,
+            };
+            let mut buf = BytesMut::from(&wire[..cut]);
+            let mut got = Vec::new();
+            while let Some(f) = d.decode(&mut buf).unwrap() {
+                got.push(f.to_vec());
+            }
+            buf.extend_from_slice(&wire[cut..]);
+            while let Some(f) = d.decode(&mut buf).unwrap() {
+                got.push(f.to_vec());
+            }
+            assert_eq!(got, bodies, "cut at {cut}");
+        }
     }
 
     #[test]

@@ -7,11 +7,15 @@
 //! - [`client`]: a client connection for the CLI, tests and tools.
 //! - [`access`]: the access file that tells a worker or client where the server is.
 //! - [`tls`]: optional TLS, with the server's certificate pinned through the access file.
+//! - [`gate`]: admission of connections that have not proven the secret, by source address.
+//! - [`fds`]: the limit on open files, raised at start.
 
 pub mod access;
 pub mod auth;
 pub mod client;
+pub mod fds;
 pub mod frame;
+pub mod gate;
 pub mod messages;
 pub mod tls;
 pub mod wire;

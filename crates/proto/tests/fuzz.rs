@@ -201,7 +201,15 @@ fn an_oversized_prefix_is_refused_without_waiting_or_allocating() {
         let err = rt
             .block_on(server_sees(&len.to_be_bytes(), false))
             .expect_err("refused");
-        assert!(matches!(err, ProtoError::FrameTooLarge { .. }), "{err}");
+        // The length announced is what the error (and so the log) says.
+        assert!(
+            matches!(err, ProtoError::FrameTooLarge { size, .. } if size == len as usize),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains(&format!("frame of {len} bytes")),
+            "{err}"
+        );
         let largest = LARGEST.load(Ordering::Relaxed);
         assert!(
             largest < MAX_FRAME_BYTES / 4,
@@ -317,7 +325,7 @@ proptest! {
         let mut bytes = len.to_be_bytes().to_vec();
         bytes.extend_from_slice(&tail);
         let err = rt().block_on(server_sees(&bytes, false)).expect_err("refused");
-        prop_assert!(matches!(err, ProtoError::FrameTooLarge { .. }), "{}", err);
+        prop_assert!(matches!(err, ProtoError::FrameTooLarge { size, .. } if size == len as usize), "{}", err);
     }
 
     /// Valid messages with bytes overwritten, inserted or removed: they decode to something or

@@ -4,12 +4,15 @@
 //! A bad peer (wrong secret, other protocol, malformed or oversized frame, plain TCP at a TLS
 //! server) costs only its own connection: the failure is logged with the peer's address and
 //! the server goes on. A flood of failures from one address is summarised, not logged line by
-//! line (see [`Failures`]).
+//! line (see [`Failures`]). Connections that have not proven the secret are bounded in all and
+//! per address, and a full table makes room by closing the oldest of the address holding the
+//! most ([`kestrel_proto::gate`]): idle connections from one address cannot lock out another.
 
 use crate::engine::Inbound;
 use crate::outbox::Outbox;
 use bytes::Bytes;
 use kestrel_proto::auth::refuse_hello;
+use kestrel_proto::gate::{Evicted, Gate, Limits, Pass};
 use kestrel_proto::messages::{FromWorker, Request};
 use kestrel_proto::tls::{split_plain, split_tls, TlsAcceptor};
 use kestrel_proto::{
@@ -26,10 +29,16 @@ use tokio::sync::{mpsc, oneshot};
 
 /// A peer has this long to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// And this long when half the handshake places or more are taken as it comes in: a real
+/// worker or client finishes in milliseconds, an idle connection is made to give way sooner.
+const CROWDED_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connections allowed in their handshake at once. Each holds buffers until it proves the
 /// secret (or times out), so without a bound a flood of idle connections grows memory; 512 is
 /// well above a few hundred workers reconnecting together, and those retry with backoff.
 const MAX_HANDSHAKES: usize = 512;
+/// Of those, from one address (an IPv6 /64): half, so one address never holds them all, and
+/// still more than the workers of one machine or one NAT gateway connecting at once.
+const MAX_HANDSHAKES_PER_SOURCE: usize = MAX_HANDSHAKES / 2;
 /// Failed handshakes are counted per address over this window.
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// Failures from one address logged one by one per window; the rest are only counted.
@@ -156,24 +165,28 @@ pub async fn accept_loop(
     let secret: Arc<[u8]> = secret.into();
     let failures: SharedFailures =
         Arc::new(Mutex::new(Failures::new(FAILURE_WINDOW, FAILURE_BURST)));
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let gate = Gate::new(Limits {
+        total: MAX_HANDSHAKES,
+        unproven: MAX_HANDSHAKES,
+        per_source: MAX_HANDSHAKES_PER_SOURCE,
+    });
     let mut tick = tokio::time::interval(FAILURE_WINDOW / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-                        let reason = format!(
-                            "{MAX_HANDSHAKES} connections are already in their handshake; \
-                             closed at once (a worker retries by itself)"
-                        );
-                        handshake_failed(&failures, peer, &reason);
-                        continue;
+                    let (pass, evicted) = match gate.admit(peer.ip()) {
+                        Ok(admitted) => admitted,
+                        Err(refused) => {
+                            let reason = format!("{refused} (a worker retries by itself)");
+                            handshake_failed(&failures, peer, &reason);
+                            continue;
+                        }
                     };
                     let _ = stream.set_nodelay(true);
                     tokio::spawn(serve(
-                        permit,
+                        (pass, evicted),
                         stream,
                         peer,
                         secret.clone(),
@@ -256,7 +269,7 @@ async fn open(
 }
 
 async fn serve(
-    handshake_permit: tokio::sync::OwnedSemaphorePermit,
+    (pass, evicted): (Pass, Evicted),
     stream: TcpStream,
     peer: SocketAddr,
     secret: Arc<[u8]>,
@@ -264,19 +277,32 @@ async fn serve(
     failures: SharedFailures,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
-    let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, open(stream, &secret, tls));
+    let deadline = if pass.crowded {
+        CROWDED_HANDSHAKE_TIMEOUT
+    } else {
+        HANDSHAKE_TIMEOUT
+    };
+    let hs = tokio::time::timeout(deadline, open(stream, &secret, tls));
+    let hs = tokio::select! {
+        hs = hs => hs,
+        () = evicted.wait() => {
+            let reason = "closed to make room: the handshake places were full, and this address held the most of them";
+            return handshake_failed(&failures, peer, reason);
+        }
+    };
     // Returning drops the halves, which closes the connection.
-    let (reader, writer, role, version) = match hs.await {
+    let (reader, writer, role, version) = match hs {
         Ok(Ok(opened)) => opened,
         // Connected and left without a word: a port probe (workers do this when reconnecting).
         Ok(Err(ProtoError::Closed)) => return,
         Ok(Err(e)) => return handshake_failed(&failures, peer, &e.to_string()),
         Err(_) => {
-            let reason = format!("not finished within {HANDSHAKE_TIMEOUT:?}");
+            let reason = format!("not finished within {deadline:?}");
             return handshake_failed(&failures, peer, &reason);
         }
     };
-    drop(handshake_permit);
+    // Proven: its place is another's now.
+    drop(pass);
     let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Bytes>();
     let writer_task = tokio::spawn(write_loop(writer, out_rx));
@@ -367,6 +393,20 @@ fn peer_went_away(e: &ProtoError) -> bool {
     }
 }
 
+/// The number of a request whose body cannot be read, to refuse it by that number.
+#[derive(serde::Deserialize)]
+struct RequestId {
+    id: u64,
+    #[serde(rename = "body")]
+    _body: serde::de::IgnoredAny,
+}
+
+/// The refusal of a request the server cannot read (an array with step 0, a field of the
+/// wrong type), for the client to print instead of a closed connection.
+fn unreadable(e: &ProtoError) -> String {
+    format!("the server cannot read this request ({e}); the client sent what `kestrel` and its client library never send: fix the client, or use one of the server's release")
+}
+
 async fn serve_client(
     mut reader: FrameReader<ConnRead>,
     peer: SocketAddr,
@@ -374,17 +414,19 @@ async fn serve_client(
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let conn = outbox.conn;
+    // Refusals of unreadable requests go straight to the connection's queue (the engine
+    // never sees those requests).
+    let refusals = Outbox {
+        conn,
+        tx: outbox.tx.clone(),
+        version: outbox.version,
+    };
     if engine.send(Inbound::ClientJoin { outbox }).is_err() {
         return;
     }
     loop {
-        match reader.try_recv::<Request>().await {
-            Ok(Some(request)) => {
-                let request = Box::new(request);
-                if engine.send(Inbound::Client { conn, request }).is_err() {
-                    return;
-                }
-            }
+        let frame = match reader.next_frame().await {
+            Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(e) if peer_went_away(&e) => {
                 tracing::debug!(%peer, "client connection closed: {e}");
@@ -394,6 +436,25 @@ async fn serve_client(
                 tracing::warn!(%peer, "closing client connection: {e}");
                 break;
             }
+        };
+        match kestrel_proto::decode::<Request>(&frame) {
+            Ok(request) => {
+                let request = Box::new(request);
+                if engine.send(Inbound::Client { conn, request }).is_err() {
+                    return;
+                }
+            }
+            // The frame was whole, so the next one is read as usual.
+            Err(e) => match kestrel_proto::decode::<RequestId>(&frame) {
+                Ok(RequestId { id, .. }) => {
+                    tracing::warn!(%peer, "refused a request it cannot read: {e}");
+                    refusals.reply(id, Err(unreadable(&e).into()));
+                }
+                Err(_) => {
+                    tracing::warn!(%peer, "closing client connection: {e}");
+                    break;
+                }
+            },
         }
     }
     let _ = engine.send(Inbound::ClientGone { conn });

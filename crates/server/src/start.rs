@@ -111,6 +111,11 @@ fn setup_tls(
 /// Locks the directory, restores the journal, binds, writes the access file and starts serving
 /// on the current tokio runtime.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
+    // Every connection is a descriptor: all the system allows, so that connections waiting
+    // for their handshake (bounded) leave room for the workers and clients that proved the secret.
+    if let Some((from, to)) = kestrel_proto::fds::raise_open_file_limit() {
+        tracing::debug!("raised the open-file limit from {from} to {to}");
+    }
     std::fs::create_dir_all(&config.dir).map_err(|err| StartError::Dir {
         path: config.dir.clone(),
         err,

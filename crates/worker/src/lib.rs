@@ -56,6 +56,10 @@ use std::time::{Duration, Instant};
 /// `reconnect_for` after a drop. The first connection must succeed (a wrong address or secret
 /// is reported at once).
 pub async fn run(config: WorkerConfig, access: Access) -> Result<(), WorkerError> {
+    // Tasks and peer connections draw on the same descriptors: all the system allows.
+    if let Some((from, to)) = kestrel_proto::fds::raise_open_file_limit() {
+        tracing::debug!("raised the open-file limit from {from} to {to}");
+    }
     // Starting the executor blocks (its threads, and waiting for the reaper to be ready): off
     // the async threads, which an embedded server shares in `kestrel run`.
     let setup = config.clone();

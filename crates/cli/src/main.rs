@@ -174,6 +174,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         policy,
         util_threshold,
         window,
+        new_secret,
         tls,
     } = args;
     let store = match store {
@@ -220,6 +221,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
             w => w,
         },
         run_record: false,
+        new_secret,
     };
     let first_job = config.first_job;
     let server = kestrel_server::start(config).await?;

@@ -55,7 +55,11 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // An error may quote what a server or a task said.
+            eprintln!(
+                "error: {}",
+                output::escape_controls(&format!("{e:#}"), true)
+            );
             exit::code(exit::code_of(&e))
         }
     }

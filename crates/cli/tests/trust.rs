@@ -1,7 +1,7 @@
-//! What a task or a leaked access file cannot do: a task cannot change the inputs the next
-//! task reads, nor put a file outside its directory into the store through a symbolic link;
-//! cached files are private; and an access file written before a rotation of the secret is
-//! refused.
+//! What a task, a job's data or a leaked access file cannot do: a task cannot change the
+//! inputs the next task reads, nor put a file outside its directory into the store through a
+//! symbolic link; cached files are private; what tasks print cannot drive the terminal of a
+//! user who lists them; and an access file written before a rotation of the secret is refused.
 
 mod common;
 
@@ -150,6 +150,46 @@ fn an_output_that_is_a_symbolic_link_fails_its_task_and_reaches_no_store() {
     ])
     .ok();
     assert_eq!(fs::read_to_string(store.join("fine.txt")).unwrap(), "ok\n");
+}
+
+#[test]
+fn task_data_reaches_the_terminal_with_its_control_characters_escaped() {
+    let c = Cluster::with_workers(&[1]);
+    // ESC (a colour, a window title ending in BEL), a C1 CSI and a right-to-left override.
+    let name = "evil\u{1b}[31m\u{9b}2J\u{202e}name";
+    let script = "printf '\\033]0;pwned\\007 \\342\\200\\256bad\\n' >&2; exit 3";
+    let submitted = c.run(&["submit", "--name", name, "--wait", "--", "sh", "-c", script]);
+    submitted.failed();
+    let raw = |text: &str| {
+        text.chars()
+            .any(|ch| matches!(ch, '\u{1b}' | '\u{7}' | '\u{9b}' | '\u{202e}'))
+    };
+    let shown_name = "evil\\x1b[31m\\x9b2J\\u{202e}name";
+    let shown_tail = "\\x1b]0;pwned\\x07 \\u{202e}bad";
+    let listed = c.run(&["job", "list"]);
+    let listed = &listed.ok().stdout;
+    assert!(listed.contains(shown_name) && !raw(listed), "{listed:?}");
+    let tasks = c.run(&["task", "list", "1"]);
+    let tasks = &tasks.ok().stdout;
+    assert!(tasks.contains(shown_tail) && !raw(tasks), "{tasks:?}");
+    let id = task_rows(&c, "1")[0]["id"].to_string();
+    let info = c.run(&["task", "info", "1", &id]);
+    let info = &info.ok().stdout;
+    assert!(info.contains(shown_tail) && !raw(info), "{info:?}");
+    let waited = c.run(&["job", "wait", "1"]);
+    let said = &waited.failed().stderr;
+    assert!(said.contains(shown_tail) && !raw(said), "{said:?}");
+    assert!(
+        submitted.stderr.contains(shown_tail) && !raw(&submitted.stderr),
+        "{:?}",
+        submitted.stderr
+    );
+    // JSON keeps every character.
+    let jobs = c.run(&["job", "list", "--output", "json"]).ok().json();
+    assert_eq!(jobs["jobs"][0]["name"], name);
+    let rows = task_rows(&c, "1");
+    let tail = rows[0]["stderr_tail"].as_str().unwrap_or_default();
+    assert!(tail.contains("\u{1b}]0;pwned\u{7} \u{202e}bad"), "{tail:?}");
 }
 
 #[test]

@@ -229,6 +229,6 @@ fn an_access_file_from_before_a_rotation_is_refused_and_the_jobs_are_kept() {
     let status = c.wait_worker_exit(w, Duration::from_secs(30));
     assert!(!status.success());
     let log = c.worker_log();
-    assert!(log.contains("secret was rotated"), "{log}");
+    assert_eq!(log.matches("secret was rotated").count(), 1, "{log}");
     assert!(c.server_log().contains("a new secret (--new-secret)"));
 }

@@ -292,7 +292,7 @@ fn info(g: &Global, q: &AllocQueueView) {
         return;
     }
     let s = &q.spec;
-    let line = |k: &str, v: String| println!("{k:<14}{v}");
+    let line = |k: &str, v: String| println!("{k:<14}{}", output::clean(&v));
     line(
         "queue",
         format!(
@@ -387,10 +387,10 @@ fn info(g: &Global, q: &AllocQueueView) {
         });
         let mut row = first_cells(a);
         row.extend([
-            Cell::new(ran),
-            Cell::new(cpu_s(a.busy_cpu_ms)),
-            Cell::new(cpu_s(a.held_cpu_ms.saturating_sub(a.busy_cpu_ms))),
-            Cell::new(a.reason.as_deref().unwrap_or("")),
+            output::cell(ran),
+            output::cell(cpu_s(a.busy_cpu_ms)),
+            output::cell(cpu_s(a.held_cpu_ms.saturating_sub(a.busy_cpu_ms))),
+            output::cell(a.reason.as_deref().unwrap_or("")),
         ]);
         t.add_row(row);
     }
@@ -402,16 +402,16 @@ fn info(g: &Global, q: &AllocQueueView) {
 fn first_cells(a: &AllocView) -> Vec<Cell> {
     let workers: Vec<String> = a.workers.iter().map(u32::to_string).collect();
     vec![
-        Cell::new(a.id),
-        Cell::new(a.batch_id.as_deref().unwrap_or("-")),
-        Cell::new(&a.state),
-        Cell::new(a.nodes),
-        Cell::new(if workers.is_empty() {
+        output::cell(a.id),
+        output::cell(a.batch_id.as_deref().unwrap_or("-")),
+        output::cell(&a.state),
+        output::cell(a.nodes),
+        output::cell(if workers.is_empty() {
             "-".into()
         } else {
             workers.join(",")
         }),
-        Cell::new(ms(a.queue_wait_ms)),
+        output::cell(ms(a.queue_wait_ms)),
     ]
 }
 
@@ -433,11 +433,11 @@ fn show_logs(g: &Global, logs: &[AllocLogView]) {
         );
         for f in &a.files {
             match f.size {
-                None => println!("-- {} (not there)", f.path),
-                Some(0) => println!("-- {} (empty)", f.path),
+                None => println!("-- {} (not there)", output::clean(&f.path)),
+                Some(0) => println!("-- {} (empty)", output::clean(&f.path)),
                 Some(n) => {
-                    println!("-- {} ({})", f.path, output::bytes(n));
-                    println!("{}", f.tail);
+                    println!("-- {} ({})", output::clean(&f.path), output::bytes(n));
+                    println!("{}", output::escape_controls(&f.tail, true));
                 }
             }
         }
@@ -472,7 +472,7 @@ fn show(g: &Global, queues: &[AllocQueueView]) {
             s.acquire,
         );
         if let Some(e) = &q.last_error {
-            println!("  last error: {e}");
+            println!("  last error: {}", output::clean(e));
         }
         if q.allocations.is_empty() {
             println!("  no allocations yet");
@@ -483,7 +483,7 @@ fn show(g: &Global, queues: &[AllocQueueView]) {
         ]);
         for a in &q.allocations {
             let mut row = first_cells(a);
-            row.push(Cell::new(a.reason.as_deref().unwrap_or("")));
+            row.push(output::cell(a.reason.as_deref().unwrap_or("")));
             t.add_row(row);
         }
         output::print_table(&t);

@@ -642,6 +642,11 @@ pub struct ServerStartArgs {
     /// connected worker]
     #[arg(long, value_name = "TASKS")]
     pub window: Option<usize>,
+    /// Make a new secret instead of the one the journal keeps (rotation, after an access file
+    /// was exposed): access files written before are refused from now on; workers given
+    /// --server-dir read the new one when they reconnect, the others must be given it
+    #[arg(long)]
+    pub new_secret: bool,
     #[command(flatten)]
     pub tls: TlsArgs,
 }

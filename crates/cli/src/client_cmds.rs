@@ -8,7 +8,6 @@ use crate::json::{self, JobInfoView, JobOutcome, RetryView, RunningOn, ServerVie
 use crate::output::{self, plural, Format, Progress};
 use crate::session::{self, unexpected, Session};
 use anyhow::{bail, Context, Result};
-use comfy_table::Cell;
 use kestrel_client::{keyed, Keyed, Submitted};
 use kestrel_core::{JobId, TaskState, WorkerId};
 use kestrel_proto::messages::{Answer, Ask, JobDetail, WaitProgress, MAX_GRAPH_TASKS};
@@ -238,8 +237,9 @@ fn report_submitted(g: &Global, subs: &[Keyed], done: &[Submitted], parsable: bo
     for d in done {
         if let Some(w) = &d.warning {
             eprintln!(
-                "warning: job {} cannot run on the workers connected now: {w}",
-                d.job
+                "warning: job {} cannot run on the workers connected now: {}",
+                d.job,
+                output::clean(w)
             );
         }
     }
@@ -361,7 +361,7 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
                         if !lines.is_empty() {
                             println!("failed subtree (what each failed task canceled downstream):");
                             for l in lines {
-                                println!("  {l}");
+                                println!("  {}", output::clean(&l));
                             }
                         }
                     }
@@ -375,7 +375,8 @@ pub async fn job(g: &Global, cmd: JobCommand) -> Result<ExitCode> {
             if g.output == Format::Json {
                 output::json(&crate::graph_dot::GraphJson::from(&*graph));
             } else {
-                output::say(crate::graph_dot::dot(&graph, job).trim_end());
+                let dot = crate::graph_dot::dot(&graph, job);
+                output::say(output::escape_controls(dot.trim_end(), true));
             }
         }
         JobCommand::Cancel { jobs } => {
@@ -677,7 +678,7 @@ fn print_job(d: &JobDetail, on: &[RunningOn]) {
     }
     let mut table = output::fields();
     for (k, v) in rows {
-        table.add_row(vec![Cell::new(k), Cell::new(v)]);
+        table.add_row(vec![output::cell(k), output::cell(v)]);
     }
     output::print_table(&table);
 }

@@ -126,7 +126,7 @@ pub fn code(status: u8) -> ExitCode {
 pub fn refused_jobs<'a>(refusals: impl Iterator<Item = &'a Refusal>) -> Option<u8> {
     let mut status = None;
     for r in refusals {
-        eprintln!("error: {r}");
+        eprintln!("error: {}", crate::output::clean(&r.to_string()));
         let code = match r.kind {
             RefusalKind::NotFound => NOT_FOUND,
             RefusalKind::Refused => ERROR,

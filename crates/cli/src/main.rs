@@ -55,7 +55,11 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // An error may quote what a server or a task said.
+            eprintln!(
+                "error: {}",
+                output::escape_controls(&format!("{e:#}"), true)
+            );
             exit::code(exit::code_of(&e))
         }
     }
@@ -174,6 +178,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         policy,
         util_threshold,
         window,
+        new_secret,
         tls,
     } = args;
     let store = match store {
@@ -220,6 +225,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
             w => w,
         },
         run_record: false,
+        new_secret,
     };
     let first_job = config.first_job;
     let server = kestrel_server::start(config).await?;

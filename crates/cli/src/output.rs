@@ -4,6 +4,7 @@ use comfy_table::{presets, Cell, ContentArrangement, Table};
 use indicatif::{ProgressBar, ProgressStyle};
 use kestrel_proto::messages::{Counts, WaitProgress};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::sync::{Mutex, PoisonError};
@@ -69,6 +70,61 @@ pub fn worker_state(w: &kestrel_proto::messages::WorkerRow) -> String {
     match &w.quarantined {
         Some(why) => format!("quarantined: {why}"),
         None => "active".into(),
+    }
+}
+
+/// `text` with every character a terminal would act on written out instead: C0 controls
+/// (ESC starts the sequences that recolour, move the cursor, retitle the window or rewrite
+/// the clipboard), DEL, C1 controls (U+0080 to U+009F, CSI among them) and the Unicode bidi
+/// controls that reorder what is shown (U+202A to U+202E, U+2066 to U+2069, U+200E, U+200F,
+/// U+061C), and the line and paragraph separators. `\n`, `\t` and `\r` read so, others as
+/// `\x1b` or `\u{202e}`. Task data (names, commands, stderr, reasons) is anybody's who can
+/// submit or whose task runs: every human view of it goes through here (JSON keeps the
+/// characters, escaped as JSON escapes them). `lines` keeps `\n` and `\t`, for a view of
+/// several lines.
+pub fn escape_controls(text: &str, lines: bool) -> Cow<'_, str> {
+    let acts = |c: char| {
+        let kept = lines && matches!(c, '\n' | '\t');
+        (c.is_control() && !kept)
+            || matches!(
+                c,
+                '\u{061c}'
+                    | '\u{200e}'
+                    | '\u{200f}'
+                    | '\u{2028}'
+                    | '\u{2029}'
+                    | '\u{202a}'..='\u{202e}'
+                    | '\u{2066}'..='\u{2069}'
+            )
+    };
+    if !text.chars().any(acts) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if !acts(c) => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:04x}}}", c as u32)),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// [`escape_controls`] for one line (a table cell, a message): every control escaped.
+pub fn clean(text: &str) -> Cow<'_, str> {
+    escape_controls(text, false)
+}
+
+/// A table cell showing `content` with [`clean`].
+pub fn cell(content: impl std::fmt::Display) -> Cell {
+    let text = content.to_string();
+    match clean(&text) {
+        Cow::Borrowed(_) => Cell::new(text),
+        Cow::Owned(escaped) => Cell::new(escaped),
     }
 }
 
@@ -261,17 +317,19 @@ impl Progress {
         };
         let left = c.total().saturating_sub(done);
         let msg = format!("{} failed{}", c.failed, rate_text(recent, watched, left));
-        if p.waiting != self.waiting {
-            self.waiting = p.waiting.clone();
+        // Escaped: what the server says may quote a job's name or a file's.
+        let waiting = p.waiting.as_deref().map(|w| clean(w).into_owned());
+        if waiting != self.waiting {
+            self.waiting = waiting.clone();
             // Said once, even without a terminal: a stalled run must not look merely slow.
-            if let (Some(w), false) = (&p.waiting, self.quiet) {
+            if let (Some(w), false) = (&waiting, self.quiet) {
                 match &self.bar {
                     Some(b) => b.println(format!("waiting: {w}")),
                     None => eprintln!("waiting: {w}"),
                 }
             }
         }
-        let msg = match &p.waiting {
+        let msg = match &waiting {
             Some(w) => format!("{} failed  waiting: {w}", c.failed),
             None => msg,
         };
@@ -330,7 +388,19 @@ fn rate_text(recent: Ends, watched: Ends, left: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{jobs, rate_text, Ends};
+    use super::{clean, escape_controls, jobs, rate_text, Ends};
+    use std::borrow::Cow;
+
+    #[test]
+    fn control_characters_are_written_out() {
+        assert!(matches!(clean("plain, ünïcode 名前"), Cow::Borrowed(_)));
+        assert_eq!(
+            clean("a\u{1b}[31mb\u{7}\u{9b}\u{202e}\u{2066}\u{200f}\n\t\r\u{7f}"),
+            "a\\x1b[31mb\\x07\\x9b\\u{202e}\\u{2066}\\u{200f}\\n\\t\\r\\x7f"
+        );
+        // A view of several lines keeps its newlines and tabs.
+        assert_eq!(escape_controls("a\n\tb\u{1b}", true), "a\n\tb\\x1b");
+    }
 
     fn ends(ended: u64, secs: f64) -> Ends {
         Ends { ended, secs }

@@ -10,7 +10,6 @@ use crate::json::{self, JobListView, JobOutcome, JobView, TaskInfoView, TaskList
 use crate::output::{self, plural, Format};
 use crate::session::{self, unexpected, Session};
 use anyhow::Result;
-use comfy_table::Cell;
 use kestrel_core::{JobId, TaskState};
 use kestrel_proto::messages::{Answer, Ask, JobFilter, JobState, TaskDetail};
 use serde::Serialize;
@@ -74,12 +73,12 @@ pub async fn job_list(
     let mut t = output::table(&["id", "name", "state", "tasks", "progress", "submitted"]);
     for j in &page.jobs {
         t.add_row(vec![
-            Cell::new(j.id),
-            Cell::new(&j.name),
-            Cell::new(&j.state),
-            Cell::new(j.counts.total()),
-            Cell::new(progress(j)),
-            Cell::new(output::ago(j.submitted_us)),
+            output::cell(j.id),
+            output::cell(&j.name),
+            output::cell(&j.state),
+            output::cell(j.counts.total()),
+            output::cell(progress(j)),
+            output::cell(output::ago(j.submitted_us)),
         ]);
     }
     output::print_table(&t);
@@ -279,13 +278,13 @@ async fn task_list(
             };
         }
         t.add_row(vec![
-            Cell::new(r.id),
-            Cell::new(json::task_state(r.state)),
-            Cell::new(r.worker.map_or("-".into(), |w| w.to_string())),
-            Cell::new(run_time(r)),
-            Cell::new(json::attempts(r)),
-            Cell::new(json::exit_code(r).map_or("-".into(), |c| c.to_string())),
-            Cell::new(why),
+            output::cell(r.id),
+            output::cell(json::task_state(r.state)),
+            output::cell(r.worker.map_or("-".into(), |w| w.to_string())),
+            output::cell(run_time(r)),
+            output::cell(json::attempts(r)),
+            output::cell(json::exit_code(r).map_or("-".into(), |c| c.to_string())),
+            output::cell(why),
         ]);
     }
     output::print_table(&t);
@@ -374,13 +373,13 @@ fn print_task(d: &TaskDetail) {
     ];
     let mut table = output::fields();
     for (k, v) in rows {
-        table.add_row(vec![Cell::new(k), Cell::new(v)]);
+        table.add_row(vec![output::cell(k), output::cell(v)]);
     }
     output::print_table(&table);
     if let Some(tail) = &r.stderr_tail {
         println!("end of stderr:");
         for line in tail.lines() {
-            println!("  {line}");
+            println!("  {}", output::escape_controls(line, true));
         }
     }
 }
@@ -454,11 +453,12 @@ fn failure_line(job: JobId, r: &kestrel_proto::messages::TaskRow) -> String {
         .as_deref()
         .and_then(|t| t.lines().last())
         .unwrap_or("");
-    if tail.is_empty() {
+    let line = if tail.is_empty() {
         format!("job {job} task {}: {reason}", r.id)
     } else {
         format!("job {job} task {}: {reason} | {tail}", r.id)
-    }
+    };
+    output::clean(&line).into_owned()
 }
 
 /// Every failed task of the jobs, for `run --output json` (its server goes away with it).

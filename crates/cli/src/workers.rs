@@ -8,7 +8,6 @@ use crate::json::{self, DepartedView, ResumeView, StopView, WorkerInfoView, Work
 use crate::output::{self, plural, Format};
 use crate::session::{self, unexpected, Session};
 use anyhow::{bail, Result};
-use comfy_table::Cell;
 use kestrel_proto::messages::{
     Answer, Ask, DepartedWorker, WorkerDetail, WorkerRow, WORKER_TASKS_SHOWN,
 };
@@ -109,25 +108,25 @@ fn connected_table<'a>(
     let mut t = output::table(&header);
     for w in ws {
         let mut row = vec![
-            Cell::new(w.id),
-            Cell::new(&w.hostname),
-            Cell::new(&w.address),
-            Cell::new(w.slots),
-            Cell::new(w.gpus),
-            Cell::new(offers(w)),
-            Cell::new(cache(w)),
-            Cell::new(&w.exec),
-            Cell::new(w.tasks),
-            Cell::new(w.finished),
-            Cell::new(w.failed),
-            Cell::new(output::ago(w.last_seen_us)),
-            Cell::new(match stopping_of(w.id) {
+            output::cell(w.id),
+            output::cell(&w.hostname),
+            output::cell(&w.address),
+            output::cell(w.slots),
+            output::cell(w.gpus),
+            output::cell(offers(w)),
+            output::cell(cache(w)),
+            output::cell(&w.exec),
+            output::cell(w.tasks),
+            output::cell(w.finished),
+            output::cell(w.failed),
+            output::cell(output::ago(w.last_seen_us)),
+            output::cell(match stopping_of(w.id) {
                 Some(why) => format!("stopping: {why}"),
                 None => output::worker_state(w),
             }),
         ];
         if from_allocs {
-            row.insert(1, Cell::new(origin(w)));
+            row.insert(1, output::cell(origin(w)));
         }
         t.add_row(row);
     }
@@ -150,15 +149,15 @@ fn departed_table(left: &[DepartedWorker]) -> comfy_table::Table {
     for d in left {
         let w = &d.worker;
         t.add_row(vec![
-            Cell::new(w.id),
-            Cell::new(&w.hostname),
-            Cell::new(origin(w)),
-            Cell::new(w.slots),
-            Cell::new(w.finished),
-            Cell::new(w.failed),
-            Cell::new(output::ago(w.joined_us)),
-            Cell::new(output::ago(d.left_us)),
-            Cell::new(&d.reason),
+            output::cell(w.id),
+            output::cell(&w.hostname),
+            output::cell(origin(w)),
+            output::cell(w.slots),
+            output::cell(w.finished),
+            output::cell(w.failed),
+            output::cell(output::ago(w.joined_us)),
+            output::cell(output::ago(d.left_us)),
+            output::cell(&d.reason),
         ]);
     }
     t
@@ -264,7 +263,7 @@ fn print_worker(d: &WorkerDetail) {
     }
     let mut table = output::fields();
     for (k, v) in rows {
-        table.add_row(vec![Cell::new(k), Cell::new(v)]);
+        table.add_row(vec![output::cell(k), output::cell(v)]);
     }
     output::print_table(&table);
 }

@@ -41,7 +41,7 @@ pub enum AccessError {
     Malformed { path: PathBuf, err: String },
     #[error("cannot write access file {path}: {err}")]
     Write { path: PathBuf, err: std::io::Error },
-    #[error("{path} is {how} by other users (mode {mode:04o}); run `chmod 600 {path}` or delete it (whoever can read it can use the server)")]
+    #[error("{path} is {how} by other users (mode {mode:04o}); run `chmod 600 {path}` or delete it (whoever can read it can use the server: if someone may have read it, delete it and restart the server with `kestrel server start --new-secret`, which makes the old secret worthless)")]
     Exposed {
         path: PathBuf,
         how: &'static str,

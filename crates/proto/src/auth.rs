@@ -245,7 +245,7 @@ where
     };
     if !verify(secret, b"kestrel-server", &nonce_c, &nonce_s, &proof_s) {
         return Err(ProtoError::Auth(
-            "the server does not know this access file's secret: the access file is stale or belongs to another server; use the current server's access file".into(),
+            "the server does not know this access file's secret: the access file is stale (the server's secret was rotated with `server start --new-secret`, or the file belongs to another server); use the server's current access file".into(),
         ));
     }
     writer
@@ -320,7 +320,7 @@ where
         &nonce_s,
         &answer.proof,
     ) {
-        let reason = "wrong secret: the access file does not belong to this server (stale or copied from another); use the server's current access file".to_string();
+        let reason = "wrong secret: the access file is stale (the server's secret was rotated with `server start --new-secret`, or the file was copied from another server); use the server's current access file".to_string();
         let _ = writer.send(&Verdict::Refused { reason }).await;
         return Err(ProtoError::Auth(
             "connector does not know the secret".into(),

@@ -20,7 +20,8 @@ pub enum ClientError {
     Unreachable { addr: String, err: std::io::Error },
     #[error("the server at {0} did not answer within {CONNECT_TIMEOUT:?}; check the address and that no firewall is in the way")]
     ConnectTimeout(String),
-    #[error("{0}")]
+    /// Transparent: shown once, not again as its own cause (`error: X: X`).
+    #[error(transparent)]
     Proto(#[from] ProtoError),
     /// The server refused the request; its message says why.
     #[error("{0}")]

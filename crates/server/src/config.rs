@@ -39,6 +39,9 @@ pub struct ServerConfig {
     /// is marked as a run's, an earlier run's record there is replaced, and a server's journal
     /// there is refused (see [`crate::record`]).
     pub run_record: bool,
+    /// Make a new secret rather than keep the journal's (`server start --new-secret`): access
+    /// files written before are refused from now on.
+    pub new_secret: bool,
 }
 
 /// Where the server's TLS certificate comes from.
@@ -75,6 +78,7 @@ impl ServerConfig {
             util_threshold_permille: kestrel_core::policy::DEFAULT_UTIL_THRESHOLD_PERMILLE,
             window: None,
             run_record: false,
+            new_secret: false,
         }
     }
 }

@@ -156,8 +156,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
         .local_addr()
         .map_err(|err| StartError::Bind { addr, err })?;
     let mut access = Access::generate(config.advertise_host.clone(), local_addr.port());
-    if let Some(secret) = meta.secret.filter(|s| !s.is_empty()) {
-        access.secret = secret;
+    // The journal's secret, so access files handed out before stay valid; unless the user
+    // rotates it, and then the journal keeps the new one (below) and the old one is gone.
+    match meta.secret.filter(|s| !s.is_empty()) {
+        Some(_) if config.new_secret => {
+            tracing::warn!("a new secret (--new-secret): workers and clients holding an access file written before are refused until they read the new one");
+        }
+        Some(secret) => access.secret = secret,
+        None => {}
     }
     let tls = setup_tls(&config, &mut access)?;
     let access_path = config.dir.join(ACCESS_FILE);

@@ -10,6 +10,13 @@
 //! Files a task uses are pinned until it ends and never evicted. A file larger than the
 //! whole cache is not cached: the caller streams it to the task instead.
 //!
+//! Tasks read cached files in place, so nothing a task does may change what the next task
+//! reads: directories are made 0700 and files 0400 (owner-only, read-only), and each file's
+//! [`Stamp`] (inode, size, modification and change times) is taken as it comes in and
+//! checked whenever it is handed out. A file whose stamp changed (a task running as root, or
+//! one that made its input writable, wrote to it) is dropped and fetched again: no write
+//! escapes the change time, which only the kernel sets.
+//!
 //! Eviction scans the entries for the victim (O(files)): caches hold thousands of files, not
 //! millions, and an eviction is followed by a file transfer that costs far more.
 
@@ -18,7 +25,53 @@ use rand::seq::IteratorRandom;
 use rustc_hash::FxHashMap;
 use std::fs;
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+/// The mode of a cached file: its owner reads it, nobody writes it.
+const FILE_MODE: u32 = 0o400;
+/// The mode of the directories the cache makes: its owner alone enters them.
+const DIR_MODE: u32 = 0o700;
+
+/// Makes directory `path` and its missing parents with mode 0700 (the cache's files are the
+/// tasks' data: other users of the machine are not to read them).
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(path)
+}
+
+/// What a cached file looked like when it came in: a write, a truncation, a `chmod` or a
+/// replacement changes it (the change time moves with every one of them, and only the
+/// kernel sets it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    /// The stamp of the file `meta` describes.
+    pub fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether `meta` (of the path, not of what a link there leads to) is still the file this
+    /// stamp was taken of, unchanged.
+    pub fn matches(&self, meta: &fs::Metadata) -> bool {
+        meta.is_file() && Stamp::of(meta) == *self
+    }
+}
 
 /// Which file leaves a full cache first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,6 +115,8 @@ struct Entry {
     /// Its BLAKE3 digest, taken as it came in (or when first served, for a file found at
     /// start): peers check what they fetch against it.
     hash: Option<Digest>,
+    /// The file as it came in: one found otherwise is not handed out.
+    stamp: Stamp,
 }
 
 /// A file's BLAKE3 digest.
@@ -112,10 +167,12 @@ impl Cache {
     /// larger before) are evicted at once.
     pub fn open(dir: &Path, capacity: u64, policy: EvictionPolicy) -> io::Result<Cache> {
         let files = dir.join("files");
-        fs::create_dir_all(&files)?;
+        create_private_dir(&files)?;
+        // A cache of an older worker may have left it open to others.
+        fs::set_permissions(&files, fs::Permissions::from_mode(DIR_MODE))?;
         let partial = dir.join("partial");
         let _ = fs::remove_dir_all(&partial);
-        fs::create_dir_all(&partial)?;
+        create_private_dir(&partial)?;
         let mut cache = Cache {
             dir: dir.to_path_buf(),
             capacity,
@@ -129,8 +186,8 @@ impl Cache {
         let mut found = Vec::new();
         walk(&files, &files, &mut found)?;
         // Oldest first, so LRU and FIFO order survives a restart roughly.
-        found.sort_by_key(|(_, _, mtime)| *mtime);
-        for (name, size, _) in found {
+        found.sort_by_key(|(_, _, mtime, _)| *mtime);
+        for (name, size, _, stamp) in found {
             cache.clock += 1;
             cache.used_bytes += size;
             cache.entries.insert(
@@ -143,6 +200,7 @@ impl Cache {
                     pins: 0,
                     kept: false,
                     hash: None,
+                    stamp,
                 },
             );
         }
@@ -186,15 +244,16 @@ impl Cache {
             .join(format!("{}-{}", std::process::id(), self.next_partial))
     }
 
-    /// If `name` is cached, pins it for a task and returns its path and size.
-    pub fn pin(&mut self, name: &str) -> Option<(PathBuf, u64)> {
+    /// If `name` is cached, pins it for a task and returns its path, size and stamp (the
+    /// caller checks the file against it before the task may read it: see [`Stamp`]).
+    pub fn pin(&mut self, name: &str) -> Option<(PathBuf, u64, Stamp)> {
         self.clock += 1;
         let e = self.entries.get_mut(name)?;
         e.pins += 1;
         e.uses += 1;
         e.used = self.clock;
-        let size = e.size;
-        Some((self.path_of(name), size))
+        let (size, stamp) = (e.size, e.stamp);
+        Some((self.path_of(name), size, stamp))
     }
 
     /// Keeps `name` for the worker's life: a static input, which every task of its job
@@ -237,11 +296,20 @@ impl Cache {
     /// Opens cached file `name` for a peer: the open file (which stays readable if the file
     /// is evicted meanwhile), its size and its digest if known. One gone from the disk is
     /// dropped (and reported evicted), so the server stops naming this worker for it.
+    /// One changed since it came in is dropped too: a task wrote to it, and peers are not
+    /// to get what it wrote.
     pub fn open_for_peer(&mut self, name: &str) -> Option<(fs::File, u64, Option<Digest>)> {
         let e = self.entries.get(name)?;
-        let (size, hash) = (e.size, e.hash);
+        let (size, hash, stamp) = (e.size, e.hash, e.stamp);
         match fs::File::open(self.path_of(name)) {
-            Ok(file) => Some((file, size, hash)),
+            Ok(file) => {
+                if file.metadata().is_ok_and(|m| stamp.matches(&m)) {
+                    return Some((file, size, hash));
+                }
+                warn_changed(name);
+                self.discard(name);
+                None
+            }
             Err(err) => {
                 if err.kind() == io::ErrorKind::NotFound {
                     self.discard(name);
@@ -279,7 +347,7 @@ impl Cache {
             let _ = fs::remove_file(partial);
             return Ok(self
                 .pin(name)
-                .map(|(p, _)| p)
+                .map(|(p, _, _)| p)
                 .unwrap_or_else(|| self.path_of(name)));
         }
         if size > self.capacity {
@@ -291,9 +359,19 @@ impl Cache {
         self.make_room(size)?;
         let to = self.path_of(name);
         if let Some(parent) = to.parent() {
-            fs::create_dir_all(parent)?;
+            create_private_dir(parent)?;
         }
+        // Read-only before it has a name: no task ever sees it writable.
+        fs::set_permissions(partial, fs::Permissions::from_mode(FILE_MODE))?;
         fs::rename(partial, &to)?;
+        // Taken after the rename, which moves the change time.
+        let stamp = match fs::symlink_metadata(&to) {
+            Ok(m) => Stamp::of(&m),
+            Err(e) => {
+                let _ = fs::remove_file(&to);
+                return Err(e.into());
+            }
+        };
         self.clock += 1;
         self.used_bytes += size;
         self.entries.insert(
@@ -306,6 +384,7 @@ impl Cache {
                 pins: 1,
                 kept: false,
                 hash,
+                stamp,
             },
         );
         self.delta.added.retain(|(n, _)| n != name);
@@ -427,15 +506,25 @@ pub fn is_plain_name(name: &str) -> bool {
             .all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
-/// Every regular file under `dir`, named relative to `root`, with its size and mtime.
+/// Says that cached file `name` changed on disk since it came in, and what happens to it.
+pub fn warn_changed(name: &str) {
+    tracing::warn!(
+        file = %name,
+        "a cached file changed since it came in (a task wrote to its input?): it is dropped and fetched again"
+    );
+}
+
+/// Every regular file under `dir`, named relative to `root`, with its size, mtime and stamp;
+/// each made read-only for its owner alone if it was not (a cache of an older worker).
 fn walk(
     root: &Path,
     dir: &Path,
-    out: &mut Vec<(String, u64, std::time::SystemTime)>,
+    out: &mut Vec<(String, u64, std::time::SystemTime, Stamp)>,
 ) -> io::Result<()> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
-        let meta = entry.metadata()?;
+        // Not followed: a link in the cache is nobody's file.
+        let mut meta = entry.metadata()?;
         let path = entry.path();
         if meta.is_dir() {
             walk(root, &path, out)?;
@@ -446,8 +535,12 @@ fn walk(
             let Some(name) = rel.to_str() else {
                 continue;
             };
+            if meta.permissions().mode() & 0o7777 != FILE_MODE {
+                fs::set_permissions(&path, fs::Permissions::from_mode(FILE_MODE))?;
+                meta = fs::symlink_metadata(&path)?;
+            }
             let mtime = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-            out.push((name.to_string(), meta.len(), mtime));
+            out.push((name.to_string(), meta.len(), mtime, Stamp::of(&meta)));
         }
     }
     Ok(())
@@ -556,6 +649,49 @@ mod tests {
         assert!(c.open_for_peer("k/a").is_none());
         assert_eq!(c.take_delta().evicted, vec!["k/a".to_string()]);
         assert_eq!(c.used_bytes(), 0);
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn files_are_private_and_read_only_and_a_changed_one_is_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cache");
+        let mut c = Cache::open(&root, 100, EvictionPolicy::Lru).unwrap();
+        let path = put(&mut c, "k/a", 10).unwrap();
+        assert_eq!(mode(&path), 0o400);
+        for d in ["", "files", "files/k", "partial"] {
+            assert_eq!(mode(&root.join(d)), 0o700, "{d:?}");
+        }
+        c.unpin("k/a");
+        c.take_delta();
+        assert!(c.open_for_peer("k/a").is_some());
+        // A task makes its input writable and writes as many bytes to it.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(&path, b"tampered!!").unwrap();
+        assert!(
+            c.open_for_peer("k/a").is_none(),
+            "a changed file is not served"
+        );
+        assert!(c.held().is_empty());
+        assert_eq!(c.take_delta().evicted, vec!["k/a".to_string()]);
+    }
+
+    #[test]
+    fn a_cache_left_open_to_others_is_made_private_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = dir.path().join("files");
+        fs::create_dir_all(files.join("k")).unwrap();
+        fs::write(files.join("k/a"), b"x").unwrap();
+        fs::set_permissions(&files, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(files.join("k/a"), fs::Permissions::from_mode(0o644)).unwrap();
+        let mut c = Cache::open(dir.path(), 100, EvictionPolicy::Lru).unwrap();
+        assert_eq!((mode(&files), mode(&files.join("k/a"))), (0o700, 0o400));
+        // Stamped as it is now: handed out as it is.
+        let (path, _, stamp) = c.pin("k/a").unwrap();
+        assert!(stamp.matches(&fs::symlink_metadata(path).unwrap()));
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::time::Duration;
 pub enum WorkerError {
     #[error(transparent)]
     Connect(#[from] ClientError),
-    #[error("{0}")]
+    /// Transparent: shown once, not again as its own cause (`error: X: X`).
+    #[error(transparent)]
     Proto(#[from] ProtoError),
     #[error("{0}")]
     Setup(String),

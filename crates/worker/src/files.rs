@@ -364,12 +364,17 @@ impl FilesPlan {
     }
 }
 
-/// Pins `name` if the cache holds it (and it is still on disk: one gone from under the cache
-/// is forgotten, to be fetched again): its path and size.
+/// Pins `name` if the cache holds it (and it is still on disk as it came in: one gone from
+/// under the cache, or changed by a task that wrote to it, is forgotten, to be fetched again):
+/// its path and size.
 fn pin_cached(name: &str, cache: &WorkerFiles) -> Option<(PathBuf, u64)> {
-    let (path, size) = lock(cache).pin(name)?;
+    let (path, size, stamp) = lock(cache).pin(name)?;
     // Looked at without the lock: the other slots' lookups do not wait on this disk access.
-    if !path.is_file() {
+    let meta = fs::symlink_metadata(&path);
+    if !meta.as_ref().is_ok_and(|m| stamp.matches(m)) {
+        if meta.is_ok() {
+            crate::cache::warn_changed(name);
+        }
         let mut c = lock(cache);
         c.unpin(name);
         c.discard(name);
@@ -663,28 +668,65 @@ fn with_input_paths(launch: &Launch, paths: &[(String, PathBuf)]) -> Launch {
 fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
     for (i, name) in plan.outputs.iter().enumerate() {
         let local = plan.local.get(i).copied().unwrap_or(false);
-        let written = plan.sandbox.join(name);
-        let size = match fs::metadata(&written) {
-            Ok(m) if m.is_file() => m.len(),
-            _ => {
-                return Err(format!(
-                    "output {name} was not written (expected at {})",
-                    written.display()
-                ))
-            }
-        };
+        let (mut file, size) = open_output(plan, name)?;
         if let (Some(store), false) = (&plan.store, local) {
-            store.write_from(name, &written)?;
+            store.write_from(name, &mut file)?;
         }
         // Kept for the tasks that read it next, if there is room: the store has it anyway,
         // unless it is local, and then the cache is its only copy and must take it.
-        if let (Err(why), true) = (keep_output(plan, cache, name, &written, size, local), local) {
+        let kept = keep_output(plan, cache, name, &mut file, size, local);
+        if let (Err(why), true) = (kept, local) {
             return Err(format!(
                 "local output {name} could not be kept in the cache ({why}); mark it persist or give the worker a larger --cache-size"
             ));
         }
     }
     Ok(())
+}
+
+/// Opens output `name` that the task wrote in its directory, and its size. Refused: a
+/// symbolic link, or a path that a linked directory on its way leads out of the task's
+/// directory; either would put another file (`/etc/passwd`, a private key) into the store
+/// and the caches under the output's name.
+fn open_output(plan: &FilesPlan, name: &str) -> Result<(fs::File, u64), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let written = plan.sandbox.join(name);
+    let not_written = || {
+        format!(
+            "output {name} was not written (expected at {})",
+            written.display()
+        )
+    };
+    let meta = fs::symlink_metadata(&written).map_err(|_| not_written())?;
+    if meta.file_type().is_symlink() {
+        let to = fs::read_link(&written).map_or_else(|_| "?".into(), |t| t.display().to_string());
+        return Err(format!(
+            "output {name} is a symbolic link (to {to}), not a file the task wrote: outputs are not followed out of the task's directory; write (or copy) the file itself there"
+        ));
+    }
+    if !meta.is_file() {
+        return Err(not_written());
+    }
+    let (Ok(real), Ok(root)) = (written.canonicalize(), plan.sandbox.canonicalize()) else {
+        return Err(not_written());
+    };
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "output {name} is {}, outside the task's directory {} (a directory on its path is a symbolic link): outputs are not followed out of it; write the file itself there",
+            real.display(),
+            plan.sandbox.display()
+        ));
+    }
+    // Not followed if it became a link since it was looked at.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&written)
+        .map_err(|e| format!("output {name}: cannot open {}: {e}", written.display()))?;
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok((file, m.len())),
+        _ => Err(not_written()),
+    }
 }
 
 /// Copies intermediate files from the peers named into the cache and keeps them there until
@@ -729,21 +771,23 @@ pub(crate) fn replicate(files: Vec<FileSources>, cache: &WorkerFiles) {
     }
 }
 
-/// Copies output `name` (at `written`, `size` bytes) into the cache, kept there until the
+/// Copies output `name` (open as `from`, `size` bytes) into the cache, kept there until the
 /// server releases it if it is `local`. Copied (not linked: a later task of the directory may
 /// write the name again), its digest taken on the way; a failed copy leaves nothing behind.
 fn keep_output(
     plan: &FilesPlan,
     cache: &WorkerFiles,
     name: &str,
-    written: &Path,
+    from: &mut fs::File,
     size: u64,
     local: bool,
 ) -> Result<(), String> {
+    use std::io::{Seek, SeekFrom};
+    // From its start: the store's copy may have read it already.
+    from.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
     let partial = lock(cache).partial_path();
-    let mut from = fs::File::open(written).map_err(|e| e.to_string())?;
     let (copied, digest) =
-        write_file_digesting(&mut from, &partial, Some(size)).map_err(|e| e.to_string())?;
+        write_file_digesting(from, &partial, Some(size)).map_err(|e| e.to_string())?;
     let key = plan.cached(name);
     let mut c = lock(cache);
     if let Err(e) = c.insert(&key, &partial, copied, Some(digest)) {
@@ -927,6 +971,66 @@ mod tests {
             "the static input is not evicted for another file"
         );
         assert_eq!(c.held(), vec![(plan.cached("raw/a"), 4096)]);
+    }
+
+    /// A run of `script` in `plan`'s sandbox.
+    fn run_sh(plan: &FilesPlan, files: &SharedFiles, index: u32, script: &str) -> Outcome {
+        let launch = Launch {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            cwd: Some(plan.sandbox.clone()),
+            ..Launch::default()
+        };
+        run_with_files((1, index), &launch, plan, files, &CancelHandle::new(), None)
+    }
+
+    #[test]
+    fn a_run_that_writes_to_its_input_leaves_the_next_run_the_stores_bytes() {
+        let (dir, files, plan) = setup(1 << 20);
+        // Read-only, so the write fails unless the run is root; then made writable and written.
+        let tamper = "echo X > {input:raw/a}; chmod u+w {input:raw/a} && echo X > {input:raw/a}";
+        assert!(run_sh(&plan, &files, 0, tamper).status.is_success());
+        let original = dir.path().join("store/raw/a");
+        let check = format!("cmp {{input:raw/a}} {}", original.display());
+        let out = run_sh(&plan, &files, 1, &check);
+        assert!(out.status.is_success(), "{:?}", out.status);
+        let t = files.take_change().moved[0].moved;
+        assert_eq!((t.store_files, t.local_files), (2, 0), "fetched again");
+    }
+
+    #[test]
+    fn outputs_that_are_links_or_lead_out_of_the_task_directory_fail_the_run() {
+        let (dir, files, mut plan) = setup(1 << 20);
+        plan.inputs.clear();
+        let outside = dir.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("x"), b"private").unwrap();
+        let cases = [
+            (
+                "leak",
+                format!("ln -s {}/x leak", outside.display()),
+                "is a symbolic link",
+            ),
+            (
+                "linked/x",
+                format!("ln -s {} linked", outside.display()),
+                "outside the task's directory",
+            ),
+        ];
+        for (i, (output, script, says)) in cases.into_iter().enumerate() {
+            plan.outputs = vec![output.into()];
+            plan.local = vec![false];
+            match run_sh(&plan, &files, i as u32, &script).status {
+                ExitKind::SpawnFailed(why) => assert!(why.contains(says), "{why}"),
+                other => panic!("{other:?}"),
+            }
+            assert!(!dir.path().join("store").join(output).exists(), "{output}");
+        }
+        assert!(lock(&files).held().is_empty(), "nothing was cached");
+        // A file written in place is an output as before.
+        plan.outputs = vec!["fine".into()];
+        let out = run_sh(&plan, &files, 2, "echo ok > fine");
+        assert!(out.status.is_success(), "{:?}", out.status);
+        assert_eq!(fs::read(dir.path().join("store/fine")).unwrap(), b"ok\n");
     }
 
     #[test]

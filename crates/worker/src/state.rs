@@ -113,7 +113,8 @@ fn open_cache(c: &CacheConfig) -> Result<OpenedCache, WorkerError> {
     };
     let setup =
         |e: std::io::Error| WorkerError::Setup(format!("cache directory {}: {e}", dir.display()));
-    std::fs::create_dir_all(&dir).map_err(setup)?;
+    // Owner-only when the worker makes it (a scratch directory is made so by tempfile).
+    crate::cache::create_private_dir(&dir).map_err(setup)?;
     let lock = lock_dir(&dir)?;
     let cache = Cache::open(&dir, c.capacity, c.policy).map_err(setup)?;
     let files = Arc::new(WorkerFiles::new(cache, c.store_readers));

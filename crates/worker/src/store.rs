@@ -9,6 +9,7 @@
 use crate::cache::Digest;
 use std::fs;
 use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -147,9 +148,10 @@ impl Store {
         }
     }
 
-    /// Writes the file at `from` to the store as `name`, whole: a directory store gets it
-    /// through a hidden partial file renamed into place.
-    pub fn write_from(&self, name: &str, from: &Path) -> Result<(), String> {
+    /// Writes the open file `from` (read from where it is to its end) to the store as `name`,
+    /// whole: a directory store gets it through a hidden partial file renamed into place, with
+    /// the mode of `from`.
+    pub fn write_from(&self, name: &str, from: &mut fs::File) -> Result<(), String> {
         let failed = |e: String| format!("writing output {name} to {}: {e}", self.describe());
         match self {
             Store::Dir(dir) => {
@@ -161,7 +163,13 @@ impl Store {
                 static WRITES: AtomicU64 = AtomicU64::new(0);
                 let n = WRITES.fetch_add(1, Ordering::Relaxed);
                 let partial = parent.join(format!(".{file}.kestrel-{}-{n}", std::process::id()));
-                let placed = fs::copy(from, &partial).and_then(|_| fs::rename(&partial, &to));
+                // From the open file, not its path: a path could have become a link since.
+                let placed = fs::File::create(&partial)
+                    .and_then(|mut out| {
+                        io::copy(from, &mut out)?;
+                        out.set_permissions(from.metadata()?.permissions())
+                    })
+                    .and_then(|()| fs::rename(&partial, &to));
                 placed.map_err(|e| {
                     let _ = fs::remove_file(&partial);
                     failed(e.to_string())
@@ -169,7 +177,7 @@ impl Store {
             }
             Store::Http(prefix) => {
                 let url = url_of(prefix, name).map_err(failed)?;
-                let body = fs::File::open(from).map_err(|e| failed(e.to_string()))?;
+                let body = from.try_clone().map_err(|e| failed(e.to_string()))?;
                 let resp = http()
                     .put(url)
                     .body(reqwest::blocking::Body::from(body))
@@ -238,7 +246,14 @@ pub fn write_file_digesting(
             written,
         })
     };
-    let mut file = fs::File::create(to).map_err(|e| local(e, 0))?;
+    // Owner-only: a store's private file stays private in a cache or a task's directory.
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(to)
+        .map_err(|e| local(e, 0))?;
     // A buffer for whole files (megabytes each).
     let mut buf = vec![0u8; 256 << 10];
     let mut hasher = blake3::Hasher::new();
@@ -295,6 +310,12 @@ mod tests {
         let to = dir.path().join("copy");
         let digest = *blake3::hash(b"12345").as_bytes();
         assert_eq!(store.read_into("raw/a", &to).unwrap(), (5, digest));
+        // Owner-only, whatever the store's file allowed.
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(&to).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert!(matches!(
             store.read_into("raw/b", &to),
             Err(StoreError::NotFound(_))
@@ -307,7 +328,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        store.write_from("out/x/y", &to).unwrap();
+        store
+            .write_from("out/x/y", &mut fs::File::open(&to).unwrap())
+            .unwrap();
         assert_eq!(fs::read(dir.path().join("out/x/y")).unwrap(), b"12345");
     }
 }

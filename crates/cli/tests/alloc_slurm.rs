@@ -294,7 +294,10 @@ fn a_server_killed_while_allocations_run_adopts_them_after_its_restart() {
             let running = a
                 .iter()
                 .filter(|x| {
-                    x["state"] == "running" && x["workers"].as_array().map(Vec::len) == Some(1)
+                    // Its batch id known too: a pilot's worker may join before sbatch answers.
+                    x["state"] == "running"
+                        && x["workers"].as_array().map(Vec::len) == Some(1)
+                        && x["batch_id"].is_string()
                 })
                 .count();
             (running == 2).then_some(a)
@@ -311,7 +314,9 @@ fn a_server_killed_while_allocations_run_adopts_them_after_its_restart() {
             let a = allocations(&c);
             let back = a.len() == 2
                 && a.iter().all(|x| {
-                    x["state"] == "running" && x["workers"].as_array().map(Vec::len) == Some(1)
+                    x["state"] == "running"
+                        && x["workers"].as_array().map(Vec::len) == Some(1)
+                        && x["batch_id"].is_string()
                 });
             back.then_some(())
         },

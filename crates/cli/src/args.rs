@@ -554,7 +554,7 @@ pub enum JobStateArg {
 pub enum TaskCommand {
     /// List a job's tasks in pages (failed ones with exit code and the tail of stderr)
     #[command(
-        after_help = "Pages: a note on stderr after the table says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\n\nExamples:\n  kestrel task list 1 --state failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
+        after_help = "Pages: a note on stderr after the table says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\nThe server sends at most 10000 tasks a page, whatever --limit asks (with --output json,\n`next_offset` says where the next page starts).\n\nExamples:\n  kestrel task list 1 --state failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
     )]
     List {
         job: u32,
@@ -564,7 +564,7 @@ pub enum TaskCommand {
         /// Skip this many (matching) tasks: where the page starts
         #[arg(long, default_value_t = 0, value_name = "N")]
         offset: u32,
-        /// At most this many rows
+        /// At most this many rows (the server sends at most 10000 a page)
         #[arg(long, default_value_t = 1000, value_name = "N")]
         limit: u32,
     },

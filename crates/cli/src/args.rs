@@ -616,7 +616,8 @@ pub struct ServerStartArgs {
     /// Keep no journal: state is in memory only and lost if the server dies
     #[arg(long)]
     pub no_journal: bool,
-    /// Cap the journal's size (e.g. 512M); past it new submissions are refused
+    /// Cap the journal's size (e.g. 512M); work that does not fit is refused, saying so, until
+    /// `kestrel job forget` makes room (a forgotten job's rows are deleted)
     #[arg(long, value_name = "SIZE")]
     pub journal_limit: Option<String>,
     /// Quarantine a worker whose tasks fail far more often than on the others (see

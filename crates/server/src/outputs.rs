@@ -77,6 +77,12 @@ pub(crate) enum OutputOp {
 }
 
 impl OutputOp {
+    /// Whether it drops a forgotten job's outputs (kept even when the journal has no room for
+    /// task ends, since it makes room).
+    pub(crate) fn is_forget(&self) -> bool {
+        matches!(self, OutputOp::Forget { .. })
+    }
+
     pub(crate) fn apply(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
         match self {
             OutputOp::Put {

@@ -245,7 +245,8 @@ pub fn task_row(j: &Job, index: TaskIndex) -> TaskRow {
     TaskRow {
         id: j.task_id(index),
         state: r.state,
-        worker: (r.assigned_us > 0).then_some(r.worker),
+        // Worker 0 is no worker: a task end journaled before ends named their worker.
+        worker: (r.assigned_us > 0 && r.worker != 0).then_some(r.worker),
         assigned_us: r.assigned_us,
         started_us: r.started_us,
         finished_us: r.finished_us,

@@ -81,6 +81,7 @@ impl Engine {
         self.event(now, Event::Tick);
         self.journal_records(now);
         self.send_progress(now);
+        self.compact_journal();
         let sends = self.provision.tick(now, &self.core);
         for (worker, reason) in sends.drains {
             // A released allocation's workers finish what they run: as if their allocation

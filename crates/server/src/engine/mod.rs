@@ -192,6 +192,11 @@ impl Engine {
             if let Some(next) = meta.next_worker {
                 self.core.reserve_worker_ids(next);
             }
+            // And ids of jobs whose rows went with them (`job forget`).
+            if let Some(next) = meta.next_job {
+                self.core.reserve_job_ids(next);
+            }
+            self.durable.kept_next_job(meta.next_job);
         }
         let now = self.now();
         match self.provision.restore(journal.path(), &self.server_id, now) {

@@ -184,8 +184,7 @@ pub fn task_range(j: &Job, state: Option<TaskState>, offset: u32, limit: u32) ->
         Some(s @ (TaskState::Ready | TaskState::Canceled)) | Some(s @ TaskState::Waiting)
             if s != TaskState::Waiting || j.held() =>
         {
-            let found = (0..j.len()).filter(|&i| j.record(i).state == s);
-            for i in found.skip(offset as usize).take(limit) {
+            for i in untouched_or_in(j, s, offset, limit) {
                 let row = task_row(j, i);
                 if !page.takes(&row, rows.len()) {
                     break;
@@ -209,6 +208,51 @@ pub fn task_range(j: &Job, state: Option<TaskState>, offset: u32, limit: u32) ->
         offset: u64::from(offset),
         matched,
     }
+}
+
+/// The indices of the page of tasks in state `s`, a state untouched tasks may show (queued, or
+/// canceled, or waiting in a held job): the `offset`-th matching one on, at most `limit`. Runs
+/// of untouched tasks (all in one state) are skipped as ranges, so a page deep into a job of
+/// 20M queued tasks costs its touched tasks and the page, not 20M records read.
+fn untouched_or_in(j: &Job, s: TaskState, offset: u32, limit: usize) -> Vec<TaskIndex> {
+    let mut out = Vec::with_capacity(limit.min(4096));
+    let mut skip = offset;
+    // The untouched tasks in `start..end` that match, as far as the page goes; whether it is full.
+    let gap = |start: TaskIndex, end: TaskIndex, out: &mut Vec<TaskIndex>, skip: &mut u32| {
+        // Every untouched task of a job shows the same state: its first's says.
+        if start >= end || j.record(start).state != s {
+            return out.len() >= limit;
+        }
+        let len = end - start;
+        if *skip >= len {
+            *skip -= len;
+            return out.len() >= limit;
+        }
+        let from = start + *skip;
+        *skip = 0;
+        let take = (end - from).min((limit - out.len()) as u32);
+        out.extend(from..from + take);
+        out.len() >= limit
+    };
+    let mut next: TaskIndex = 0;
+    for (i, _) in j.touched() {
+        if i >= j.len() || gap(next, i, &mut out, &mut skip) {
+            return out;
+        }
+        if j.record(i).state == s {
+            if skip > 0 {
+                skip -= 1;
+            } else {
+                out.push(i);
+                if out.len() >= limit {
+                    return out;
+                }
+            }
+        }
+        next = i + 1;
+    }
+    gap(next, j.len(), &mut out, &mut skip);
+    out
 }
 
 /// Bytes of rows a page of tasks carries at most (about: each row's text and a fixed part),

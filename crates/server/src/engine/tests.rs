@@ -556,3 +556,51 @@ fn forgetting_jobs_shrinks_the_journal_and_replays_give_them_back_no_more() {
     assert!(s.engine.core.job(1).is_none());
     assert_eq!(s.engine.core.job(small).map(|j| j.counts.finished), Some(1));
 }
+
+#[test]
+fn a_page_of_queued_tasks_skips_untouched_ones_as_ranges_and_finds_what_a_walk_finds() {
+    let mut s = Server::new();
+    let mut client = s.client();
+    let job = s.submit(&mut client, 60);
+    // Tasks 0-9 go to a worker; 0, 2, 4, 6, 8 finish: touched tasks among untouched ones.
+    let (worker, mut peer) = s.worker(10);
+    assert_eq!(assigned(&peer.sent()), vec![run(job, 0, 10)]);
+    for i in (0..10).step_by(2) {
+        s.finish(worker, &[run(job, i, 1)]);
+    }
+    check_pages_of(&s, job);
+    // Canceled: untouched tasks show canceled.
+    let cancel = Ask::Cancel { jobs: vec![job] };
+    s.ask(&mut client, 9, cancel);
+    check_pages_of(&s, job);
+}
+
+/// Every page of every state of `job` holds what a walk over all its tasks finds.
+fn check_pages_of(s: &Server, job: JobId) {
+    use kestrel_core::TaskState;
+    let j = s.engine.core.job(job).unwrap();
+    for state in [
+        TaskState::Ready,
+        TaskState::Canceled,
+        TaskState::Finished,
+        TaskState::Assigned,
+    ] {
+        let all: Vec<u32> = (0..j.len())
+            .filter(|&i| j.record(i).state == state)
+            .map(|i| j.task_id(i))
+            .collect();
+        for offset in 0..62u32 {
+            for limit in [0u32, 1, 3, 7, 100] {
+                let page = crate::views::task_range(j, Some(state), offset, limit);
+                let ids: Vec<u32> = page.rows.iter().map(|r| r.id).collect();
+                let want: Vec<u32> = all
+                    .iter()
+                    .copied()
+                    .skip(offset as usize)
+                    .take(limit as usize)
+                    .collect();
+                assert_eq!(ids, want, "{state:?} from {offset}, at most {limit}");
+            }
+        }
+    }
+}

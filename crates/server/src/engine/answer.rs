@@ -389,6 +389,7 @@ impl Engine {
                 },
             },
         };
+        self.pass_rows = self.pass_rows.saturating_add(rows_of(&result));
         self.reply(conn, req.id, result);
     }
 
@@ -627,6 +628,18 @@ fn reads_only(ask: &Ask) -> bool {
             | Ask::AllocList
             | Ask::AllocLog { .. }
     )
+}
+
+/// The rows an answer lists (what a pass of the engine spends on the pages it answers).
+fn rows_of(result: &Result<Answer, Refusal>) -> usize {
+    match result {
+        Ok(Answer::Tasks(p)) => p.rows.len(),
+        Ok(Answer::TaskRange(p)) => p.rows.len(),
+        Ok(Answer::Jobs(j)) => j.len(),
+        Ok(Answer::JobsPage(p)) => p.jobs.len(),
+        Ok(Answer::Output(p)) => p.rows.len(),
+        _ => 0,
+    }
 }
 
 fn no_such_job(job: JobId) -> Refusal {

@@ -114,6 +114,10 @@ pub struct Engine {
     leaving: FxHashMap<WorkerId, String>,
     /// Workers that left lately, with when and why (`worker list --all`).
     departures: departures::Departures,
+    /// Rows of pages answered in this pass (see [`batch::PASS_ROWS`]).
+    pass_rows: usize,
+    /// Clients' events left for the next pass once this one answered its share of pages.
+    postponed: Vec<Inbound>,
 }
 
 impl Engine {
@@ -171,6 +175,8 @@ impl Engine {
             ),
             leaving: FxHashMap::default(),
             departures: departures::Departures::default(),
+            pass_rows: 0,
+            postponed: Vec::new(),
             server_id,
             epoch: rand::random(),
             durable: Durability::default(),

@@ -604,3 +604,44 @@ fn check_pages_of(s: &Server, job: JobId) {
         }
     }
 }
+
+#[test]
+fn pages_asked_all_at_once_are_answered_a_bounded_share_per_pass_in_their_order() {
+    let mut s = Server::new();
+    let mut client = s.client();
+    let job = s.submit(&mut client, 100_000);
+    // Eight pages of 10,000 rows in one batch: 40,000 rows a pass.
+    let asks = (0..8u64).map(|i| Inbound::Client {
+        conn: client.conn,
+        request: Box::new(Request {
+            id: i,
+            body: Ask::TaskPage {
+                job,
+                state: None,
+                offset: (i * 10_000) as u32,
+                limit: u32::MAX,
+            },
+        }),
+    });
+    s.batch(asks);
+    let ids = |got: Vec<ToClient>| -> Vec<u64> {
+        got.iter()
+            .map(|m| match m {
+                ToClient::Reply {
+                    id,
+                    result: Ok(Answer::TaskRange(p)),
+                } => {
+                    assert_eq!(p.rows.len(), 10_000);
+                    *id
+                }
+                other => panic!("a page was answered with {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(ids(client.sent()), vec![0, 1, 2, 3]);
+    // The next pass answers the rest, first.
+    s.batch([]);
+    assert_eq!(ids(client.sent()), vec![4, 5, 6, 7]);
+    s.batch([]);
+    assert_eq!(client.sent::<ToClient>(), vec![]);
+}

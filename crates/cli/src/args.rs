@@ -555,7 +555,7 @@ pub enum JobStateArg {
 pub enum TaskCommand {
     /// List a job's tasks in pages (failed ones with exit code and the tail of stderr)
     #[command(
-        after_help = "Pages: a note on stderr after the table says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\n\nExamples:\n  kestrel task list 1 --state failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
+        after_help = "Pages: a note on stderr after the table says how to get the next one, e.g.\n  kestrel task list 1 --offset 1000 --limit 1000\nThe server sends at most 10000 tasks a page, whatever --limit asks (with --output json,\n`next_offset` says where the next page starts).\n\nExamples:\n  kestrel task list 1 --state failed\n  kestrel task list 1 --offset 5000 --limit 100 --output json"
     )]
     List {
         job: u32,
@@ -565,7 +565,7 @@ pub enum TaskCommand {
         /// Skip this many (matching) tasks: where the page starts
         #[arg(long, default_value_t = 0, value_name = "N")]
         offset: u32,
-        /// At most this many rows
+        /// At most this many rows (the server sends at most 10000 a page)
         #[arg(long, default_value_t = 1000, value_name = "N")]
         limit: u32,
     },
@@ -617,7 +617,8 @@ pub struct ServerStartArgs {
     /// Keep no journal: state is in memory only and lost if the server dies
     #[arg(long)]
     pub no_journal: bool,
-    /// Cap the journal's size (e.g. 512M); past it new submissions are refused
+    /// Cap the journal's size (e.g. 512M); work that does not fit is refused, saying so, until
+    /// `kestrel job forget` makes room (a forgotten job's rows are deleted)
     #[arg(long, value_name = "SIZE")]
     pub journal_limit: Option<String>,
     /// Quarantine a worker whose tasks fail far more often than on the others (see

@@ -513,18 +513,27 @@ async fn running_on(s: &mut Session, job: JobId, running: u64) -> Vec<RunningOn>
     if running == 0 {
         return Vec::new();
     }
-    let page = Ask::TaskPage {
-        job,
-        state: Some(TaskState::Running),
-        offset: 0,
-        limit: running.min(100_000) as u32,
-    };
-    let Ok(Answer::TaskRange(page)) = s.call(page).await else {
-        return Vec::new();
-    };
     let mut tasks: BTreeMap<WorkerId, u64> = BTreeMap::new();
-    for w in page.rows.iter().filter_map(|r| r.worker) {
-        *tasks.entry(w).or_default() += 1;
+    // In the server's pages, at most 100,000 tasks in all.
+    let want = running.min(100_000) as u32;
+    let mut offset = 0;
+    while offset < want {
+        let page = Ask::TaskPage {
+            job,
+            state: Some(TaskState::Running),
+            offset,
+            limit: want - offset,
+        };
+        let Ok(Answer::TaskRange(page)) = s.call(page).await else {
+            return Vec::new();
+        };
+        for w in page.rows.iter().filter_map(|r| r.worker) {
+            *tasks.entry(w).or_default() += 1;
+        }
+        if page.rows.is_empty() {
+            break;
+        }
+        offset += page.rows.len() as u32;
     }
     let Ok(Answer::Workers(ws)) = s.call(Ask::WorkerList).await else {
         return Vec::new();

@@ -292,8 +292,21 @@ async fn task_list(
         let state = state.map_or(String::new(), |s| {
             format!(" --state {}", json::task_state(task_state_of(s)))
         });
+        // A page shorter than asked that does not reach the end: the server's page size.
+        let shown = page.rows.len() as u32;
+        let (limit, capped) = if shown < limit {
+            (
+                shown.min(kestrel_proto::messages::MAX_TASK_PAGE),
+                format!(
+                    " (the server sends at most {} tasks a page)",
+                    kestrel_proto::messages::MAX_TASK_PAGE
+                ),
+            )
+        } else {
+            (limit, String::new())
+        };
         eprintln!(
-            "tasks {}-{end} of {}; next page: kestrel task list {job}{state} --offset {next} --limit {limit}",
+            "tasks {}-{end} of {}{capped}; next page: kestrel task list {job}{state} --offset {next} --limit {limit}",
             page.offset + 1,
             page.matched
         );

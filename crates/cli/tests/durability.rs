@@ -170,7 +170,7 @@ fn a_directory_held_by_a_live_server_is_refused() {
 }
 
 #[test]
-fn a_damaged_or_truncated_journal_is_named_with_what_to_do() {
+fn a_damaged_truncated_or_empty_journal_is_refused_with_what_to_do_and_kept_as_it_is() {
     let mut c = Cluster::new();
     c.run(&["submit", "--", "true"]).ok();
     // A clean stop checkpoints the write-ahead log into the file, so the damage below is not
@@ -181,8 +181,17 @@ fn a_damaged_or_truncated_journal_is_named_with_what_to_do() {
     let good = std::fs::read(&path).unwrap();
     let mut damaged = good.clone();
     damaged[..16].copy_from_slice(b"not a database!!");
-    for bytes in [damaged, good[..1000].to_vec()] {
-        std::fs::write(&path, bytes).unwrap();
+    let corrupt = [
+        (damaged, "aside to start empty"),
+        (good[..1000].to_vec(), "aside to start empty"),
+        // A 0-byte journal is not a new one: starting empty on it would hide the loss.
+        (
+            Vec::new(),
+            "holds no Kestrel journal (it is empty, 0 bytes)",
+        ),
+    ];
+    for (bytes, says) in corrupt {
+        std::fs::write(&path, &bytes).unwrap();
         let mut k = kestrel();
         k.args(["server", "start", "--host", "127.0.0.1", "--port", "0"])
             .arg("--server-dir")
@@ -190,12 +199,19 @@ fn a_damaged_or_truncated_journal_is_named_with_what_to_do() {
         let out = run_bounded(k, COMMAND_LIMIT);
         let err = out.one_line_error();
         assert!(err.contains(&path.display().to_string()), "{err}");
-        assert!(err.contains("aside to start empty"), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(err.contains("aside"), "{err}");
+        // Refused without a byte written: what it held can still be looked at or mended.
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "the file was changed");
     }
+    // Nothing was lost: the good file put back starts with its job.
+    std::fs::write(&path, &good).unwrap();
+    c.start_server();
+    assert_eq!(jobs(&c).len(), 1);
 }
 
 #[test]
-fn a_full_journal_refuses_new_work_and_keeps_serving() {
+fn a_full_journal_says_its_limit_and_what_to_do_and_keeps_serving() {
     let mut c = Cluster::new();
     c.kill_server();
     c.start_server_with(&["--journal-limit", "64K"]);
@@ -206,26 +222,66 @@ fn a_full_journal_refuses_new_work_and_keeps_serving() {
     std::fs::write(c.work.join("inputs.txt"), lines).unwrap();
     let out = c.run(&["submit", "--each", "inputs.txt", "--", "echo", "{line}"]);
     let err = out.one_line_error();
-    assert!(err.contains("journal"), "{err}");
-    assert!(err.contains("cannot be written"), "{err}");
-    assert!(err.contains("free disk space"), "{err}");
-    // From then on new submissions are refused, and everything else still answers.
-    let err = c
-        .run(&["submit", "--", "true"])
-        .one_line_error()
-        .to_string();
-    assert!(err.contains("cannot be written"), "{err}");
+    assert!(
+        err.contains("reached its limit of 64K set by --journal-limit"),
+        "{err}"
+    );
+    assert!(err.contains("kestrel job forget"), "{err}");
+    assert!(!err.contains("database or disk is full"), "{err}");
+    // The refused job is not left behind.
     let js = jobs(&c);
-    assert_eq!(js.len(), 2, "{js:?}");
-    assert_eq!(js[1]["state"], "canceled", "{js:?}");
-    // Re-running tasks is new work too.
-    let err = c
-        .run(&["job", "retry", "2", "--all"])
-        .one_line_error()
-        .to_string();
-    assert!(err.contains("cannot be written"), "{err}");
+    assert_eq!(js.len(), 1, "{js:?}");
+    // Work that fits is taken, under an id the refused job did not have.
+    let out = c
+        .run(&["submit", "--parsable", "--", "true"])
+        .ok()
+        .stdout
+        .clone();
+    assert_eq!(out.trim(), "3");
     let info = c.run(&["server", "info"]).ok().stdout.clone();
-    assert!(info.contains("NOT WRITABLE"), "{info}");
+    assert!(!info.contains("NOT WRITABLE"), "{info}");
+}
+
+#[test]
+fn a_forgotten_job_stays_forgotten_after_a_restart_and_its_room_is_given_back() {
+    let mut c = Cluster::new();
+    // About 12 MB of lines, run by no worker.
+    let lines: String = (0..200_000)
+        .map(|i| format!("/scratch/survey/field-{i:08}/exposure-calibrated.fits\n"))
+        .collect();
+    std::fs::write(c.work.join("inputs.txt"), lines).unwrap();
+    c.run(&["submit", "--", "true"]).ok();
+    c.run(&["submit", "--each", "inputs.txt", "--", "echo", "{line}"])
+        .ok();
+    c.run(&["job", "cancel", "2"]).ok();
+    let size = |c: &Cluster| {
+        c.run(&["server", "info", "--output", "json"]).ok().json()["journal"]["bytes"]
+            .as_u64()
+            .expect("journal bytes")
+    };
+    let before = size(&c);
+    let out = c.run(&["job", "forget", "2"]).ok().stdout.clone();
+    assert!(out.contains("forgot job 2"), "{out}");
+    // Given back in steps, one per tick of the server (100 ms): a bounded wait.
+    let mut after = size(&c);
+    for _ in 0..200 {
+        if after * 4 < before {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        after = size(&c);
+    }
+    assert!(after * 4 < before, "{before} bytes before, {after} after");
+    c.kill_server();
+    c.start_server();
+    let js = jobs(&c);
+    assert_eq!(js.len(), 1, "job 2 came back: {js:?}");
+    let out = c
+        .run(&["submit", "--parsable", "--", "true"])
+        .ok()
+        .stdout
+        .clone();
+    assert_eq!(out.trim(), "3");
 }
 
 /// Sends one request to the server of `c` on a fresh connection and returns the answer.

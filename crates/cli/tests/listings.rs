@@ -254,3 +254,35 @@ fn task_info_shows_one_task_in_full() {
     );
     assert_eq!(out.code(), Some(3));
 }
+
+#[test]
+fn a_huge_task_list_limit_gets_a_bounded_page_and_every_task_in_pages() {
+    // 25,000 queued tasks (no worker): more than one page of the server's.
+    let c = Cluster::new();
+    c.run(&["submit", "--array", "1-25000", "--", "true"]).ok();
+    let page = |args: &[&str]| {
+        let mut all = vec!["task", "list", "1", "--output", "json"];
+        all.extend_from_slice(args);
+        c.run(&all).ok().json()
+    };
+    let first = page(&["--limit", "4294967295"]);
+    assert_eq!(ids(&first, "tasks"), (1..=10_000).collect::<Vec<_>>());
+    assert_eq!(
+        (&first["matched"], &first["next_offset"]),
+        (&json!(25_000), &json!(10_000))
+    );
+    // Every task, page after page as `next_offset` says (three pages: a bounded walk).
+    let mut seen = Vec::new();
+    let mut offset = Some(0u64);
+    for _ in 0..10 {
+        let Some(at) = offset else { break };
+        let p = page(&["--offset", &at.to_string(), "--limit", "4294967295"]);
+        seen.extend(ids(&p, "tasks"));
+        offset = p["next_offset"].as_u64();
+    }
+    assert_eq!(seen, (1..=25_000).collect::<Vec<_>>());
+    // The table says the server's page size and how to get the next page.
+    let table = c.run(&["task", "list", "1", "--limit", "4294967295"]);
+    let hint = "tasks 1-10000 of 25000 (the server sends at most 10000 tasks a page); next page: kestrel task list 1 --offset 10000 --limit 10000";
+    assert!(table.ok().stderr.contains(hint), "{}", table.stderr);
+}

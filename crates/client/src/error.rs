@@ -30,12 +30,13 @@ pub enum Error {
         source: ClientError,
     },
     /// Adding the pieces of a job failed halfway: the job holds only part of its tasks.
-    #[error("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again): {source}")]
+    #[error("adding tasks to job {job} (it holds only part of them: cancel it with `kestrel job cancel {job}` and submit again): {cause}")]
     Partial {
         /// The job left with part of its tasks.
         job: JobId,
-        /// Why the next piece was not taken.
-        source: ClientError,
+        /// Why the next piece was not taken (not named `source`: the message holds it
+        /// already, and a chain of causes would say it twice).
+        cause: ClientError,
     },
     /// The server speaks a protocol too old for what was asked.
     #[error("{0}")]
@@ -50,7 +51,7 @@ impl Error {
     /// reconnection window lasts.
     pub fn is_unreachable(&self) -> bool {
         match self {
-            Error::Client(c) | Error::Partial { source: c, .. } => lost_or_unreachable(c),
+            Error::Client(c) | Error::Partial { cause: c, .. } => lost_or_unreachable(c),
             Error::Access(a) => no_server_there(a),
             Error::GaveUp(_) => true,
             Error::Refused(_)
@@ -66,7 +67,7 @@ impl Error {
             self,
             Error::Client(ClientError::NotFound(_))
                 | Error::Partial {
-                    source: ClientError::NotFound(_),
+                    cause: ClientError::NotFound(_),
                     ..
                 }
         )
@@ -101,15 +102,27 @@ mod tests {
     fn a_partial_submission_is_classified_by_what_stopped_it() {
         let gone = Error::Partial {
             job: 4,
-            source: ClientError::NotFound("job 4 does not exist".into()),
+            cause: ClientError::NotFound("job 4 does not exist".into()),
         };
         assert!(gone.is_not_found() && !gone.is_unreachable());
         let lost = Error::Partial {
             job: 4,
-            source: ClientError::Proto(ProtoError::Closed),
+            cause: ClientError::Proto(ProtoError::Closed),
         };
         assert!(lost.is_unreachable() && !lost.is_not_found());
         let refused = Error::Refused(ClientError::Server("no".into()));
         assert!(!refused.is_unreachable() && !refused.is_not_found());
+    }
+
+    #[test]
+    fn a_partial_submission_says_why_once() {
+        let e = Error::Partial {
+            job: 3,
+            cause: ClientError::Server("the journal reached its limit".into()),
+        };
+        // The message holds the cause; a cause chain as well would print it twice
+        // (`error: ...: the journal reached its limit: the journal reached its limit`).
+        assert!(std::error::Error::source(&e).is_none());
+        assert_eq!(e.to_string().matches("reached its limit").count(), 1, "{e}");
     }
 }

@@ -277,7 +277,7 @@ async fn submit_from(
                 if gone {
                     return Err(Error::Refused(source));
                 }
-                return Err(Error::Partial { job, source });
+                return Err(Error::Partial { job, cause: source });
             }
         }
         // After a reconnect the first job may have been sent before the connection broke: a

@@ -895,6 +895,12 @@ pub struct StopResult {
 /// and its message large.
 pub const MAX_GRAPH_TASKS: usize = 5_000;
 
+/// Tasks a page of `task list` (`TaskPage`, `TaskList`) holds at most, whatever limit was
+/// asked: a bigger limit is served in pages of this many (fewer if their failures' text would
+/// make a page bigger than a few MiB); the answer's `offset` and `matched` say where the next
+/// page starts.
+pub const MAX_TASK_PAGE: u32 = 10_000;
+
 /// A workflow's graph (`kestrel job graph`): jobs, tasks (unless drawn by job) and edges.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkflowView {

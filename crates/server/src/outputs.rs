@@ -3,8 +3,9 @@
 //!
 //! With a journal, outputs live in its `output` table, written in the same transaction as the
 //! task ends they come with (a restart gives back both or neither), and are read from there
-//! when asked for: nothing per task stays in the server's memory. Without a journal (or once it
-//! failed) they are kept in memory, at most [`MEMORY_LIMIT`] bytes in all; outputs that arrive
+//! when asked for: nothing per task stays in the server's memory (a full journal that leaves a
+//! batch's task ends out leaves their outputs out too). Without a journal they are kept in
+//! memory, at most [`MEMORY_LIMIT`] bytes in all; outputs that arrive
 //! past it are dropped, and reading them says why. Only the latest run of a task counts: a
 //! re-run replaces (or, if it wrote nothing, removes) what an earlier run left.
 
@@ -77,6 +78,12 @@ pub(crate) enum OutputOp {
 }
 
 impl OutputOp {
+    /// Whether it drops a forgotten job's outputs (kept even when the journal has no room for
+    /// task ends, since it makes room).
+    pub(crate) fn is_forget(&self) -> bool {
+        matches!(self, OutputOp::Forget { .. })
+    }
+
     pub(crate) fn apply(&self, tx: &Transaction<'_>) -> rusqlite::Result<()> {
         match self {
             OutputOp::Put {

@@ -157,15 +157,26 @@ fn count_in(j: &Job, state: Option<TaskState>) -> u64 {
 /// state other than queued or canceled is looked for only among tasks that have left the
 /// queue; the walk stops as soon as the page is full, and the total comes from the job's
 /// counts, so no page walks the whole job unless it has to.
+///
+/// A page holds at most [`MAX_TASK_PAGE`] rows and about [`PAGE_BYTES`], whatever `limit` asks
+/// for: a huge limit on a huge job would build an answer of hundreds of MiB while every other
+/// client waits. The client sees a page shorter than it asked for that does not reach
+/// `matched`, and asks for the next one from `offset + rows`.
 pub fn task_range(j: &Job, state: Option<TaskState>, offset: u32, limit: u32) -> TaskRange {
     let matched = count_in(j, state);
+    let limit = limit.min(MAX_TASK_PAGE);
     let mut rows = Vec::with_capacity(limit.min(4096) as usize);
+    let mut page = PageBudget::default();
     let limit = limit as usize;
     match state {
         None => {
-            let end = offset.saturating_add(limit.min(u32::MAX as usize) as u32);
+            let end = offset.saturating_add(limit as u32);
             for index in offset..end.min(j.len()) {
-                rows.push(task_row(j, index));
+                let row = task_row(j, index);
+                if !page.takes(&row, rows.len()) {
+                    break;
+                }
+                rows.push(row);
             }
         }
         // Untouched tasks read as queued (or canceled in a canceled job, waiting in a held
@@ -173,28 +184,96 @@ pub fn task_range(j: &Job, state: Option<TaskState>, offset: u32, limit: u32) ->
         Some(s @ (TaskState::Ready | TaskState::Canceled)) | Some(s @ TaskState::Waiting)
             if s != TaskState::Waiting || j.held() =>
         {
-            let found = (0..j.len()).filter(|&i| j.record(i).state == s);
-            rows.extend(
-                found
-                    .skip(offset as usize)
-                    .take(limit)
-                    .map(|i| task_row(j, i)),
-            );
+            for i in untouched_or_in(j, s, offset, limit) {
+                let row = task_row(j, i);
+                if !page.takes(&row, rows.len()) {
+                    break;
+                }
+                rows.push(row);
+            }
         }
         Some(s) => {
             let found = j.touched().filter(|(i, _)| j.record(*i).state == s);
-            rows.extend(
-                found
-                    .skip(offset as usize)
-                    .take(limit)
-                    .map(|(i, _)| task_row(j, i)),
-            );
+            for (i, _) in found.skip(offset as usize).take(limit) {
+                let row = task_row(j, i);
+                if !page.takes(&row, rows.len()) {
+                    break;
+                }
+                rows.push(row);
+            }
         }
     }
     TaskRange {
         rows,
         offset: u64::from(offset),
         matched,
+    }
+}
+
+/// The indices of the page of tasks in state `s`, a state untouched tasks may show (queued, or
+/// canceled, or waiting in a held job): the `offset`-th matching one on, at most `limit`. Runs
+/// of untouched tasks (all in one state) are skipped as ranges, so a page deep into a job of
+/// 20M queued tasks costs its touched tasks and the page, not 20M records read.
+fn untouched_or_in(j: &Job, s: TaskState, offset: u32, limit: usize) -> Vec<TaskIndex> {
+    let mut out = Vec::with_capacity(limit.min(4096));
+    let mut skip = offset;
+    // The untouched tasks in `start..end` that match, as far as the page goes; whether it is full.
+    let gap = |start: TaskIndex, end: TaskIndex, out: &mut Vec<TaskIndex>, skip: &mut u32| {
+        // Every untouched task of a job shows the same state: its first's says.
+        if start >= end || j.record(start).state != s {
+            return out.len() >= limit;
+        }
+        let len = end - start;
+        if *skip >= len {
+            *skip -= len;
+            return out.len() >= limit;
+        }
+        let from = start + *skip;
+        *skip = 0;
+        let take = (end - from).min((limit - out.len()) as u32);
+        out.extend(from..from + take);
+        out.len() >= limit
+    };
+    let mut next: TaskIndex = 0;
+    for (i, _) in j.touched() {
+        if i >= j.len() || gap(next, i, &mut out, &mut skip) {
+            return out;
+        }
+        if j.record(i).state == s {
+            if skip > 0 {
+                skip -= 1;
+            } else {
+                out.push(i);
+                if out.len() >= limit {
+                    return out;
+                }
+            }
+        }
+        next = i + 1;
+    }
+    gap(next, j.len(), &mut out, &mut skip);
+    out
+}
+
+/// Bytes of rows a page of tasks carries at most (about: each row's text and a fixed part),
+/// well under a frame even with the last row's failure text on top.
+pub const PAGE_BYTES: usize = 4 << 20;
+
+/// The bytes a page has taken so far.
+#[derive(Default)]
+struct PageBudget(usize);
+
+impl PageBudget {
+    /// Whether `row` still fits (a page's first row always does).
+    fn takes(&mut self, row: &TaskRow, rows: usize) -> bool {
+        let size = 96
+            + row.reason.as_ref().map_or(0, String::len)
+            + row.stderr_tail.as_ref().map_or(0, String::len);
+        if rows > 0 && self.0 + size > PAGE_BYTES {
+            return false;
+        }
+        self.0 += size;
+        true
     }
 }
 
@@ -210,7 +289,8 @@ pub fn task_row(j: &Job, index: TaskIndex) -> TaskRow {
     TaskRow {
         id: j.task_id(index),
         state: r.state,
-        worker: (r.assigned_us > 0).then_some(r.worker),
+        // Worker 0 is no worker: a task end journaled before ends named their worker.
+        worker: (r.assigned_us > 0 && r.worker != 0).then_some(r.worker),
         assigned_us: r.assigned_us,
         started_us: r.started_us,
         finished_us: r.finished_us,

@@ -63,6 +63,12 @@ impl Scheduler {
         self.restore_task_end_by(f, assigned_us, 0);
     }
 
+    /// Job ids below `next` were given out before a restart (to jobs forgotten since, or whose
+    /// submission never reached the journal): new jobs get ids from `next` on.
+    pub fn reserve_job_ids(&mut self, next: JobId) {
+        self.next_job = self.next_job.max(next);
+    }
+
     /// Ids below `next` were given out before a restart: new workers get ids from `next` on,
     /// and a worker that comes back names its own ([`super::Event::WorkerRejoined`]).
     pub fn reserve_worker_ids(&mut self, next: WorkerId) {

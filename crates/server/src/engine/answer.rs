@@ -57,8 +57,6 @@ impl Engine {
                             "key {k:?} was used for job {job}, a different submission (another command, options or tasks); give this one a key of its own"
                         )))
                     }
-                } else if let Err(e) = self.durable.accepting_work() {
-                    Err(e.into())
                 } else if !spec.template.files.is_empty()
                     && spec.placement.store.is_none()
                     && self.store.is_none()
@@ -128,13 +126,22 @@ impl Engine {
                 at,
                 argvs,
                 close,
-            } => self.extend(now, job, at, TaskSet::List(argvs), close),
+            } => {
+                let result = self.extend(now, job, at, TaskSet::List(argvs), close);
+                // Held for the commit, naming its job (canceled if the commit fails).
+                self.durable.hold(conn, req.id, result, Some((job, None)));
+                return;
+            }
             Ask::ExtendLines {
                 job,
                 at,
                 lines,
                 close,
-            } => self.extend(now, job, at, TaskSet::Lines(lines), close),
+            } => {
+                let result = self.extend(now, job, at, TaskSet::Lines(lines), close);
+                self.durable.hold(conn, req.id, result, Some((job, None)));
+                return;
+            }
             Ask::AllocAdd(spec) => match self.provision.add(*spec, (conn, req.id)) {
                 Ok(crate::provision::Added::Now(queue)) => Ok(Answer::AllocAdded { queue }),
                 // Answered once the batch system has checked a test allocation.
@@ -382,6 +389,7 @@ impl Engine {
                 },
             },
         };
+        self.pass_rows = self.pass_rows.saturating_add(rows_of(&result));
         self.reply(conn, req.id, result);
     }
 
@@ -432,7 +440,6 @@ impl Engine {
         more: TaskSet,
         close: bool,
     ) -> Result<Answer, Refusal> {
-        self.durable.accepting_work()?;
         let held = close && self.core.job(job).is_some_and(|j| j.held());
         let (at, more) = match held {
             true => self.check_held_whole(now, job, at, more)?,
@@ -621,6 +628,18 @@ fn reads_only(ask: &Ask) -> bool {
             | Ask::AllocList
             | Ask::AllocLog { .. }
     )
+}
+
+/// The rows an answer lists (what a pass of the engine spends on the pages it answers).
+fn rows_of(result: &Result<Answer, Refusal>) -> usize {
+    match result {
+        Ok(Answer::Tasks(p)) => p.rows.len(),
+        Ok(Answer::TaskRange(p)) => p.rows.len(),
+        Ok(Answer::Jobs(j)) => j.len(),
+        Ok(Answer::JobsPage(p)) => p.jobs.len(),
+        Ok(Answer::Output(p)) => p.rows.len(),
+        _ => 0,
+    }
 }
 
 fn no_such_job(job: JobId) -> Refusal {

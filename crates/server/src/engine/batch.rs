@@ -14,6 +14,10 @@ const BATCH: usize = 4096;
 const TICK: Duration = Duration::from_millis(100);
 /// How long a stopping server waits for its workers to close their connections.
 const FAREWELL_WAIT: Duration = Duration::from_secs(2);
+/// Rows of pages (tasks, jobs, outputs) one pass answers at most: past them, clients' requests
+/// wait for the next pass (in their order), so a client that sends a thousand page requests at
+/// once holds neither gigabytes of answers nor the workers' reports behind them.
+pub(super) const PASS_ROWS: usize = 40_000;
 
 impl Engine {
     /// Runs until a stop request (or until every sender of `rx` is gone).
@@ -21,7 +25,28 @@ impl Engine {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut batch = Vec::with_capacity(BATCH);
+        let mut last_tick = tokio::time::Instant::now();
         loop {
+            if !self.postponed.is_empty() {
+                // Requests left by the last pass go first, with what has come in meanwhile;
+                // time-driven work is not held up by them.
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(ev) => batch.push(ev),
+                        Err(_) => break,
+                    }
+                }
+                let now = self.now();
+                self.apply(now, batch.drain(..));
+                if last_tick.elapsed() >= TICK {
+                    last_tick = tokio::time::Instant::now();
+                    self.tick(now);
+                }
+                if self.settle() {
+                    break;
+                }
+                continue;
+            }
             tokio::select! {
                 n = rx.recv_many(&mut batch, BATCH) => {
                     if n == 0 {
@@ -31,6 +56,7 @@ impl Engine {
                     self.apply(now, batch.drain(..));
                 }
                 _ = tick.tick() => {
+                    last_tick = tokio::time::Instant::now();
                     let now = self.now();
                     self.tick(now);
                 }
@@ -68,9 +94,21 @@ impl Engine {
         }
     }
 
-    /// Applies a batch of events at `now`, journaling what each recorded before the next.
+    /// Applies a batch of events at `now`, journaling what each recorded before the next;
+    /// clients' events postponed by the last pass come first. Once the pass has answered
+    /// [`PASS_ROWS`] rows of pages, clients' events wait for the next (workers' do not).
     pub fn apply(&mut self, now: u64, events: impl IntoIterator<Item = Inbound>) {
-        for ev in events {
+        self.pass_rows = 0;
+        let earlier = std::mem::take(&mut self.postponed);
+        for ev in earlier.into_iter().chain(events) {
+            let client = matches!(
+                ev,
+                Inbound::Client { .. } | Inbound::ClientJoin { .. } | Inbound::ClientGone { .. }
+            );
+            if client && self.pass_rows >= PASS_ROWS {
+                self.postponed.push(ev);
+                continue;
+            }
             self.handle(now, ev);
             self.journal_records(now);
         }
@@ -81,6 +119,7 @@ impl Engine {
         self.event(now, Event::Tick);
         self.journal_records(now);
         self.send_progress(now);
+        self.compact_journal();
         let sends = self.provision.tick(now, &self.core);
         for (worker, reason) in sends.drains {
             // A released allocation's workers finish what they run: as if their allocation

@@ -23,8 +23,14 @@ pub(super) struct Durability {
     /// The journal, when kept; entries of the current batch wait in `pending`.
     pub(super) journal: Option<Journal>,
     pub(super) pending: Pending,
-    /// Why the journal can no longer be written; new work is refused from then on.
+    /// Why the journal's last commit failed; new work is refused until one succeeds again
+    /// (after `job forget` made room, or disk space was freed).
     pub(super) error: Option<String>,
+    /// The `next_job` the journal holds (job ids below it were given out).
+    next_job_kept: Option<JobId>,
+    /// Jobs whose submission never reached the journal (withdrawn): nothing of theirs is
+    /// journaled afterwards.
+    unjournaled: rustc_hash::FxHashSet<JobId>,
     /// Why nothing may change: the journal is the record of a finished run, only read (see
     /// [`crate::record`]).
     pub(super) read_only: Option<String>,
@@ -37,13 +43,20 @@ pub(super) struct Durability {
 }
 
 impl Durability {
-    /// Whether inputs are being journaled right now.
+    /// Whether inputs are journaled: also while the journal is full (each commit tries again,
+    /// and a forget, which makes room, gets in).
     pub(super) fn journaling(&self) -> bool {
-        self.journal.is_some() && self.error.is_none() && self.read_only.is_none()
+        self.journal.is_some() && self.read_only.is_none()
     }
 
-    /// New work (a submission, a piece of a list, a retry) is refused once the journal cannot
-    /// be written: it could not be made durable.
+    /// What the journal held of job ids at start (see [`Engine::attach_journal`]).
+    pub(super) fn kept_next_job(&mut self, next: Option<JobId>) {
+        self.next_job_kept = next;
+    }
+
+    /// A retry is refused while the journal cannot be written: it could not be made durable,
+    /// nor taken back. (A submission or a piece of one is tried instead: if its commit fails,
+    /// it is withdrawn and its submitter told why; if it fits, the journal works again.)
     pub(super) fn accepting_work(&self) -> Result<(), String> {
         match self.read_only.as_ref().or(self.error.as_ref()) {
             Some(e) => Err(e.clone()),
@@ -52,7 +65,8 @@ impl Durability {
     }
 
     /// Holds a reply until the next commit (see [`Engine::commit`]); `created` names the job
-    /// it reports created, with its submission key, to withdraw if the commit fails.
+    /// it reports created (with its submission key, to withdraw if the commit fails) or
+    /// extended (to cancel then).
     pub(super) fn hold(
         &mut self,
         conn: ConnId,
@@ -74,7 +88,8 @@ struct Deferred {
     conn: ConnId,
     id: u64,
     result: Result<Answer, Refusal>,
-    /// A job this batch created, with its submission key (withdrawn if the commit fails).
+    /// A job this batch created, with its submission key (withdrawn if the commit fails), or
+    /// extended.
     created: Option<(JobId, Option<String>)>,
 }
 
@@ -86,7 +101,10 @@ impl Deferred {
     fn needs_durability(&self) -> bool {
         matches!(
             self.result,
-            Ok(Answer::Submitted { .. } | Answer::Extended | Answer::WaitDone(_))
+            Ok(Answer::Submitted { .. }
+                | Answer::Extended
+                | Answer::WaitDone(_)
+                | Answer::Forgotten(_))
         )
     }
 }
@@ -94,10 +112,12 @@ impl Deferred {
 impl Engine {
     /// Writes the batch's journal entries in one transaction, then sends the replies that
     /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
-    /// submitters told why, and no new work is accepted from then on.
+    /// submitters told why (unless the journal was only full and kept the batch's inputs), and
+    /// no new work is accepted until a commit succeeds again.
     pub(super) fn commit(&mut self, force: bool) {
         let now = self.now();
         self.journal_records(now);
+        let next_job = self.core.next_job_id();
         let d = &mut self.durable;
         // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
         // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
@@ -106,43 +126,102 @@ impl Engine {
             || d.pending.has_inputs()
             // Either way: a step back of the wall clock must not hold ends back.
             || now.abs_diff(d.last_commit_us) >= ENDS_COMMIT_EVERY.as_micros() as u64;
-        if let (Some(j), true) = (d.journal.as_mut(), due) {
+        let mut failed = None;
+        if let (Some(j), true, true) = (d.journal.as_mut(), due, d.read_only.is_none()) {
+            // Ids given out are kept, so none is given out again after a restart (a job whose
+            // rows went with `job forget`, or one withdrawn below, leaves no other trace).
+            if d.next_job_kept.is_none_or(|kept| kept < next_job) {
+                d.pending.next_job = Some(next_job);
+            }
             if !d.pending.is_empty() {
                 d.last_commit_us = now;
-                if let Err(e) = j.commit(&mut d.pending) {
-                    let msg = format!(
-                        "the journal in {} cannot be written: {e}; free disk space and restart the server",
-                        self.info.dir
-                    );
-                    tracing::error!("{msg}; new submissions are refused from now on");
-                    d.error = Some(msg.clone());
-                    self.withdraw_unjournaled(&msg);
+                match j.commit(&mut d.pending) {
+                    Ok(()) => {
+                        d.next_job_kept = Some(next_job);
+                        if let Some(was) = d.error.take() {
+                            tracing::info!(
+                                "the journal is written again; new work is accepted (it had failed: {was})"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        let msg = j.explain(&e.err, &self.info.dir);
+                        if e.inputs_kept {
+                            d.next_job_kept = Some(next_job);
+                        }
+                        if d.error.is_none() {
+                            tracing::error!("{msg}; work that does not fit is refused, and retries are, until it can be written again");
+                        }
+                        d.error = Some(msg.clone());
+                        if !e.inputs_kept {
+                            failed = Some(msg);
+                        }
+                    }
                 }
             }
+        }
+        if let Some(msg) = failed {
+            self.withdraw_unjournaled(&msg);
         }
         for d in std::mem::take(&mut self.durable.deferred) {
             self.conns.send_now(d.conn, d.id, d.result);
         }
     }
 
-    /// After the journal failed: jobs created in the failed batch are canceled and their
-    /// submitters (and those of its pieces) told why; every open list job is canceled too,
-    /// since no further piece can be journaled and it would otherwise stay open forever.
-    fn withdraw_unjournaled(&mut self, msg: &str) {
-        let now = self.now();
-        for d in &mut self.durable.deferred {
-            if let Some((job, key)) = d.created.take() {
-                let _ = self.core.handle(now, Event::Cancel { job });
-                if let Some(k) = key {
-                    self.keys.remove(&k);
-                }
-                d.result = Err(msg.to_string().into());
-            } else if matches!(d.result, Ok(Answer::Extended)) {
-                d.result = Err(msg.to_string().into());
+    /// Gives back a step of the room forgotten jobs left in the journal (a bounded one, so a
+    /// big job's room is given back over several ticks, not in one stall).
+    pub(super) fn compact_journal(&mut self) {
+        if let Some(j) = self.durable.journal.as_mut() {
+            if j.compaction_due() {
+                j.compact_step();
             }
         }
-        let open: Vec<JobId> = self.core.jobs().filter(|j| j.open).map(|j| j.id).collect();
-        for job in open {
+    }
+
+    /// After a commit that kept nothing: jobs created in the failed batch are withdrawn
+    /// (canceled, then forgotten: their ids never reached the journal) and their submitters
+    /// told why; a job whose piece was not kept is canceled (its client stops sending pieces:
+    /// left open, it would never end); a forget in the batch is said to be lost with a restart.
+    fn withdraw_unjournaled(&mut self, msg: &str) {
+        let now = self.now();
+        let mut withdrawn = Vec::new();
+        let mut partial = Vec::new();
+        for d in &mut self.durable.deferred {
+            match (&mut d.result, d.created.take()) {
+                (Ok(Answer::Submitted { .. }), Some((job, key))) => {
+                    withdrawn.push(job);
+                    if let Some(k) = key {
+                        self.keys.remove(&k);
+                    }
+                    d.result = Err(format!("{msg}; job {job} was not kept").into());
+                }
+                (Ok(Answer::Extended), created) => {
+                    let job = created.map(|(job, _)| job);
+                    partial.extend(job);
+                    let what = job.map_or(String::new(), |job| {
+                        format!("; job {job}, sent in pieces, is canceled (its tasks so far are kept canceled)")
+                    });
+                    d.result = Err(format!("{msg}{what}").into());
+                }
+                (Ok(Answer::Forgotten(results)), _) => {
+                    for r in results.iter_mut().filter(|r| r.result.is_ok()) {
+                        r.result = Err(format!(
+                            "job {} is forgotten by this server, but the journal could not record it ({msg}): it comes back if the server restarts; forget it again once the journal can be written",
+                            r.job
+                        )
+                        .into());
+                    }
+                }
+                _ => {}
+            }
+        }
+        for &job in &withdrawn {
+            self.durable.unjournaled.insert(job);
+            let _ = self.core.handle(now, Event::Cancel { job });
+            let _ = self.core.handle(now, Event::Forget { job });
+        }
+        for job in partial {
+            // Journaled with the next commit that fits, so a restart does not run it again.
             let _ = self.core.handle(now, Event::Cancel { job });
         }
     }
@@ -164,6 +243,16 @@ impl Engine {
         // Jobs forgotten one after another go in one FORGET entry.
         let mut forgotten = Vec::new();
         for r in records.drain(..) {
+            if let Some(job) = record_job(&r) {
+                if self.durable.unjournaled.contains(&job) {
+                    // Withdrawn: the journal never had it (its cancel and forget are not news).
+                    if matches!(r, Record::Forgotten { .. }) {
+                        self.outputs.forget(job, None);
+                        self.durable.unjournaled.remove(&job);
+                    }
+                    continue;
+                }
+            }
             if !forgotten.is_empty() && !matches!(r, Record::Forgotten { .. }) {
                 pending.forget(std::mem::take(&mut forgotten), now);
             }
@@ -233,6 +322,20 @@ impl Engine {
             pending.forget(forgotten, now);
         }
         self.durable.records = records;
+    }
+}
+
+/// The one job a record is about, if it is about one.
+fn record_job(r: &Record) -> Option<JobId> {
+    match r {
+        Record::Submitted { job, .. }
+        | Record::Extended { job, .. }
+        | Record::Canceled { job }
+        | Record::Retried { job, .. }
+        | Record::SlotWait { job, .. }
+        | Record::GaveUp { job, .. }
+        | Record::Forgotten { job } => Some(*job),
+        _ => None,
     }
 }
 

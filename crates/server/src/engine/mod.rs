@@ -114,6 +114,10 @@ pub struct Engine {
     leaving: FxHashMap<WorkerId, String>,
     /// Workers that left lately, with when and why (`worker list --all`).
     departures: departures::Departures,
+    /// Rows of pages answered in this pass (see [`batch::PASS_ROWS`]).
+    pass_rows: usize,
+    /// Clients' events left for the next pass once this one answered its share of pages.
+    postponed: Vec<Inbound>,
 }
 
 impl Engine {
@@ -171,6 +175,8 @@ impl Engine {
             ),
             leaving: FxHashMap::default(),
             departures: departures::Departures::default(),
+            pass_rows: 0,
+            postponed: Vec::new(),
             server_id,
             epoch: rand::random(),
             durable: Durability::default(),
@@ -192,6 +198,11 @@ impl Engine {
             if let Some(next) = meta.next_worker {
                 self.core.reserve_worker_ids(next);
             }
+            // And ids of jobs whose rows went with them (`job forget`).
+            if let Some(next) = meta.next_job {
+                self.core.reserve_job_ids(next);
+            }
+            self.durable.kept_next_job(meta.next_job);
         }
         let now = self.now();
         match self.provision.restore(journal.path(), &self.server_id, now) {

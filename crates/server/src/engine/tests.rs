@@ -392,12 +392,19 @@ fn a_journal_that_cannot_be_written_withdraws_the_job_and_refuses_new_work() {
     else {
         panic!("a submission the journal could not keep was answered with {got:?}");
     };
-    assert!(e.message.contains("cannot be written"), "{}", e.message);
+    assert!(
+        e.message
+            .contains("reached its limit of 64K set by --journal-limit"),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("job 1 was not kept"), "{}", e.message);
     assert_eq!(
         worker.sent::<ToWorker>(),
         vec![],
         "none of its tasks went out"
     );
+    assert!(s.engine.core.job(1).is_none(), "no job is left behind");
     let got = s.ask(
         &mut client,
         2,
@@ -407,7 +414,234 @@ fn a_journal_that_cannot_be_written_withdraws_the_job_and_refuses_new_work() {
         },
     );
     assert!(
-        matches!(&got[..], [ToClient::Reply { id: 2, result: Err(e) }] if e.message.contains("cannot be written")),
+        matches!(&got[..], [ToClient::Reply { id: 2, result: Err(e) }] if e.message.contains("--journal-limit")),
         "{got:?}"
     );
+}
+
+/// A list of `n` commands, `echo task-I`.
+fn commands(n: usize) -> TaskSet {
+    TaskSet::List((0..n).map(|i| vec![format!("task-{i:08}")]).collect())
+}
+
+/// The one reply `got` holds to request `id`.
+fn reply(got: &[ToClient], id: u64) -> &Result<Answer, Refusal> {
+    match got {
+        [ToClient::Reply { id: i, result }] if *i == id => result,
+        other => panic!("request {id} was answered with {other:?}"),
+    }
+}
+
+#[test]
+fn a_half_submitted_job_the_full_journal_canceled_stays_forgotten_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = Some(64 * 1024);
+    let mut s = Server::journaled(dir.path(), limit);
+    let mut client = s.client();
+    // Job 1's first piece fits; its next one does not.
+    let first = Ask::Submit {
+        spec: JobSpec::command("t", vec!["true".into()]),
+        tasks: commands(1),
+        open: true,
+        key: None,
+    };
+    let got = s.ask(&mut client, 1, first);
+    assert!(
+        matches!(reply(&got, 1), Ok(Answer::Submitted { job: 1, .. })),
+        "{got:?}"
+    );
+    let TaskSet::List(more) = commands(20_000) else {
+        unreachable!()
+    };
+    let piece = Ask::Extend {
+        job: 1,
+        at: 1,
+        argvs: more,
+        close: true,
+    };
+    let got = s.ask(&mut client, 2, piece);
+    let Err(e) = reply(&got, 2) else {
+        panic!("a piece the journal could not keep was answered with {got:?}");
+    };
+    assert!(
+        e.message.contains("reached its limit of 64K"),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message.contains("job 1, sent in pieces, is canceled"),
+        "{}",
+        e.message
+    );
+    assert!(s.engine.core.job(1).is_some_and(|j| j.canceled));
+    let forget = Ask::Forget {
+        jobs: vec![1],
+        all_ended: false,
+    };
+    let got = s.ask(&mut client, 3, forget);
+    assert!(
+        matches!(reply(&got, 3), Ok(Answer::Forgotten(r)) if r.iter().all(|r| r.result.is_ok())),
+        "{got:?}"
+    );
+    drop(s);
+    let mut s = Server::journaled(dir.path(), limit);
+    assert!(s.engine.core.job(1).is_none(), "job 1 came back");
+    // The journal has room again, and job 1's id is not given out again.
+    let mut client = s.client();
+    assert_eq!(s.submit(&mut client, 2), 2);
+}
+
+#[test]
+fn a_withdrawn_submissions_id_is_not_given_out_again_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = Some(64 * 1024);
+    let mut s = Server::journaled(dir.path(), limit);
+    let mut client = s.client();
+    let big = Ask::Submit {
+        spec: JobSpec::command("t", vec!["true".into()]),
+        tasks: commands(20_000),
+        open: false,
+        key: None,
+    };
+    let got = s.ask(&mut client, 1, big);
+    assert!(
+        matches!(reply(&got, 1), Err(e) if e.message.contains("job 1 was not kept")),
+        "{got:?}"
+    );
+    // A submission that fits is taken: the journal works again from its commit on.
+    assert_eq!(s.submit(&mut client, 1), 2);
+    assert!(s.engine.durable.error.is_none());
+    drop(s);
+    let mut s = Server::journaled(dir.path(), limit);
+    let mut client = s.client();
+    assert_eq!(s.submit(&mut client, 1), 3, "ids 1 and 2 were given out");
+}
+
+#[test]
+fn forgetting_jobs_shrinks_the_journal_and_replays_give_them_back_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::journaled(dir.path(), None);
+    let mut client = s.client();
+    let big = Ask::Submit {
+        spec: JobSpec::command("t", vec!["true".into()]),
+        tasks: commands(100_000),
+        open: false,
+        key: None,
+    };
+    let got = s.ask(&mut client, 1, big);
+    assert!(matches!(
+        reply(&got, 1),
+        Ok(Answer::Submitted { job: 1, .. })
+    ));
+    // Canceled before any worker took a task: it has ended.
+    let cancel = Ask::Cancel { jobs: vec![1] };
+    s.ask(&mut client, 2, cancel);
+    let (worker, _peer) = s.worker(4);
+    let small = s.submit(&mut client, 1);
+    s.finish(worker, &[run(small, 0, 1)]);
+    let before = s.engine.durable.journal.as_ref().unwrap().bytes();
+    let forget = Ask::Forget {
+        jobs: vec![1],
+        all_ended: false,
+    };
+    s.ask(&mut client, 3, forget);
+    // A few ticks give its room back, 16 MiB each.
+    for _ in 0..10 {
+        s.engine.tick(test_clock());
+    }
+    let after = s.engine.durable.journal.as_ref().unwrap().bytes();
+    assert!(after * 4 < before, "{before} bytes before, {after} after");
+    drop(s);
+    let s = Server::journaled(dir.path(), None);
+    assert!(s.engine.core.job(1).is_none());
+    assert_eq!(s.engine.core.job(small).map(|j| j.counts.finished), Some(1));
+}
+
+#[test]
+fn a_page_of_queued_tasks_skips_untouched_ones_as_ranges_and_finds_what_a_walk_finds() {
+    let mut s = Server::new();
+    let mut client = s.client();
+    let job = s.submit(&mut client, 60);
+    // Tasks 0-9 go to a worker; 0, 2, 4, 6, 8 finish: touched tasks among untouched ones.
+    let (worker, mut peer) = s.worker(10);
+    assert_eq!(assigned(&peer.sent()), vec![run(job, 0, 10)]);
+    for i in (0..10).step_by(2) {
+        s.finish(worker, &[run(job, i, 1)]);
+    }
+    check_pages_of(&s, job);
+    // Canceled: untouched tasks show canceled.
+    let cancel = Ask::Cancel { jobs: vec![job] };
+    s.ask(&mut client, 9, cancel);
+    check_pages_of(&s, job);
+}
+
+/// Every page of every state of `job` holds what a walk over all its tasks finds.
+fn check_pages_of(s: &Server, job: JobId) {
+    use kestrel_core::TaskState;
+    let j = s.engine.core.job(job).unwrap();
+    for state in [
+        TaskState::Ready,
+        TaskState::Canceled,
+        TaskState::Finished,
+        TaskState::Assigned,
+    ] {
+        let all: Vec<u32> = (0..j.len())
+            .filter(|&i| j.record(i).state == state)
+            .map(|i| j.task_id(i))
+            .collect();
+        for offset in 0..62u32 {
+            for limit in [0u32, 1, 3, 7, 100] {
+                let page = crate::views::task_range(j, Some(state), offset, limit);
+                let ids: Vec<u32> = page.rows.iter().map(|r| r.id).collect();
+                let want: Vec<u32> = all
+                    .iter()
+                    .copied()
+                    .skip(offset as usize)
+                    .take(limit as usize)
+                    .collect();
+                assert_eq!(ids, want, "{state:?} from {offset}, at most {limit}");
+            }
+        }
+    }
+}
+
+#[test]
+fn pages_asked_all_at_once_are_answered_a_bounded_share_per_pass_in_their_order() {
+    let mut s = Server::new();
+    let mut client = s.client();
+    let job = s.submit(&mut client, 100_000);
+    // Eight pages of 10,000 rows in one batch: 40,000 rows a pass.
+    let asks = (0..8u64).map(|i| Inbound::Client {
+        conn: client.conn,
+        request: Box::new(Request {
+            id: i,
+            body: Ask::TaskPage {
+                job,
+                state: None,
+                offset: (i * 10_000) as u32,
+                limit: u32::MAX,
+            },
+        }),
+    });
+    s.batch(asks);
+    let ids = |got: Vec<ToClient>| -> Vec<u64> {
+        got.iter()
+            .map(|m| match m {
+                ToClient::Reply {
+                    id,
+                    result: Ok(Answer::TaskRange(p)),
+                } => {
+                    assert_eq!(p.rows.len(), 10_000);
+                    *id
+                }
+                other => panic!("a page was answered with {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(ids(client.sent()), vec![0, 1, 2, 3]);
+    // The next pass answers the rest, first.
+    s.batch([]);
+    assert_eq!(ids(client.sent()), vec![4, 5, 6, 7]);
+    s.batch([]);
+    assert_eq!(client.sent::<ToClient>(), vec![]);
 }

@@ -191,6 +191,15 @@ impl Entry {
 pub struct Pending {
     /// Encoded entries, (kind, body), in the order they happened.
     pub(super) rows: Vec<(i64, Vec<u8>)>,
+    /// The job each row of `rows` is about (`None` for a row about several or none), so that
+    /// a forgotten job's rows can be deleted.
+    pub(super) row_jobs: Vec<Option<JobId>>,
+    /// Jobs forgotten in this batch: their rows go from `log` in the same transaction.
+    pub(super) forgotten: Vec<JobId>,
+    /// Job ids given out are below this (kept in `meta`: a job whose rows were deleted, or
+    /// whose submission never reached the journal, leaves no other trace of its id); `None`
+    /// if it did not change.
+    pub(crate) next_job: Option<JobId>,
     ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
     other: Vec<(Finished, u64)>,
     waited: Vec<(JobId, u64)>,
@@ -208,6 +217,7 @@ pub struct Pending {
 impl Pending {
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
+            && self.next_job.is_none()
             && self.ok.is_empty()
             && self.other.is_empty()
             && self.waited.is_empty()
@@ -222,6 +232,9 @@ impl Pending {
 
     pub fn clear(&mut self) {
         self.rows.clear();
+        self.row_jobs.clear();
+        self.forgotten.clear();
+        self.next_job = None;
         self.ok.clear();
         self.other.clear();
         self.waited.clear();
@@ -260,6 +273,7 @@ impl Pending {
         }
         self.push(
             KIND_SUBMIT,
+            Some(job),
             &SubmitRef {
                 job,
                 at_us,
@@ -300,6 +314,7 @@ impl Pending {
         };
         self.push(
             KIND_EXTEND,
+            Some(job),
             &ExtendRef {
                 job,
                 at_us,
@@ -311,12 +326,13 @@ impl Pending {
     }
 
     pub fn cancel(&mut self, job: JobId, at_us: u64) {
-        self.push(KIND_CANCEL, &CancelBody { job, at_us });
+        self.push(KIND_CANCEL, Some(job), &CancelBody { job, at_us });
     }
 
     pub fn retry(&mut self, job: JobId, at_us: u64, failed_only: bool) {
         self.push(
             KIND_RETRY,
+            Some(job),
             &RetryBody {
                 job,
                 at_us,
@@ -334,6 +350,7 @@ impl Pending {
     ) {
         self.push(
             KIND_GIVE_UP,
+            Some(job),
             &GiveUpBody {
                 job,
                 index,
@@ -343,12 +360,19 @@ impl Pending {
         );
     }
 
+    /// Tasks re-queued after a lost worker: one row per job (in the order the jobs first
+    /// appear), so each goes with its job when that is forgotten.
     pub fn lost(&mut self, tasks: Vec<(JobId, TaskIndex)>) {
-        self.push(KIND_LOST, &LostBody { tasks });
+        for (job, tasks) in by_job(tasks, |t| t.0) {
+            self.push(KIND_LOST, Some(job), &LostBody { tasks });
+        }
     }
 
+    /// Jobs forgotten: a FORGET entry (what an older journal's rows of them need at replay),
+    /// and every row of theirs deleted when the batch is written.
     pub fn forget(&mut self, jobs: Vec<JobId>, at_us: u64) {
-        self.push(KIND_FORGET, &ForgetBody { jobs, at_us });
+        self.forgotten.extend_from_slice(&jobs);
+        self.push(KIND_FORGET, None, &ForgetBody { jobs, at_us });
     }
 
     /// A worker's summed wait for a slot of a job's successful tasks (journaled with the
@@ -364,13 +388,6 @@ impl Pending {
     /// An accepted task report, with when the task had been assigned (for its timing) and
     /// the worker that ran it.
     pub fn task_end(&mut self, f: Finished, assigned_us: u64, worker: WorkerId) {
-        /// Counts one more end of `worker` in `runs`.
-        fn one_more(runs: &mut Vec<(WorkerId, u32)>, worker: WorkerId) {
-            match runs.last_mut() {
-                Some((w, n)) if *w == worker => *n += 1,
-                _ => runs.push((worker, 1)),
-            }
-        }
         if f.end == kestrel_core::RunEnd::Success {
             self.ok
                 .push((f.job, f.index, assigned_us, f.started_us, f.finished_us));
@@ -381,33 +398,111 @@ impl Pending {
         }
     }
 
-    pub(super) fn push<T: Serialize>(&mut self, kind: i64, body: &T) {
+    pub(super) fn push<T: Serialize>(&mut self, kind: i64, job: Option<JobId>, body: &T) {
         if kind != KIND_ENDS {
             // Task ends gathered so far happened before this input: keep that order in the log,
             // or a replayed retry could run before the failure it retries.
             self.seal_ends();
         }
         match rmp_serde::to_vec(body) {
-            Ok(b) => self.rows.push((kind, b)),
+            Ok(b) => {
+                self.rows.push((kind, b));
+                self.row_jobs.push(job);
+            }
             // Encoding plain data into a Vec cannot fail; if it ever did, the entry would be
             // missing from the journal, so say so loudly.
             Err(e) => tracing::error!("cannot encode a journal entry: {e}"),
         }
     }
 
-    /// Turns the gathered task ends into one row (call once, just before writing).
+    /// Turns the gathered task ends into rows, one per job (in the order the jobs first
+    /// appear), so that a forgotten job's ends can be deleted with it (call just before
+    /// writing, and before any other entry).
     pub(super) fn seal_ends(&mut self) {
         if self.ok.is_empty() && self.other.is_empty() && self.waited.is_empty() {
             return;
         }
-        let base_us = self.ok.first().map_or(0, |t| t.2);
+        let ok = std::mem::take(&mut self.ok);
+        let other = std::mem::take(&mut self.other);
+        let waited = std::mem::take(&mut self.waited);
+        let ok_workers = std::mem::take(&mut self.ok_workers);
+        let other_workers = std::mem::take(&mut self.other_workers);
+        let one_job = {
+            let mut jobs = ok
+                .iter()
+                .map(|t| t.0)
+                .chain(other.iter().map(|(f, _)| f.job))
+                .chain(waited.iter().map(|w| w.0));
+            let first = jobs.next();
+            first.filter(|&j| jobs.all(|k| k == j))
+        };
+        if let Some(job) = one_job {
+            // The common case (ends come in runs of one job): one row, as always.
+            self.seal_ends_of(job, ok, other, waited, ok_workers, other_workers);
+            return;
+        }
+        // Each end with its worker, then split by job, each job's ends in their order.
+        let ok_w: Vec<WorkerId> = each_worker(&ok_workers).take(ok.len()).collect();
+        let other_w: Vec<WorkerId> = each_worker(&other_workers).take(other.len()).collect();
+        #[derive(Default)]
+        struct OfJob {
+            ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
+            other: Vec<(Finished, u64)>,
+            waited: Vec<(JobId, u64)>,
+            ok_workers: Vec<(WorkerId, u32)>,
+            other_workers: Vec<(WorkerId, u32)>,
+        }
+        let mut order: Vec<JobId> = Vec::new();
+        let mut groups: rustc_hash::FxHashMap<JobId, OfJob> = Default::default();
+        for (t, w) in ok.into_iter().zip(ok_w) {
+            let g = groups.entry(t.0).or_insert_with(|| {
+                order.push(t.0);
+                OfJob::default()
+            });
+            g.ok.push(t);
+            one_more(&mut g.ok_workers, w);
+        }
+        for (t, w) in other.into_iter().zip(other_w) {
+            let job = t.0.job;
+            let g = groups.entry(job).or_insert_with(|| {
+                order.push(job);
+                OfJob::default()
+            });
+            g.other.push(t);
+            one_more(&mut g.other_workers, w);
+        }
+        for w in waited {
+            let g = groups.entry(w.0).or_insert_with(|| {
+                order.push(w.0);
+                OfJob::default()
+            });
+            g.waited.push(w);
+        }
+        for job in order {
+            if let Some(g) = groups.remove(&job) {
+                self.seal_ends_of(job, g.ok, g.other, g.waited, g.ok_workers, g.other_workers);
+            }
+        }
+    }
+
+    /// One ENDS row of `job`'s ends.
+    fn seal_ends_of(
+        &mut self,
+        job: JobId,
+        ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
+        other: Vec<(Finished, u64)>,
+        waited: Vec<(JobId, u64)>,
+        ok_workers: Vec<(WorkerId, u32)>,
+        other_workers: Vec<(WorkerId, u32)>,
+    ) {
+        let base_us = ok.first().map_or(0, |t| t.2);
         // Start and end times come from workers' clocks: any u64. Clamped, never overflowed; a
         // time more than 292 years from the batch's first assignment reads back as that far.
         let off = |t: u64| {
             (i128::from(t) - i128::from(base_us)).clamp(i64::MIN.into(), i64::MAX.into()) as i64
         };
-        let mut workers = std::mem::take(&mut self.ok_workers);
-        for (w, n) in self.other_workers.drain(..) {
+        let mut workers = ok_workers;
+        for (w, n) in other_workers {
             match workers.last_mut() {
                 Some((last, m)) if *last == w => *m += n,
                 _ => workers.push((w, n)),
@@ -415,17 +510,39 @@ impl Pending {
         }
         let body = EndsBody {
             base_us,
-            ok: self
-                .ok
-                .drain(..)
+            ok: ok
+                .into_iter()
                 .map(|(j, i, a, s, f)| (j, i, off(a), off(s), off(f)))
                 .collect(),
-            other: std::mem::take(&mut self.other),
-            waited: std::mem::take(&mut self.waited),
+            other,
+            waited,
             workers,
         };
-        self.push(KIND_ENDS, &body);
+        self.push(KIND_ENDS, Some(job), &body);
     }
+}
+
+/// Counts one more end of `worker` in `runs`.
+fn one_more(runs: &mut Vec<(WorkerId, u32)>, worker: WorkerId) {
+    match runs.last_mut() {
+        Some((w, n)) if *w == worker => *n += 1,
+        _ => runs.push((worker, 1)),
+    }
+}
+
+/// `items` split by the job `job_of` names, each job's in their order, the jobs in the order
+/// they first appear.
+fn by_job<T>(items: Vec<T>, job_of: impl Fn(&T) -> JobId) -> Vec<(JobId, Vec<T>)> {
+    let mut out: Vec<(JobId, Vec<T>)> = Vec::new();
+    for item in items {
+        let job = job_of(&item);
+        // Few jobs per entry: a look back is cheaper than a map.
+        match out.iter_mut().rev().find(|(j, _)| *j == job) {
+            Some((_, v)) => v.push(item),
+            None => out.push((job, vec![item])),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -466,6 +583,47 @@ mod tests {
         );
         assert_eq!(b.other, vec![(failed, 5)]);
         assert_eq!(b.waited, vec![(3, 12)], "one sum per job");
+    }
+
+    #[test]
+    fn ends_of_several_jobs_are_one_row_per_job_each_with_its_workers() {
+        let mut p = Pending::default();
+        let end = |job, index| Finished {
+            job,
+            index,
+            started_us: 10,
+            finished_us: 20,
+            end: RunEnd::Success,
+        };
+        p.task_end(end(1, 0), 5, 7);
+        p.task_end(end(2, 0), 5, 7);
+        p.task_end(end(1, 1), 5, 9);
+        let failed = Finished {
+            end: RunEnd::Failed(Box::new(Failure::because("exit code 1"))),
+            ..end(2, 1)
+        };
+        p.task_end(failed, 5, 9);
+        p.slot_wait(2, 3);
+        p.lost(vec![(1, 4), (2, 5), (1, 6)]);
+        assert_eq!(p.row_jobs, vec![Some(1), Some(2), Some(1), Some(2)]);
+        let decoded: Vec<Entry> = p
+            .rows
+            .iter()
+            .map(|(kind, body)| Entry::decode(*kind, body).unwrap())
+            .collect();
+        let [Entry::Ends(one), Entry::Ends(two), Entry::Lost(l1), Entry::Lost(l2)] = &decoded[..]
+        else {
+            panic!("two ENDS rows and two LOST rows");
+        };
+        let idx: Vec<_> = one.successes().map(|(f, _)| (f.job, f.index)).collect();
+        assert_eq!(idx, vec![(1, 0), (1, 1)]);
+        assert_eq!(one.workers, vec![(7, 1), (9, 1)]);
+        assert_eq!((two.ok.len(), two.other.len()), (1, 1));
+        assert_eq!(two.workers, vec![(7, 1), (9, 1)]);
+        assert_eq!(two.waited, vec![(2, 3)]);
+        assert!(one.waited.is_empty());
+        assert_eq!(l1.tasks, vec![(1, 4), (1, 6)]);
+        assert_eq!(l2.tasks, vec![(2, 5)]);
     }
 
     #[test]

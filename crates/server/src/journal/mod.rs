@@ -9,7 +9,8 @@
 //! million. WAL mode with `synchronous=FULL`: a committed transaction survives power loss.
 //!
 //! - `encoding`: entries as bytes ([`Pending`] gathers a batch's, encoded), and back.
-//! - `store`: the SQLite file ([`Journal`]): open, `meta`, append a batch in one transaction.
+//! - `store`: the SQLite file ([`Journal`]): open, `meta`, append a batch in one transaction,
+//!   delete a forgotten job's rows (every row names its job) and give their room back.
 //! - `replay`: reading the log back into the scheduler at start.
 
 mod encoding;
@@ -19,4 +20,4 @@ mod store;
 pub use encoding::Pending;
 pub use replay::Restored;
 pub(crate) use store::new_server_id;
-pub use store::{Journal, JournalError, Meta, JOURNAL_FILE};
+pub use store::{CommitError, Journal, JournalError, Meta, JOURNAL_FILE};

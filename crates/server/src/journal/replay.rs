@@ -98,9 +98,17 @@ impl Journal {
                 }
                 Entry::Lost(b) => core.restore_lost(&b.tasks),
                 Entry::Forget(b) => {
-                    // Accepted once, so it applies again; if the log's order makes it
-                    // refused now, the job's state differs a little, not the journal's health.
+                    // The rows of a job forgotten since schema 6 went with it: nothing is left to
+                    // forget. Older rows stay, and the job goes again, even if the log no longer
+                    // ends it (a cancel that could not be journaled): it was forgotten once, so
+                    // it must not come back.
                     for job in b.jobs {
+                        if core.job(job).is_none() {
+                            continue;
+                        }
+                        if core.job(job).is_some_and(|j| !j.is_done()) {
+                            let _ = core.handle(b.at_us, Event::Cancel { job });
+                        }
                         match core.handle(b.at_us, Event::Forget { job }) {
                             Ok(_) => restored.jobs = restored.jobs.saturating_sub(1),
                             Err(e) => {
@@ -332,6 +340,7 @@ mod tests {
         p.submit(1, 10, None, &spec(), &list, true);
         p.push(
             KIND_EXTEND,
+            Some(1),
             &OldExtend {
                 job: 1,
                 at_us: 20,
@@ -374,5 +383,25 @@ mod tests {
         let job = core.job(1).unwrap();
         let lost: Vec<u8> = (0..4).map(|i| job.record(i).lost).collect();
         assert_eq!(lost, vec![1, 0, 2, 0]);
+    }
+
+    #[test]
+    fn a_task_end_journaled_before_ends_named_their_worker_lists_no_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        let mut p = Pending::default();
+        let tasks = TaskSet::Array(IdRanges::span(0, 9));
+        p.submit(7, 10, None, &spec(), &tasks, false);
+        // An ENDS entry as schema 4 wrote it: task 2 of job 7 succeeded, worker not named.
+        let hex = "94cd076c919507020064cd02589292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a891920728";
+        p.rows.push((KIND_ENDS, hex::decode(hex).unwrap()));
+        p.row_jobs.push(Some(7));
+        j.commit(&mut p).unwrap();
+        let mut core = Scheduler::new(Config::default());
+        j.replay(&mut core, &mut Restored::default()).unwrap();
+        let row = crate::views::task_row(core.job(7).unwrap(), 2);
+        assert_eq!(row.state, kestrel_core::TaskState::Finished);
+        assert!(row.assigned_us > 0);
+        assert_eq!(row.worker, None, "worker 0 is no worker: shown as none");
     }
 }

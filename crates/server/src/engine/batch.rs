@@ -45,6 +45,9 @@ impl Engine {
                 if self.settle() {
                     break;
                 }
+                // This loop awaits nothing else: the connections that carry the answers out
+                // (and bring requests in) run before the next pass.
+                tokio::task::yield_now().await;
                 continue;
             }
             tokio::select! {

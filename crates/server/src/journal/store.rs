@@ -362,8 +362,9 @@ impl Journal {
         let deleted = !pending.forgotten.is_empty();
         pending.clear();
         if deleted && (result.is_ok() || result.as_ref().is_err_and(|e| e.inputs_kept)) {
+            // Given back by the server's ticks (`compact_step`), not inside the commit whose
+            // replies wait.
             self.vacuum_due = true;
-            self.compact_step();
         }
         result
     }

@@ -432,6 +432,7 @@ async fn serve_on(
     };
     let app = axum::Router::new()
         .route("/files/{*name}", axum::routing::get(serve_file))
+        .fallback(|| async { refuse_unproven(StatusCode::NOT_FOUND, "no such path") })
         .with_state(state);
     let app = hyper_util::service::TowerToHyperService::new(app);
     let gate = Gate::new(limits.connections);
@@ -623,6 +624,17 @@ fn refuse(status: StatusCode, why: &str) -> Response {
     (status, format!("{why}\n")).into_response()
 }
 
+/// [`refuse`], closing the connection after: a request that proves nothing must not keep an
+/// unproven connection alive (each new header would restart its header timeout).
+fn refuse_unproven(status: StatusCode, why: &str) -> Response {
+    let mut r = refuse(status, why);
+    r.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    r
+}
+
 async fn serve_file(
     State(s): State<Serving>,
     UrlPath(name): UrlPath<String>,
@@ -633,7 +645,7 @@ async fn serve_file(
     let signed = headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
     let key = s.files.peers.key();
     if !signed.is_some_and(|sig| verify(&key, uri.path(), sig, now_s())) {
-        return refuse(
+        return refuse_unproven(
             StatusCode::UNAUTHORIZED,
             "not signed with this cluster's secret (or the signature expired)",
         );

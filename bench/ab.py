@@ -62,6 +62,18 @@ def measurements(cfg: dict, each_file: Path) -> list[tuple[str, str, bool, objec
             lambda s: s.k_noop(n_noop, 2, 1024, journal=False),
         ),
         (
+            f"server + worker, TLS: {n_true:,} /bin/true",
+            "rate",
+            True,
+            lambda s: s.k_standalone(n_true, ["/bin/true"], tls=True),
+        ),
+        (
+            f"noop {n_noop:,}: 2 workers x 1024 slots, TLS",
+            "rate",
+            True,
+            lambda s: s.k_noop(n_noop, 2, 1024, tls=True),
+        ),
+        (
             f"noop {n_scale:,}: {workers} workers x 256 slots",
             "rate",
             True,
@@ -220,6 +232,26 @@ def write_doc(raw: dict, args, cfg: dict) -> None:
             f"| {r['name']} | {fmt(r['baseline'], r['key'])} | {fmt(r['current'], r['key'])} | "
             f"{'-' if ch is None else f'{ch:+.1%}'} | {verdict} |"
         )
+    # What encryption costs, within the current build: each `, TLS` figure against the same
+    # figure in plain TCP, both measured in this run.
+    by_name = {r["name"]: r for r in raw["rows"]}
+    tls_rows = [
+        (r, by_name.get(r["name"].removesuffix(", TLS").replace(", TLS:", ":")))
+        for r in raw["rows"]
+        if "TLS" in r["name"]
+    ]
+    tls_rows = [(t, p) for t, p in tls_rows if p and t["current"] and p["current"]]
+    if tls_rows:
+        lines += [
+            "",
+            "What TLS costs in the current build (`--tls` against plain TCP, same run):",
+            "",
+        ]
+        for t, p in tls_rows:
+            lines.append(
+                f"- {p['name']}: {fmt(p['current'], p['key'])} plain, "
+                f"{fmt(t['current'], t['key'])} with TLS ({t['current'] / p['current'] - 1:+.1%})"
+            )
     lines += [
         "",
         "Samples per side (in the order taken):",

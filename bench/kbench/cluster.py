@@ -30,10 +30,17 @@ class Cluster:
     """A `kestrel server start` on 127.0.0.1 in a fresh directory, plus workers."""
 
     def __init__(
-        self, kbin: str, root: Path, name: str, journal: bool = True, env: dict | None = None
+        self,
+        kbin: str,
+        root: Path,
+        name: str,
+        journal: bool = True,
+        env: dict | None = None,
+        tls: bool = False,
     ) -> None:
         self.kbin = kbin
         self.journal = journal
+        self.tls = tls  # `--tls`: encrypted although on loopback, to measure what TLS costs
         self.env = env  # the server's environment (default: this one)
         self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
         self.sdir = self.dir / "server"
@@ -59,6 +66,8 @@ class Cluster:
         argv = self.k("server", "start", "--host", "127.0.0.1")
         if not self.journal:
             argv.append("--no-journal")
+        if self.tls:
+            argv.append("--tls")
         self.server = PROCS.start(argv, stdout=log_f, stderr=log_f, cwd=self.dir, env=self.env)
         access = self.sdir / "access.json"
         deadline = time.monotonic() + 30

@@ -62,8 +62,9 @@ class SuiteBase:
         slots: int = SLOTS,
         name: str = "true",
         journal: bool = True,
+        tls: bool = False,
     ) -> dict:
-        with Cluster(self.kbin, self.root, name, journal) as c:
+        with Cluster(self.kbin, self.root, name, journal, tls=tls) as c:
             c.start_workers(1, slots)
             cpu0 = c.cpu()
             s = c.submit(
@@ -89,8 +90,9 @@ class SuiteBase:
         prefetch: int | None = None,
         name: str = "noop",
         journal: bool = True,
+        tls: bool = False,
     ) -> dict:
-        with Cluster(self.kbin, self.root, name, journal) as c:
+        with Cluster(self.kbin, self.root, name, journal, tls=tls) as c:
             connect_s = c.start_workers(
                 workers, slots, prefetch, exec_mode="noop", timeout=max(120, workers)
             )

@@ -269,14 +269,35 @@ impl From<Exec> for kestrel_worker::ExecMode {
     }
 }
 
+/// When `server start` encrypts its connections.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// Encrypt unless --host is a loopback address, where no traffic leaves the machine
+    #[default]
+    Auto,
+    /// Always encrypt, loopback included
+    On,
+    /// Never encrypt, even beyond loopback (only on a network you trust)
+    Off,
+}
+
 /// TLS options of `server start`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct TlsArgs {
-    /// Encrypt worker and client connections with TLS; without --tls-cert, a self-signed
-    /// certificate is made on first use and kept as DIR/tls-cert.pem and DIR/tls-key.pem
-    #[arg(long)]
-    pub tls: bool,
-    /// PEM certificate to present (implies --tls; needs --tls-key)
+    /// Encrypt worker and client connections with TLS: `auto` (the default) does whenever the
+    /// server listens beyond loopback (the default --host 0.0.0.0 included), `--tls` alone
+    /// means `on`. Without --tls-cert, a self-signed certificate is made on first use and kept
+    /// as DIR/tls-cert.pem and DIR/tls-key.pem; the access file pins it
+    #[arg(
+        long,
+        value_enum,
+        num_args = 0..=1,
+        default_value_t = TlsMode::Auto,
+        default_missing_value = "on",
+        value_name = "auto|on|off"
+    )]
+    pub tls: TlsMode,
+    /// PEM certificate to present (implies --tls on; needs --tls-key)
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert

@@ -17,6 +17,7 @@ mod output;
 mod queries;
 mod run;
 mod run_dirs;
+mod server_tls;
 mod session;
 mod sizes;
 mod workers;
@@ -200,6 +201,8 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
             host.clone()
         }
     });
+    let tls_config = server_tls::choose(&host, tls)?;
+    let transport = server_tls::describe(&host, &tls_config);
     let config = kestrel_server::ServerConfig {
         dir: dir.clone(),
         bind_host: host,
@@ -208,11 +211,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         heartbeat: jobs::parse_duration(&heartbeat).context("--heartbeat")?,
         journal: !no_journal,
         journal_limit: journal_limit.filter(|_| !no_journal),
-        tls: match (tls.tls_cert, tls.tls_key) {
-            (Some(cert), Some(key)) => Some(kestrel_server::TlsConfig::Files { cert, key }),
-            _ if tls.tls => Some(kestrel_server::TlsConfig::SelfSigned),
-            _ => None,
-        },
+        tls: tls_config,
         quarantine: quarantine == args::Switch::On,
         // After the `job-N` output directories here, so that a new server's job 1 does not
         // write into an earlier run's `job-1/`.
@@ -239,7 +238,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         );
     }
     eprintln!(
-        "kestrel server listening on {} (access file {})",
+        "kestrel server listening on {} ({transport}; access file {})",
         server.access.address(),
         server.access_path.display()
     );

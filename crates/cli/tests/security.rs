@@ -127,7 +127,10 @@ fn access_files_others_can_read_are_refused_by_server_and_clients() {
         file.display(),
         file.display()
     );
-    let out = c.run_with_dir(&dir, &["server", "start", "--port", "0"]);
+    let out = c.run_with_dir(
+        &dir,
+        &["server", "start", "--host", "127.0.0.1", "--port", "0"],
+    );
     let err = out.one_line_error();
     assert!(err.contains(&want), "{err}");
     assert_eq!(mode(&file), 0o644, "the server left the file alone");
@@ -206,4 +209,49 @@ fn tls_server_runs_jobs_and_refuses_plain_and_foreign_connectors() {
     d.add_worker(1);
     d.wait_workers(1);
     d.assert_serves();
+}
+
+/// Issue 30, item 12: a server encrypts unless its traffic stays on this machine. Tests listen
+/// on loopback only, so the choice beyond loopback is covered by the CLI's unit tests
+/// (`server_tls`); here, what each setting does on loopback and what the start line says.
+#[test]
+fn loopback_stays_plain_unless_tls_is_asked_and_the_start_line_says_which() {
+    let c = Cluster::new();
+    let access = Access::read(&c.server_dir.join("access.json")).unwrap();
+    assert!(access.tls_cert.is_none(), "loopback is plain by default");
+    let log = poll("the start line", Duration::from_secs(5), || {
+        let log = c.server_log();
+        log.contains("kestrel server listening").then_some(log)
+    });
+    assert!(log.contains("(plain TCP on loopback;"), "{log}");
+
+    let mut on = Cluster::with_server_args(&["--tls", "on"]);
+    let access = Access::read(&on.server_dir.join("access.json")).unwrap();
+    assert!(
+        access.tls_cert.is_some(),
+        "--tls on encrypts on loopback too"
+    );
+    let log = poll("the start line", Duration::from_secs(5), || {
+        let log = on.server_log();
+        log.contains("kestrel server listening").then_some(log)
+    });
+    assert!(log.contains("(TLS;"), "{log}");
+    on.add_worker(1);
+    on.wait_workers(1);
+    on.assert_serves();
+
+    let off = Cluster::with_server_args(&["--tls", "off"]);
+    let access = Access::read(&off.server_dir.join("access.json")).unwrap();
+    assert!(access.tls_cert.is_none());
+    let out = off.run(&[
+        "server",
+        "start",
+        "--tls",
+        "off",
+        "--tls-cert",
+        "c.pem",
+        "--tls-key",
+        "k.pem",
+    ]);
+    assert!(out.one_line_error().contains("contradict"), "{out:#?}");
 }

@@ -31,7 +31,7 @@ pub enum ClientError {
     NotFound(String),
     #[error("the server sent an unexpected answer: {0}")]
     Unexpected(String),
-    #[error("TLS with the server at {addr} failed ({err}); the server does not run with --tls, or with another certificate than the access file's: use the server's current access file")]
+    #[error("TLS with the server at {addr} failed ({err}); the server runs without TLS (on loopback, or --tls off), or with another certificate than the access file's: use the server's current access file")]
     Tls { addr: String, err: String },
 }
 

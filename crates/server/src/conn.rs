@@ -245,7 +245,7 @@ async fn open(
                 let (mut reader, mut writer) = (pre_auth_reader(r), FrameWriter::new(w));
                 // Read the hello first, so closing does not reset the connection under the reply.
                 let _ = reader.next_frame().await;
-                let reason = "this server requires TLS, but the access file used has no certificate (stale, or from before the server ran with --tls); use the server's current access file".to_string();
+                let reason = "this server requires TLS, but the access file used has no certificate (stale, or from before the server used TLS); use the server's current access file".to_string();
                 let _ = refuse_hello(&mut writer, reason).await;
                 let _ = writer.into_inner().shutdown().await;
                 return Err(ProtoError::Tls(

@@ -118,6 +118,8 @@ fn the_failed_subtree_points_to_the_rest_on_the_same_server() {
     let second = c.run(&["submit", "--after", "1", "--", "true"]);
     second.ok();
     c.run(&["job", "wait", "2"]).failed();
+    // Job 2 may be canceled before the last of job 1's tasks have failed: wait for all of them.
+    c.run(&["job", "wait", "1"]).failed();
     let info = c.run(&["job", "info", "1"]).ok().stdout.clone();
     let dir = c.server_dir.display().to_string();
     let rest = format!(

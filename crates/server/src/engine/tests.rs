@@ -645,3 +645,46 @@ fn pages_asked_all_at_once_are_answered_a_bounded_share_per_pass_in_their_order(
     s.batch([]);
     assert_eq!(client.sent::<ToClient>(), vec![]);
 }
+
+/// `job list --last 0` over a long history: no answer holds more than a page, and the pages
+/// asked with `before` hold every job once, newest page first.
+#[test]
+fn a_job_list_answer_never_holds_more_than_a_page_and_pages_on_with_before() {
+    let mut s = Server::new();
+    let mut client = s.client();
+    let page = MAX_JOB_PAGE;
+    let total = 2 * page + 5;
+    for _ in 0..total {
+        s.submit(&mut client, 1);
+    }
+    let mut ask = |s: &mut Server, last: u32, before: Option<JobId>| {
+        let filter = JobFilter {
+            last,
+            before,
+            ..JobFilter::default()
+        };
+        match s.ask(&mut client, 7, Ask::Jobs { filter }).as_slice() {
+            [ToClient::Reply {
+                result: Ok(Answer::JobsPage(p)),
+                ..
+            }] => p.clone(),
+            other => panic!("job list answered {other:?}"),
+        }
+    };
+    let ids = |p: &JobsPage| p.jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+    // Every job, and more than a page asked: a page each time.
+    for last in [0, page + 1, u32::MAX] {
+        let first = ask(&mut s, last, None);
+        assert_eq!(ids(&first), (page + 6..=total).collect::<Vec<_>>());
+        assert_eq!(first.more, u64::from(page + 5));
+    }
+    let second = ask(&mut s, 0, Some(page + 6));
+    assert_eq!(ids(&second), (6..=page + 5).collect::<Vec<_>>());
+    assert_eq!(second.more, 5);
+    let third = ask(&mut s, 0, Some(6));
+    assert_eq!(ids(&third), (1..=5).collect::<Vec<_>>());
+    assert_eq!(third.more, 0);
+    // Within a page, `last` still has its say.
+    let three = ask(&mut s, 3, Some(6));
+    assert_eq!((ids(&three), three.more), (vec![3, 4, 5], 2));
+}

@@ -225,6 +225,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         },
         run_record: false,
         new_secret,
+        write_timeout: kestrel_server::WRITE_TIMEOUT,
     };
     let first_job = config.first_job;
     let server = kestrel_server::start(config).await?;

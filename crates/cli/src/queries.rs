@@ -11,7 +11,7 @@ use crate::output::{self, plural, Format};
 use crate::session::{self, unexpected, Session};
 use anyhow::Result;
 use kestrel_core::{JobId, TaskState};
-use kestrel_proto::messages::{Answer, Ask, JobFilter, JobState, TaskDetail};
+use kestrel_proto::messages::{Answer, Ask, JobFilter, JobState, JobsPage, TaskDetail};
 use serde::Serialize;
 use std::process::ExitCode;
 
@@ -46,14 +46,13 @@ pub async fn job_list(
     last: u32,
 ) -> Result<ExitCode> {
     let filtered = !states.is_empty() || name.is_some();
-    let filter = JobFilter {
+    let mut filter = JobFilter {
         states: states.into_iter().map(job_state_of).collect(),
         name,
         last,
+        before: None,
     };
-    let Answer::JobsPage(page) = s.call(Ask::Jobs { filter }).await? else {
-        return Err(unexpected());
-    };
+    let page = jobs_in_pages(s, &mut filter).await?;
     if g.output == Format::Json {
         output::json(&JobListView {
             jobs: page.jobs.iter().map(JobView::from).collect(),
@@ -89,6 +88,47 @@ pub async fn job_list(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The jobs `filter` lets through, asked a page at a time: a server cuts an answer at
+/// `MAX_JOB_PAGE` jobs (newest first), so while it left out older jobs that `last` still
+/// wants (every one, for `--last 0`), the next page is asked with `before`, the oldest so far.
+async fn jobs_in_pages(s: &mut Session, filter: &mut JobFilter) -> Result<JobsPage> {
+    let want = filter.last;
+    let mut pages: Vec<JobsPage> = Vec::new();
+    loop {
+        let Answer::JobsPage(page) = s
+            .call(Ask::Jobs {
+                filter: filter.clone(),
+            })
+            .await?
+        else {
+            return Err(unexpected());
+        };
+        let got: u64 = pages
+            .iter()
+            .chain([&page])
+            .map(|p| p.jobs.len() as u64)
+            .sum();
+        let oldest = page.jobs.first().map(|j| j.id);
+        let more = page.more;
+        pages.push(page);
+        let wanted = want == 0 || got < u64::from(want);
+        match oldest {
+            // (An empty page, even with more left, ends it: the same question would follow.)
+            Some(oldest) if more > 0 && wanted => {
+                filter.before = Some(oldest);
+                if want > 0 {
+                    filter.last = want - got as u32;
+                }
+            }
+            _ => break,
+        }
+    }
+    // Oldest first: the last page asked holds the oldest jobs.
+    let more = pages.last().map_or(0, |p| p.more);
+    let jobs = pages.into_iter().rev().flat_map(|p| p.jobs).collect();
+    Ok(JobsPage { jobs, more })
 }
 
 /// A listed job's progress, and what its waiting tasks wait for: `5 waiting for 3, 4:2`.

@@ -60,6 +60,74 @@ fn job_list_filters_by_state_and_name_and_keeps_the_newest() {
     assert_eq!(none.stdout, "", "{none:#?}");
 }
 
+/// More jobs than a server answers at once (`MAX_JOB_PAGE`): `--last 0` still lists every
+/// one, once each and oldest first, and `--last N` past a page has its N.
+#[test]
+fn job_list_last_0_lists_every_job_past_a_page() {
+    use kestrel_proto::messages::{Ask, Request, ToClient, MAX_JOB_PAGE};
+    let c = Cluster::new();
+    let total = u64::from(MAX_JOB_PAGE) * 2 + 3;
+    // Submitted over one connection, all asked before any answer is read: quicker than a
+    // process per job.
+    let access = kestrel_proto::Access::read(&c.server_dir.join("access.json")).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (mut reader, mut writer, _) = kestrel_proto::client::connect_as(
+            &access,
+            kestrel_proto::Role::Client,
+            kestrel_proto::SPOKEN_VERSIONS,
+        )
+        .await
+        .expect("connected");
+        for id in 1..=total {
+            let body = Ask::Submit {
+                spec: kestrel_core::JobSpec::command("one", vec!["true".into()]),
+                tasks: kestrel_core::TaskSet::Array(kestrel_core::IdRanges::span(1, 1)),
+                open: false,
+                key: None,
+            };
+            let frame = kestrel_proto::encode(&Request { id, body }).unwrap();
+            writer.feed(frame).await.unwrap();
+        }
+        writer.flush().await.unwrap();
+        for _ in 0..total {
+            let reply = tokio::time::timeout(COMMAND_LIMIT, reader.recv::<ToClient>()).await;
+            assert!(
+                matches!(&reply, Ok(Ok(ToClient::Reply { result: Ok(_), .. }))),
+                "{reply:?}"
+            );
+        }
+    });
+    let list = |args: &[&str]| {
+        let mut all = vec!["job", "list", "--output", "json"];
+        all.extend_from_slice(args);
+        c.run(&all).ok().json()
+    };
+    let every = list(&["--last", "0"]);
+    assert_eq!(ids(&every, "jobs"), (1..=total).collect::<Vec<_>>());
+    assert_eq!(every["more"], 0);
+    let some = list(&["--last", &(MAX_JOB_PAGE + 1).to_string()]);
+    assert_eq!(
+        ids(&some, "jobs"),
+        (MAX_JOB_PAGE as u64 + 3..=total).collect::<Vec<_>>()
+    );
+    assert_eq!(some["more"], total - u64::from(MAX_JOB_PAGE) - 1);
+    // The table pages the same way.
+    let table = c.run(&["job", "list", "--last", "0"]);
+    assert_eq!(
+        table
+            .ok()
+            .stdout
+            .lines()
+            .filter(|l| l.contains("one"))
+            .count() as u64,
+        total
+    );
+}
+
 #[test]
 fn forgotten_jobs_stay_forgotten_after_a_restart() {
     let mut c = Cluster::with_workers(&[1]);

@@ -1073,15 +1073,26 @@ pub struct JobFilter {
     pub states: Vec<JobState>,
     /// Only jobs whose name matches this shell-style pattern (`*`, `?`, `[abc]`).
     pub name: Option<String>,
-    /// Only the last (newest) this many of the matching jobs; 0 = all.
+    /// Only the last (newest) this many of the matching jobs; 0 = all. A server answers at
+    /// most [`MAX_JOB_PAGE`] at once: the rest comes with `before`.
     pub last: u32,
+    /// Only jobs older than this one (ids below it): the next page, after an answer cut at
+    /// [`MAX_JOB_PAGE`]. Not sent when `None`, so a server of before this field reads the
+    /// filter (and such a server never cuts an answer, so it is never asked for more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<JobId>,
 }
+
+/// Jobs a page of `job list` (`Jobs`) holds at most, whatever `last` asked: each job's
+/// summary is small, but a server's history can hold millions of them. `more` says what was
+/// left out, and the next page is asked with `JobFilter::before`.
+pub const MAX_JOB_PAGE: u32 = 1_000;
 
 /// The jobs a filter let through, oldest first.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobsPage {
     pub jobs: Vec<JobSummary>,
-    /// Older jobs that matched but were left out by `last`.
+    /// Older jobs that matched but were left out by `last` or by [`MAX_JOB_PAGE`].
     pub more: u64,
 }
 

@@ -598,6 +598,7 @@ fn client_requests() {
                 states: vec![JobState::Running, JobState::Failed],
                 name: Some("sweep*".into()),
                 last: 10,
+                before: None,
             },
         },
         Ask::Forget {

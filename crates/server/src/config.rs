@@ -42,6 +42,9 @@ pub struct ServerConfig {
     /// Make a new secret rather than keep the journal's (`server start --new-secret`): access
     /// files written before are refused from now on.
     pub new_secret: bool,
+    /// How long a write to an authenticated client or worker may make no progress before its
+    /// connection is dropped ([`crate::WRITE_TIMEOUT`]; shorter only in tests).
+    pub write_timeout: Duration,
 }
 
 /// Where the server's TLS certificate comes from.
@@ -79,6 +82,7 @@ impl ServerConfig {
             window: None,
             run_record: false,
             new_secret: false,
+            write_timeout: crate::WRITE_TIMEOUT,
         }
     }
 }

@@ -39,6 +39,10 @@ const MAX_HANDSHAKES: usize = 512;
 /// Of those, from one address (an IPv6 /64): half, so one address never holds them all, and
 /// still more than the workers of one machine or one NAT gateway connecting at once.
 const MAX_HANDSHAKES_PER_SOURCE: usize = MAX_HANDSHAKES / 2;
+/// An authenticated peer's write may make no progress for this long before its connection is
+/// dropped: a client or worker that stops reading would otherwise hold its queued frames (and
+/// the memory they take) for ever. Generous, so a slow link or a paused laptop rides it out.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Failed handshakes are counted per address over this window.
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// Failures from one address logged one by one per window; the rest are only counted.
@@ -155,16 +159,31 @@ fn handshake_failed(failures: &SharedFailures, peer: SocketAddr, reason: &str) {
     }
 }
 
+/// What every connection of a listener shares.
+struct Listening {
+    secret: Arc<[u8]>,
+    tls: Option<TlsAcceptor>,
+    failures: SharedFailures,
+    /// See [`WRITE_TIMEOUT`].
+    write_timeout: Duration,
+}
+
 /// Accepts connections until aborted. With `tls`, every connection is TLS before the handshake.
 pub async fn accept_loop(
     listener: TcpListener,
     secret: Vec<u8>,
     tls: Option<TlsAcceptor>,
+    write_timeout: Duration,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
-    let secret: Arc<[u8]> = secret.into();
     let failures: SharedFailures =
         Arc::new(Mutex::new(Failures::new(FAILURE_WINDOW, FAILURE_BURST)));
+    let listening = Arc::new(Listening {
+        secret: secret.into(),
+        tls,
+        failures: failures.clone(),
+        write_timeout,
+    });
     let gate = Gate::new(Limits {
         total: MAX_HANDSHAKES,
         unproven: MAX_HANDSHAKES,
@@ -189,9 +208,7 @@ pub async fn accept_loop(
                         (pass, evicted),
                         stream,
                         peer,
-                        secret.clone(),
-                        tls.clone(),
-                        failures.clone(),
+                        Arc::clone(&listening),
                         engine.clone(),
                     ));
                 }
@@ -272,22 +289,22 @@ async fn serve(
     (pass, evicted): (Pass, Evicted),
     stream: TcpStream,
     peer: SocketAddr,
-    secret: Arc<[u8]>,
-    tls: Option<TlsAcceptor>,
-    failures: SharedFailures,
+    listening: Arc<Listening>,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
+    let failures = &listening.failures;
     let deadline = if pass.crowded {
         CROWDED_HANDSHAKE_TIMEOUT
     } else {
         HANDSHAKE_TIMEOUT
     };
-    let hs = tokio::time::timeout(deadline, open(stream, &secret, tls));
+    let tls = listening.tls.clone();
+    let hs = tokio::time::timeout(deadline, open(stream, &listening.secret, tls));
     let hs = tokio::select! {
         hs = hs => hs,
         () = evicted.wait() => {
             let reason = "closed to make room: the handshake places were full, and this address held the most of them";
-            return handshake_failed(&failures, peer, reason);
+            return handshake_failed(failures, peer, reason);
         }
     };
     // Returning drops the halves, which closes the connection.
@@ -295,25 +312,33 @@ async fn serve(
         Ok(Ok(opened)) => opened,
         // Connected and left without a word: a port probe (workers do this when reconnecting).
         Ok(Err(ProtoError::Closed)) => return,
-        Ok(Err(e)) => return handshake_failed(&failures, peer, &e.to_string()),
+        Ok(Err(e)) => return handshake_failed(failures, peer, &e.to_string()),
         Err(_) => {
             let reason = format!("not finished within {deadline:?}");
-            return handshake_failed(&failures, peer, &reason);
+            return handshake_failed(failures, peer, &reason);
         }
     };
     // Proven: its place is another's now.
     drop(pass);
     let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Bytes>();
-    let writer_task = tokio::spawn(write_loop(writer, out_rx));
+    // Told when the peer stopped reading, so its reader ends too and the engine forgets it.
+    let (stalled_tx, stalled) = oneshot::channel();
+    let writer_task = tokio::spawn(write_loop(
+        writer,
+        out_rx,
+        peer,
+        listening.write_timeout,
+        stalled_tx,
+    ));
     let outbox = Outbox {
         conn,
         tx: out_tx,
         version,
     };
     match role {
-        Role::Worker => serve_worker(reader, peer, outbox, engine).await,
-        Role::Client => serve_client(reader, peer, outbox, engine).await,
+        Role::Worker => serve_worker(reader, peer, outbox, stalled, engine).await,
+        Role::Client => serve_client(reader, peer, outbox, stalled, engine).await,
     }
     // The engine drops its sender when it forgets the connection; the writer then drains
     // what is queued and ends.
@@ -324,6 +349,7 @@ async fn serve_worker(
     mut reader: FrameReader<ConnRead>,
     peer: SocketAddr,
     outbox: Outbox,
+    mut stalled: oneshot::Receiver<Stalled>,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let registration = match reader.recv::<FromWorker>().await {
@@ -352,7 +378,11 @@ async fn serve_worker(
     }
     let Ok(worker) = id_rx.await else { return };
     let reason = loop {
-        match reader.try_recv::<FromWorker>().await {
+        let next = tokio::select! {
+            next = reader.try_recv::<FromWorker>() => next,
+            Ok(Stalled) = &mut stalled => break stalled_reason(),
+        };
+        match next {
             Ok(Some(msg)) => {
                 if engine.send(Inbound::FromWorker { worker, msg }).is_err() {
                     return;
@@ -411,6 +441,7 @@ async fn serve_client(
     mut reader: FrameReader<ConnRead>,
     peer: SocketAddr,
     outbox: Outbox,
+    mut stalled: oneshot::Receiver<Stalled>,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let conn = outbox.conn;
@@ -425,7 +456,12 @@ async fn serve_client(
         return;
     }
     loop {
-        let frame = match reader.next_frame().await {
+        let next = tokio::select! {
+            next = reader.next_frame() => next,
+            // Logged by the writer; this side only ends.
+            Ok(Stalled) = &mut stalled => break,
+        };
+        let frame = match next {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(e) if peer_went_away(&e) => {
@@ -460,22 +496,69 @@ async fn serve_client(
     let _ = engine.send(Inbound::ClientGone { conn });
 }
 
+/// The writer gave up on a peer that stopped reading (see [`WRITE_TIMEOUT`]).
+struct Stalled;
+
+fn stalled_reason() -> String {
+    "it stopped reading what the server sends".to_string()
+}
+
 /// Writes queued frames, flushing once per burst so a batch of messages leaves in one write.
-async fn write_loop(mut writer: FrameWriter<ConnWrite>, mut rx: mpsc::UnboundedReceiver<Bytes>) {
-    while let Some(frame) = rx.recv().await {
-        if writer.feed(frame).await.is_err() {
-            return;
-        }
-        while let Ok(more) = rx.try_recv() {
-            if writer.feed(more).await.is_err() {
-                return;
+/// A write that makes no progress within `timeout` ends the connection: the peer is logged,
+/// and `stalled` tells its reader to end too (dropping both halves closes the socket).
+async fn write_loop(
+    mut writer: FrameWriter<ConnWrite>,
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
+    peer: SocketAddr,
+    timeout: Duration,
+    stalled: oneshot::Sender<Stalled>,
+) {
+    let result = async {
+        while let Some(frame) = rx.recv().await {
+            within(timeout, writer.feed(frame)).await?;
+            while let Ok(more) = rx.try_recv() {
+                within(timeout, writer.feed(more)).await?;
             }
+            within(timeout, writer.flush()).await?;
         }
-        if writer.flush().await.is_err() {
-            return;
-        }
+        Ok(())
     }
-    let _ = writer.into_inner().shutdown().await;
+    .await;
+    match result {
+        Ok(()) => {
+            let _ = writer.into_inner().shutdown().await;
+        }
+        Err(WriteEnd::Stalled) => {
+            tracing::warn!(
+                %peer,
+                "closing the connection: {} (nothing it was sent was read for {timeout:?})",
+                stalled_reason()
+            );
+            let _ = stalled.send(Stalled);
+        }
+        // The peer went away, which its reader notices.
+        Err(WriteEnd::Failed) => {}
+    }
+}
+
+/// Why a write loop ended early.
+enum WriteEnd {
+    /// A write made no progress within the timeout.
+    Stalled,
+    /// A write failed.
+    Failed,
+}
+
+/// `write`, within `timeout`.
+async fn within(
+    timeout: Duration,
+    write: impl std::future::Future<Output = Result<(), ProtoError>>,
+) -> Result<(), WriteEnd> {
+    match tokio::time::timeout(timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(WriteEnd::Failed),
+        Err(_) => Err(WriteEnd::Stalled),
+    }
 }
 
 #[cfg(test)]

@@ -89,5 +89,12 @@ pub async fn open(dir: &Path) -> Result<RunningServer, StartError> {
         dir.display()
     );
     engine.attach_record(journal, why)?;
-    Ok(serve(engine, listener, access, None, None))
+    Ok(serve(
+        engine,
+        listener,
+        access,
+        None,
+        config.write_timeout,
+        None,
+    ))
 }

@@ -186,7 +186,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     }
     access.write(&access_path)?;
     tracing::info!(address = %access.address(), dir = %config.dir.display(), "server listening");
-    let mut server = serve(engine, listener, access, tls, Some((lock, access_path)));
+    let placed = Some((lock, access_path));
+    let mut server = serve(engine, listener, access, tls, config.write_timeout, placed);
     server.restored = restored;
     Ok(server)
 }
@@ -198,6 +199,7 @@ pub(crate) fn serve(
     listener: TcpListener,
     access: Access,
     tls: Option<kestrel_proto::tls::TlsAcceptor>,
+    write_timeout: std::time::Duration,
     placed: Option<(lock::DirLock, PathBuf)>,
 ) -> RunningServer {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -208,6 +210,7 @@ pub(crate) fn serve(
         listener,
         access.secret_bytes(),
         tls,
+        write_timeout,
         tx.clone(),
     ));
     let done = tokio::spawn(async move {

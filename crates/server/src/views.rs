@@ -27,7 +27,9 @@ pub fn job_state(j: &Job) -> JobState {
     }
 }
 
-/// The jobs that pass `filter`, oldest first: the newest `filter.last` of them (all if 0).
+/// The jobs that pass `filter`, oldest first: the newest `filter.last` of them (all if 0),
+/// older than `filter.before` if given, and at most [`MAX_JOB_PAGE`]: a client pages on with
+/// `before` (the oldest id it got), so no answer grows with the server's history.
 /// Newest first is the walk, so `--last 10` of 100,000 jobs without other filters looks at
 /// ten; the rest is only counted.
 pub fn jobs_page(core: &Scheduler, filter: &JobFilter) -> Result<JobsPage, Refusal> {
@@ -46,16 +48,16 @@ pub fn jobs_page(core: &Scheduler, filter: &JobFilter) -> Result<JobsPage, Refus
         (filter.states.is_empty() || filter.states.contains(&job_state(j)))
             && pattern.as_ref().is_none_or(|p| p.matches(&j.spec.name))
     };
-    let limit = if filter.last == 0 {
-        usize::MAX
-    } else {
-        filter.last as usize
-    };
+    let limit = match filter.last {
+        0 => MAX_JOB_PAGE,
+        n => n.min(MAX_JOB_PAGE),
+    } as usize;
+    let newer = |j: &&Job| filter.before.is_some_and(|before| j.id >= before);
     let mut page = JobsPage {
         jobs: Vec::new(),
         more: 0,
     };
-    for j in jobs.rev().filter(|j| wanted(j)) {
+    for j in jobs.rev().skip_while(newer).filter(|j| wanted(j)) {
         if page.jobs.len() < limit {
             page.jobs.push(job_summary(core, j));
         } else {

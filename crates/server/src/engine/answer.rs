@@ -232,7 +232,9 @@ impl Engine {
                         last_us: now,
                     };
                     if self.wait_done(&w) {
-                        Ok(Answer::WaitDone(self.progress_of(&w.jobs, now)))
+                        let done = Ok(Answer::WaitDone(self.progress_of(&w.jobs, now)));
+                        self.durable.hold_wait(conn, req.id, done, w.jobs);
+                        return;
                     } else if let Some(why) = &self.durable.read_only {
                         // Nothing moves in a record: the run ended before these jobs did.
                         Err(Refusal::from(format!(
@@ -598,7 +600,8 @@ impl Engine {
             if self.wait_done(&self.waiters[i]) {
                 let w = self.waiters.swap_remove(i);
                 let progress = self.progress_of(&w.jobs, self.now());
-                self.reply(w.conn, w.request, Ok(Answer::WaitDone(progress)));
+                let done = Ok(Answer::WaitDone(progress));
+                self.durable.hold_wait(w.conn, w.request, done, w.jobs);
             } else {
                 i += 1;
             }

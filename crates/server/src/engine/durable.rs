@@ -36,6 +36,11 @@ pub(super) struct Durability {
     pub(super) read_only: Option<String>,
     /// Client replies held until the batch's journal entries are committed.
     deferred: Vec<Deferred>,
+    /// Jobs with task ends in the pending transaction.
+    ends_pending: rustc_hash::FxHashSet<JobId>,
+    /// Jobs some of whose task ends a failed commit dropped: those tasks run again after a
+    /// restart, so a wait for such a job is not told it ended as if that were durable.
+    ends_lost: rustc_hash::FxHashSet<JobId>,
     /// When the journal was last committed, on the engine's clock.
     last_commit_us: u64,
     /// The scheduler's records being journaled, a buffer kept from one event to the next.
@@ -79,6 +84,25 @@ impl Durability {
             id,
             result,
             created,
+            waited: Vec::new(),
+        });
+    }
+
+    /// Holds a wait's `WaitDone` for the `jobs` it waited for, until the next commit: if the
+    /// journal could not record how those jobs ended, the wait gets an error instead.
+    pub(super) fn hold_wait(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        result: Result<Answer, Refusal>,
+        jobs: Vec<JobId>,
+    ) {
+        self.deferred.push(Deferred {
+            conn,
+            id,
+            result,
+            created: None,
+            waited: jobs,
         });
     }
 }
@@ -91,6 +115,8 @@ struct Deferred {
     /// A job this batch created, with its submission key (withdrawn if the commit fails), or
     /// extended.
     created: Option<(JobId, Option<String>)>,
+    /// The jobs a `WaitDone` reports ended.
+    waited: Vec<JobId>,
 }
 
 impl Deferred {
@@ -135,7 +161,14 @@ impl Engine {
             }
             if !d.pending.is_empty() {
                 d.last_commit_us = now;
-                match j.commit(&mut d.pending) {
+                let committed = j.commit(&mut d.pending);
+                // Ends are kept only by a whole commit: one refused for want of room keeps
+                // the batch's inputs without them.
+                if committed.is_err() {
+                    d.ends_lost.extend(d.ends_pending.iter().copied());
+                }
+                d.ends_pending.clear();
+                match committed {
                     Ok(()) => {
                         d.next_job_kept = Some(next_job);
                         if let Some(was) = d.error.take() {
@@ -163,8 +196,46 @@ impl Engine {
         if let Some(msg) = failed {
             self.withdraw_unjournaled(&msg);
         }
+        self.unconfirm_waits();
         for d in std::mem::take(&mut self.durable.deferred) {
             self.conns.send_now(d.conn, d.id, d.result);
+        }
+    }
+
+    /// A held `WaitDone` for a job whose task ends the journal did not record (in this batch's
+    /// failed commit or an earlier one) becomes an error: the jobs did end, but a restart
+    /// would run those tasks again, and the client must not take it as durable.
+    fn unconfirm_waits(&mut self) {
+        let d = &mut self.durable;
+        if d.ends_lost.is_empty() {
+            return;
+        }
+        let why = d
+            .error
+            .as_deref()
+            .unwrap_or("an earlier write of the journal failed");
+        for w in d.deferred.iter_mut().filter(|w| !w.waited.is_empty()) {
+            let mut lost: Vec<JobId> = w
+                .waited
+                .iter()
+                .copied()
+                .filter(|job| d.ends_lost.contains(job))
+                .collect();
+            if lost.is_empty() || !matches!(w.result, Ok(Answer::WaitDone(_))) {
+                continue;
+            }
+            lost.sort_unstable();
+            let jobs = match &lost[..] {
+                [one] => format!("job {one}"),
+                more => {
+                    let ids: Vec<String> = more.iter().map(u32::to_string).collect();
+                    format!("jobs {}", ids.join(", "))
+                }
+            };
+            w.result = Err(format!(
+                "the wait is over, but the journal could not record how some tasks of {jobs} ended, so a restart of the server would run them again ({why})"
+            )
+            .into());
         }
     }
 
@@ -267,6 +338,9 @@ impl Engine {
                     for f in ends {
                         if job.is_none_or(|j| j.id != f.job) {
                             job = self.core.job(f.job);
+                            if journaling {
+                                self.durable.ends_pending.insert(f.job);
+                            }
                         }
                         let Some(j) = job else {
                             continue;
@@ -283,6 +357,7 @@ impl Engine {
                     }
                 }
                 Record::Forgotten { job } => {
+                    self.durable.ends_lost.remove(&job);
                     // Its output log goes in the same transaction as the FORGET entry.
                     self.outputs
                         .forget(job, journaling.then_some(&mut *pending));

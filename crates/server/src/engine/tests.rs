@@ -645,3 +645,91 @@ fn pages_asked_all_at_once_are_answered_a_bounded_share_per_pass_in_their_order(
     s.batch([]);
     assert_eq!(client.sent::<ToClient>(), vec![]);
 }
+
+/// `job list --last 0` over a long history: no answer holds more than a page, and the pages
+/// asked with `before` hold every job once, newest page first.
+#[test]
+fn a_job_list_answer_never_holds_more_than_a_page_and_pages_on_with_before() {
+    let mut s = Server::new();
+    let mut client = s.client();
+    let page = MAX_JOB_PAGE;
+    let total = 2 * page + 5;
+    for _ in 0..total {
+        s.submit(&mut client, 1);
+    }
+    let mut ask = |s: &mut Server, last: u32, before: Option<JobId>| {
+        let filter = JobFilter {
+            last,
+            before,
+            ..JobFilter::default()
+        };
+        match s.ask(&mut client, 7, Ask::Jobs { filter }).as_slice() {
+            [ToClient::Reply {
+                result: Ok(Answer::JobsPage(p)),
+                ..
+            }] => p.clone(),
+            other => panic!("job list answered {other:?}"),
+        }
+    };
+    let ids = |p: &JobsPage| p.jobs.iter().map(|j| j.id).collect::<Vec<_>>();
+    // Every job, and more than a page asked: a page each time.
+    for last in [0, page + 1, u32::MAX] {
+        let first = ask(&mut s, last, None);
+        assert_eq!(ids(&first), (page + 6..=total).collect::<Vec<_>>());
+        assert_eq!(first.more, u64::from(page + 5));
+    }
+    let second = ask(&mut s, 0, Some(page + 6));
+    assert_eq!(ids(&second), (6..=page + 5).collect::<Vec<_>>());
+    assert_eq!(second.more, 5);
+    let third = ask(&mut s, 0, Some(6));
+    assert_eq!(ids(&third), (1..=5).collect::<Vec<_>>());
+    assert_eq!(third.more, 0);
+    // Within a page, `last` still has its say.
+    let three = ask(&mut s, 3, Some(6));
+    assert_eq!((ids(&three), three.more), (vec![3, 4, 5], 2));
+}
+
+/// A wait whose jobs ended in a batch the full journal could not record is not told they
+/// ended as if it were durable (a restart would run those tasks again), nor is a later wait
+/// for them; a job whose ends were recorded still is.
+#[test]
+fn a_wait_is_not_answered_done_when_the_journal_could_not_record_the_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::journaled(dir.path(), Some(64 * 1024));
+    let (worker, _peer) = s.worker(20_000);
+    let mut client = s.client();
+    let small = s.submit(&mut client, 1);
+    s.finish(worker, &[run(small, 0, 1)]);
+    // 20,000 ends take far more than the room left.
+    let job = s.submit(&mut client, 20_000);
+    let wait = Ask::Wait {
+        jobs: vec![job],
+        progress_ms: 60_000,
+    };
+    assert_eq!(s.ask(&mut client, 7, wait.clone()), vec![]);
+    s.finish(worker, &[run(job, 0, 20_000)]);
+    assert!(s.engine.durable.error.is_some(), "the ends fitted");
+    let got = client.sent();
+    let Err(e) = reply(&got, 7) else {
+        panic!("the wait was answered with {got:?}");
+    };
+    assert!(
+        e.message.contains("some tasks of job 2 ended"),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("--journal-limit"), "{}", e.message);
+    // Asked again once the job has ended: the same.
+    let got = s.ask(&mut client, 8, wait);
+    assert!(
+        matches!(reply(&got, 8), Err(e) if e.message.contains("job 2")),
+        "{got:?}"
+    );
+    // The small job's end was recorded before.
+    let wait = Ask::Wait {
+        jobs: vec![small],
+        progress_ms: 60_000,
+    };
+    let got = s.ask(&mut client, 9, wait);
+    assert!(matches!(reply(&got, 9), Ok(Answer::WaitDone(_))), "{got:?}");
+}

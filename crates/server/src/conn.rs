@@ -39,9 +39,10 @@ const MAX_HANDSHAKES: usize = 512;
 /// Of those, from one address (an IPv6 /64): half, so one address never holds them all, and
 /// still more than the workers of one machine or one NAT gateway connecting at once.
 const MAX_HANDSHAKES_PER_SOURCE: usize = MAX_HANDSHAKES / 2;
-/// An authenticated peer's write may make no progress for this long before its connection is
-/// dropped: a client or worker that stops reading would otherwise hold its queued frames (and
-/// the memory they take) for ever. Generous, so a slow link or a paused laptop rides it out.
+/// How long one write to an authenticated peer (a frame, at most 16 MiB, or a flush) may take
+/// before its connection is dropped: a client or worker that stops reading would otherwise
+/// hold its queued frames (and the memory they take) for ever. Generous, so a paused laptop or
+/// a link down to about 0.5 MiB/s (the largest frame in 30 s) rides it out.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Failed handshakes are counted per address over this window.
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
@@ -504,7 +505,7 @@ fn stalled_reason() -> String {
 }
 
 /// Writes queued frames, flushing once per burst so a batch of messages leaves in one write.
-/// A write that makes no progress within `timeout` ends the connection: the peer is logged,
+/// A write not done within `timeout` ends the connection: the peer is logged,
 /// and `stalled` tells its reader to end too (dropping both halves closes the socket).
 async fn write_loop(
     mut writer: FrameWriter<ConnWrite>,

@@ -42,7 +42,7 @@ pub struct ServerConfig {
     /// Make a new secret rather than keep the journal's (`server start --new-secret`): access
     /// files written before are refused from now on.
     pub new_secret: bool,
-    /// How long a write to an authenticated client or worker may make no progress before its
+    /// How long a burst of writes to an authenticated client or worker may take before its
     /// connection is dropped ([`crate::WRITE_TIMEOUT`]; shorter only in tests).
     pub write_timeout: Duration,
 }

@@ -39,11 +39,16 @@ const MAX_HANDSHAKES: usize = 512;
 /// Of those, from one address (an IPv6 /64): half, so one address never holds them all, and
 /// still more than the workers of one machine or one NAT gateway connecting at once.
 const MAX_HANDSHAKES_PER_SOURCE: usize = MAX_HANDSHAKES / 2;
-/// How long one write to an authenticated peer (a frame, at most 16 MiB, or a flush) may take
-/// before its connection is dropped: a client or worker that stops reading would otherwise
-/// hold its queued frames (and the memory they take) for ever. Generous, so a paused laptop or
-/// a link down to about 0.5 MiB/s (the largest frame in 30 s) rides it out.
+/// How long one burst of writes to an authenticated peer (the frames queued for it, up to
+/// [`BURST_BYTES`] and one more frame of at most 16 MiB, then a flush) may take before its
+/// connection is dropped: a client or worker that stops reading would otherwise hold its queued
+/// frames (and the memory they take) for ever. Generous, so a paused laptop or a link down to
+/// about 0.6 MiB/s (the largest burst in 30 s) rides it out.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A burst stops taking queued frames once this much is taken, so that its timeout bounds a
+/// known amount of data. One timer per burst, not per frame: with hundreds of workers the
+/// server writes many small bursts, and a timer for each frame showed in its CPU time.
+const BURST_BYTES: usize = 1 << 20;
 /// Failed handshakes are counted per address over this window.
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// Failures from one address logged one by one per window; the rest are only counted.
@@ -505,7 +510,7 @@ fn stalled_reason() -> String {
 }
 
 /// Writes queued frames, flushing once per burst so a batch of messages leaves in one write.
-/// A write not done within `timeout` ends the connection: the peer is logged,
+/// A burst not written within `timeout` ends the connection: the peer is logged,
 /// and `stalled` tells its reader to end too (dropping both halves closes the socket).
 async fn write_loop(
     mut writer: FrameWriter<ConnWrite>,
@@ -516,11 +521,7 @@ async fn write_loop(
 ) {
     let result = async {
         while let Some(frame) = rx.recv().await {
-            within(timeout, writer.feed(frame)).await?;
-            while let Ok(more) = rx.try_recv() {
-                within(timeout, writer.feed(more)).await?;
-            }
-            within(timeout, writer.flush()).await?;
+            within(timeout, write_burst(&mut writer, &mut rx, frame)).await?;
         }
         Ok(())
     }
@@ -532,7 +533,7 @@ async fn write_loop(
         Err(WriteEnd::Stalled) => {
             tracing::warn!(
                 %peer,
-                "closing the connection: {} (nothing it was sent was read for {timeout:?})",
+                "closing the connection: {} (a burst of what it was sent was not read in {timeout:?})",
                 stalled_reason()
             );
             let _ = stalled.send(Stalled);
@@ -540,6 +541,22 @@ async fn write_loop(
         // The peer went away, which its reader notices.
         Err(WriteEnd::Failed) => {}
     }
+}
+
+/// Writes `first` and what else is queued, up to [`BURST_BYTES`], then flushes.
+async fn write_burst(
+    writer: &mut FrameWriter<ConnWrite>,
+    rx: &mut mpsc::UnboundedReceiver<Bytes>,
+    first: Bytes,
+) -> Result<(), ProtoError> {
+    let mut taken = first.len();
+    writer.feed(first).await?;
+    while taken < BURST_BYTES {
+        let Ok(more) = rx.try_recv() else { break };
+        taken += more.len();
+        writer.feed(more).await?;
+    }
+    writer.flush().await
 }
 
 /// Why a write loop ended early.

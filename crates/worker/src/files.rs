@@ -1,34 +1,28 @@
-//! Running a task that reads or writes logical files: its inputs staged into the cache (or
-//! streamed past it), the command run with their paths, its outputs collected into the cache
-//! and written to the store.
+//! A worker's files: its cache, and the transfers that fill it. An input is fetched once per
+//! worker however many runs need it, from the peers' caches ([`crate::peer`]) or the store
+//! ([`Store`]), through `DIR/partial`, and moved into place whole; a worker reads from the
+//! store at most `store_readers` files at once (TaskVine's bound of one reader per worker by
+//! default), so many workers starting together do not stampede it.
 //!
-//! This runs on the executor thread that runs the task, just before and after the process.
-//! Inputs of queued tasks are usually in the cache by then, fetched ahead (`crate::prefetch`);
-//! a run whose input is still on its way waits for that fetch on its slot.
-//!
-//! Files come from peers' caches ([`crate::peer`]) or the store ([`Store`]) into the cache
-//! through `DIR/partial` and are moved into place whole, each fetched once per worker however
-//! many runs need it; a worker reads from the store at most `store_readers` files at once
-//! (TaskVine's bound of one reader per worker by default), so many workers starting together
-//! do not stampede it.
+//! Fetches run on the executor thread of the task that needs the file, just before it runs
+//! ([`crate::sandbox`] stages and collects a run's files), or ahead of it while it is queued
+//! ([`crate::prefetch`]): inputs of queued tasks are usually in the cache by then, and a run
+//! whose input is still on its way waits for that fetch on its slot.
 
 use crate::cache::{Cache, CacheError, Digest};
-use crate::exec::{self, CancelHandle, ExitKind, Launch, Outcome};
+use crate::exec::{CancelHandle, ExitKind};
 use crate::ledger::Key;
 use crate::peer::{Fetched, Peers};
 use crate::prefetch::Prefetched;
-use crate::reaper::Reaper;
-use crate::store::{write_file_digesting, Store, StoreError, WriteFailed};
+use crate::store::{Store, StoreError, WriteFailed};
 use kestrel_core::files::Transfers;
-use kestrel_core::placeholders::substitute_inputs;
 use kestrel_core::{JobId, TaskIndex};
 use kestrel_proto::messages::{CacheChange, FileSources, JobTransfers, TaskTransfers};
 use rustc_hash::FxHashMap;
-use std::borrow::Cow;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// A worker's cache and its bound on reads from the store, shared by its executor threads.
 #[derive(Debug)]
@@ -265,98 +259,6 @@ pub struct FilesPlan {
     pub bad_name: Option<String>,
 }
 
-/// Stages `plan`'s inputs, runs `launch` with `{input:NAME}`, `{input:N}`, `{inputs}` and
-/// `KESTREL_INPUTS` naming their paths, and collects its outputs if it succeeds.
-pub fn run_with_files(
-    (job, index): (JobId, TaskIndex),
-    launch: &Launch,
-    plan: &FilesPlan,
-    cache: &WorkerFiles,
-    cancel: &CancelHandle,
-    reaper: Option<&Reaper>,
-) -> Outcome {
-    let started = SystemTime::now();
-    let mut moved = Transfers::default();
-    let mut pinned: Vec<String> = Vec::new();
-    let mut paths: Vec<(String, PathBuf)> = Vec::with_capacity(plan.inputs.len());
-    let mut fail = plan.bad_name.as_ref().map(|n| {
-        ExitKind::Unrunnable(format!("file name {n:?} (its placeholders replaced) is not a plain path inside the store: no `..`, `.`, empty parts or leading `/`"))
-    });
-    // This run's own directory for inputs streamed past the cache: tasks of other workers
-    // and of this one may share the sandbox and read the same file at once.
-    let streamed = plan
-        .sandbox
-        .join(STREAMED)
-        .join(format!("{}-{job}-{index}", std::process::id()));
-    let names = if fail.is_none() {
-        &plan.inputs[..]
-    } else {
-        &[]
-    };
-    // Whether the streamed directory may exist: most runs stream nothing and need no look.
-    let mut may_have_streamed = false;
-    for (i, name) in names.iter().enumerate() {
-        // Canceled while staging: stop fetching; the run below ends as canceled at once.
-        if cancel.is_canceled() {
-            break;
-        }
-        let is_static = i >= plan.inputs.len() - plan.statics;
-        match stage(
-            (job, index, name),
-            plan,
-            &streamed,
-            cache,
-            cancel,
-            &mut moved,
-        ) {
-            Ok((path, pin)) => {
-                may_have_streamed |= !pin;
-                if pin {
-                    let key = plan.cached(name);
-                    if is_static {
-                        lock(cache).keep(&key);
-                    }
-                    pinned.push(key);
-                }
-                paths.push((name.clone(), path));
-            }
-            Err(why) => {
-                may_have_streamed = true;
-                fail = Some(why);
-                break;
-            }
-        }
-    }
-    let outcome = match fail {
-        Some(why) => failed(started, why),
-        None => {
-            let launch = with_input_paths(launch, &paths);
-            let mut outcome = exec::run_with(&launch, cancel, reaper);
-            if outcome.status.is_success() {
-                if let Err(why) = collect(plan, cache) {
-                    outcome.status = ExitKind::SpawnFailed(why);
-                }
-            }
-            outcome
-        }
-    };
-    // With the pins the prefetcher took for this task.
-    pinned.extend(cache.take_prefetched((job, index)));
-    let mut c = lock(cache);
-    for name in &pinned {
-        c.unpin(name);
-    }
-    drop(c);
-    // Streamed copies belong to this run alone.
-    if may_have_streamed && streamed.exists() {
-        let _ = fs::remove_dir_all(&streamed);
-        // The shared parent goes when the last run's directory has.
-        let _ = fs::remove_dir(plan.sandbox.join(STREAMED));
-    }
-    cache.note_moved((job, index), &moved);
-    outcome
-}
-
 impl FilesPlan {
     /// What the cache calls file `name` of this job's store.
     pub(crate) fn cached(&self, name: &str) -> String {
@@ -383,9 +285,6 @@ fn pin_cached(name: &str, cache: &WorkerFiles) -> Option<(PathBuf, u64)> {
     Some((path, size))
 }
 
-/// Inputs too large for the cache are copied here, under the task's directory, for its run.
-const STREAMED: &str = ".kestrel-streamed";
-
 /// What fetching one file came to.
 pub(crate) enum Fetch {
     /// It is in the cache, pinned for the caller, at this path; whether this call fetched it.
@@ -399,7 +298,7 @@ pub(crate) enum Fetch {
 }
 
 /// Why a file did not come.
-enum NotFetched {
+pub(crate) enum NotFetched {
     /// The task ends so (canceled, or the file cannot be had).
     Exit(ExitKind),
     /// This worker could not write it.
@@ -408,7 +307,7 @@ enum NotFetched {
 
 /// Fetches file `name` of `job` (`key` in the cache) to `to`: from the peers the server named
 /// as holding it, then from the store, counting the transfer in `moved`.
-fn fetch_to(
+pub(crate) fn fetch_to(
     (job, name): (JobId, &str),
     key: &str,
     plan: &FilesPlan,
@@ -538,44 +437,6 @@ pub(crate) fn fetch_once(
     }
 }
 
-/// Brings input `name` here for a run: its path, and whether it is pinned in the cache. A
-/// file the cache cannot hold is streamed: moved into the run's own `streamed` directory.
-fn stage(
-    (job, index, name): (JobId, TaskIndex, &str),
-    plan: &FilesPlan,
-    streamed: &Path,
-    cache: &WorkerFiles,
-    cancel: &CancelHandle,
-    moved: &mut Transfers,
-) -> Result<(PathBuf, bool), ExitKind> {
-    let to = streamed.join(name);
-    let cannot = |why: String| ExitKind::SpawnFailed(format!("input {name}: {why}"));
-    let cannot_place = |e: std::io::Error| cannot(format!("cannot place it for the task: {e}"));
-    let make_parent = || to.parent().map_or(Ok(()), fs::create_dir_all);
-    match fetch_once((job, index, name), plan, cache, cancel, moved, false)? {
-        Fetch::Cached(path, _) => Ok((path, true)),
-        // Moved, or copied if the task's directory is on another disk than the cache.
-        Fetch::Uncached(partial) => {
-            let placed = make_parent().and_then(|()| {
-                fs::rename(&partial, &to).or_else(|_| fs::copy(&partial, &to).map(drop))
-            });
-            let _ = fs::remove_file(&partial);
-            placed.map(|()| (to.clone(), false)).map_err(cannot_place)
-        }
-        // Fetched again, straight into the task's directory.
-        Fetch::NoRoom => {
-            make_parent().map_err(cannot_place)?;
-            match fetch_to((job, name), &plan.cached(name), plan, &to, cache, cancel, moved) {
-                Ok(_) => Ok((to.clone(), false)),
-                Err(NotFetched::Exit(why)) => Err(why),
-                Err(NotFetched::Local(w)) => Err(cannot(format!(
-                    "no room for it: the cache's disk is full of files in use, and the task's directory failed too ({w})"
-                ))),
-            }
-        }
-    }
-}
-
 /// How long a task waits for a failing store (reading again with backoff) before it fails.
 const STORE_PATIENCE: Duration = Duration::from_secs(300);
 /// The longest wait between two reads of a failing store.
@@ -643,92 +504,6 @@ fn read_from_store(
     }
 }
 
-/// `launch` with the input placeholders replaced ([`substitute_inputs`]) and
-/// `KESTREL_INPUTS` set.
-fn with_input_paths(launch: &Launch, paths: &[(String, PathBuf)]) -> Launch {
-    let paths: Vec<(String, String)> = paths
-        .iter()
-        .map(|(n, p)| (n.clone(), p.display().to_string()))
-        .collect();
-    let replace = |text: &mut String| {
-        if let Cow::Owned(done) = substitute_inputs(text, &paths) {
-            *text = done;
-        }
-    };
-    let mut l = launch.clone();
-    l.argv.iter_mut().for_each(replace);
-    l.env.iter_mut().for_each(|(_, v)| replace(v));
-    let all: Vec<&str> = paths.iter().map(|(_, p)| p.as_str()).collect();
-    l.env.push(("KESTREL_INPUTS".into(), all.join(" ")));
-    l
-}
-
-/// Moves the outputs a successful task wrote into the cache and writes those not `local` to
-/// the store.
-fn collect(plan: &FilesPlan, cache: &WorkerFiles) -> Result<(), String> {
-    for (i, name) in plan.outputs.iter().enumerate() {
-        let local = plan.local.get(i).copied().unwrap_or(false);
-        let (mut file, size) = open_output(plan, name)?;
-        if let (Some(store), false) = (&plan.store, local) {
-            store.write_from(name, &mut file)?;
-        }
-        // Kept for the tasks that read it next, if there is room: the store has it anyway,
-        // unless it is local, and then the cache is its only copy and must take it.
-        let kept = keep_output(plan, cache, name, &mut file, size, local);
-        if let (Err(why), true) = (kept, local) {
-            return Err(format!(
-                "local output {name} could not be kept in the cache ({why}); mark it persist or give the worker a larger --cache-size"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Opens output `name` that the task wrote in its directory, and its size. Refused: a
-/// symbolic link, or a path that a linked directory on its way leads out of the task's
-/// directory; either would put another file (`/etc/passwd`, a private key) into the store
-/// and the caches under the output's name.
-fn open_output(plan: &FilesPlan, name: &str) -> Result<(fs::File, u64), String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let written = plan.sandbox.join(name);
-    let not_written = || {
-        format!(
-            "output {name} was not written (expected at {})",
-            written.display()
-        )
-    };
-    let meta = fs::symlink_metadata(&written).map_err(|_| not_written())?;
-    if meta.file_type().is_symlink() {
-        let to = fs::read_link(&written).map_or_else(|_| "?".into(), |t| t.display().to_string());
-        return Err(format!(
-            "output {name} is a symbolic link (to {to}), not a file the task wrote: outputs are not followed out of the task's directory; write (or copy) the file itself there"
-        ));
-    }
-    if !meta.is_file() {
-        return Err(not_written());
-    }
-    let (Ok(real), Ok(root)) = (written.canonicalize(), plan.sandbox.canonicalize()) else {
-        return Err(not_written());
-    };
-    if !real.starts_with(&root) {
-        return Err(format!(
-            "output {name} is {}, outside the task's directory {} (a directory on its path is a symbolic link): outputs are not followed out of it; write the file itself there",
-            real.display(),
-            plan.sandbox.display()
-        ));
-    }
-    // Not followed if it became a link since it was looked at.
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&written)
-        .map_err(|e| format!("output {name}: cannot open {}: {e}", written.display()))?;
-    match file.metadata() {
-        Ok(m) if m.is_file() => Ok((file, m.len())),
-        _ => Err(not_written()),
-    }
-}
-
 /// Copies intermediate files from the peers named into the cache and keeps them there until
 /// the server releases them (`--replicas`: more copies than the writer's). A file already here
 /// is kept as it is; one no peer serves whole is left out (peers report what they did not
@@ -771,53 +546,12 @@ pub(crate) fn replicate(files: Vec<FileSources>, cache: &WorkerFiles) {
     }
 }
 
-/// Copies output `name` (open as `from`, `size` bytes) into the cache, kept there until the
-/// server releases it if it is `local`. Copied (not linked: a later task of the directory may
-/// write the name again), its digest taken on the way; a failed copy leaves nothing behind.
-fn keep_output(
-    plan: &FilesPlan,
-    cache: &WorkerFiles,
-    name: &str,
-    from: &mut fs::File,
-    size: u64,
-    local: bool,
-) -> Result<(), String> {
-    use std::io::{Seek, SeekFrom};
-    // From its start: the store's copy may have read it already.
-    from.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
-    let partial = lock(cache).partial_path();
-    let (copied, digest) =
-        write_file_digesting(from, &partial, Some(size)).map_err(|e| e.to_string())?;
-    let key = plan.cached(name);
-    let mut c = lock(cache);
-    if let Err(e) = c.insert(&key, &partial, copied, Some(digest)) {
-        drop(c);
-        let _ = fs::remove_file(&partial);
-        return Err(e.to_string());
-    }
-    c.unpin(&key);
-    if local {
-        c.keep(&key);
-    }
-    Ok(())
-}
-
-fn failed(started: SystemTime, why: ExitKind) -> Outcome {
-    Outcome {
-        started,
-        finished: SystemTime::now(),
-        status: why,
-        stderr_tail: None,
-        stdout: None,
-        stderr: None,
-        own_files: [None; 2],
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cache::EvictionPolicy;
+    use crate::exec::{CancelHandle, Launch, Outcome};
+    use crate::sandbox::{run_with_files, with_files, STREAMED};
     use kestrel_core::files::cached_name;
 
     /// A task reading `raw/a` through a cache of `capacity` bytes, in `sandbox`.
@@ -944,6 +678,42 @@ mod tests {
         );
         assert_eq!(out.status, ExitKind::Canceled);
         assert!(files.take_change().moved.is_empty(), "no input was staged");
+    }
+
+    /// Whatever runs between staging and collecting (a process, a Python call) may panic: the
+    /// thread's unwinding still lets go of the pins and removes the streamed copies.
+    #[test]
+    fn a_body_that_panics_still_unpins_its_inputs_and_removes_its_streamed_copies() {
+        // A cache too small for the input: it is streamed into the sandbox.
+        let (_dir, files, plan) = setup(0);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_files((1, 0), &plan, &files, &CancelHandle::new(), |paths| {
+                assert!(paths[0].1.exists(), "staged before the body runs");
+                panic!("the body failed")
+            })
+        }));
+        assert!(panicked.is_err());
+        assert!(
+            !plan.sandbox.join(STREAMED).exists(),
+            "streamed copy removed"
+        );
+        assert_eq!(
+            files.take_change().moved[0].moved.store_files,
+            1,
+            "its move is counted"
+        );
+
+        // A cache that holds it: pinned for the body, unpinned after the panic.
+        let (_dir, files, plan) = setup(1 << 20);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_files((1, 0), &plan, &files, &CancelHandle::new(), |_| {
+                panic!("the body failed")
+            })
+        }));
+        assert!(panicked.is_err());
+        let name = plan.cached("raw/a");
+        let released = lock(&files).release(&name);
+        assert!(released.is_some(), "no pin is left on {name}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod peer;
 mod pool;
 mod prefetch;
 pub mod reaper;
+mod sandbox;
 mod session;
 mod sinks;
 mod staging;

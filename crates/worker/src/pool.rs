@@ -13,11 +13,12 @@
 
 use crate::exec::{self, CancelHandle, Launch, Outcome};
 use crate::executor::{Done, Executor};
-use crate::files::{run_with_files, FilesPlan, SharedFiles};
+use crate::files::{FilesPlan, SharedFiles};
 use crate::ledger::Follower;
 use crate::ledger::{now_us, Key, Ledger, Running};
 use crate::local::{Held, LocalTask};
 use crate::reaper::Reaper;
+use crate::sandbox::run_with_files;
 use crate::WorkerError;
 use kestrel_core::JobId;
 use rustc_hash::FxHashMap;

@@ -257,6 +257,7 @@ impl TaskOptions {
                 stderr: sink(&self.stderr, "stderr", DEFAULT_STDERR)?,
                 timeout_ms,
                 files,
+                kind: Default::default(),
             },
             resources: Resources {
                 cpus,

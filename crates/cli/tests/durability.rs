@@ -312,6 +312,7 @@ fn true_spec(name: &str) -> kestrel_core::JobSpec {
             stderr: kestrel_core::Sink::Null,
             timeout_ms: None,
             files: Default::default(),
+            kind: Default::default(),
         },
         resources: kestrel_core::Resources::default(),
         priority: 0,

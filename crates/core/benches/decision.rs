@@ -62,6 +62,7 @@ impl Bench {
                 prefetch: 0,
                 named: Vec::new(),
                 stages_files: true,
+                runs_functions: false,
             };
             let Ok(Reply::Joined(id)) = sched.handle(0, Event::WorkerJoined { offer }) else {
                 panic!("a worker joins");

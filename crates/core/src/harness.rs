@@ -280,6 +280,7 @@ impl Harness {
             prefetch,
             named: Vec::new(),
             stages_files: true,
+            runs_functions: false,
         };
         let Reply::Joined(id) = self.event(Event::WorkerJoined { offer }) else {
             unreachable!("a joining worker is answered with its id")

@@ -31,8 +31,8 @@ pub use sched::{
     Timing, Worker, WorkerOffer, WorkflowGraph, DROP_GRACE_US, END_MARGIN_US, MAX_DEPARTED,
 };
 pub use spec::{
-    After, IdRanges, IdRun, JobId, JobSpec, Keep, LineList, Placement, PolicyName, RangeError,
-    Resources, Sink, SpecError, TaskDeps, TaskFiles, TaskId, TaskIndex, TaskRef, TaskSet,
-    TaskState, TaskTemplate, WorkerId, DEFAULT_STREAM_LIMIT, MAX_NAMED, MAX_NODES, MAX_REPLICAS,
-    MAX_STREAM_LIMIT, MAX_TASK_FILES,
+    After, FunctionSpec, IdRanges, IdRun, JobId, JobSpec, Keep, LineList, Placement, PolicyName,
+    PythonEnv, RangeError, Resources, Sink, SpecError, TaskDeps, TaskFiles, TaskId, TaskIndex,
+    TaskKind, TaskRef, TaskSet, TaskState, TaskTemplate, WorkerId, DEFAULT_INLINE_LIMIT,
+    DEFAULT_STREAM_LIMIT, MAX_NAMED, MAX_NODES, MAX_REPLICAS, MAX_STREAM_LIMIT, MAX_TASK_FILES,
 };

@@ -678,6 +678,7 @@ mod tests {
             stderr: Sink::Null,
             timeout_ms: None,
             files: Default::default(),
+            kind: Default::default(),
         };
         assert_eq!(fields_needed(&t), 3);
         t.files.inputs = vec!["raw/{line:4}".into()];
@@ -739,6 +740,7 @@ mod tests {
             stderr: Sink::File("/logs/{task}.err".into()),
             timeout_ms: None,
             files: Default::default(),
+            kind: Default::default(),
         };
         let v = Values {
             job: "3",

@@ -167,7 +167,70 @@ pub struct TaskTemplate {
     pub timeout_ms: Option<u64>,
     /// The logical files each task reads and writes (data diffusion); empty for most jobs.
     pub files: TaskFiles,
+    /// What each task runs: the command line above, or a Python function.
+    pub kind: TaskKind,
 }
+
+/// What a job's tasks run. The scheduler routes a task by it: a function task goes only to a
+/// worker with a Python runner ([`crate::sched::WorkerOffer::runs_functions`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TaskKind {
+    /// The template's command line (or each list entry's), run as a process.
+    #[default]
+    Command,
+    /// A Python function called in a runner process kept by the worker, once per task with
+    /// the arguments of the task's line (a job of lines: one pickled argument tuple per line).
+    Function(Box<FunctionSpec>),
+}
+
+impl TaskKind {
+    /// Whether the tasks call a Python function.
+    pub fn is_function(&self) -> bool {
+        matches!(self, TaskKind::Function(_))
+    }
+
+    /// The function, if the tasks call one.
+    pub fn function(&self) -> Option<&FunctionSpec> {
+        match self {
+            TaskKind::Function(f) => Some(f),
+            TaskKind::Command => None,
+        }
+    }
+}
+
+/// A Python function as a job carries it: pickled once (with cloudpickle) for all its tasks,
+/// so a map sends it to each worker once, with the job's definition, not once per task.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FunctionSpec {
+    /// Its qualified name (`module.name`), for listings and messages.
+    pub name: String,
+    /// The function, as `cloudpickle.dumps` gave it.
+    pub pickled: Vec<u8>,
+    /// The submitting client's Python, which the runner must match to unpickle it.
+    pub env: PythonEnv,
+    /// Directories the runner puts in front of `sys.path`, so that the modules the function
+    /// refers to by name (those not pickled by value) import on the worker as on the client.
+    pub path: Vec<String>,
+    /// Results of at most this many bytes travel back with the task's end; larger ones stay
+    /// in the worker's cache as files (data diffusion), never through the server.
+    pub inline_limit: u32,
+}
+
+/// What a Python runner's unpickling depends on: a pickle made by one of these is read by
+/// the other only if they agree (the fingerprint compared before any task runs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PythonEnv {
+    /// `major.minor.micro` of the interpreter.
+    pub python: String,
+    /// cloudpickle's version.
+    pub cloudpickle: String,
+    /// `(module, version)` of the third-party modules the function refers to, as the client
+    /// sees them.
+    pub modules: Vec<(String, String)>,
+}
+
+/// What a function task's result may inline by default: larger results stay on the worker.
+pub const DEFAULT_INLINE_LIMIT: u32 = 1 << 20;
 
 /// The logical files of a job's tasks: names in the job's shared store (`raw/{task}.fits`),
 /// with the placeholders of [`crate::placeholders`]. Workers stage inputs into their caches
@@ -917,6 +980,25 @@ pub enum SpecError {
     /// Ids of their own for tasks that are not a list, or not one per task.
     #[error("{0}")]
     TaskIds(String),
+    /// A function job whose tasks are not one argument line each.
+    #[error("function {name}: its tasks must be a list of argument lines (one pickled argument tuple per task), not {tasks}")]
+    FunctionNotLines {
+        /// The function.
+        name: String,
+        /// What the tasks were.
+        tasks: &'static str,
+    },
+    /// A function job that also gives a command line.
+    #[error("function {0}: a job runs a command or a function, not both; drop the command")]
+    FunctionWithCommand(String),
+    /// A multi-node function job.
+    #[error(
+        "--nodes {0}: a function task runs in one worker's runner; multi-node tasks are commands"
+    )]
+    NodesWithFunction(u32),
+    /// A result inline limit above what one message carries.
+    #[error("a function result may travel inline up to {max} bytes (4M), not {0}; larger results stay on the worker as files", max = MAX_STREAM_LIMIT)]
+    InlineLimit(u32),
 }
 
 /// The most workers one multi-node task may take.
@@ -952,6 +1034,17 @@ impl JobSpec {
         if self.nodes > 0 && !self.template.files.is_empty() {
             return Err(SpecError::NodesWithFiles(self.nodes));
         }
+        if let Some(f) = self.template.kind.function() {
+            if self.nodes > 0 {
+                return Err(SpecError::NodesWithFunction(self.nodes));
+            }
+            if !self.template.argv.is_empty() {
+                return Err(SpecError::FunctionWithCommand(f.name.clone()));
+            }
+            if f.inline_limit > MAX_STREAM_LIMIT {
+                return Err(SpecError::InlineLimit(f.inline_limit));
+            }
+        }
         Ok(())
     }
 
@@ -960,6 +1053,15 @@ impl JobSpec {
         self.validate_spec()?;
         if tasks.is_empty() {
             return Err(SpecError::NoTasks);
+        }
+        if let Some(f) = self.template.kind.function() {
+            if !matches!(tasks, TaskSet::Lines(_)) {
+                return Err(SpecError::FunctionNotLines {
+                    name: f.name.clone(),
+                    tasks: tasks.kind(),
+                });
+            }
+            return Ok(());
         }
         match tasks {
             TaskSet::Array(r) => {

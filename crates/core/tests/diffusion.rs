@@ -174,6 +174,7 @@ fn offer(stages_files: bool) -> WorkerOffer {
         prefetch: 0,
         named: Vec::new(),
         stages_files,
+        runs_functions: false,
     }
 }
 
@@ -182,23 +183,6 @@ fn join(s: &mut Scheduler, o: WorkerOffer) -> WorkerId {
         Ok(Reply::Joined(id)) => id,
         other => panic!("{other:?}"),
     }
-}
-
-/// The tasks each worker was assigned by one scheduling pass.
-fn assigned(s: &mut Scheduler) -> Vec<(WorkerId, JobId, u32)> {
-    s.handle(1, Event::Schedule).expect("schedules");
-    s.take_commands()
-        .into_iter()
-        .filter_map(|c| match c {
-            Command::Assign { worker, runs } => Some(
-                runs.into_iter()
-                    .map(move |r| (worker, r.job, r.count))
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
-        .collect()
 }
 
 #[test]
@@ -214,8 +198,7 @@ fn tasks_with_files_go_only_to_workers_with_a_cache() {
     let plain = s
         .submit(0, common::spec("plain"), common::array(2), false)
         .expect("submits");
-    let mut got = assigned(&mut s);
-    got.sort_unstable();
+    let got = common::assignments(&mut s, 1);
     assert_eq!(got, vec![(old, plain, 2), (new, reads, 2)]);
     // Without a worker that has a cache, the job says why it does not move.
     s.handle(2, Event::WorkerLost { worker: new }).unwrap();

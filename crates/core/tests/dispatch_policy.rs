@@ -17,6 +17,7 @@ fn offer(cpus: u32) -> WorkerOffer {
         prefetch: 0,
         named: Vec::new(),
         stages_files: true,
+        runs_functions: false,
     }
 }
 

@@ -29,6 +29,7 @@ fn assigned() -> (Scheduler, [WorkerId; 2], [JobId; 2]) {
         prefetch: 8,
         named: Vec::new(),
         stages_files: true,
+        runs_functions: false,
     };
     let a = s.worker_joined(0, offer());
     let b = s.worker_joined(0, offer());

@@ -17,6 +17,7 @@ fn offer(host: &str) -> WorkerOffer {
         prefetch: 0,
         named: Vec::new(),
         stages_files: true,
+        runs_functions: false,
     }
 }
 

@@ -18,6 +18,7 @@ fn offer() -> WorkerOffer {
         prefetch: 0,
         named: Vec::new(),
         stages_files: true,
+        runs_functions: false,
     }
 }
 

@@ -17,6 +17,7 @@ fn worker(cpus: u32, mem: u64, named: &[(&str, u32)]) -> WorkerOffer {
         prefetch: 0,
         named: named.iter().map(|(n, a)| (n.to_string(), *a)).collect(),
         stages_files: true,
+        runs_functions: false,
     }
 }
 

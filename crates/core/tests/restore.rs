@@ -79,6 +79,7 @@ fn replay_restores_results_and_requeues_the_rest() {
             prefetch: 0,
             named: Vec::new(),
             stages_files: true,
+            runs_functions: false,
         },
     );
     a.schedule(500);
@@ -146,6 +147,7 @@ fn replay_restores_results_and_requeues_the_rest() {
             prefetch: 0,
             named: Vec::new(),
             stages_files: true,
+            runs_functions: false,
         },
     );
     b.schedule(1000);
@@ -212,6 +214,7 @@ fn offer(cpus: u32) -> WorkerOffer {
         prefetch: 0,
         named: Vec::new(),
         stages_files: true,
+        runs_functions: false,
     }
 }
 

@@ -424,6 +424,7 @@ fn an_undeliverable_task_fails_for_good_without_blaming_its_worker() {
             prefetch: 0,
             named: Vec::new(),
             stages_files: true,
+            runs_functions: false,
         },
     );
     s.schedule(0);
@@ -466,6 +467,7 @@ fn a_permanent_failure_spends_no_retries_and_blames_no_worker() {
         prefetch: 0,
         named: Vec::new(),
         stages_files: true,
+        runs_functions: false,
     };
     let w = s.worker_joined(0, offer);
     s.schedule(0);
@@ -512,6 +514,7 @@ fn worker_with_long_held_tasks() -> (Scheduler, JobId, WorkerId, Vec<(JobId, Tas
         prefetch: 64,
         named: Vec::new(),
         stages_files: true,
+        runs_functions: false,
     };
     let w = s.worker_joined(0, offer);
     let mut kept = std::collections::BTreeSet::new();

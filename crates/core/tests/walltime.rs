@@ -130,6 +130,7 @@ fn a_worker_entering_its_end_margin_gives_back_the_tasks_waiting_there() {
             prefetch: 1,
             named: vec![],
             stages_files: true,
+            runs_functions: false,
         },
     );
     s.handle(

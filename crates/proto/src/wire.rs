@@ -22,9 +22,9 @@
 
 use kestrel_core::files::Transfers;
 use kestrel_core::{
-    After, Counts, Failure, Finished, IdRanges, IdRun, IndexRun, JobId, JobSpec, Keep, LineList,
-    Placement, PolicyName, Resources, RunEnd, Sink, Started, TaskDeps, TaskFiles, TaskId,
-    TaskIndex, TaskRef, TaskSet, TaskState, TaskTemplate, MAX_NAMED,
+    After, Counts, Failure, Finished, FunctionSpec, IdRanges, IdRun, IndexRun, JobId, JobSpec,
+    Keep, LineList, Placement, PolicyName, PythonEnv, Resources, RunEnd, Sink, Started, TaskDeps,
+    TaskFiles, TaskId, TaskIndex, TaskKind, TaskRef, TaskSet, TaskState, TaskTemplate, MAX_NAMED,
 };
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -52,25 +52,119 @@ pub struct ResourcesDef {
     pub named: [u32; MAX_NAMED],
 }
 
-/// [`TaskTemplate`]: `[argv, env, cwd, stdout, stderr, timeout_ms, files?]`.
-#[derive(Serialize, Deserialize)]
+/// [`TaskTemplate`]: `[argv, env, cwd, stdout, stderr, timeout_ms, files?, function?]`.
+/// Decoded by the derived [`TaskTemplateFields`]; encoded by hand, as [`JobSpecDef`] is:
+/// `files` goes when the job declares a file or calls a function (version 8), `function`
+/// (version 12) when it calls one, so that a command's template reads as in version 7.
+pub struct TaskTemplateDef;
+
+impl TaskTemplateDef {
+    pub fn serialize<S: Serializer>(v: &TaskTemplate, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let function = v.kind.function();
+        let trailing = if function.is_some() {
+            2
+        } else if !v.files.is_empty() {
+            1
+        } else {
+            0
+        };
+        let mut st = s.serialize_struct("TaskTemplate", 6 + trailing)?;
+        st.serialize_field("argv", &v.argv)?;
+        st.serialize_field("env", &v.env)?;
+        st.serialize_field("cwd", &v.cwd)?;
+        st.serialize_field("stdout", &SinkRef(&v.stdout))?;
+        st.serialize_field("stderr", &SinkRef(&v.stderr))?;
+        st.serialize_field("timeout_ms", &v.timeout_ms)?;
+        if trailing >= 1 {
+            st.serialize_field("files", &TaskFilesRef(&v.files))?;
+        }
+        if let Some(f) = function {
+            st.serialize_field("function", &FunctionRef(f))?;
+        }
+        st.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TaskTemplate, D::Error> {
+        TaskTemplateFields::deserialize(d)
+    }
+}
+
+#[derive(Deserialize)]
 #[serde(remote = "TaskTemplate")]
-pub struct TaskTemplateDef {
-    pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
-    pub cwd: Option<String>,
+struct TaskTemplateFields {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: Option<String>,
     #[serde(with = "SinkDef")]
-    pub stdout: Sink,
+    stdout: Sink,
     #[serde(with = "SinkDef")]
-    pub stderr: Sink,
-    pub timeout_ms: Option<u64>,
-    /// Left out when the job declares no file, so such a template reads as in version 7.
-    #[serde(
-        default,
-        skip_serializing_if = "TaskFiles::is_empty",
-        with = "TaskFilesDef"
-    )]
-    pub files: TaskFiles,
+    stderr: Sink,
+    timeout_ms: Option<u64>,
+    #[serde(default, with = "TaskFilesDef")]
+    files: TaskFiles,
+    #[serde(default, deserialize_with = "task_kind::deserialize")]
+    kind: TaskKind,
+}
+
+struct SinkRef<'a>(&'a Sink);
+impl Serialize for SinkRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        SinkDef::serialize(self.0, s)
+    }
+}
+
+struct TaskFilesRef<'a>(&'a TaskFiles);
+impl Serialize for TaskFilesRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        TaskFilesDef::serialize(self.0, s)
+    }
+}
+
+/// [`FunctionSpec`]: `[name, pickled (bin), [python, cloudpickle, modules], path,
+/// inline_limit]` (version 12).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "FunctionSpec")]
+pub struct FunctionSpecDef {
+    pub name: String,
+    #[serde(with = "serde_bytes")]
+    pub pickled: Vec<u8>,
+    #[serde(with = "PythonEnvDef")]
+    pub env: PythonEnv,
+    pub path: Vec<String>,
+    pub inline_limit: u32,
+}
+
+/// [`PythonEnv`]: `[python, cloudpickle, modules]`.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "PythonEnv")]
+pub struct PythonEnvDef {
+    pub python: String,
+    pub cloudpickle: String,
+    pub modules: Vec<(String, String)>,
+}
+
+struct FunctionRef<'a>(&'a FunctionSpec);
+impl Serialize for FunctionRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        FunctionSpecDef::serialize(self.0, s)
+    }
+}
+
+/// [`TaskKind`] as the template's trailing `function`: present for a function, absent (or
+/// nil) for a command.
+mod task_kind {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct Function(#[serde(with = "FunctionSpecDef")] FunctionSpec);
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TaskKind, D::Error> {
+        Ok(match Option::<Function>::deserialize(d)? {
+            Some(Function(f)) => TaskKind::Function(Box::new(f)),
+            None => TaskKind::Command,
+        })
+    }
 }
 
 /// [`TaskFiles`]: `[inputs, outputs, statics, keep?, replicas?]` (version 8; `keep` and
@@ -790,5 +884,43 @@ mod tests {
             rmp_serde::to_vec(&plain).unwrap(),
             rmp_serde::to_vec(&three).unwrap()
         );
+    }
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Template(#[serde(with = "TaskTemplateDef")] TaskTemplate);
+
+    #[test]
+    fn a_function_travels_after_the_files_and_a_command_reads_as_before() {
+        let function = FunctionSpec {
+            name: "sweep.simulate".into(),
+            pickled: vec![0x80, 0x05, 0x95, 0x00, b'.'],
+            env: PythonEnv {
+                python: "3.11.7".into(),
+                cloudpickle: "3.1.1".into(),
+                modules: vec![("numpy".into(), "2.1.0".into())],
+            },
+            path: vec!["/home/me/project".into()],
+            inline_limit: 1 << 20,
+        };
+        let t = Template(TaskTemplate {
+            kind: TaskKind::Function(Box::new(function)),
+            ..TaskTemplate::default()
+        });
+        let bytes = rmp_serde::to_vec(&t).unwrap();
+        assert_eq!(rmp_serde::from_slice::<Template>(&bytes).unwrap(), t);
+        // The pickle is MessagePack binary, not an array of numbers.
+        assert!(bytes
+            .windows(6)
+            .any(|w| w == [0xc4, 5, 0x80, 0x05, 0x95, 0x00]));
+        // A function without files still sends the (empty) files, so positions hold.
+        let array_len = bytes[0] & 0x0f;
+        assert_eq!((bytes[0] & 0xf0, array_len), (0x90, 8));
+        // A command's template is the six fields of version 7, and reads back as a command.
+        let plain = Template(TaskTemplate {
+            argv: vec!["true".into()],
+            ..TaskTemplate::default()
+        });
+        let bytes = rmp_serde::to_vec(&plain).unwrap();
+        assert_eq!(bytes[0], 0x96);
+        assert_eq!(rmp_serde::from_slice::<Template>(&bytes).unwrap(), plain);
     }
 }

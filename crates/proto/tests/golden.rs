@@ -7,7 +7,8 @@
 use kestrel_core::files::Transfers;
 use kestrel_core::{
     After, Failure, Finished, IdRanges, IndexRun, JobSpec, Keep, LineList, Placement, PolicyName,
-    Resources, RunEnd, Sink, TaskDeps, TaskFiles, TaskRef, TaskSet, TaskState, TaskTemplate,
+    Resources, RunEnd, Sink, TaskDeps, TaskFiles, TaskKind, TaskRef, TaskSet, TaskState,
+    TaskTemplate,
 };
 use kestrel_proto::messages::*;
 use kestrel_proto::{decode, encode};
@@ -98,6 +99,7 @@ fn template() -> TaskTemplate {
         stderr: Sink::Stream { limit: 1024 },
         timeout_ms: Some(60_000),
         files: TaskFiles::default(),
+        kind: TaskKind::Command,
     }
 }
 

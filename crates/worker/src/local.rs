@@ -583,6 +583,7 @@ mod tests {
             stderr: Sink::Null,
             timeout_ms: Some(1500),
             files: Default::default(),
+            kind: Default::default(),
         }
     }
 

@@ -363,6 +363,7 @@ impl Scheduler {
         }
         let need = j.need;
         if !w.can_ever_run(need)
+            || !j.runs_on(&w.offer)
             || !w.fits_time(j, now_us)
             || w.room_for(need, j.prefetch_for(w, self.config.prefetch_horizon_us)) == 0
         {
@@ -384,10 +385,9 @@ impl Scheduler {
                 .iter()
                 .flat_map(|&f| files.holders(f).iter().copied())
                 .filter(|h| {
-                    workers
-                        .get(h)
-                        .is_some_and(|w| w.quarantined.is_none() && w.can_ever_run(need))
-                        && kept_from(*h).is_none()
+                    workers.get(h).is_some_and(|w| {
+                        w.quarantined.is_none() && w.can_ever_run(need) && j.runs_on(&w.offer)
+                    }) && kept_from(*h).is_none()
                 })
                 .map(|h| files.hits(h, &entry.files))
                 .max()

@@ -208,7 +208,7 @@ impl Scheduler {
             if !w.can_ever_run(need)
                 || j.windowed
                 || j.spec.nodes > 0
-                || (j.has_files() && !w.offer.stages_files)
+                || !j.runs_on(&w.offer)
                 || !w.fits_time(j, now_us)
             {
                 return Some(0);

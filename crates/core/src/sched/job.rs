@@ -1,6 +1,6 @@
 //! A job as the scheduler holds it: its tasks' records, counts and timing.
 
-use super::Worker;
+use super::{Worker, WorkerOffer};
 use crate::files::{FileId, Transfers};
 use crate::outcome::Failure;
 use crate::policy::DispatchPolicy;
@@ -367,6 +367,13 @@ impl Job {
     /// Whether its tasks read or write files: only workers with a cache take them.
     pub(super) fn has_files(&self) -> bool {
         !self.spec.template.files.is_empty()
+    }
+
+    /// Whether a worker offering `offer` can run its tasks at all, whatever its room: one with
+    /// a cache if they declare files, one with Python runners if they call a function.
+    pub(super) fn runs_on(&self, offer: &WorkerOffer) -> bool {
+        (offer.stages_files || !self.has_files())
+            && (offer.runs_functions || !self.spec.template.kind.is_function())
     }
 
     /// Hands ready task `index` to `worker` at `now_us`: its record says so (the caller

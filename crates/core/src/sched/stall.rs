@@ -24,6 +24,8 @@ pub enum Stall {
     /// The tasks read or write files, and no connected worker has a cache (all are of an
     /// older version, or were started without one).
     NoCache,
+    /// The tasks call a Python function, and no connected worker has a Python runner.
+    NoRunner,
     /// Its queued tasks wait for other jobs or tasks to finish: its `after`, or the writers
     /// of the files they read (see [`Scheduler::waits_for`]).
     Dependencies {
@@ -57,6 +59,9 @@ impl fmt::Display for Stall {
             Stall::Nodes(what) => f.write_str(what),
             Stall::NoCache => f.write_str(
                 "the tasks read or write files, and no connected worker has a file cache; start workers of this version (`kestrel worker start`)",
+            ),
+            Stall::NoRunner => f.write_str(
+                "the tasks call a Python function, and no connected worker runs Python; start one with `kestrel worker start --python PATH` (the interpreter with the client's packages)",
             ),
             Stall::Dependencies { on, more, partial } => {
                 let mut names: Vec<String> = on
@@ -115,10 +120,15 @@ impl Scheduler {
         if j.has_files() && !self.workers.values().any(|w| w.offer.stages_files) {
             return Some(Stall::NoCache);
         }
+        if j.spec.template.kind.is_function()
+            && !self.workers.values().any(|w| w.offer.runs_functions)
+        {
+            return Some(Stall::NoRunner);
+        }
         let able = || {
             self.workers
                 .values()
-                .filter(|w| w.can_ever_run(need) && (w.offer.stages_files || !j.has_files()))
+                .filter(|w| w.can_ever_run(need) && j.runs_on(&w.offer))
         };
         if able().any(|w| w.quarantined.is_none()) {
             return None;

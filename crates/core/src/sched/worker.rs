@@ -26,6 +26,9 @@ pub struct WorkerOffer {
     /// Whether it has a cache and stages files: only such a worker takes tasks of jobs that
     /// declare files (a worker of protocol 7 or older has none).
     pub stages_files: bool,
+    /// Whether it keeps Python runners: only such a worker takes function tasks
+    /// ([`crate::TaskKind::Function`]).
+    pub runs_functions: bool,
 }
 
 /// What the scheduler keeps of a worker that left (see [`super::Scheduler::departed`]): what

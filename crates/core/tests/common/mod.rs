@@ -27,6 +27,27 @@ pub fn assigned_runs(s: &mut Scheduler, now: u64) -> Vec<IndexRun> {
         .collect()
 }
 
+/// Runs one scheduling pass at `now` and returns its assignments as `(worker, job, tasks)`,
+/// sorted.
+pub fn assignments(s: &mut Scheduler, now: u64) -> Vec<(WorkerId, JobId, u32)> {
+    s.handle(now, Event::Schedule).expect("schedules");
+    let mut got: Vec<_> = s
+        .take_commands()
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Assign { worker, runs } => Some(
+                runs.into_iter()
+                    .map(move |r| (worker, r.job, r.count))
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    got.sort_unstable();
+    got
+}
+
 /// Joins a worker of `slots` slots, no prefetch, that stages files, to `s`.
 pub fn staging_worker(s: &mut Scheduler, slots: u32) -> WorkerId {
     s.worker_joined(
@@ -40,6 +61,7 @@ pub fn staging_worker(s: &mut Scheduler, slots: u32) -> WorkerId {
             prefetch: 0,
             named: vec![],
             stages_files: true,
+            runs_functions: false,
         },
     )
 }

@@ -324,6 +324,31 @@ mod tests {
     }
 
     #[test]
+    fn a_function_job_replays_with_its_function() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path(), None).unwrap();
+        let mut spec = JobSpec::command("calls", Vec::new());
+        spec.template.kind =
+            kestrel_core::TaskKind::Function(Box::new(kestrel_core::FunctionSpec {
+                name: "m.f".into(),
+                pickled: b"\x80\x05N.".to_vec(),
+                inline_limit: 1024,
+                ..Default::default()
+            }));
+        let tasks = TaskSet::Lines(["gAVLAS4=", "gAVLAi4="].into_iter().collect());
+        let mut p = Pending::default();
+        p.submit(1, 10, None, &spec, &tasks, false);
+        j.commit(&mut p).unwrap();
+        drop(j);
+        let j = Journal::open(dir.path(), None).unwrap();
+        let mut core = Scheduler::new(Config::default());
+        j.replay(&mut core, &mut Restored::default()).unwrap();
+        let job = core.job(1).unwrap();
+        assert_eq!(job.spec.template.kind, spec.template.kind);
+        assert_eq!(job.tasks, tasks);
+    }
+
+    #[test]
     fn an_extension_journaled_before_lines_existed_replays() {
         // The form of an extension entry before it had `lines`.
         #[derive(Serialize)]

@@ -387,6 +387,12 @@ pub enum WorkerCommand {
         /// [default: those of its allocation, or those of none]
         #[arg(long, value_name = "NAME")]
         group: Option<String>,
+        /// The Python interpreter that calls function tasks (those submitted from the
+        /// `kestrel` Python package), one runner per slot, kept between tasks. It needs
+        /// cloudpickle, and the client's Python version and packages; it is checked at start.
+        /// Without it the worker takes no function task
+        #[arg(long, value_name = "PATH")]
+        python: Option<PathBuf>,
     },
     /// List connected workers (quarantined ones with the reason); --all adds those that left
     #[command(

@@ -128,11 +128,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             ends_at,
             alloc,
             group,
+            python,
         }) => {
             let offer = Offer {
                 ends_at,
                 alloc,
                 group,
+                python,
                 slots,
                 gpus,
                 mem,
@@ -278,6 +280,8 @@ struct Offer {
     alloc: Option<u32>,
     /// The workers a multi-node task may span with it.
     group: Option<String>,
+    /// The Python that calls function tasks.
+    python: Option<std::path::PathBuf>,
     slots: Option<u32>,
     gpus: Option<String>,
     mem: Option<String>,
@@ -313,6 +317,7 @@ async fn worker_start(g: &Global, offer: Offer, exec: Exec) -> Result<ExitCode> 
     config.ends_at_s = offer.ends_at;
     config.alloc = offer.alloc;
     config.group = offer.group.filter(|g| !g.is_empty());
+    config.python = offer.python;
     config.exec = exec.into();
     config.reconnect_for = session::reconnect_for(g, session::WORKER)?;
     config.server_dir = path.parent().map(|p| p.display().to_string());

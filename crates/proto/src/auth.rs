@@ -36,8 +36,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// ([`ALLOC_VERSION`]). Version 11 adds what a waiting job waits for to the jobs listed
 /// ([`WAITING_FOR_VERSION`]), the control of workers ([`WORKERS_VERSION`]), which own
 /// output files of a task hold output ([`OUTPUT_FILES_VERSION`]), multi-node tasks
-/// ([`NODES_VERSION`]) and task-level dependencies ([`TASK_DEPS_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 11;
+/// ([`NODES_VERSION`]) and task-level dependencies ([`TASK_DEPS_VERSION`]). Version 12 adds
+/// function tasks ([`FUNCTIONS_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 12;
+
+/// The first version that carries function tasks (a template's `function`, a worker's
+/// `python`): a client does not submit them to an older server, and a worker does not tell
+/// an older server of its Python.
+pub const FUNCTIONS_VERSION: u32 = 12;
 
 /// The first version in which a listed job says what its waiting tasks wait for: a server
 /// leaves it out for an older client.

@@ -134,16 +134,32 @@ pub struct Registration {
     /// version 11); `None`: those of its allocation, or those of none.
     #[serde(default)]
     pub group: Option<String>,
+    /// The Python its runners call function tasks in (version 12); `None`: it takes none.
+    #[serde(default)]
+    pub python: Option<PythonRunner>,
+}
+
+/// The Python a worker calls function tasks in, as its runner said when probed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PythonRunner {
+    /// `major.minor.micro`.
+    pub python: String,
+    /// cloudpickle's version, empty if it has none.
+    pub cloudpickle: String,
+    /// The interpreter's path on the worker.
+    pub executable: String,
 }
 
 impl Serialize for Registration {
     /// `[hostname, slots, gpus, prefetch, exec, resume, mem, named, cache?, alloc?,
-    /// ends_at_s?, group?]`: `cache` (version 8), `alloc`, `ends_at_s` (version 10) and
-    /// `group` (version 11) go up to the last one set, a field before it as nil, so a worker
-    /// without them reads as in version 7.
+    /// ends_at_s?, group?, python?]`: `cache` (version 8), `alloc`, `ends_at_s` (version 10),
+    /// `group` (version 11) and `python` (version 12) go up to the last one set, a field
+    /// before it as nil, so a worker without them reads as in version 7.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let trailing = if self.group.is_some() {
+        let trailing = if self.python.is_some() {
+            5
+        } else if self.group.is_some() {
             4
         } else if self.ends_at_s.is_some() {
             3
@@ -174,6 +190,9 @@ impl Serialize for Registration {
         }
         if trailing >= 4 {
             st.serialize_field("group", &self.group)?;
+        }
+        if trailing >= 5 {
+            st.serialize_field("python", &self.python)?;
         }
         st.end()
     }

@@ -6,9 +6,9 @@
 
 use kestrel_core::files::Transfers;
 use kestrel_core::{
-    After, Failure, Finished, IdRanges, IndexRun, JobSpec, Keep, LineList, Placement, PolicyName,
-    Resources, RunEnd, Sink, TaskDeps, TaskFiles, TaskKind, TaskRef, TaskSet, TaskState,
-    TaskTemplate,
+    After, Failure, Finished, FunctionSpec, IdRanges, IndexRun, JobSpec, Keep, LineList, Placement,
+    PolicyName, PythonEnv, Resources, RunEnd, Sink, TaskDeps, TaskFiles, TaskKind, TaskRef,
+    TaskSet, TaskState, TaskTemplate,
 };
 use kestrel_proto::messages::*;
 use kestrel_proto::{decode, encode};
@@ -286,6 +286,7 @@ fn worker_to_server() {
             alloc: None,
             ends_at_s: None,
             group: None,
+            python: None,
         }),
     );
     // Version 8: a worker with a cache says so, and reports what it gains and loses.
@@ -308,6 +309,7 @@ fn worker_to_server() {
             alloc: None,
             ends_at_s: None,
             group: None,
+            python: None,
         }),
     );
     // A worker a pilot script started says which allocation it runs in and when that ends.
@@ -326,6 +328,7 @@ fn worker_to_server() {
             alloc: Some(7),
             ends_at_s: Some(1_795_000_000),
             group: None,
+            python: None,
         }),
     );
     // Version 11: a worker of a group of its own (`--group`); the fields before it as nil.
@@ -344,6 +347,30 @@ fn worker_to_server() {
             alloc: None,
             ends_at_s: None,
             group: Some("rack-2".into()),
+            python: None,
+        }),
+    );
+    // Version 12: a worker that calls function tasks, in this Python.
+    golden(
+        "register-v12-python",
+        FromWorker::Register(Registration {
+            hostname: "n1".into(),
+            slots: 2,
+            gpus: 0,
+            prefetch: 2,
+            exec: "process".into(),
+            resume: None,
+            mem: 1 << 30,
+            named: vec![],
+            cache: None,
+            alloc: None,
+            ends_at_s: None,
+            group: None,
+            python: Some(PythonRunner {
+                python: "3.11.7".into(),
+                cloudpickle: "3.1.1".into(),
+                executable: "/usr/bin/python3".into(),
+            }),
         }),
     );
     golden(
@@ -473,6 +500,33 @@ fn server_to_worker() {
             resources: resources(),
             named: vec![],
             store: Some("/shared/store".into()),
+        },
+    );
+    // Version 12: a job calling a Python function, sent once per worker with its definition.
+    golden(
+        "define_job-v12-function",
+        ToWorker::DefineJob {
+            job: 8,
+            template: Box::new(TaskTemplate {
+                stdout: Sink::Stream { limit: 1 << 20 },
+                stderr: Sink::Stream { limit: 1 << 16 },
+                kind: TaskKind::Function(Box::new(FunctionSpec {
+                    name: "sweep.simulate".into(),
+                    pickled: vec![0x80, 0x05, 0x95, b'.'],
+                    env: PythonEnv {
+                        python: "3.11.7".into(),
+                        cloudpickle: "3.1.1".into(),
+                        modules: vec![("numpy".into(), "2.1.0".into())],
+                    },
+                    path: vec!["/home/me/project".into()],
+                    inline_limit: 1 << 20,
+                })),
+                ..TaskTemplate::default()
+            }),
+            ids: JobIds::List,
+            resources: resources(),
+            named: vec![],
+            store: None,
         },
     );
     let run = |first, count| IndexRun {

@@ -56,6 +56,9 @@ pub struct WorkerConfig {
     /// The workers it may be one node of a multi-node task with (`--group`); `None`: those of
     /// its allocation, or those of none.
     pub group: Option<String>,
+    /// The Python interpreter its runners call function tasks in (`--python`); `None`: it
+    /// takes no function task.
+    pub python: Option<PathBuf>,
 }
 
 /// What the process running a worker asks of it (see [`WorkerConfig::stop`]).
@@ -134,6 +137,7 @@ impl WorkerConfig {
             stop: None,
             on_stop: None,
             group: None,
+            python: None,
         }
     }
 

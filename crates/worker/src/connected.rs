@@ -58,6 +58,9 @@ impl fmt::Display for Connected<'_> {
             write!(f, ", {name}={count}")?;
         }
         write!(f, ", prefetch {}", c.prefetch)?;
+        if let Some(p) = &c.python {
+            write!(f, ", Python {}", p.display())?;
+        }
         match self.handover {
             None => Ok(()),
             Some(Handover::Resumed { running, results }) => write!(

@@ -141,6 +141,21 @@ pub struct Outcome {
     pub own_files: [Option<bool>; 2],
 }
 
+impl Outcome {
+    /// A run that started at `started` and ended now with `status`, nothing captured.
+    pub fn ended(started: SystemTime, status: ExitKind) -> Outcome {
+        Outcome {
+            started,
+            finished: SystemTime::now(),
+            status,
+            stderr_tail: None,
+            stdout: None,
+            stderr: None,
+            own_files: [None; 2],
+        }
+    }
+}
+
 /// How a task ended; distinguishes the user's failures from the engine's interventions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitKind {
@@ -160,6 +175,11 @@ pub enum ExitKind {
     /// The task cannot run as given, however often it is tried (an input missing from its
     /// store): it fails without retries.
     Unrunnable(String),
+    /// A function task raised: the exception's last line (`ValueError: bad input`).
+    Raised(String),
+    /// The Python runner calling a function task died (a segfault, `os._exit`, killed for
+    /// memory): how it ended, as [`ExitKind::Exited`] or [`ExitKind::Signaled`] would say.
+    RunnerDied(Box<ExitKind>),
 }
 
 impl ExitKind {
@@ -179,6 +199,8 @@ impl fmt::Display for ExitKind {
             ExitKind::Canceled => f.write_str("canceled"),
             ExitKind::SpawnFailed(msg) => write!(f, "failed to start: {msg}"),
             ExitKind::Unrunnable(msg) => write!(f, "cannot run: {msg}"),
+            ExitKind::Raised(what) => write!(f, "raised {what}"),
+            ExitKind::RunnerDied(how) => write!(f, "its Python runner {how}"),
         }
     }
 }
@@ -637,6 +659,62 @@ fn wait_child(
     }
 }
 
+/// What ended a [`wait_readable`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// The descriptor has data (or its other end closed).
+    Readable,
+    /// The run was canceled.
+    Canceled,
+    /// The deadline passed.
+    TimedOut,
+}
+
+/// Waits on the calling thread until `fd` is readable, `cancel` fires or `deadline` passes,
+/// as [`run`] waits for a process: with the thread's eventfd, so a cancel wakes it at once.
+pub(crate) fn wait_readable(
+    fd: RawFd,
+    cancel: &CancelHandle,
+    deadline: Option<Instant>,
+) -> io::Result<Woken> {
+    let waker = thread_waker()?;
+    let Some(_registration) = Registration::new(cancel, waker) else {
+        return Ok(Woken::Canceled);
+    };
+    let mut fds = [fd, waker].map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    loop {
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => poll_timeout_ms(left),
+                _ => return Ok(Woken::TimedOut),
+            },
+        };
+        // SAFETY: `fds` is a valid array of pollfds for the duration of the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if fds[0].revents != 0 {
+            return Ok(Woken::Readable);
+        }
+        if fds[1].revents != 0 {
+            eventfd_drain(waker);
+            if cancel.is_canceled() {
+                return Ok(Woken::Canceled);
+            }
+        }
+    }
+}
+
 /// Rounds up to whole milliseconds so `poll` never returns before the deadline.
 pub(crate) fn poll_timeout_ms(left: Duration) -> libc::c_int {
     libc::c_int::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX)
@@ -674,7 +752,7 @@ fn reap_when_exited(child: &mut Child, reaper: Option<&Reaper>) -> ExitKind {
     reap(child, reaper)
 }
 
-fn exit_kind(status: ExitStatus) -> ExitKind {
+pub(crate) fn exit_kind(status: ExitStatus) -> ExitKind {
     match (status.code(), status.signal()) {
         (Some(code), _) => ExitKind::Exited(code),
         (None, Some(sig)) => ExitKind::Signaled(sig),
@@ -812,7 +890,7 @@ fn describe_spawn_error(launch: &Launch, program: &str, err: &io::Error) -> Stri
 }
 
 /// Last `max` bytes of `data` as lossy UTF-8, like [`read_tail`]; `None` if empty.
-fn tail_of(data: &[u8], max: usize) -> Option<String> {
+pub(crate) fn tail_of(data: &[u8], max: usize) -> Option<String> {
     let start = data.len().saturating_sub(max);
     lossy_tail(&data[start..], start > 0)
 }

@@ -11,7 +11,7 @@
 //! clock read per task. Only ended runs come back one call each, and only from an executor
 //! that runs something (a process takes a thousand times longer than the call).
 
-use crate::exec::Outcome;
+use crate::exec::{Launch, Outcome};
 use crate::ledger::{micros, now_us, Follower, Key, Ledger};
 use crate::local::LocalTask;
 use kestrel_core::JobId;
@@ -23,6 +23,11 @@ use std::time::Duration;
 pub(crate) trait Executor: Send {
     /// Its name in the worker's registration (`process`, `noop`).
     fn kind(&self) -> &'static str;
+
+    /// The Python its runners call function tasks in, if it calls them.
+    fn python(&self) -> Option<&crate::runner::RunnerInfo> {
+        None
+    }
 
     /// Starts the queued tasks whose resources are free (taking them from
     /// `ledger.local.next_startable()`), recording each in `ledger` as started
@@ -68,6 +73,23 @@ pub(crate) trait Executor: Send {
 
     /// Ends the executor (threads, helper processes). Called once no task runs.
     fn close(self: Box<Self>) {}
+}
+
+/// What a task runs: a process, or a call of its job's function in a Python runner.
+#[derive(Clone, Debug)]
+pub(crate) enum Body {
+    Process(Launch),
+    Call(crate::runner::Call),
+}
+
+impl Body {
+    /// How long it may run.
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        match self {
+            Body::Process(l) => l.timeout,
+            Body::Call(c) => c.timeout,
+        }
+    }
 }
 
 /// A task's run ended.

@@ -37,6 +37,7 @@ pub mod peer;
 mod pool;
 mod prefetch;
 pub mod reaper;
+mod runner;
 mod sandbox;
 mod session;
 mod sinks;
@@ -48,6 +49,7 @@ pub use config::{CacheConfig, ExecMode, PeerListen, StopAsk, WorkerConfig};
 pub use connected::{Connected, Handover};
 pub use error::WorkerError;
 pub use host::{hostname, memory};
+pub use runner::{probe as probe_python, RunnerInfo};
 
 use kestrel_proto::Access;
 use state::WorkerState;

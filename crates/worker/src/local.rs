@@ -5,8 +5,10 @@
 
 use crate::cache::is_plain_name;
 use crate::exec::{Launch, NodeFile, RemoveIfEmpty, Sink as ExecSink};
+use crate::executor::Body;
 use crate::files::FilesPlan;
 use crate::gpu::Gpu;
+use crate::runner::{Call, FunctionDef};
 use crate::store::Store;
 use kestrel_core::files::cached_name;
 use kestrel_core::placeholders::{
@@ -17,6 +19,7 @@ use kestrel_proto::messages::{Assigned, JobIds, Node};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How far past the head of the queue [`Local::prefer_staged`] looks for a task whose inputs
@@ -89,6 +92,8 @@ pub struct JobDef {
     pub named: Vec<(String, u32)>,
     /// How the files of stdout and stderr are written, decided once for the job.
     files: [FileRule; 2],
+    /// Its function as runners are sent it, if its tasks call one.
+    function: Option<Arc<FunctionDef>>,
 }
 
 /// How a task writes a file sink, decided from its path once per job, so that no task pays
@@ -234,10 +239,16 @@ impl Local {
             FileRule::of(cwd, &template.stdout, many),
             FileRule::of(cwd, &template.stderr, many),
         ];
+        let function = template.kind.function().map(|f| {
+            let mut env = template.env.clone();
+            env.push(("KESTREL_JOB_ID".into(), job.to_string()));
+            Arc::new(FunctionDef::new(job, f, &env))
+        });
         self.jobs.insert(
             job,
             JobDef {
                 files,
+                function,
                 template,
                 cache_prefix: cached_name(store.as_deref(), ""),
                 store: store.as_deref().map(Store::parse),
@@ -419,6 +430,59 @@ impl Local {
         removed
     }
 
+    /// Job `job`'s definition; a task of a job never defined here cannot start.
+    fn defined(&self, job: JobId) -> Result<&JobDef, String> {
+        self.jobs
+            .get(&job)
+            .ok_or_else(|| format!("job {job} was never defined on this worker"))
+    }
+
+    /// What a task runs: a call of its job's function, or its launch (see [`Self::launch`]);
+    /// with its files' plan.
+    pub(crate) fn body(
+        &self,
+        task: &LocalTask,
+        gpus: &[u32],
+        me: &Identity,
+    ) -> Result<(Body, Option<Box<FilesPlan>>), String> {
+        let def = self.defined(task.job)?;
+        let Some(function) = &def.function else {
+            return self
+                .launch(task, gpus, me)
+                .map(|(launch, files)| (Body::Process(launch), files));
+        };
+        let line = task.line().ok_or_else(|| {
+            format!(
+                "task {} of function {} came without its arguments",
+                task.index, function.name
+            )
+        })?;
+        let limit = |s: &Sink| match s {
+            Sink::Stream { limit } => Some(*limit),
+            _ => None,
+        };
+        let t = &def.template;
+        let call = Call {
+            function: function.clone(),
+            task_id: task.index,
+            line: line.to_string(),
+            timeout: t.timeout_ms.map(Duration::from_millis),
+            result_limit: limit(&t.stdout),
+            output_limit: limit(&t.stderr),
+        };
+        let (job_s, id_s) = def.ids_of(task);
+        let values = Values {
+            job: &job_s,
+            task: &id_s,
+            line: Some(line),
+        };
+        let cwd = t
+            .cwd
+            .as_deref()
+            .map(|c| PathBuf::from(substitute(c, &values).into_owned()));
+        Ok((Body::Call(call), files_plan(def, &values, cwd.as_deref())))
+    }
+
     /// Builds the launch of a task (placeholders substituted, environment set) and, if its
     /// job declares files, their plan (names with placeholders replaced, the store, the
     /// directory it writes its outputs in).
@@ -428,10 +492,7 @@ impl Local {
         gpus: &[u32],
         me: &Identity,
     ) -> Result<(Launch, Option<Box<FilesPlan>>), String> {
-        let def = self
-            .jobs
-            .get(&task.job)
-            .ok_or_else(|| format!("job {} was never defined on this worker", task.job))?;
+        let def = self.defined(task.job)?;
         let t = &def.template;
         let (job_s, id_s) = def.ids_of(task);
         let values = Values {

@@ -11,17 +11,19 @@
 //!
 //! The pool is the worker's [`Executor`] in `process` mode.
 
-use crate::exec::{self, CancelHandle, Launch, Outcome};
-use crate::executor::{Done, Executor};
+use crate::exec::{self, CancelHandle, ExitKind, Outcome};
+use crate::executor::{Body, Done, Executor};
 use crate::files::{FilesPlan, SharedFiles};
 use crate::ledger::Follower;
 use crate::ledger::{now_us, Key, Ledger, Running};
 use crate::local::{Held, LocalTask};
 use crate::reaper::Reaper;
-use crate::sandbox::run_with_files;
+use crate::runner::{RunnerInfo, RunnerSlot};
+use crate::sandbox::{run_with_files, with_files};
 use crate::WorkerError;
 use kestrel_core::JobId;
 use rustc_hash::FxHashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -31,7 +33,7 @@ use tokio::sync::mpsc;
 /// A task handed to an executor thread.
 struct Work {
     key: Key,
-    launch: Launch,
+    body: Body,
     cancel: CancelHandle,
     /// Its files, if its job declares any (staged and collected on the thread).
     files: Option<Box<FilesPlan>>,
@@ -67,6 +69,42 @@ pub(crate) struct Pool {
     threads: Vec<JoinHandle<()>>,
     /// Kills the tasks' process groups if this process dies; each thread records its task's.
     reaper: Option<Arc<Reaper>>,
+    /// The Python its runners call functions in, if it has one.
+    python: Option<RunnerInfo>,
+}
+
+/// Runs `work` on an executor thread: its process, or its call in the thread's runner
+/// (`runner`: `None` on a worker without Python), inside its files if it has any.
+fn run_body(
+    work: &Work,
+    cache: Option<&SharedFiles>,
+    runner: &mut Option<RunnerSlot>,
+    reaper: Option<&Reaper>,
+) -> Outcome {
+    match (&work.body, &work.files, cache) {
+        (Body::Process(launch), Some(plan), Some(cache)) => {
+            run_with_files(work.key, launch, plan, cache, &work.cancel, reaper)
+        }
+        (Body::Process(launch), _, _) => exec::run_with(launch, &work.cancel, reaper),
+        (Body::Call(call), files, cache) => {
+            let Some(slot) = runner else {
+                return Outcome::ended(
+                    std::time::SystemTime::now(),
+                    ExitKind::Unrunnable(
+                        "this worker runs no Python: start it with `--python PATH`".into(),
+                    ),
+                );
+            };
+            match (files, cache) {
+                (Some(plan), Some(cache)) => {
+                    with_files(work.key, plan, cache, &work.cancel, |_| {
+                        slot.call(call, &work.cancel, reaper)
+                    })
+                }
+                _ => slot.call(call, &work.cancel, reaper),
+            }
+        }
+    }
 }
 
 /// The deck, also when a thread panicked holding it (its vector is still whole).
@@ -75,12 +113,20 @@ fn lock(deck: &Mutex<Vec<Work>>) -> MutexGuard<'_, Vec<Work>> {
 }
 
 impl Pool {
-    /// `threads` executor threads; tasks with files go through `cache`.
-    pub(crate) fn new(threads: u32, cache: Option<SharedFiles>) -> Result<Pool, WorkerError> {
+    /// `threads` executor threads; tasks with files go through `cache`; function tasks call
+    /// their functions in runners of the Python `python` (described by `info`, as it said
+    /// when probed), one per thread.
+    pub(crate) fn new(
+        threads: u32,
+        cache: Option<SharedFiles>,
+        python: Option<(PathBuf, RunnerInfo)>,
+    ) -> Result<Pool, WorkerError> {
         let (tx, rx) = crossbeam_channel::unbounded::<Work>();
         let (done_tx, done) = mpsc::unbounded_channel();
-        // One thread runs one task at a time: `threads` groups at most are recorded at once.
-        let reaper = match Reaper::start(threads as usize) {
+        // One thread runs one task at a time, and may keep a runner besides: that many groups
+        // at most are recorded at once.
+        let groups = threads as usize * if python.is_some() { 2 } else { 1 };
+        let reaper = match Reaper::start(groups) {
             Ok(r) => Some(Arc::new(r)),
             Err(e) => {
                 tracing::warn!(
@@ -91,41 +137,37 @@ impl Pool {
         };
         let deck: Deck = Arc::default();
         let mut handles = Vec::with_capacity(threads as usize);
+        let program = python.as_ref().map(|(p, _)| p.clone());
         for i in 0..threads {
             let (rx, done_tx) = (rx.clone(), done_tx.clone());
             let (reaper, deck, cache) = (reaper.clone(), deck.clone(), cache.clone());
+            let mut runner = program.clone().map(RunnerSlot::new);
             let handle = std::thread::Builder::new()
                 .name(format!("kestrel-exec-{i}"))
                 .spawn(move || {
                     while let Ok(first) = rx.recv() {
                         let mut work = first;
                         loop {
-                            let outcome = match (&work.files, &cache) {
-                                (Some(plan), Some(cache)) => run_with_files(
-                                    work.key,
-                                    &work.launch,
-                                    plan,
-                                    cache,
-                                    &work.cancel,
-                                    reaper.as_deref(),
-                                ),
-                                _ => exec::run_with(&work.launch, &work.cancel, reaper.as_deref()),
-                            };
+                            let outcome =
+                                run_body(&work, cache.as_ref(), &mut runner, reaper.as_deref());
                             let next = take_follower(&deck, work.key.0);
                             let done = Ran {
                                 key: work.key,
                                 outcome,
-                                timeout: work.launch.timeout,
+                                timeout: work.body.timeout(),
                                 next: next.as_ref().map(|n| n.key),
                             };
                             if done_tx.send(done).is_err() {
-                                return;
+                                break;
                             }
                             match next {
                                 Some(n) => work = n,
                                 None => break,
                             }
                         }
+                    }
+                    if let Some(r) = &mut runner {
+                        r.close(reaper.as_deref());
                     }
                 })
                 .map_err(|e| WorkerError::Setup(format!("cannot start executor thread: {e}")))?;
@@ -138,14 +180,15 @@ impl Pool {
             decked: FxHashMap::default(),
             threads: handles,
             reaper,
+            python: python.map(|(_, info)| info),
         })
     }
 
     /// Runs a task on a free thread.
-    fn run(&self, key: Key, launch: Launch, files: Option<Box<FilesPlan>>, cancel: CancelHandle) {
+    fn run(&self, key: Key, body: Body, files: Option<Box<FilesPlan>>, cancel: CancelHandle) {
         let _ = self.tx.send(Work {
             key,
-            launch,
+            body,
             cancel,
             files,
         });
@@ -155,8 +198,8 @@ impl Pool {
     fn launch(&self, ledger: &mut Ledger, task: LocalTask, held: Held) {
         let now = now_us();
         let waited_us = now.saturating_sub(task.arrived_us);
-        match ledger.local.launch(&task, &held.gpus, &ledger.me) {
-            Ok((launch, files)) => {
+        match ledger.local.body(&task, &held.gpus, &ledger.me) {
+            Ok((body, files)) => {
                 let key = (task.job, task.index);
                 let cancel = CancelHandle::new();
                 let run = Running {
@@ -165,7 +208,7 @@ impl Pool {
                     waited_us,
                 };
                 ledger.start_running(key, run, now);
-                self.run(key, launch, files, cancel);
+                self.run(key, body, files, cancel);
             }
             Err(reason) => {
                 ledger.local.release(held);
@@ -202,8 +245,8 @@ impl Pool {
             let Some(task) = ledger.local.queue.pop_front() else {
                 return;
             };
-            match ledger.local.launch(&task, &[], &ledger.me) {
-                Ok((launch, files)) => self.put_on_deck(task, launch, files, CancelHandle::new()),
+            match ledger.local.body(&task, &[], &ledger.me) {
+                Ok((body, files)) => self.put_on_deck(task, body, files, CancelHandle::new()),
                 Err(reason) => ledger.cannot_launch(&task, now_us(), reason),
             }
         }
@@ -218,14 +261,14 @@ impl Pool {
     fn put_on_deck(
         &mut self,
         task: LocalTask,
-        launch: Launch,
+        body: Body,
         files: Option<Box<FilesPlan>>,
         cancel: CancelHandle,
     ) {
         let key = (task.job, task.index);
         lock(&self.deck).push(Work {
             key,
-            launch,
+            body,
             cancel: cancel.clone(),
             files,
         });
@@ -279,6 +322,10 @@ impl Pool {
 impl Executor for Pool {
     fn kind(&self) -> &'static str {
         "process"
+    }
+
+    fn python(&self) -> Option<&RunnerInfo> {
+        self.python.as_ref()
     }
 
     /// Starts queued tasks while slots are free, then decks the next ones to follow running
@@ -374,7 +421,7 @@ fn take_follower(deck: &Mutex<Vec<Work>>, job: JobId) -> Option<Work> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::ExitKind;
+    use crate::exec::Launch;
     use crate::executor::next_done;
     use kestrel_core::TaskIndex;
 
@@ -382,11 +429,11 @@ mod tests {
         LocalTask::of_template(job, index, 0)
     }
 
-    fn launch(argv: &[&str]) -> Launch {
-        Launch {
+    fn launch(argv: &[&str]) -> Body {
+        Body::Process(Launch {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             ..Launch::default()
-        }
+        })
     }
 
     fn recv(pool: &mut Pool) -> Done {
@@ -402,7 +449,7 @@ mod tests {
 
     #[test]
     fn an_ended_task_is_followed_by_the_decked_task_of_its_job_only() {
-        let mut pool = Pool::new(1, None).unwrap();
+        let mut pool = Pool::new(1, None, None).unwrap();
         pool.put_on_deck(task(2, 1), launch(&["true"]), None, CancelHandle::new());
         pool.put_on_deck(task(1, 7), launch(&["false"]), None, CancelHandle::new());
         assert_eq!((pool.decked_of(1), pool.decked_of(2)), (1, 1));
@@ -425,7 +472,7 @@ mod tests {
 
     #[test]
     fn a_task_decked_after_its_job_last_ran_is_taken_back() {
-        let mut pool = Pool::new(1, None).unwrap();
+        let mut pool = Pool::new(1, None, None).unwrap();
         pool.run((1, 1), launch(&["true"]), None, CancelHandle::new());
         let first = recv(&mut pool);
         assert!(first.next.is_none(), "nothing was decked when it ended");
@@ -443,7 +490,7 @@ mod tests {
 
     #[test]
     fn taken_back_tasks_never_run_and_canceled_ones_end_canceled() {
-        let mut pool = Pool::new(1, None).unwrap();
+        let mut pool = Pool::new(1, None, None).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("ran");
         let touch = launch(&["touch", marker.to_str().unwrap()]);

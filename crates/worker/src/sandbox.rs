@@ -49,10 +49,10 @@ pub(crate) fn with_files(
     // Dropped last, whichever way this returns: after the outputs are collected.
     let mut staged = Staged::new(key, plan, cache);
     if let Err(why) = staged.stage_inputs(cancel) {
-        return failed(started, why);
+        return Outcome::ended(started, why);
     }
     if cancel.is_canceled() {
-        return failed(started, ExitKind::Canceled);
+        return Outcome::ended(started, ExitKind::Canceled);
     }
     let mut outcome = body(&staged.paths);
     if outcome.status.is_success() {
@@ -317,16 +317,4 @@ fn keep_output(
         c.keep(&key);
     }
     Ok(())
-}
-
-fn failed(started: SystemTime, why: ExitKind) -> Outcome {
-    Outcome {
-        started,
-        finished: SystemTime::now(),
-        status: why,
-        stderr_tail: None,
-        stdout: None,
-        stderr: None,
-        own_files: [None; 2],
-    }
 }

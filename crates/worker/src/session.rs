@@ -10,11 +10,15 @@ use crate::state::{Carry, WorkerState};
 use crate::{Connected, Handover, StopAsk, WorkerConfig, WorkerError};
 use kestrel_core::{Failure, Finished, RunEnd, WorkerId};
 use kestrel_proto::client::connect_as;
-use kestrel_proto::messages::{CacheChange, CacheInfo, FromWorker, Registration, Resume, ToWorker};
+use kestrel_proto::messages::{
+    CacheChange, CacheInfo, FromWorker, PythonRunner, Registration, Resume, ToWorker,
+};
 use kestrel_proto::{
     Access, ClientError, FrameReader, FrameWriter, ProtoError, Role, SPOKEN_VERSIONS,
 };
-use kestrel_proto::{ALLOC_VERSION, FILES_VERSION, NODES_VERSION, WORKERS_VERSION};
+use kestrel_proto::{
+    ALLOC_VERSION, FILES_VERSION, FUNCTIONS_VERSION, NODES_VERSION, WORKERS_VERSION,
+};
 use rustc_hash::FxHashSet;
 use std::time::Duration;
 
@@ -71,6 +75,19 @@ fn run_end(outcome: Outcome, timeout: Option<Duration>) -> RunEnd {
             permanent: true,
             ..Failure::because(msg.clone())
         })),
+        ExitKind::Raised(what) => fail(None, None, format!("raised {what}")),
+        ExitKind::RunnerDied(how) => {
+            let (code, signal) = match **how {
+                ExitKind::Exited(c) => (Some(c), None),
+                ExitKind::Signaled(s) => (None, Some(s)),
+                _ => (None, None),
+            };
+            fail(
+                code,
+                signal,
+                format!("its Python runner {how}; a fresh runner takes the next task"),
+            )
+        }
     }
 }
 
@@ -285,6 +302,15 @@ impl Session<'_> {
                     .group
                     .clone()
                     .filter(|_| self.version >= NODES_VERSION),
+                python: self
+                    .exec
+                    .python()
+                    .filter(|_| self.version >= FUNCTIONS_VERSION)
+                    .map(|p| PythonRunner {
+                        python: p.python.clone(),
+                        cloudpickle: p.cloudpickle.clone(),
+                        executable: p.executable.clone(),
+                    }),
                 cache: self
                     .ledger
                     .files

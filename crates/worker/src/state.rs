@@ -57,7 +57,17 @@ impl WorkerState {
             _ => (None, None, None),
         };
         let exec: Box<dyn Executor> = match config.exec {
-            ExecMode::Process => Box::new(Pool::new(config.slots.max(1), cache.clone())?),
+            ExecMode::Process => {
+                // A wrong interpreter is refused now, not task by task.
+                let python = match &config.python {
+                    Some(program) => {
+                        let info = crate::runner::probe(program).map_err(WorkerError::Setup)?;
+                        Some((program.clone(), info))
+                    }
+                    None => None,
+                };
+                Box::new(Pool::new(config.slots.max(1), cache.clone(), python)?)
+            }
             ExecMode::Noop => Box::new(Noop),
         };
         let mut state = WorkerState::with_executor(config, exec);

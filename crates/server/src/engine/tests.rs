@@ -126,6 +126,7 @@ impl Server {
             alloc: None,
             ends_at_s: None,
             group: None,
+            python: None,
         };
         self.batch([Inbound::WorkerJoin {
             registration,

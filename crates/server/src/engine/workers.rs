@@ -33,8 +33,7 @@ impl Engine {
             prefetch: r.prefetch,
             named: r.named.clone(),
             stages_files: r.cache.is_some(),
-            // No worker calls Python functions yet: the runner is not on the wire.
-            runs_functions: false,
+            runs_functions: r.python.is_some(),
         };
         // A worker that was registered with this server (before a lost connection, or before
         // a restart: the journal keeps the server's id) asks for its id back.

@@ -35,6 +35,7 @@ fn rejoin(
         alloc: None,
         ends_at_s: None,
         group: None,
+        python: None,
     };
     s.batch([Inbound::WorkerJoin {
         registration,

@@ -1,0 +1,211 @@
+"""The Python runner a Kestrel worker keeps per slot: it calls function tasks.
+
+The worker starts it once (``python -c <this file>``) and speaks frames on its stdin and
+stdout; it needs the standard library alone, and cloudpickle for functions pickled by value.
+It is embedded in the ``kestrel`` binary, so a worker's Python needs no Kestrel package.
+
+A frame is a little-endian u32 length, then that many bytes, the first of which says what
+the frame is:
+
+worker to runner
+    ``D`` job:u32, header length:u32, header (JSON: name, python, cloudpickle, modules, path,
+    env, inline_limit), the pickled function: defines job ``job``'s function.
+    ``C`` job:u32, task id:u32, the task's line (base64 of the pickled ``(args, kwargs)``):
+    calls it.
+    ``F`` job:u32: forgets the job's function.
+runner to worker
+    ``H`` JSON (python, cloudpickle, executable, pid): once, when it is ready.
+    ``R`` status:u8, result length:u32, text length:u32, result, text, output: a call's end.
+    Status 0: returned (result: the pickled value); 1: raised (result: the pickled
+    exception, text: its traceback); 2: cannot run here (text: why; not worth a retry).
+    Output is what the call printed.
+
+What the function prints is captured per call; the protocol's stdout is kept apart from the
+process's file descriptor 1, which goes to stderr, so that nothing a C extension writes can
+corrupt a frame.
+"""
+
+import base64
+import contextlib
+import importlib
+import io
+import json
+import os
+import pickle
+import platform
+import struct
+import sys
+import traceback
+
+U32 = struct.Struct("<I")
+CALL = struct.Struct("<II")
+END = struct.Struct("<BII")
+
+try:
+    import cloudpickle
+except ImportError:  # Functions pickled by reference still load with plain pickle.
+    cloudpickle = None
+
+
+def cloudpickle_version():
+    return getattr(cloudpickle, "__version__", "") if cloudpickle else ""
+
+
+def read_exact(fd, n):
+    parts = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            return None
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def write_frame(fd, body):
+    data = memoryview(U32.pack(len(body)) + body)
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def dumps(value):
+    """Pickles a result or an exception: plainly if it can, else by value (a lambda)."""
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        if cloudpickle is None:
+            raise
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def module_version(name):
+    try:
+        module = importlib.import_module(name)
+    except Exception:
+        return None
+    return str(getattr(module, "__version__", ""))
+
+
+def mismatch(header):
+    """Why pickles made by the client's Python cannot be trusted here, if they cannot."""
+    mine = platform.python_version()
+    theirs = header.get("python") or ""
+    if theirs and theirs.split(".")[:2] != mine.split(".")[:2]:
+        return f"Python {theirs} on the client, Python {mine} here ({sys.executable})"
+    theirs = header.get("cloudpickle") or ""
+    if theirs and theirs != cloudpickle_version():
+        here = cloudpickle_version() or "not installed"
+        return f"cloudpickle {theirs} on the client, {here} here ({sys.executable})"
+    for name, version in header.get("modules") or []:
+        here = module_version(name)
+        if here is None:
+            return f"module {name} {version} on the client, not importable here ({sys.executable})"
+        if version and here != version:
+            return f"module {name} {version} on the client, {here} here ({sys.executable})"
+    return None
+
+
+class Job:
+    def __init__(self, header, pickled):
+        self.name = header.get("name") or "function"
+        self.inline_limit = int(header.get("inline_limit") or 0)
+        self.env = dict(header.get("env") or [])
+        self.error = None
+        self.function = None
+        why = mismatch(header)
+        if why:
+            self.error = (
+                f"function {self.name} cannot run on this worker: {why}; start the worker "
+                "with `--python PATH` naming an interpreter with the client's versions"
+            )
+            return
+        for entry in reversed(header.get("path") or []):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        try:
+            self.function = pickle.loads(pickled)
+        except Exception as e:
+            self.error = f"function {self.name} cannot be unpickled here: {type(e).__name__}: {e}"
+
+
+def call(job, task_id, line):
+    """Runs one call: (status, result, text, output)."""
+    if job.error:
+        return 2, b"", job.error, ""
+    printed = io.StringIO()
+    os.environ["KESTREL_TASK_ID"] = str(task_id)
+    try:
+        args, kwargs = pickle.loads(base64.b64decode(line))
+    except Exception as e:
+        return 2, b"", f"the arguments of task {task_id} cannot be unpickled here: {e!r}", ""
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            value = job.function(*args, **kwargs)
+    except BaseException as e:  # the task's failure, whatever it is (SystemExit too)
+        if isinstance(e, SystemExit) and e.code in (0, None):
+            value = None
+        else:
+            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            try:
+                pickled = dumps(e)
+            except Exception:
+                pickled = dumps(RuntimeError(f"{type(e).__name__}: {e}"))
+            return 1, pickled, text, printed.getvalue()
+    try:
+        result = dumps(value)
+    except Exception as e:
+        why = f"the result of {job.name} cannot be pickled: {type(e).__name__}: {e}"
+        return 2, b"", why, printed.getvalue()
+    if job.inline_limit and len(result) > job.inline_limit:
+        why = (
+            f"the result of {job.name} is {len(result)} bytes, above the {job.inline_limit} "
+            "bytes a result may carry back; return a smaller value, or write a file and "
+            "declare it as an output"
+        )
+        return 2, b"", why, printed.getvalue()
+    return 0, result, "", printed.getvalue()
+
+
+def main():
+    inp = 0
+    # The protocol's own descriptor; fd 1 then goes where fd 2 goes.
+    out = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    hello = {
+        "python": platform.python_version(),
+        "cloudpickle": cloudpickle_version(),
+        "executable": sys.executable,
+        "pid": os.getpid(),
+    }
+    write_frame(out, b"H" + json.dumps(hello).encode())
+    jobs = {}
+    while True:
+        head = read_exact(inp, 4)
+        if head is None:
+            return
+        (n,) = U32.unpack(head)
+        body = read_exact(inp, n)
+        if body is None:
+            return
+        tag = body[:1]
+        if tag == b"C":
+            job_id, task_id = CALL.unpack_from(body, 1)
+            job = jobs.get(job_id)
+            if job is None:
+                status, result, text, output = 2, b"", f"job {job_id} was not defined", ""
+            else:
+                status, result, text, output = call(job, task_id, body[9:])
+            text_b, output_b = text.encode(), output.encode(errors="replace")
+            end = END.pack(status, len(result), len(text_b))
+            write_frame(out, b"R" + end + result + text_b + output_b)
+        elif tag == b"D":
+            job_id, hlen = CALL.unpack_from(body, 1)
+            header = json.loads(body[9 : 9 + hlen])
+            jobs[job_id] = Job(header, body[9 + hlen :])
+        elif tag == b"F":
+            (job_id,) = U32.unpack_from(body, 1)
+            jobs.pop(job_id, None)
+
+
+main()

@@ -1,13 +1,13 @@
 //! The sending side of a connection, and what to do when a message is too big for one frame.
 
 use bytes::Bytes;
-use kestrel_core::IndexRun;
+use kestrel_core::{IndexRun, TaskKind};
 use kestrel_proto::messages::{
     Answer, Assigned, EdgeKind, OutputPage, Refusal, RowOutput, ToClient, ToWorker,
 };
 use kestrel_proto::{
-    encode, ProtoError, ALLOC_VERSION, FILES_VERSION, MAX_FRAME_BYTES, OUTPUT_FILES_VERSION,
-    TASK_DEPS_VERSION, WAITING_FOR_VERSION,
+    encode, ProtoError, ALLOC_VERSION, FILES_VERSION, FUNCTIONS_VERSION, MAX_FRAME_BYTES,
+    OUTPUT_FILES_VERSION, TASK_DEPS_VERSION, WAITING_FOR_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -88,6 +88,13 @@ impl Outbox {
         if self.version < TASK_DEPS_VERSION {
             if let Ok(answer) = &mut result {
                 before_nodes_and_deps(answer);
+            }
+        }
+        if self.version < FUNCTIONS_VERSION {
+            // A template's function is a field such a client cannot read: it sees a job of
+            // lines without a command.
+            if let Ok(Answer::Job(d)) = &mut result {
+                d.spec.template.kind = TaskKind::Command;
             }
         }
         match encode(&ToClient::Reply { id, result }) {
@@ -228,7 +235,7 @@ fn before_nodes_and_deps(answer: &mut Answer) {
 
 #[cfg(test)]
 mod tests {
-    use kestrel_core::{JobSpec, Placement, PolicyName};
+    use kestrel_core::{JobSpec, Placement, PolicyName, TaskKind};
 
     #[test]
     fn an_older_client_gets_answers_without_the_fields_it_cannot_read() {
@@ -277,6 +284,50 @@ mod tests {
         })
         .unwrap();
         assert_eq!(&frame[..], &want[..]);
+    }
+
+    /// A function job's template reaches a client of version 11 without the function, which
+    /// it could not decode.
+    #[test]
+    fn a_version_11_client_gets_a_function_jobs_template_without_its_function() {
+        let mut spec = JobSpec::command("f", Vec::new());
+        spec.template.kind = TaskKind::Function(Box::default());
+        let detail = kestrel_proto::messages::JobDetail {
+            summary: kestrel_proto::messages::JobSummary {
+                id: 1,
+                name: "f".into(),
+                state: "queued".into(),
+                counts: Default::default(),
+                submitted_us: 0,
+                finished_us: None,
+                waiting_for: Vec::new(),
+            },
+            spec,
+            tasks: String::new(),
+            timing: Default::default(),
+            ids: None,
+            waiting: None,
+            transfers: Default::default(),
+        };
+        for (version, function) in [(FUNCTIONS_VERSION - 1, false), (FUNCTIONS_VERSION, true)] {
+            let (mut out, mut rx) = outbox();
+            out.version = version;
+            out.reply(1, Ok(Answer::Job(Box::new(detail.clone()))));
+            let frame = rx.try_recv().expect("a reply");
+            let back: ToClient = kestrel_proto::decode(&frame).expect("decodes");
+            let ToClient::Reply {
+                result: Ok(Answer::Job(d)),
+                ..
+            } = back
+            else {
+                panic!("{back:?}");
+            };
+            assert_eq!(
+                d.spec.template.kind.is_function(),
+                function,
+                "version {version}"
+            );
+        }
     }
 
     /// What a listed job waits for (version 11) is left out for a client of version 10, which

@@ -163,19 +163,9 @@ fn one_hot_input_shows_the_dissertations_order_of_the_policies() {
     assert!(mcu.stats.peer >= 3 && mch.stats.peer == 0, "{why}");
 }
 
-/// A scheduler with one worker of 2 slots that `stages_files` or not.
+/// A worker of 2 slots that `stages_files` or not, without Python.
 fn offer(stages_files: bool) -> WorkerOffer {
-    WorkerOffer {
-        hostname: "w".into(),
-        resources: Resources {
-            cpus: 2,
-            ..Resources::NONE
-        },
-        prefetch: 0,
-        named: Vec::new(),
-        stages_files,
-        runs_functions: false,
-    }
+    common::offer(stages_files, false)
 }
 
 fn join(s: &mut Scheduler, o: WorkerOffer) -> WorkerId {

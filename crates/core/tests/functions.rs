@@ -3,22 +3,8 @@
 
 mod common;
 
-use common::Events;
+use common::{offer, Events};
 use kestrel_core::*;
-
-fn offer(stages_files: bool, runs_functions: bool) -> WorkerOffer {
-    WorkerOffer {
-        hostname: "w".into(),
-        resources: Resources {
-            cpus: 2,
-            ..Resources::NONE
-        },
-        prefetch: 0,
-        named: Vec::new(),
-        stages_files,
-        runs_functions,
-    }
-}
 
 /// A job calling `mod.f` once per argument line.
 fn function_job() -> JobSpec {

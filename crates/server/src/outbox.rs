@@ -237,6 +237,27 @@ fn before_nodes_and_deps(answer: &mut Answer) {
 mod tests {
     use kestrel_core::{JobSpec, Placement, PolicyName, TaskKind};
 
+    /// Job 1 of `spec` as `job info` answers it, queued, nothing moved.
+    fn job_detail(spec: JobSpec) -> kestrel_proto::messages::JobDetail {
+        kestrel_proto::messages::JobDetail {
+            summary: kestrel_proto::messages::JobSummary {
+                id: 1,
+                name: spec.name.clone(),
+                state: "queued".into(),
+                counts: Default::default(),
+                submitted_us: 0,
+                finished_us: None,
+                waiting_for: Vec::new(),
+            },
+            spec,
+            tasks: String::new(),
+            timing: Default::default(),
+            ids: None,
+            waiting: None,
+            transfers: Default::default(),
+        }
+    }
+
     #[test]
     fn an_older_client_gets_answers_without_the_fields_it_cannot_read() {
         let (mut out, mut rx) = outbox();
@@ -250,26 +271,9 @@ mod tests {
         let mut plain = spec.clone();
         plain.template.files = Default::default();
         plain.placement = Default::default();
-        let mut answer = Answer::Job(Box::new(kestrel_proto::messages::JobDetail {
-            summary: kestrel_proto::messages::JobSummary {
-                id: 1,
-                name: "reads".into(),
-                state: "queued".into(),
-                counts: Default::default(),
-                submitted_us: 0,
-                finished_us: None,
-                waiting_for: Vec::new(),
-            },
-            spec,
-            tasks: String::new(),
-            timing: Default::default(),
-            ids: None,
-            waiting: None,
-            transfers: kestrel_core::files::Transfers {
-                store_files: 1,
-                ..Default::default()
-            },
-        }));
+        let mut detail = job_detail(spec);
+        detail.transfers.store_files = 1;
+        let mut answer = Answer::Job(Box::new(detail));
         out.reply(1, Ok(answer.clone()));
         let frame = rx.try_recv().expect("a reply");
         // What was sent is the answer as version 7 wrote it.
@@ -292,23 +296,7 @@ mod tests {
     fn a_version_11_client_gets_a_function_jobs_template_without_its_function() {
         let mut spec = JobSpec::command("f", Vec::new());
         spec.template.kind = TaskKind::Function(Box::default());
-        let detail = kestrel_proto::messages::JobDetail {
-            summary: kestrel_proto::messages::JobSummary {
-                id: 1,
-                name: "f".into(),
-                state: "queued".into(),
-                counts: Default::default(),
-                submitted_us: 0,
-                finished_us: None,
-                waiting_for: Vec::new(),
-            },
-            spec,
-            tasks: String::new(),
-            timing: Default::default(),
-            ids: None,
-            waiting: None,
-            transfers: Default::default(),
-        };
+        let detail = job_detail(spec);
         for (version, function) in [(FUNCTIONS_VERSION - 1, false), (FUNCTIONS_VERSION, true)] {
             let (mut out, mut rx) = outbox();
             out.version = version;

@@ -1,7 +1,7 @@
 //! The ways a worker runs tasks, behind one trait: [`Executor`]. Each worker has one, chosen
 //! once from its [`ExecMode`](crate::ExecMode) (see `WorkerState::new`): the process pool
-//! (`pool.rs`: executor threads, the deck, the reaper) or [`Noop`] (benchmarks). A runner of
-//! Python functions will be a third.
+//! (`pool.rs`: executor threads, the deck, the reaper; each thread runs a task's [`Body`], a
+//! process or a call in its Python runner, `runner.rs`) or [`Noop`] (benchmarks).
 //!
 //! The session calls its executor through `&mut dyn Executor` once per event it handles (a
 //! message, a batch of ended runs, a heartbeat), not once per task it starts:

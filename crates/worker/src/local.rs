@@ -447,9 +447,9 @@ impl Local {
     ) -> Result<(Body, Option<Box<FilesPlan>>), String> {
         let def = self.defined(task.job)?;
         let Some(function) = &def.function else {
-            return self
-                .launch(task, gpus, me)
-                .map(|(launch, files)| (Body::Process(launch), files));
+            // One lookup of the job per task, not two: this is every command's path.
+            let (launch, files) = self.launch_of(def, task, gpus, me);
+            return Ok((Body::Process(launch), files));
         };
         let line = task.line().ok_or_else(|| {
             format!(
@@ -493,6 +493,17 @@ impl Local {
         me: &Identity,
     ) -> Result<(Launch, Option<Box<FilesPlan>>), String> {
         let def = self.defined(task.job)?;
+        Ok(self.launch_of(def, task, gpus, me))
+    }
+
+    /// [`Self::launch`] of a task of the job `def` defines.
+    fn launch_of(
+        &self,
+        def: &JobDef,
+        task: &LocalTask,
+        gpus: &[u32],
+        me: &Identity,
+    ) -> (Launch, Option<Box<FilesPlan>>) {
         let t = &def.template;
         let (job_s, id_s) = def.ids_of(task);
         let values = Values {
@@ -543,7 +554,7 @@ impl Local {
             },
             node_file,
         };
-        Ok((launch, files))
+        (launch, files)
     }
 }
 

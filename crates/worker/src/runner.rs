@@ -224,7 +224,9 @@ impl Runner {
         Ok(())
     }
 
-    /// Kills the runner's group and reaps it: how it ended.
+    /// Kills the runner's group and reaps it: how it ended. A runner that died (closed its
+    /// output) keeps the status it died with: a dying process's exit status is set before
+    /// its descriptors close, and the kill only ends one that closed its output and lives on.
     fn end(mut self, reaper: Option<&Reaper>) -> ExitKind {
         let pid = self.child.id() as libc::pid_t;
         // Closing its input ends an idle runner by itself; a busy one is killed.
@@ -241,13 +243,6 @@ impl Runner {
             Ok(status) => exit_kind(status),
             Err(e) => ExitKind::SpawnFailed(format!("cannot wait for the runner: {e}")),
         }
-    }
-
-    /// Reaps a runner that closed its output (it died): how it ended. A dying process's
-    /// exit status is set before its descriptors close, so the kill in [`Self::end`] does not
-    /// change it; it only ends a runner that closed its output and lives on.
-    fn died(self, reaper: Option<&Reaper>) -> ExitKind {
-        self.end(reaper)
     }
 }
 
@@ -321,7 +316,7 @@ impl RunnerSlot {
         frame.extend_from_slice(&call.task_id.to_le_bytes());
         frame.extend_from_slice(call.line.as_bytes());
         if runner.define(&call.function).is_err() || runner.send(&frame).is_err() {
-            return Err(ExitKind::RunnerDied(Box::new(runner.died(reaper))));
+            return Err(ExitKind::RunnerDied(Box::new(runner.end(reaper))));
         }
         let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
         match runner.reply(cancel, deadline) {
@@ -345,7 +340,7 @@ impl RunnerSlot {
                 runner.end(reaper);
                 Err(ExitKind::TimedOut)
             }
-            Err(Stop::Broken(_)) => Err(ExitKind::RunnerDied(Box::new(runner.died(reaper)))),
+            Err(Stop::Broken(_)) => Err(ExitKind::RunnerDied(Box::new(runner.end(reaper)))),
         }
     }
 

@@ -15,9 +15,9 @@ use std::sync::Arc;
 /// Everything of a worker that outlives its connections; a session (`session::serve`) borrows
 /// it for one connection's life.
 ///
-/// The worker's data cache (files kept for later tasks, served to peers) and its Python
-/// runners (processes that keep an interpreter warm between function tasks) will live here
-/// too: the cache beside `staging`, which fills it; the runners inside an executor.
+/// The worker's data cache (files kept for later tasks, served to peers) lives here too,
+/// beside `staging`, which fills it; its Python runners live inside the executor (one per
+/// thread of the pool, `runner.rs`).
 pub(crate) struct WorkerState {
     /// Runs the tasks; chosen once, from [`WorkerConfig::exec`].
     pub(crate) exec: Box<dyn Executor>,

@@ -48,6 +48,22 @@ pub fn assignments(s: &mut Scheduler, now: u64) -> Vec<(WorkerId, JobId, u32)> {
     got
 }
 
+/// A worker of 2 slots, no prefetch, with a cache if `stages_files`, with Python runners if
+/// `runs_functions`.
+pub fn offer(stages_files: bool, runs_functions: bool) -> WorkerOffer {
+    WorkerOffer {
+        hostname: "w".into(),
+        resources: Resources {
+            cpus: 2,
+            ..Resources::NONE
+        },
+        prefetch: 0,
+        named: Vec::new(),
+        stages_files,
+        runs_functions,
+    }
+}
+
 /// Joins a worker of `slots` slots, no prefetch, that stages files, to `s`.
 pub fn staging_worker(s: &mut Scheduler, slots: u32) -> WorkerId {
     s.worker_joined(

@@ -170,6 +170,13 @@ impl Connection {
         &mut self.client
     }
 
+    /// The connection itself, given up (it no longer rides out a restart): for a client that
+    /// multiplexes its requests and a watch's pushes on it ([`Client::watch`], then
+    /// [`Client::into_parts`]).
+    pub fn into_client(self) -> Client {
+        self.client
+    }
+
     /// Asks, reconnecting and asking again if the server goes away meanwhile: for requests
     /// that do nothing twice (queries, cancel, retry, forget, stop).
     pub async fn call(&mut self, ask: Ask) -> Result<Answer, Error> {

@@ -299,3 +299,36 @@ fn nodes_and_task_deps_are_not_sent_to_a_server_of_protocol_10() {
         server.stop().await;
     });
 }
+
+#[test]
+fn a_watch_goes_only_to_a_server_of_version_13_and_its_connection_splits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    rt().block_on(async {
+        let server = start(ServerConfig::local(dir.path().to_path_buf()))
+            .await
+            .expect("server");
+        // A client of version 12 does not ask.
+        let old = kestrel_proto::WATCH_VERSION - 1;
+        let mut client = kestrel_proto::Client::connect_speaking(&server.access, 6..=old)
+            .await
+            .expect("connected");
+        let refused = client.watch(Vec::new(), true).await;
+        assert!(
+            matches!(&refused, Err(kestrel_proto::ClientError::Server(m)) if m.contains("upgrade")),
+            "{refused:?}"
+        );
+
+        // A current one watches, then takes its connection apart to read the pushes itself.
+        let conn = Connection::open(Target::file(&server.access_path), Reconnect::NEVER)
+            .await
+            .expect("connected");
+        let mut client = conn.into_client();
+        assert_eq!(
+            client.watch(vec![42], false).await.expect("watching"),
+            vec![42]
+        );
+        let (_reader, _writer, version, next_id) = client.into_parts();
+        assert_eq!((version, next_id), (kestrel_proto::WATCH_VERSION, 2));
+        server.stop().await;
+    });
+}

@@ -37,8 +37,14 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// ([`WAITING_FOR_VERSION`]), the control of workers ([`WORKERS_VERSION`]), which own
 /// output files of a task hold output ([`OUTPUT_FILES_VERSION`]), multi-node tasks
 /// ([`NODES_VERSION`]) and task-level dependencies ([`TASK_DEPS_VERSION`]). Version 12 adds
-/// function tasks ([`FUNCTIONS_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 12;
+/// function tasks ([`FUNCTIONS_VERSION`]). Version 13 adds watches: a client's `Watch` and the
+/// task ends pushed to it ([`WATCH_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 13;
+
+/// The first version in which a client watches jobs (`Ask::Watch`) and the server pushes it
+/// each task end of them (`ToClient::Ended`, `ToClient::Gone`): a client asks no watch of an
+/// older server, and a server pushes nothing to an older client (which cannot ask for it).
+pub const WATCH_VERSION: u32 = 13;
 
 /// The first version that carries function tasks (a template's `function`, a worker's
 /// `python`): a client does not submit them to an older server, and a worker does not tell

@@ -1,7 +1,7 @@
 //! A client connection: connect, authenticate, ask, wait.
 
 use crate::access::Access;
-use crate::auth::{connect_handshake_speaking, Role, SPOKEN_VERSIONS};
+use crate::auth::{connect_handshake_speaking, Role, SPOKEN_VERSIONS, WATCH_VERSION};
 use crate::frame::{FrameReader, FrameWriter, ProtoError};
 use crate::messages::{Answer, Ask, Refusal, RefusalKind, Request, ToClient, WaitProgress};
 use crate::tls::{ConnRead, ConnWrite};
@@ -136,7 +136,39 @@ impl Client {
         self.version
     }
 
-    /// Sends a request and returns its answer.
+    /// Watches `jobs` (and with `submitted`, every job this connection submits from now on):
+    /// the server pushes their task ends to this connection as [`ToClient::Ended`] frames,
+    /// which [`Client::call`] and [`Client::wait`] skip, so a client that reads them splits
+    /// the connection next ([`Client::into_parts`]). Returns the jobs the server does not
+    /// have. Refused without asking by a server older than [`WATCH_VERSION`].
+    pub async fn watch(
+        &mut self,
+        jobs: Vec<JobId>,
+        submitted: bool,
+    ) -> Result<Vec<JobId>, ClientError> {
+        if self.version < WATCH_VERSION {
+            return Err(ClientError::Server(format!(
+                "the server speaks protocol {}, older than {WATCH_VERSION}, which a watch needs: upgrade the server (`kestrel server info` shows its version)",
+                self.version
+            )));
+        }
+        match self.call(Ask::Watch { jobs, submitted }).await? {
+            Answer::Watching { missing } => Ok(missing),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Splits the connection into its parts, for a client that multiplexes requests and
+    /// pushes itself (a watch's [`ToClient::Ended`] frames come between replies): the frame
+    /// reader and writer, the protocol version the connection speaks, and the id its next
+    /// request is to take (ids so far were used by [`Client::call`]; the server answers each
+    /// by its id).
+    pub fn into_parts(self) -> (FrameReader<ConnRead>, FrameWriter<ConnWrite>, u32, u64) {
+        (self.reader, self.writer, self.version, self.next_id)
+    }
+
+    /// Sends a request and returns its answer (frames that are not its reply, a watch's
+    /// pushes among them, are skipped).
     pub async fn call(&mut self, ask: Ask) -> Result<Answer, ClientError> {
         let id = self.send(ask).await?;
         loop {

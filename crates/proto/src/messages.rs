@@ -682,6 +682,16 @@ pub enum Ask {
         all: bool,
         now: bool,
     },
+    /// Watch these jobs (version 13): the server pushes each of their task ends to this
+    /// connection ([`ToClient::Ended`]) right after the journal commit that makes it durable,
+    /// at once for the tasks already ended. With `submitted`, also every job this connection
+    /// submits from now on, watched from its creation (no end is missed between the `Submit`
+    /// and a `Watch`). A connection has one watch: a second `Watch` adds to it. Answered with
+    /// [`Answer::Watching`].
+    Watch {
+        jobs: Vec<JobId>,
+        submitted: bool,
+    },
 }
 
 /// An allocation queue as `kestrel alloc add` gives it.
@@ -788,6 +798,45 @@ pub enum ToClient {
     },
     /// Progress of a `Wait` request `id`.
     Progress { id: u64, progress: WaitProgress },
+    /// Task ends of watched jobs (version 13; see [`Ask::Watch`]), each told once, after the
+    /// journal commit that holds it; the ends of one engine pass share a frame (several when
+    /// they would not fit one).
+    Ended { ends: Vec<TaskEnded> },
+    /// The watch of a job ends, and why (version 13): the job was forgotten or withdrawn, or
+    /// the journal could not record some of its ends (they would run again after a restart).
+    /// None of its ends comes after this.
+    Gone { job: JobId, why: String },
+}
+
+/// A task of a watched job that ended (finished, failed or canceled), as
+/// [`ToClient::Ended`] tells it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEnded {
+    pub job: JobId,
+    /// Its user-visible id.
+    pub id: TaskId,
+    /// `Finished`, `Failed` or `Canceled`.
+    #[serde(with = "TaskStateDef")]
+    pub state: TaskState,
+    /// Why it failed or was canceled, as `kestrel task info` says (`None` for a success, and
+    /// for a task canceled with its job).
+    pub reason: Option<String>,
+    /// The host name of the worker it ran on, if the server knows it (`None` for a task that
+    /// never ran, or whose worker left long ago).
+    pub worker: Option<String>,
+    /// Its kept streamed stdout (for a function task, the pickled result or the pickled
+    /// exception); `None` if it is not streamed or the task wrote nothing.
+    pub stdout: Option<Kept>,
+    /// Its kept streamed stderr, only for a task that did not finish (a failed function's
+    /// traceback); `None` for a success.
+    pub stderr: Option<Kept>,
+}
+
+impl TaskEnded {
+    /// Bytes of output it carries (for splitting frames).
+    pub fn size(&self) -> usize {
+        self.stdout.as_ref().map_or(0, Kept::size) + self.stderr.as_ref().map_or(0, Kept::size)
+    }
 }
 
 /// The answers, one per kind of request.
@@ -850,6 +899,11 @@ pub enum Answer {
     WorkerDetail(Box<WorkerDetail>),
     /// The answer to `WorkerStop`: what became of each worker.
     WorkersStopped(Vec<StopResult>),
+    /// The answer to `Watch` (version 13): the jobs asked for that the server does not have
+    /// (a restarted server without journal, a forgotten job); the others are watched.
+    Watching {
+        missing: Vec<JobId>,
+    },
 }
 
 /// The workers, as `worker list --all` shows them.

@@ -1093,3 +1093,73 @@ fn workers_under_control() {
         );
     }
 }
+
+/// Version 13: a watch (`Watch`, its answer) and what it pushes: the task ends of a pass in
+/// one frame (a success with its stdout, a failure with its stderr, a cancel) and a job gone.
+#[test]
+fn watches_of_version_13() {
+    golden(
+        "ask-watch",
+        Request {
+            id: 5,
+            body: Ask::Watch {
+                jobs: vec![7, 8],
+                submitted: true,
+            },
+        },
+    );
+    golden(
+        "reply-watching",
+        ToClient::Reply {
+            id: 5,
+            result: Ok(Answer::Watching { missing: vec![8] }),
+        },
+    );
+    golden(
+        "ended",
+        ToClient::Ended {
+            ends: vec![
+                TaskEnded {
+                    job: 7,
+                    id: 1,
+                    state: TaskState::Finished,
+                    reason: None,
+                    worker: Some("node1".into()),
+                    stdout: Some(Kept {
+                        data: vec![0x80, 0x05, 0x4b, 0x2a, b'.'],
+                        total: 5,
+                    }),
+                    stderr: None,
+                },
+                TaskEnded {
+                    job: 7,
+                    id: 2,
+                    state: TaskState::Failed,
+                    reason: Some("exit code 1".into()),
+                    worker: Some("node1".into()),
+                    stdout: None,
+                    stderr: Some(Kept {
+                        data: b"Traceback (most recent call last):\n".to_vec(),
+                        total: 300,
+                    }),
+                },
+                TaskEnded {
+                    job: 7,
+                    id: 3,
+                    state: TaskState::Canceled,
+                    reason: None,
+                    worker: None,
+                    stdout: None,
+                    stderr: None,
+                },
+            ],
+        },
+    );
+    golden(
+        "gone",
+        ToClient::Gone {
+            job: 7,
+            why: "job 7 was forgotten (`kestrel job forget`)".into(),
+        },
+    );
+}

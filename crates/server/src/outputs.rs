@@ -400,6 +400,22 @@ impl OutputLog {
         Ok(page)
     }
 
+    /// What task `index` of `job` wrote to `stream`, if it is kept (from memory, else from
+    /// the journal, whose pending changes must have been committed first): a watch's end of a
+    /// task that ended before it was watched.
+    pub fn kept(
+        &self,
+        journal: Option<&Journal>,
+        job: JobId,
+        index: TaskIndex,
+        stream: Stream,
+    ) -> Result<Option<Kept>, String> {
+        Ok(match self.read(journal, job, index, stream)? {
+            RowOutput::Kept(k) => Some(k),
+            _ => None,
+        })
+    }
+
     /// One task's output: from memory if it is there, else from the journal.
     fn read(
         &self,

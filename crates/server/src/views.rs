@@ -308,6 +308,34 @@ pub fn task_row(j: &Job, index: TaskIndex) -> TaskRow {
     }
 }
 
+/// Why ended task `index` failed or was canceled, as `kestrel task info` says: the reason of
+/// its failure for a failed task, and for one canceled because what it depended on failed;
+/// `None` for a success and for a task canceled with its job (whose earlier run's failure, if
+/// any, is not why it ended).
+pub fn end_reason(j: &Job, index: TaskIndex) -> Option<String> {
+    let because = match j.record(index).state {
+        TaskState::Failed => true,
+        TaskState::Canceled => j.canceled_for_deps(index),
+        _ => false,
+    };
+    because
+        .then(|| j.failure(index).map(|f| f.reason.clone()))
+        .flatten()
+}
+
+/// The host name of the worker task `index` was last assigned to, while that worker is
+/// connected or among the departed the scheduler keeps; `None` for a task never assigned.
+pub fn worker_host(core: &Scheduler, j: &Job, index: TaskIndex) -> Option<String> {
+    let r = j.record(index);
+    if r.assigned_us == 0 {
+        return None;
+    }
+    match core.worker(r.worker) {
+        Some(w) => Some(w.offer.hostname.clone()),
+        None => core.departed(r.worker).map(|d| d.offer.hostname.clone()),
+    }
+}
+
 /// One task in full; `worker_host` names the worker it was last assigned to, if connected;
 /// `nodes`, the workers of a multi-node task while it holds them.
 pub fn task_detail(

@@ -47,6 +47,7 @@ impl Engine {
                         .is_none_or(|j| j.spec == spec && (open || j.open || j.tasks == tasks));
                     if same {
                         tracing::info!(job, "repeated submission answered with its job");
+                        self.watch.submitted(conn, job, &self.core);
                         Ok(Answer::Submitted {
                             job,
                             warning: None,
@@ -93,6 +94,9 @@ impl Engine {
                                 self.keys.insert(k.clone(), job);
                             }
                             tracing::info!(job, tasks = n, %name, "job submitted");
+                            // Watched from its creation, if its connection watches what it
+                            // submits: no end is missed before a `Watch` could name it.
+                            self.watch.submitted(conn, job, &self.core);
                             // A job too big for every worker connected now is kept (a bigger
                             // one may come), but its submitter hears of it at once, unless an
                             // allocation queue may bring that bigger worker.
@@ -336,6 +340,19 @@ impl Engine {
                     None => Err(no_such_job(job)),
                 }
             }
+            Ask::Watch { jobs, submitted } => {
+                let version = self.conns.clients.get(&conn).map_or(0, |c| c.version);
+                if version < kestrel_proto::WATCH_VERSION {
+                    // Such a client cannot send it; nothing is pushed to one that cannot read it.
+                    Err(Refusal::from(format!(
+                        "a watch needs protocol version {} or later; this connection speaks {version}",
+                        kestrel_proto::WATCH_VERSION
+                    )))
+                } else {
+                    let missing = self.watch.watch(conn, jobs, submitted, &self.core);
+                    Ok(Answer::Watching { missing })
+                }
+            }
             Ask::Stop => {
                 tracing::info!("stop requested by a client");
                 self.stopping = true;
@@ -372,14 +389,7 @@ impl Engine {
                         "job {job} has no task {task}; `kestrel job info {job}` shows its task ids"
                     ))),
                     Some(index) => {
-                        let r = j.record(index);
-                        let host = (r.assigned_us > 0)
-                            .then(|| match self.core.worker(r.worker) {
-                                Some(w) => Some(&w.offer.hostname),
-                                None => self.core.departed(r.worker).map(|d| &d.offer.hostname),
-                            })
-                            .flatten()
-                            .cloned();
+                        let host = views::worker_host(&self.core, j, index);
                         let nodes = self
                             .core
                             .nodes_of((job, index))
@@ -587,10 +597,11 @@ impl Engine {
         }
     }
 
-    /// A client's connection ended: its waits end with it.
+    /// A client's connection ended: its waits and its watch end with it.
     pub(super) fn client_gone(&mut self, conn: ConnId) {
         self.conns.clients.remove(&conn);
         self.waiters.retain(|w| w.conn != conn);
+        self.watch.conn_gone(conn);
     }
 
     /// Answers the waits whose jobs have all ended.
@@ -630,6 +641,7 @@ fn reads_only(ask: &Ask) -> bool {
             | Ask::TaskInfo { .. }
             | Ask::AllocList
             | Ask::AllocLog { .. }
+            | Ask::Watch { .. }
     )
 }
 

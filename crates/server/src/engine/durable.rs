@@ -9,7 +9,7 @@
 use super::{ConnId, Engine};
 use crate::journal::{Journal, Pending};
 use crate::outputs::OutputLog;
-use kestrel_core::{Event, JobId, Record};
+use kestrel_core::{Event, JobId, Record, RunEnd};
 use kestrel_proto::messages::{Answer, Refusal, TaskOutput};
 use rustc_hash::FxHashMap;
 use std::time::Duration;
@@ -144,10 +144,14 @@ impl Engine {
         let now = self.now();
         self.journal_records(now);
         let next_job = self.core.next_job_id();
+        // Watched ends promise durability as a `WaitDone` does, and are awaited within a
+        // millisecond: they do not wait for ends to gather.
+        let watched = self.watch.due(&self.core);
         let d = &mut self.durable;
         // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
         // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
         let due = force
+            || watched
             || d.deferred.iter().any(Deferred::needs_durability)
             || d.pending.has_inputs()
             // Either way: a step back of the wall clock must not hold ends back.
@@ -164,8 +168,10 @@ impl Engine {
                 let committed = j.commit(&mut d.pending);
                 // Ends are kept only by a whole commit: one refused for want of room keeps
                 // the batch's inputs without them.
+                let mut lost = Vec::new();
                 if committed.is_err() {
                     d.ends_lost.extend(d.ends_pending.iter().copied());
+                    lost.extend(d.ends_pending.iter().copied());
                 }
                 d.ends_pending.clear();
                 match committed {
@@ -185,6 +191,13 @@ impl Engine {
                         if d.error.is_none() {
                             tracing::error!("{msg}; work that does not fit is refused, and retries are, until it can be written again");
                         }
+                        // Their ends are not durable: a watch of them is not told they are.
+                        for job in lost {
+                            let why = format!(
+                                "the journal could not record how some tasks of job {job} ended ({msg}), so a restart of the server would run them again; the watch of job {job} ends"
+                            );
+                            self.watch.end(job, why, true);
+                        }
                         d.error = Some(msg.clone());
                         if !e.inputs_kept {
                             failed = Some(msg);
@@ -199,6 +212,11 @@ impl Engine {
         self.unconfirm_waits();
         for d in std::mem::take(&mut self.durable.deferred) {
             self.conns.send_now(d.conn, d.id, d.result);
+        }
+        // Watched ends go once the journal holds them (or at once without a journal), after
+        // the replies (a `Watching` comes before the ends it watches).
+        if !self.durable.journaling() || self.durable.pending.is_empty() {
+            self.flush_watches();
         }
     }
 
@@ -320,6 +338,10 @@ impl Engine {
                     if matches!(r, Record::Forgotten { .. }) {
                         self.outputs.forget(job, None);
                         self.durable.unjournaled.remove(&job);
+                        let why = format!(
+                            "job {job} was withdrawn: the journal could not record its submission"
+                        );
+                        self.watch.end(job, why, true);
                     }
                     continue;
                 }
@@ -327,10 +349,33 @@ impl Engine {
             if !forgotten.is_empty() && !matches!(r, Record::Forgotten { .. }) {
                 pending.forget(std::mem::take(&mut forgotten), now);
             }
+            // What a watch sees, journaled or not (nothing is looked at while none is kept).
+            if self.watch.any() {
+                match &r {
+                    Record::GaveUp { job, index } => {
+                        if let Some(j) = self.core.job(*job) {
+                            self.watch.caught(&self.core, j, *index, None);
+                        }
+                        self.watch.unsure();
+                    }
+                    Record::Retried { job, .. } => self.watch.retried(*job),
+                    // What may end tasks without records of their own: a cancel (its job's
+                    // queued tasks), a failure or a cancel that cancels what depends on it, a
+                    // job closed empty.
+                    Record::Canceled { .. } | Record::Extended { close: true, .. } => {
+                        self.watch.unsure()
+                    }
+                    Record::Ended { ends } if ends.iter().any(|f| f.end != RunEnd::Success) => {
+                        self.watch.unsure()
+                    }
+                    _ => {}
+                }
+            }
             match r {
                 Record::Ended { ends } => {
                     let files = self.outputs.files.any();
-                    if !(journaling || streaming || files) {
+                    let watching = self.watch.any();
+                    if !(journaling || streaming || files || watching) {
                         continue;
                     }
                     // Ends come in runs of one job: it is looked up once per run.
@@ -346,6 +391,9 @@ impl Engine {
                             continue;
                         };
                         let output = outputs.take(&f);
+                        if watching {
+                            self.watch.caught(&self.core, j, f.index, output.as_ref());
+                        }
                         if files {
                             let told = outputs
                                 .reports_files
@@ -358,6 +406,8 @@ impl Engine {
                 }
                 Record::Forgotten { job } => {
                     self.durable.ends_lost.remove(&job);
+                    let why = format!("job {job} was forgotten (`kestrel job forget`)");
+                    self.watch.end(job, why, false);
                     // Its output log goes in the same transaction as the FORGET entry.
                     self.outputs
                         .forget(job, journaling.then_some(&mut *pending));

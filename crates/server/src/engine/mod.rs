@@ -14,6 +14,8 @@
 //! - `durable`: what goes into the journal and when; replies that promise durability wait
 //!   for the commit that makes them true.
 //! - `route`: the connections, and the scheduler's commands turned into frames for them.
+//! - `watch`: clients' watches of jobs (protocol 13): each task end pushed to its watchers
+//!   after the commit that makes it durable.
 //!
 //! The engine touches no socket and reads no clock of its own: events come in as [`Inbound`],
 //! everything goes out through each connection's [`Outbox`] (a channel of encoded frames),
@@ -30,6 +32,7 @@ mod inputs;
 mod route;
 #[cfg(test)]
 mod tests;
+mod watch;
 mod workers;
 
 use crate::config::ServerConfig;
@@ -83,6 +86,8 @@ pub struct Engine {
     conns: Conns,
     /// Clients waiting for jobs to end.
     waiters: Vec<Waiter>,
+    /// Clients' watches of jobs, pushed each task end.
+    watch: watch::Watches,
     info: ServerInfo,
     heartbeat_ms: u64,
     stopping: bool,
@@ -163,6 +168,7 @@ impl Engine {
             core,
             conns: Conns::default(),
             waiters: Vec::new(),
+            watch: watch::Watches::default(),
             info,
             heartbeat_ms,
             stopping: false,

@@ -15,6 +15,9 @@ use tokio::sync::mpsc;
 /// departures.
 mod workers;
 
+/// Watches of jobs (protocol 13): task ends pushed to their watchers.
+mod watch;
+
 thread_local! {
     /// The test's clock, in microseconds (each test runs on a thread of its own).
     static NOW: Cell<u64> = const { Cell::new(1_000_000_000) };

@@ -1,0 +1,462 @@
+//! One connection to a server, multiplexed for every thread of a Python client.
+//!
+//! A reader task on the module's runtime takes every frame the server sends: a reply goes to
+//! the request that waits for it (by id), a pushed task end or a forgotten job goes to the
+//! event queue that the package's dispatcher thread drains with [`Session::next_events`].
+//! When the connection ends, every waiting request fails and a `lost` event says why: no
+//! future waits for an answer that cannot come.
+
+use crate::specs;
+use crate::{ConnectionLost, KestrelError, NoServer, ServerError};
+use kestrel_core::{JobId, LineList, TaskState};
+use kestrel_proto::auth::Role;
+use kestrel_proto::messages::{Answer, Ask, Refusal, Request, TaskEnded, ToClient};
+use kestrel_proto::{Access, ConnWrite, FrameReader, FrameWriter, SPOKEN_VERSIONS};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// What the reader task hands over to Python.
+enum Event {
+    Ended(TaskEnded),
+    Gone { job: JobId, why: String },
+    Lost(String),
+}
+
+/// What the reader task and the callers share.
+#[derive(Default)]
+struct Shared {
+    /// Requests waiting for their reply, by id.
+    waiting: Mutex<FxHashMap<u64, oneshot::Sender<Result<Answer, Refusal>>>>,
+    events: Mutex<VecDeque<Event>>,
+    /// Signalled when `events` gets something.
+    arrived: Condvar,
+    /// Why the connection ended, once it has.
+    ended: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn push(&self, e: Event) {
+        lock(&self.events).push_back(e);
+        self.arrived.notify_all();
+    }
+
+    /// The connection ended: every waiting request fails (its sender dropped) and the
+    /// dispatcher hears why.
+    fn end(&self, why: String) {
+        *lock(&self.ended) = Some(why.clone());
+        lock(&self.waiting).clear();
+        self.push(Event::Lost(why));
+    }
+}
+
+/// A poisoned lock only means a thread panicked while holding it; what it guards stays usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A connection to a Kestrel server (`kestrel._native.Session(access_file)`).
+#[pyclass(frozen)]
+pub struct Session {
+    runtime: tokio::runtime::Runtime,
+    writer: tokio::sync::Mutex<Option<FrameWriter<ConnWrite>>>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    version: u32,
+    address: String,
+}
+
+#[pymethods]
+impl Session {
+    /// Connects to the server whose access file is `access_file` and authenticates with the
+    /// secret it holds.
+    #[new]
+    fn new(py: Python<'_>, access_file: PathBuf) -> PyResult<Session> {
+        let access = Access::read(&access_file).map_err(|e| {
+            NoServer::new_err(format!(
+                "no Kestrel server at {}: {e}; start one with `kestrel server start --dir DIR` (or use kestrel.LocalCluster())",
+                access_file.display()
+            ))
+        })?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kestrel-client")
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                KestrelError::new_err(format!("cannot start the client's runtime: {e}"))
+            })?;
+        let address = access.address();
+        let connected = py.detach(|| {
+            runtime.block_on(kestrel_proto::client::connect_as(
+                &access,
+                Role::Client,
+                SPOKEN_VERSIONS,
+            ))
+        });
+        let (reader, writer, version) = connected.map_err(|e| {
+            NoServer::new_err(format!(
+                "cannot connect to the Kestrel server at {address} (from {}): {e}; is it running? `kestrel server info --dir DIR` tells",
+                access_file.display()
+            ))
+        })?;
+        if version < kestrel_proto::WATCH_VERSION {
+            return Err(KestrelError::new_err(format!(
+                "the server at {address} speaks protocol {version}, and this Python package (Kestrel {}) needs {} or later: upgrade the server's kestrel to the package's version",
+                env!("CARGO_PKG_VERSION"),
+                kestrel_proto::WATCH_VERSION
+            )));
+        }
+        let shared = Arc::new(Shared::default());
+        runtime.spawn(read_frames(reader, shared.clone()));
+        Ok(Session {
+            runtime,
+            writer: tokio::sync::Mutex::new(Some(writer)),
+            shared,
+            next_id: AtomicU64::new(1),
+            version,
+            address,
+        })
+    }
+
+    /// The protocol version the connection speaks.
+    #[getter]
+    fn protocol(&self) -> u32 {
+        self.version
+    }
+
+    /// The server's address.
+    #[getter]
+    fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    /// Why the connection ended, or `None` while it is up.
+    #[getter]
+    fn ended(&self) -> Option<String> {
+        lock(&self.shared.ended).clone()
+    }
+
+    /// Watches `jobs` (their ends already reached are pushed at once) and, with `submitted`,
+    /// every job submitted on this connection from now on. Returns the jobs the server lacks.
+    fn watch(&self, py: Python<'_>, jobs: Vec<JobId>, submitted: bool) -> PyResult<Vec<JobId>> {
+        match self.call(py, Ask::Watch { jobs, submitted })? {
+            Answer::Watching { missing } => Ok(missing),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Submits a job of calls of a pickled function, one per line (base64 of the pickled
+    /// `(args, kwargs)`); with `open`, more lines follow with [`Session::extend_lines`].
+    /// Returns the job's id.
+    #[pyo3(signature = (function, lines, open=false, options=None))]
+    fn submit_function(
+        &self,
+        py: Python<'_>,
+        function: &Bound<'_, PyDict>,
+        lines: Vec<String>,
+        open: bool,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<JobId> {
+        let spec = specs::function_job(function, options)?;
+        let tasks = kestrel_core::TaskSet::Lines(lines.iter().map(String::as_str).collect());
+        self.submit(py, spec, tasks, open)
+    }
+
+    /// Submits a job of command lines, one task each; with `open`, more follow with
+    /// [`Session::extend_commands`]. Returns the job's id.
+    #[pyo3(signature = (name, argvs, open=false, options=None))]
+    fn submit_commands(
+        &self,
+        py: Python<'_>,
+        name: String,
+        argvs: Vec<Vec<String>>,
+        open: bool,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<JobId> {
+        let spec = specs::command_job(name, options)?;
+        self.submit(py, spec, kestrel_core::TaskSet::List(argvs), open)
+    }
+
+    /// Adds lines (tasks `at`, `at + 1`, ...) to open job `job`; `close` ends it.
+    fn extend_lines(
+        &self,
+        py: Python<'_>,
+        job: JobId,
+        at: u32,
+        lines: Vec<String>,
+        close: bool,
+    ) -> PyResult<()> {
+        let lines: LineList = lines.iter().map(String::as_str).collect();
+        let ask = Ask::ExtendLines {
+            job,
+            at,
+            lines,
+            close,
+        };
+        match self.call(py, ask)? {
+            Answer::Extended => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Adds command lines (tasks `at`, ...) to open job `job`; `close` ends it.
+    fn extend_commands(
+        &self,
+        py: Python<'_>,
+        job: JobId,
+        at: u32,
+        argvs: Vec<Vec<String>>,
+        close: bool,
+    ) -> PyResult<()> {
+        match self.call(
+            py,
+            Ask::Extend {
+                job,
+                at,
+                argvs,
+                close,
+            },
+        )? {
+            Answer::Extended => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Cancels jobs; returns `(job, error or None)` for each.
+    fn cancel(&self, py: Python<'_>, jobs: Vec<JobId>) -> PyResult<Vec<(JobId, Option<String>)>> {
+        match self.call(py, Ask::Cancel { jobs })? {
+            Answer::Canceled(results) => Ok(results
+                .into_iter()
+                .map(|r| (r.job, r.result.err().map(|e| e.message)))
+                .collect()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Drops ended jobs from the server; returns `(job, error or None)` for each.
+    fn forget(&self, py: Python<'_>, jobs: Vec<JobId>) -> PyResult<Vec<(JobId, Option<String>)>> {
+        match self.call(
+            py,
+            Ask::Forget {
+                jobs,
+                all_ended: false,
+            },
+        )? {
+            Answer::Forgotten(results) => Ok(results
+                .into_iter()
+                .map(|r| (r.job, r.result.err().map(|e| e.message)))
+                .collect()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The connected workers, as dicts (`id`, `host`, `slots`, `exec`, `tasks`, `finished`,
+    /// `failed`, `quarantined`).
+    fn workers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let Answer::Workers(rows) = self.call(py, Ask::WorkerList)? else {
+            return Err(KestrelError::new_err(
+                "the server answered the worker list oddly",
+            ));
+        };
+        let list = PyList::empty(py);
+        for w in rows {
+            let d = PyDict::new(py);
+            d.set_item("id", w.id)?;
+            d.set_item("host", w.hostname)?;
+            d.set_item("slots", w.slots)?;
+            d.set_item("exec", w.exec)?;
+            d.set_item("tasks", w.tasks)?;
+            d.set_item("finished", w.finished)?;
+            d.set_item("failed", w.failed)?;
+            d.set_item("quarantined", w.quarantined)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    /// The server's version, protocol, directory and process id, as a dict.
+    fn server_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let Answer::Info(info) = self.call(py, Ask::ServerInfo)? else {
+            return Err(KestrelError::new_err(
+                "the server answered `server info` oddly",
+            ));
+        };
+        let d = PyDict::new(py);
+        d.set_item("version", info.version)?;
+        d.set_item("protocol", info.protocol)?;
+        d.set_item("address", info.address)?;
+        d.set_item("dir", info.dir)?;
+        d.set_item("pid", info.pid)?;
+        d.set_item("workers", info.workers)?;
+        d.set_item("jobs", info.jobs)?;
+        Ok(d)
+    }
+
+    /// Stops the server (its workers are told to exit).
+    fn stop_server(&self, py: Python<'_>) -> PyResult<()> {
+        self.call(py, Ask::Stop).map(|_| ())
+    }
+
+    /// Waits up to `timeout` seconds for events and returns those there are, oldest first:
+    /// `("end", job, task, state, reason, worker, stdout, stdout_total, stderr)` for a task
+    /// that ended (`state` is `finished`, `failed` or `canceled`; outputs are bytes or
+    /// `None`), `("gone", job, why)` for a forgotten job, `("lost", why)` when the connection
+    /// ended (nothing comes after it).
+    fn next_events<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyList>> {
+        let got: Vec<Event> = py.detach(|| {
+            let deadline = Instant::now() + Duration::from_secs_f64(timeout.clamp(0.0, 86_400.0));
+            let mut q = lock(&self.shared.events);
+            while q.is_empty() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                q = self
+                    .shared
+                    .arrived
+                    .wait_timeout(q, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            q.drain(..).collect()
+        });
+        let list = PyList::empty(py);
+        for e in got {
+            let item = match e {
+                Event::Ended(t) => end_tuple(py, t)?,
+                Event::Gone { job, why } => ("gone", job, why).into_pyobject(py)?,
+                Event::Lost(why) => ("lost", why).into_pyobject(py)?,
+            };
+            list.append(item)?;
+        }
+        Ok(list)
+    }
+
+    /// Closes the connection (the server forgets this client's watch).
+    fn close(&self, py: Python<'_>) {
+        lock(&self.shared.ended).get_or_insert_with(|| "the client closed the connection".into());
+        py.detach(|| {
+            self.runtime.block_on(async {
+                if let Some(w) = self.writer.lock().await.take() {
+                    let mut inner = w.into_inner();
+                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut inner).await;
+                }
+            })
+        });
+    }
+}
+
+impl Session {
+    fn submit(
+        &self,
+        py: Python<'_>,
+        spec: kestrel_core::JobSpec,
+        tasks: kestrel_core::TaskSet,
+        open: bool,
+    ) -> PyResult<JobId> {
+        spec.validate(&tasks)
+            .map_err(|e| KestrelError::new_err(format!("invalid job: {e}")))?;
+        let ask = Ask::Submit {
+            spec,
+            tasks,
+            open,
+            key: None,
+        };
+        match self.call(py, ask)? {
+            Answer::Submitted { job, .. } => Ok(job),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sends `ask` and waits for its reply, the GIL released.
+    fn call(&self, py: Python<'_>, ask: Ask) -> PyResult<Answer> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.shared.waiting).insert(id, tx);
+        if let Some(why) = lock(&self.shared.ended).clone() {
+            lock(&self.shared.waiting).remove(&id);
+            return Err(ConnectionLost::new_err(why));
+        }
+        let result = py.detach(|| {
+            self.runtime.block_on(async {
+                let mut writer = self.writer.lock().await;
+                let Some(w) = writer.as_mut() else {
+                    return Err("the client closed its connection".to_string());
+                };
+                if let Err(e) = w.send(&Request { id, body: ask }).await {
+                    return Err(format!("cannot send to the server: {e}"));
+                }
+                drop(writer);
+                rx.await.map_err(|_| {
+                    lock(&self.shared.ended)
+                        .clone()
+                        .unwrap_or_else(|| "the connection to the server ended".into())
+                })
+            })
+        });
+        match result {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(refusal)) => Err(ServerError::new_err(refusal.message)),
+            Err(why) => {
+                lock(&self.shared.waiting).remove(&id);
+                Err(ConnectionLost::new_err(why))
+            }
+        }
+    }
+}
+
+/// Takes every frame the server sends until the connection ends.
+async fn read_frames(mut reader: FrameReader<kestrel_proto::ConnRead>, shared: Arc<Shared>) {
+    loop {
+        match reader.recv::<ToClient>().await {
+            Ok(ToClient::Reply { id, result }) => {
+                if let Some(tx) = lock(&shared.waiting).remove(&id) {
+                    let _ = tx.send(result);
+                }
+            }
+            Ok(ToClient::Ended { ends }) => {
+                let mut q = lock(&shared.events);
+                q.extend(ends.into_iter().map(Event::Ended));
+                drop(q);
+                shared.arrived.notify_all();
+            }
+            Ok(ToClient::Gone { job, why }) => shared.push(Event::Gone { job, why }),
+            // A wait's progress: this client sends no wait.
+            Ok(ToClient::Progress { .. }) => {}
+            Err(e) => {
+                shared.end(format!("the connection to the server ended: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+fn end_tuple(py: Python<'_>, t: TaskEnded) -> PyResult<Bound<'_, PyTuple>> {
+    let state = match t.state {
+        TaskState::Finished => "finished",
+        TaskState::Failed => "failed",
+        _ => "canceled",
+    };
+    let (stdout, total) = match t.stdout {
+        Some(k) => (Some(PyBytes::new(py, &k.data)), k.total),
+        None => (None, 0),
+    };
+    let stderr = t.stderr.map(|k| PyBytes::new(py, &k.data));
+    (
+        "end", t.job, t.id, state, t.reason, t.worker, stdout, total, stderr,
+    )
+        .into_pyobject(py)
+}
+
+fn unexpected(answer: &Answer) -> PyErr {
+    KestrelError::new_err(format!(
+        "the server answered with {answer:?}, which this package does not expect; are the server and the package the same version?"
+    ))
+}

@@ -1,0 +1,673 @@
+"""The client: futures for function calls and command lines on a Kestrel server.
+
+A :class:`Client` holds one connection. It watches every job it submits: the server pushes
+each task's end (with a function's pickled result) as soon as the journal holds it, and a
+dispatcher thread resolves the task's :class:`Future`. Nothing polls.
+
+Every future resolves. A task lost with its worker is run again by the server; a task that
+ends in any other way than success raises a typed error (:mod:`kestrel.errors`); a lost
+connection fails every future still waiting with :class:`~kestrel.errors.ConnectionLost`.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import itertools
+import os
+import pickle
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import cloudpickle
+
+from . import _env
+from ._native import (
+    DEFAULT_INLINE_LIMIT,
+    JOB_OPTIONS,
+    ConnectionLost,
+    KestrelError,
+    NoServer,
+    Session,
+)
+from .errors import (
+    DependencyFailed,
+    EnvironmentMismatch,
+    JobForgotten,
+    RemoteTraceback,
+    TaskCanceled,
+    TaskFailed,
+)
+
+__all__ = ["Client", "CommandResult", "Future", "MapFutures", "default_client"]
+
+# The job options `submit` and `map` take as keyword arguments (the others go to the
+# function), as Dask's `Client.submit` reserves its own.
+OPTIONS: tuple[str, ...] = tuple(JOB_OPTIONS)
+
+# Bytes of lines per message of a map (the server's frames hold far more; this keeps each
+# message quick to build and send while results stream back).
+_PIECE_BYTES = 1 << 20
+# Items per message of a map, at most.
+_PIECE_ITEMS = 20_000
+# Items a map keeps submitted ahead of the one its consumer reads, at most: what bounds the
+# client's memory for a generator of any length.
+_WINDOW = 50_000
+
+_default: Client | None = None
+
+
+def default_client() -> Client:
+    """The client made last (what :func:`kestrel.task` functions submit to)."""
+    if _default is None or _default.closed:
+        raise KestrelError(
+            "no kestrel.Client is open: make one first, e.g. "
+            "`client = kestrel.Client(kestrel.LocalCluster())`"
+        )
+    return _default
+
+
+class CommandResult:
+    """What a command task that exited 0 left: its kept stdout and stderr (the first 64 KiB
+    of each by default)."""
+
+    __slots__ = ("job", "stderr", "stdout", "task", "worker")
+
+    def __init__(self, job: int, task: int, worker: str | None, stdout: bytes, stderr: bytes):
+        self.job = job
+        self.task = task
+        self.worker = worker
+        self.stdout = stdout
+        self.stderr = stderr
+
+    @property
+    def returncode(self) -> int:
+        """Always 0: a command that exits otherwise raises :class:`TaskFailed`."""
+        return 0
+
+    def __repr__(self) -> str:
+        return f"CommandResult(task {self.job}:{self.task}, stdout={self.stdout[:60]!r})"
+
+
+class Future(concurrent.futures.Future):
+    """The result of one task: a :class:`concurrent.futures.Future`, so
+    :func:`concurrent.futures.wait`, :func:`~concurrent.futures.as_completed` and callbacks
+    work with it, and so do :func:`kestrel.wait` and :func:`kestrel.as_completed`.
+
+    Given as an argument to another call, it is that call's dependency: the call runs once
+    this future has its value, with the value in its place.
+    """
+
+    def __init__(self, client: Client, kind: str, single: bool) -> None:
+        super().__init__()
+        self._client = client
+        self._kind = kind
+        # The task's job holds this task alone: canceling the future cancels the job.
+        self._single = single
+        self.job: int | None = None
+        self.task: int | None = None
+
+    @property
+    def key(self) -> str | None:
+        """``JOB:TASK`` on the server (what ``kestrel task info`` takes), once submitted."""
+        return None if self.job is None else f"{self.job}:{self.task}"
+
+    def cancel(self) -> bool:
+        """Cancels the call if it has not ended: it resolves as canceled at once, and the
+        server stops its task (a task of a map keeps running, its result unread)."""
+        if not super().cancel():
+            return False
+        if self._single and self.job is not None:
+            self._client._cancel_jobs([self.job])
+        return True
+
+    def __repr__(self) -> str:
+        where = f" task {self.key}" if self.job is not None else ""
+        return f"<kestrel.Future{where} {self._state.lower()}>"
+
+
+def _settle(future: Future, value: Any = None, error: BaseException | None = None) -> None:
+    """Resolves a future unless it was canceled meanwhile (that one stays canceled)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _has_future(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, Future) for a in itertools.chain(args, kwargs.values()))
+
+
+def _pickle_call(args: tuple, kwargs: dict) -> str:
+    """A call's arguments as a task's line: base64 of the pickled ``(args, kwargs)``."""
+    try:
+        data = pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        data = cloudpickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    return base64.b64encode(data).decode()
+
+
+def _function_spec(func: Callable[..., Any], inline_limit: int) -> dict[str, Any]:
+    """What the server and the runners need of `func`: fails here, at submit, if it cannot
+    be pickled."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    pickled = cloudpickle.dumps(func, protocol=pickle.HIGHEST_PROTOCOL)
+    env = _env.fingerprint()
+    return {
+        "name": name,
+        "pickled": pickled,
+        "python": env["python"],
+        "cloudpickle": env["cloudpickle"],
+        "modules": _env.modules_of(func),
+        "path": _env.search_path(),
+        "inline_limit": inline_limit,
+    }
+
+
+def _split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Takes the job options out of `kwargs` (the rest are the call's)."""
+    return {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
+
+
+def _access_file(server_dir: str | os.PathLike[str] | None, access: str | None) -> Path:
+    if access:
+        return Path(access)
+    if server_dir is None:
+        server_dir = os.environ.get("KESTREL_SERVER_DIR") or Path.home() / ".kestrel" / "server"
+    return Path(server_dir) / "access.json"
+
+
+class Client:
+    """A connection to a Kestrel server, for futures.
+
+    ``Client(cluster)`` connects to a :class:`kestrel.LocalCluster`;
+    ``Client(server_dir=DIR)`` or ``Client(access=FILE)`` to a server already running (its
+    directory's ``access.json``: one started with ``kestrel server start``, whose workers may
+    come from allocation queues); ``Client()`` to the one in ``$KESTREL_SERVER_DIR`` or
+    ``~/.kestrel/server``.
+
+    Jobs whose futures have all resolved are forgotten on the server (their results are in
+    the futures); ``keep_jobs=True`` keeps them for ``kestrel job list``.
+    """
+
+    def __init__(
+        self,
+        cluster: Any = None,
+        *,
+        server_dir: str | os.PathLike[str] | None = None,
+        access: str | None = None,
+        keep_jobs: bool = False,
+        inline_limit: int = DEFAULT_INLINE_LIMIT,
+    ) -> None:
+        global _default
+        path = (
+            Path(cluster.access_file) if cluster is not None else _access_file(server_dir, access)
+        )
+        if not path.exists():
+            raise NoServer(
+                f"no Kestrel server at {path} (its access file is missing): start one with "
+                f"`kestrel server start --dir {path.parent}` and a worker with "
+                f"`kestrel worker start --dir {path.parent} --python {sys.executable}`, "
+                "or use kestrel.Client(kestrel.LocalCluster())"
+            )
+        self.cluster = cluster
+        self.access_file = path
+        self.keep_jobs = keep_jobs
+        self.inline_limit = inline_limit
+        self._session = Session(str(path))
+        self._lock = threading.Lock()
+        # Futures not yet resolved, by (job, task).
+        self._futures: dict[tuple[int, int], Future] = {}
+        # Ends that came before their future was registered (a task quicker than the reply
+        # to its submission).
+        self._early: dict[tuple[int, int], tuple] = {}
+        # Job -> futures of it not yet resolved, and whether the job is complete (closed).
+        self._jobs: dict[int, list] = {}
+        self._forget: list[int] = []
+        self._lost: str | None = None
+        self.closed = False
+        self._session.watch([], True)
+        self._dispatcher = threading.Thread(
+            target=self._dispatch, name="kestrel-dispatcher", daemon=True
+        )
+        self._dispatcher.start()
+        _default = self
+
+    # ----- submitting ---------------------------------------------------------------------
+
+    def submit(self, func: Callable[..., Any] | list[str], *args: Any, **kwargs: Any) -> Future:
+        """Runs ``func(*args, **kwargs)`` on a worker, or the command line `func` (a list of
+        strings), and returns its future.
+
+        Keyword arguments named like job options (``retries``, ``timeout`` in seconds,
+        ``cpus``, ``mem`` in bytes, ``inputs``, ``outputs``, ``after``, ``env``, ``cwd``,
+        ``priority``, ``name``) are options, not the function's, as in Dask.
+        Futures among the arguments are dependencies: the call runs with their values.
+        """
+        options = _split_options(kwargs)
+        self._check_open()
+        if isinstance(func, (list, tuple)):
+            if args or kwargs:
+                raise TypeError(
+                    "a command line takes no arguments besides job options: put them in the list"
+                )
+            argv = [os.fspath(a) for a in func]
+            return self._submit_now("command", argv, options)
+        if not callable(func):
+            raise TypeError(
+                f"submit takes a function or a command line (a list of strings), not {type(func).__name__}"
+            )
+        spec = _function_spec(func, self.inline_limit)
+        if _has_future(args, kwargs):
+            return self._submit_after(spec, args, kwargs, options)
+        return self._submit_now("function", (spec, _pickle_call(args, kwargs)), options)
+
+    def _submit_now(self, kind: str, what: Any, options: dict[str, Any]) -> Future:
+        future = Future(self, kind, single=True)
+        if kind == "command":
+            name = options.pop("name", None) or os.path.basename(what[0])
+            job = self._session.submit_commands(name, [what], False, options)
+        else:
+            spec, line = what
+            job = self._session.submit_function(spec, [line], False, options)
+        self._register(job, [future], closed=True, first=0)
+        return future
+
+    def _submit_after(self, spec: dict, args: tuple, kwargs: dict, options: dict) -> Future:
+        """A call that waits for the futures among its arguments, then is submitted with
+        their values (here, by the dispatcher that resolved the last one)."""
+        future = Future(self, "function", single=True)
+        deps = [a for a in itertools.chain(args, kwargs.values()) if isinstance(a, Future)]
+        left = [len(deps)]
+        guard = threading.Lock()
+
+        def one_done(_: concurrent.futures.Future) -> None:
+            with guard:
+                left[0] -= 1
+                if left[0]:
+                    return
+            if future.done():
+                return
+            failed = next((d for d in deps if d.cancelled() or d.exception() is not None), None)
+            if failed is not None:
+                cause = (
+                    concurrent.futures.CancelledError()
+                    if failed.cancelled()
+                    else failed.exception()
+                )
+                error = DependencyFailed(
+                    f"not run: its argument {failed!r} failed ({type(cause).__name__}: {cause})"
+                )
+                error.__cause__ = cause
+                _settle(future, error=error)
+                return
+
+            def value(a: Any) -> Any:
+                return a.result() if isinstance(a, Future) else a
+
+            real_args = tuple(value(a) for a in args)
+            real_kwargs = {k: value(v) for k, v in kwargs.items()}
+            try:
+                job = self._session.submit_function(
+                    spec, [_pickle_call(real_args, real_kwargs)], False, dict(options)
+                )
+            except BaseException as e:  # the future carries any failure to submit
+                _settle(future, error=e)
+                return
+            self._register(job, [future], closed=True, first=0)
+
+        for d in deps:
+            d.add_done_callback(one_done)
+        return future
+
+    def map(
+        self, func: Callable[..., Any], *iterables: Iterable[Any], **options: Any
+    ) -> MapFutures:
+        """Calls `func` on each item of the iterables (zipped, as the builtin :func:`map`)
+        and returns their futures in order, as a :class:`MapFutures`.
+
+        One job holds every call, and the function travels once per worker. The iterables
+        may be generators of any length: items are read and submitted as the futures are
+        consumed, at most some tens of thousands ahead, so the client's memory stays bounded.
+        How many calls go per message is Kestrel's choice.
+        """
+        self._check_open()
+        if not iterables:
+            raise TypeError("map needs at least one iterable")
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unknown options {sorted(unknown)}; the options are {', '.join(OPTIONS)}"
+            )
+        spec = _function_spec(func, self.inline_limit)
+        return MapFutures(self, spec, zip(*iterables), options, _sized(iterables))
+
+    def map_commands(self, commands: Iterable[list[str]], **options: Any) -> MapFutures:
+        """Runs each command line of `commands` (lists of strings) as a task of one job,
+        and returns their futures in order (each resolves to a :class:`CommandResult`), as
+        :meth:`map` does for a function: streamed from any iterable, a bounded window ahead.
+
+        ``name`` names the job (by default, the first command's program).
+        """
+        self._check_open()
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unknown options {sorted(unknown)}; the options are {', '.join(OPTIONS)}"
+            )
+        size = _sized((commands,))
+        argvs = ([os.fspath(a) for a in _argv(c)] for c in commands)
+        return MapFutures(self, None, argvs, options, size)
+
+    def gather(self, futures: Iterable[Future], timeout: float | None = None) -> list[Any]:
+        """The results of `futures`, in order; raises the first error met."""
+        return [f.result(timeout) for f in futures]
+
+    # ----- the server's side ---------------------------------------------------------------
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The connected workers."""
+        return self._session.workers()
+
+    def server_info(self) -> dict[str, Any]:
+        """The server's version, address, directory and counts."""
+        return self._session.server_info()
+
+    def _cancel_jobs(self, jobs: list[int]) -> None:
+        try:
+            self._session.cancel(jobs)
+        except KestrelError:
+            pass  # The job ended meanwhile, or the connection went: nothing left to stop.
+
+    # ----- the futures' side ----------------------------------------------------------------
+
+    def _register(self, job: int, futures: list[Future], closed: bool, first: int) -> None:
+        """Binds futures to tasks `first`, `first + 1`, ... of `job`, resolving those whose
+        ends came already."""
+        ready = []
+        with self._lock:
+            entry = self._jobs.setdefault(job, [0, False])
+            entry[0] += len(futures)
+            entry[1] = closed
+            for i, f in enumerate(futures, first):
+                f.job, f.task = job, i
+                early = self._early.pop((job, i), None) if self._early else None
+                if early is not None:
+                    ready.append((f, early))
+                else:
+                    self._futures[(job, i)] = f
+            if not futures:
+                self._job_settled(job, entry)
+            lost = self._lost
+        for f, ev in ready:
+            self._resolve(f, ev)
+        if lost is not None:
+            self._fail_all(lost)
+
+    def _job_settled(self, job: int, entry: list) -> None:
+        """Called with the lock held: a job whose futures have all resolved is forgotten."""
+        if entry[0] == 0 and entry[1]:
+            del self._jobs[job]
+            if not self.keep_jobs:
+                self._forget.append(job)
+
+    def _dispatch(self) -> None:
+        session = self._session
+        while True:
+            try:
+                events = session.next_events(0.2)
+            except BaseException:  # interpreter shutdown
+                return
+            for ev in events:
+                kind = ev[0]
+                if kind == "end":
+                    key = (ev[1], ev[2])
+                    with self._lock:
+                        future = self._futures.pop(key, None)
+                        if future is None:
+                            self._early[key] = ev
+                            continue
+                    self._resolve(future, ev)
+                elif kind == "gone":
+                    self._fail_job(ev[1], JobForgotten(ev[2]))
+                elif kind == "lost":
+                    self._fail_all(ev[1])
+                    return
+            self._flush_forgets()
+
+    def _flush_forgets(self) -> None:
+        with self._lock:
+            jobs, self._forget = self._forget, []
+        if jobs:
+            try:
+                self._session.forget(jobs)
+            except KestrelError:
+                pass  # Forgetting is housekeeping: a lost connection fails futures elsewhere.
+
+    def _resolve(self, future: Future, ev: tuple) -> None:
+        _, job, task, state, reason, worker, stdout, _total, stderr = ev
+        value: Any = None
+        error: BaseException | None = None
+        if state == "finished":
+            if future._kind == "function":
+                try:
+                    value = pickle.loads(stdout) if stdout else None
+                except Exception as e:
+                    error = KestrelError(
+                        f"the result of task {job}:{task} cannot be unpickled here: {e!r}"
+                    )
+            else:
+                value = CommandResult(job, task, worker, stdout or b"", stderr or b"")
+        elif state == "failed":
+            error = self._failure(future, job, task, reason or "", worker, stdout, stderr)
+        else:
+            error = TaskCanceled(
+                f"task {job}:{task} was canceled: {reason or 'its job was canceled'}"
+            )
+        _settle(future, value, error)
+        with self._lock:
+            entry = self._jobs.get(job)
+            if entry is not None:
+                entry[0] -= 1
+                self._job_settled(job, entry)
+
+    @staticmethod
+    def _failure(
+        future: Future,
+        job: int,
+        task: int,
+        reason: str,
+        worker: str | None,
+        stdout: bytes | None,
+        stderr: bytes | None,
+    ) -> BaseException:
+        if future._kind == "function" and stdout and reason.startswith("raised"):
+            try:
+                error = pickle.loads(stdout)
+            except Exception:
+                error = None
+            if isinstance(error, BaseException):
+                where = f"on worker {worker}" if worker else "on its worker"
+                text = (stderr or b"").decode(errors="replace")
+                error.__cause__ = RemoteTraceback(
+                    f"\nTask {job}:{task} raised {where}:\n\n{text.rstrip()}\n"
+                )
+                return error
+        if "cannot run on this worker" in reason:
+            return EnvironmentMismatch(reason, job=job, task=task, worker=worker, stderr=stderr)
+        return TaskFailed(reason, job=job, task=task, worker=worker, stderr=stderr)
+
+    def _fail_job(self, job: int, error: BaseException) -> None:
+        with self._lock:
+            keys = [k for k in self._futures if k[0] == job]
+            futures = [self._futures.pop(k) for k in keys]
+            self._jobs.pop(job, None)
+        for f in futures:
+            _settle(f, error=error)
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            self._lost = why
+            futures = list(self._futures.values())
+            self._futures.clear()
+        for f in futures:
+            _settle(f, error=ConnectionLost(f"{why}; this task's end was not heard"))
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise KestrelError("this client is closed")
+        if self._lost is not None:
+            raise ConnectionLost(f"{self._lost}; make a new kestrel.Client once the server is back")
+
+    # ----- lifetime ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the connection; futures still waiting fail with ConnectionLost."""
+        global _default
+        if self.closed:
+            return
+        self._flush_forgets()
+        self.closed = True
+        self._session.close()
+        self._dispatcher.join(5)
+        self._fail_all("the client was closed")
+        if _default is self:
+            _default = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"connected to {self._session.address}"
+        return f"<kestrel.Client {state}>"
+
+
+def _argv(command: Any) -> list[str]:
+    if isinstance(command, (str, bytes)) or not isinstance(command, (list, tuple)):
+        raise TypeError(
+            f"a command line is a list of strings, not {type(command).__name__}: {command!r:.80}"
+        )
+    if not command:
+        raise ValueError("an empty command line: each needs at least its program")
+    return list(command)
+
+
+def _sized(iterables: tuple) -> int | None:
+    try:
+        return min(len(i) for i in iterables)
+    except TypeError:
+        return None
+
+
+class MapFutures:
+    """The futures of a :meth:`Client.map` (or :meth:`Client.map_commands`), in the order
+    of its items.
+
+    Iterate it (or pass it to :meth:`Client.gather`, :func:`kestrel.as_completed`, ``list``)
+    to get them; items of the input are read and submitted as you go, a bounded window
+    ahead. :meth:`results` yields the values in order; :meth:`cancel` cancels the whole map.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        spec: dict[str, Any] | None,
+        items: Iterator[Any],
+        options: dict[str, Any],
+        size: int | None,
+    ) -> None:
+        self._client = client
+        # The pickled function, or None for a job of command lines (then items are argvs).
+        self._spec = spec
+        self._items = items
+        self._options = options
+        self._size = size
+        self._ready: deque[Future] = deque()
+        self.job: int | None = None
+        self._sent = 0
+        self._exhausted = False
+        self._lock = threading.Lock()
+        self._fill(_WINDOW)
+
+    def __len__(self) -> int:
+        if self._size is None:
+            raise TypeError("the map's input has no length (a generator)")
+        return self._size
+
+    def _fill(self, ahead: int) -> None:
+        """Submits items until `ahead` futures wait unread, or the input ends."""
+        with self._lock:
+            while not self._exhausted and len(self._ready) < ahead:
+                lines: list[str] = []
+                size = 0
+                want = min(_PIECE_ITEMS, ahead - len(self._ready))
+                commands = self._spec is None
+                for item in self._items:
+                    line = item if commands else _pickle_call(item, {})
+                    lines.append(line)
+                    size += sum(map(len, line)) if commands else len(line)
+                    if len(lines) >= want or size >= _PIECE_BYTES:
+                        break
+                else:
+                    self._exhausted = True
+                if not lines and self.job is None:
+                    # An empty map: no job at all.
+                    self._exhausted = True
+                    return
+                self._send(lines)
+
+    def _send(self, lines: list[Any]) -> None:
+        client = self._client
+        session = client._session
+        kind = "command" if self._spec is None else "function"
+        futures = [Future(client, kind, single=False) for _ in lines]
+        close = self._exhausted
+        if self.job is None:
+            options = dict(self._options)
+            if self._spec is None:
+                name = options.pop("name", None) or os.path.basename(lines[0][0])
+                self.job = session.submit_commands(name, lines, not close, options)
+            else:
+                self.job = session.submit_function(self._spec, lines, not close, options)
+        elif (lines or close) and self._spec is None:
+            session.extend_commands(self.job, self._sent, lines, close)
+        elif lines or close:
+            session.extend_lines(self.job, self._sent, lines, close)
+        client._register(self.job, futures, closed=close, first=self._sent)
+        self._sent += len(lines)
+        self._ready.extend(futures)
+
+    def __iter__(self) -> Iterator[Future]:
+        return self
+
+    def __next__(self) -> Future:
+        if len(self._ready) < _WINDOW // 2 and not self._exhausted:
+            self._fill(_WINDOW)
+        if not self._ready:
+            raise StopIteration
+        return self._ready.popleft()
+
+    def results(self, timeout: float | None = None) -> Iterator[Any]:
+        """The values, in order; raises the first error met."""
+        for f in self:
+            yield f.result(timeout)
+
+    def cancel(self) -> None:
+        """Cancels the map: its futures not yet resolved resolve as canceled."""
+        for f in list(self._ready):
+            concurrent.futures.Future.cancel(f)
+        if self.job is not None:
+            self._client._cancel_jobs([self.job])
+
+    def __repr__(self) -> str:
+        return f"<kestrel.MapFutures job {self.job}, {self._sent} submitted>"

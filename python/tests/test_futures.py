@@ -1,0 +1,124 @@
+"""Futures of function calls and command lines: values, raises with their remote traceback,
+failures, cancels, timeouts, and the concurrent.futures functions over them."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+
+import pytest
+
+import kestrel
+
+
+def add(a, b=0):
+    return a + b
+
+
+def boom(x):
+    raise ValueError(f"bad value {x}")
+
+
+def test_a_call_returns_its_value(client):
+    f = client.submit(add, 2, b=40)
+    assert f.result(30) == 42
+    assert f.done() and not f.cancelled()
+    assert f.exception() is None
+    assert f.key == f"{f.job}:0"
+
+
+def test_a_lambda_and_a_closure_travel_by_value(client):
+    k = 7
+    assert client.submit(lambda x: x * k, 6).result(30) == 42
+
+
+def test_a_raise_re_raises_with_the_remote_traceback_and_the_worker(client):
+    f = client.submit(boom, 3)
+    with pytest.raises(ValueError, match="bad value 3") as info:
+        f.result(30)
+    cause = info.value.__cause__
+    assert isinstance(cause, kestrel.RemoteTraceback)
+    assert "raised on worker" in str(cause)
+    assert "in boom" in str(cause)
+    assert isinstance(f.exception(), ValueError)
+
+
+def test_a_function_that_cannot_be_pickled_fails_at_submit(client):
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="lock"):
+        client.submit(lambda: lock.locked())
+
+
+def test_a_command_returns_its_output_and_a_failing_one_raises(client):
+    done = client.submit(["sh", "-c", "echo hello"]).result(30)
+    assert done.stdout == b"hello\n" and done.returncode == 0
+    with pytest.raises(kestrel.TaskFailed, match="exit code 3") as info:
+        client.submit(["sh", "-c", "echo oops >&2; exit 3"]).result(30)
+    assert b"oops" in info.value.stderr
+    assert "oops" in str(info.value)
+
+
+def test_a_command_that_cannot_start_says_so(client):
+    with pytest.raises(kestrel.TaskFailed, match="no-such-program"):
+        client.submit(["/no/such/dir/no-such-program"]).result(30)
+
+
+def test_callbacks_wait_and_as_completed(client):
+    heard = []
+    fs = [client.submit(add, i, 1) for i in range(10)]
+    fs[0].add_done_callback(lambda f: heard.append(f.result()))
+    assert sorted(f.result() for f in kestrel.as_completed(fs, timeout=30)) == list(range(1, 11))
+    done, pending = kestrel.wait(fs, timeout=30)
+    assert len(done) == 10 and not pending
+    assert heard == [1]
+
+
+def test_cancel_stops_a_running_call(client):
+    f = client.submit(time.sleep, 60)
+    time.sleep(0.5)
+    assert f.cancel()
+    assert f.cancelled()
+    with pytest.raises(concurrent.futures.CancelledError):
+        f.result(1)
+    # Its slot is free again: a quick call does not wait for the sleep.
+    assert client.submit(add, 1, 1).result(20) == 2
+
+
+def test_a_timeout_fails_the_task(client):
+    with pytest.raises(kestrel.TaskFailed, match="timed out|timeout"):
+        client.submit(time.sleep, 30, timeout=0.5).result(30)
+
+
+def test_result_with_a_timeout_raises_timeout_error(client):
+    f = client.submit(time.sleep, 2)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        f.result(0.05)
+    assert f.result(30) is None
+
+
+def test_printed_output_does_not_disturb_the_result(client):
+    def chatty(n):
+        print("x" * n)
+        os.write(1, b"straight to fd 1\n")
+        return n
+
+    assert client.submit(chatty, 1000).result(30) == 1000
+
+
+def test_retries_run_a_flaky_call_again(client, tmp_path):
+    marker = tmp_path / "tried"
+
+    def flaky():
+        if not marker.exists():
+            marker.write_text("once")
+            os._exit(3)
+        return "second time"
+
+    assert client.submit(flaky, retries=2).result(60) == "second time"
+
+
+def test_unknown_options_are_refused(client):
+    with pytest.raises(TypeError, match="unknown options"):
+        client.map(add, [1], colour="red")

@@ -345,7 +345,10 @@ pub enum WorkerCommand {
         /// tasks ask for it with `submit --resource licenses=1`
         #[arg(long = "resource", value_name = "NAME=N")]
         resource: Vec<String>,
-        /// Tasks kept queued beyond free slots, so no slot waits a round trip [default: slots]
+        /// Tasks kept queued beyond free slots, so no slot waits a round trip, for a job whose
+        /// task length is not known yet; a job known to be short gets up to 100 ms of run time
+        /// a slot (at most 32 tasks a slot), one known to be long none; 0 turns it off
+        /// [default: slots]
         #[arg(long, value_name = "N")]
         prefetch: Option<u32>,
         /// How tasks are executed; `noop` is for benchmarks only and never the default

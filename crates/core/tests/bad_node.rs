@@ -70,7 +70,7 @@ fn a_node_failing_every_task_at_once_is_quarantined_and_every_task_finishes() {
     let why = h.sched.worker(bad).unwrap().quarantined.clone();
     assert_eq!(
         why.as_deref(),
-        Some("197 of its last 197 tasks of job 1 failed, against 0 of 2 on the other workers")
+        Some("198 of its last 198 tasks of job 1 failed, against 0 of 2 on the other workers")
     );
     assert!(h.sched.worker(good).unwrap().quarantined.is_none());
     // No task ran twice there: their retries went to the healthy worker.

@@ -594,8 +594,9 @@ fn a_worker_given_only_retried_failing_tasks_is_not_quarantined() {
         duration_us: 1_000,
         succeed: i % 7 != 0,
     });
-    h.add_worker(2, 2);
-    h.add_worker(2, 2);
+    // No prefetch on the first two, so that while busy they take none of the retried tasks.
+    h.add_worker(2, 0);
+    h.add_worker(2, 0);
     let mut s = spec("sweep");
     s.retries = 1;
     let job = h.submit(s, array(200));

@@ -47,7 +47,9 @@ fn credits_bound_what_a_worker_holds_and_runs() {
     h.run_until_idle();
     let (held, running) = h.worker_peaks(w);
     assert_eq!(running, 3, "all slots busy at some point, never more");
-    assert_eq!(held, 5, "slots + prefetch outstanding, never more");
+    // Known to take 5 ms, the job's tasks go deeper than the worker's own prefetch of 2:
+    // 100 ms of run time a slot is 20 each, 60 in all (under the 32 a cpu of a short job).
+    assert_eq!(held, 3 + 60, "slots + prefetch outstanding, never more");
 }
 
 #[test]

@@ -206,7 +206,7 @@ impl Scheduler {
     }
 
     /// Counts a run that ended with a success (`ok`) or a failure: the job's mean run time
-    /// and, once the job has had a failure, what quarantine judges workers by. Says who is to
+    /// (of successes) and, once the job has had a failure, what quarantine judges workers by. Says who is to
     /// be judged now, if anyone.
     fn note_outcome(
         j: &mut Job,
@@ -217,7 +217,11 @@ impl Scheduler {
         ok: bool,
         unreported_run: u8,
     ) -> Option<ToJudge> {
-        j.note_run_time(f.finished_us.saturating_sub(f.started_us));
+        // Only successes say how long the job's tasks take: a node failing them at once
+        // would otherwise make them look short, and deepen every worker's prefetch.
+        if ok {
+            j.note_run_time(f.finished_us.saturating_sub(f.started_us));
+        }
         if config.quarantine_failures == 0 || !j.outcomes.counting(ok) {
             return None;
         }

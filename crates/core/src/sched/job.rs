@@ -9,6 +9,10 @@ use crate::spec::{JobId, JobSpec, Resources, TaskIndex, TaskSet, TaskState, Work
 use crate::table::{TaskRecord, TaskTable};
 use rustc_hash::FxHashMap;
 
+/// How deep, in tasks per cpu, a worker's queue may go for a job known to be short (see
+/// [`Job::prefetch_for`]): past a few dozen, a deeper queue batches no better.
+pub(super) const SHORT_PREFETCH_PER_CPU: u32 = 32;
+
 /// Per-state task counts of a job.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -302,16 +306,23 @@ impl Job {
         });
     }
 
-    /// How many cpus' worth of this job's tasks `w` may hold beyond its slots: its prefetch,
-    /// made shallower as the job's tasks get longer (see [`Config::prefetch_horizon_us`]).
+    /// How many cpus' worth of this job's tasks `w` may hold beyond its slots: about
+    /// [`Config::prefetch_horizon_us`] of run time per slot. A job whose task length is not
+    /// known yet gets the worker's own prefetch; one known to be short may go deeper, up to
+    /// [`SHORT_PREFETCH_PER_CPU`] per cpu (unless the worker's is 0), since tasks of tens of microseconds (function
+    /// calls) otherwise cost a round trip of messages each and run at half the rate.
     pub(super) fn prefetch_for(&self, w: &Worker, horizon_us: u64) -> u32 {
         match self.mean_run_us {
             None => w.offer.prefetch,
             Some(m) => {
-                let covered = u64::from(w.offer.resources.cpus) * horizon_us / m.max(1);
-                w.offer
-                    .prefetch
-                    .min(covered.min(u64::from(u32::MAX)) as u32)
+                let cpus = w.offer.resources.cpus;
+                let covered = u64::from(cpus) * horizon_us / m.max(1);
+                // A worker that asked for none (`--prefetch 0`) gets none.
+                let most = match w.offer.prefetch {
+                    0 => 0,
+                    own => own.max(cpus.saturating_mul(SHORT_PREFETCH_PER_CPU)),
+                };
+                most.min(covered.min(u64::from(u32::MAX)) as u32)
             }
         }
     }

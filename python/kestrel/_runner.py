@@ -145,7 +145,9 @@ def call(job, task_id, line):
         if isinstance(e, SystemExit) and e.code in (0, None):
             value = None
         else:
-            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            # From the function's own frame on: the runner's frame says nothing to its user.
+            tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+            text = "".join(traceback.format_exception(type(e), e, tb))
             try:
                 pickled = dumps(e)
             except Exception:

@@ -247,7 +247,8 @@ class Client:
         strings), and returns its future.
 
         Keyword arguments named like job options (``retries``, ``timeout`` in seconds,
-        ``cpus``, ``mem`` in bytes, ``inputs``, ``outputs``, ``after``, ``env``, ``cwd``,
+        ``cpus``, ``mem`` in bytes, ``inputs`` and ``outputs`` (names in the store),
+        ``store`` (a directory or URL, if the server has none), ``after``, ``env``, ``cwd``,
         ``priority``, ``name``) are options, not the function's, as in Dask.
         Futures among the arguments are dependencies: the call runs with their values.
         """

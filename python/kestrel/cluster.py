@@ -58,6 +58,8 @@ class LocalCluster:
     Function tasks run in runners of `python` (this interpreter by default), so a function
     defined here runs there with the same modules. The cluster stops when closed, when left
     as a context manager, when garbage-collected, and when the interpreter exits.
+    ``journal=True`` makes the server durable (its directory's journal); ``store`` (a
+    directory or an http(s) URL prefix) is where tasks' ``inputs`` and ``outputs`` live.
 
     >>> with kestrel.LocalCluster(workers=2, slots=2) as cluster:   # doctest: +SKIP
     ...     client = kestrel.Client(cluster)
@@ -71,6 +73,7 @@ class LocalCluster:
         python: str | None = None,
         directory: str | os.PathLike[str] | None = None,
         journal: bool = False,
+        store: str | os.PathLike[str] | None = None,
         heartbeat: str = "1s",
         worker_args: list[str] | None = None,
         start_timeout: float = 60.0,
@@ -104,6 +107,8 @@ class LocalCluster:
         ]
         if not journal:
             server.append("--no-journal")
+        if store is not None:
+            server += ["--store", os.fspath(store)]
         self.server = self._spawn(server, "server.log")
         try:
             self._wait_for_access()

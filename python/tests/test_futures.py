@@ -122,3 +122,23 @@ def test_retries_run_a_flaky_call_again(client, tmp_path):
 def test_unknown_options_are_refused(client):
     with pytest.raises(TypeError, match="unknown options"):
         client.map(add, [1], colour="red")
+
+
+def test_a_command_reads_and_writes_files_of_the_clusters_store(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "in.txt").write_text("hello\n")
+    with (
+        kestrel.LocalCluster(workers=1, slots=1, store=store) as cluster,
+        kestrel.Client(cluster) as client,
+    ):
+        f = client.submit(
+            ["sh", "-c", "tr a-z A-Z < {input:in.txt} > out.txt"],
+            inputs=["in.txt"],
+            outputs=["out.txt"],
+        )
+        assert f.result(60).returncode == 0
+        # A typo in an input's name is refused at submission, naming it.
+        with pytest.raises(kestrel.ServerError, match="reads nope.txt, which no task writes"):
+            client.submit(["cat", "{input:nope.txt}"], inputs=["nope.txt"])
+    assert (store / "out.txt").read_text() == "HELLO\n"

@@ -28,6 +28,7 @@ pub const OPTIONS: &[&str] = &[
     "priority",
     "stdout_limit",
     "stderr_limit",
+    "store",
 ];
 
 /// A job calling the function `f` describes: `name`, `pickled` (bytes), `python`,
@@ -122,6 +123,9 @@ fn apply(spec: &mut JobSpec, options: Option<&Bound<'_, PyDict>>) -> PyResult<()
     }
     if let Some(p) = get(o, "priority")? {
         spec.priority = p;
+    }
+    if let Some(store) = get(o, "store")? {
+        spec.placement.store = Some(store);
     }
     for (key, sink) in [
         ("stdout_limit", &mut spec.template.stdout),

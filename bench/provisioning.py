@@ -74,7 +74,7 @@ from kbench.common import DOC, REPO, RESULTS, T0, log
 from kbench.machine import kestrel_copy, machine
 from kbench.plots import plot_elsewhere
 from kbench.procs import PROCS, cmd_error, json_docs, run_cmd
-from kbench.report import _copied_section
+from kbench.report import splice_section
 
 SHARED = REPO.parent / "shared"
 HQ = SHARED / "anchors" / "bin" / "hq"
@@ -892,7 +892,7 @@ def write_doc(res: dict) -> None:
     )
     PART_DOC.write_text("\n".join(L).rstrip() + "\n")
     log(f"wrote {PART_DOC.relative_to(REPO)}")
-    splice_into_benchmarks()
+    splice_section(DOC, PART_DOC, TITLE, "bench/provisioning.py")
     if _plot(res, PNG):
         log(f"wrote {PNG.relative_to(REPO)}")
 
@@ -1011,26 +1011,6 @@ def goal_lines(res: dict, a) -> None:
         "policy; the others ask for up to 4 nodes in one allocation, and an allocation is "
         "given back whole, so its spare nodes idle while a narrow stage runs on one of them.\n"
     )
-
-
-def splice_into_benchmarks() -> None:
-    """docs/benchmarks.md gets this doc as a copied section, as bench/run.py's report copies
-    it (kbench/report.py), replacing the one there or before "How each figure was measured"."""
-    L: list[str] = []
-    _copied_section(L.append, PART_DOC, TITLE, "bench/provisioning.py")
-    section = "\n".join(L).rstrip() + "\n\n"
-    text = DOC.read_text()
-    head = f"## {TITLE}\n"
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + len(head))
-        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        at = text.find("## How each figure was measured")
-        at = at if at >= 0 else len(text)
-        text = text[:at] + section + text[at:]
-    DOC.write_text(text)
-    log(f"updated {DOC.relative_to(REPO)}")
 
 
 def _plot(res: dict, png: Path) -> bool:

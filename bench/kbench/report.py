@@ -581,6 +581,11 @@ def report(res: dict, doc: Path, png: Path) -> None:
             "Workers from the batch system: Falkon's 18 stages on Slurm (issue 14)",
             "bench/provisioning.py",
         ),
+        (
+            "benchmarks-python.md",
+            "Python: futures, map and commands against Dask, Ray and Parsl (issue 31)",
+            "bench/python_futures.py",
+        ),
     ):
         _copied_section(a, doc.with_name(part), title, writer)
     a("## How each figure was measured\n")
@@ -664,6 +669,27 @@ def _copied_section(a, part: Path, title: str, writer: str) -> None:
     a(f"Copied from [{part.name}]({part.name}), which `{writer}` writes.\n")
     # Its headings sit one level under this section's.
     a("\n".join("#" + line if line.startswith("#") else line for line in body.split("\n")) + "\n")
+
+
+def splice_section(doc: Path, part: Path, title: str, writer: str) -> None:
+    """Copies `part` into `doc` under `title` as this report does (`_copied_section`),
+    replacing the section there or adding it before "How each figure was measured": for a
+    script that writes its own part without rerunning the whole suite."""
+    lines: list[str] = []
+    _copied_section(lines.append, part, title, writer)
+    section = "\n".join(lines).rstrip() + "\n\n"
+    text = doc.read_text()
+    head = f"## {title}\n"
+    if head in text:
+        start = text.index(head)
+        nxt = text.find("\n## ", start + len(head))
+        text = text[:start] + section + (text[nxt + 1 :] if nxt >= 0 else "")
+    else:
+        at = text.find("## How each figure was measured")
+        at = at if at >= 0 else len(text)
+        text = text[:at] + section + text[at:]
+    doc.write_text(text)
+    log(f"updated {doc.relative_to(REPO)}")
 
 
 def _output_section(a, o: dict) -> None:

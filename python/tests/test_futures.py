@@ -136,6 +136,7 @@ def test_a_command_reads_and_writes_files_of_the_clusters_store(tmp_path):
             ["sh", "-c", "tr a-z A-Z < {input:in.txt} > out.txt"],
             inputs=["in.txt"],
             outputs=["out.txt"],
+            cwd=str(tmp_path),
         )
         assert f.result(60).returncode == 0
         # A typo in an input's name is refused at submission, naming it.

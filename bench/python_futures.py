@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -89,9 +90,11 @@ def child(py: Path, engine: str, workload: str, a, timeout: float = 3600) -> dic
         "--commands",
         str(a.commands if engine == "kestrel" else 0),
     ]
+    # The venv's own bin first: Parsl starts its interchange by name from there.
+    env = dict(os.environ, PATH=f"{py.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     t = time.perf_counter()
     p = subprocess.run(
-        argv, check=False, capture_output=True, text=True, timeout=timeout, cwd="/tmp"
+        argv, check=False, capture_output=True, text=True, timeout=timeout, cwd="/tmp", env=env
     )
     if p.returncode != 0:
         tail = (p.stderr or p.stdout)[-3000:]
@@ -110,7 +113,9 @@ def xargs_true(n: int) -> dict:
 
 def measure(a) -> dict:
     only = [e for e in a.only.split(",") if e]
-    kpy = (a.kestrel_python and a.kestrel_python.absolute()) or (kestrel_python(not a.no_build) if "kestrel" in only else None)
+    kpy = (a.kestrel_python and a.kestrel_python.absolute()) or (
+        kestrel_python(not a.no_build) if "kestrel" in only else None
+    )
     ppy = peers_python() if set(only) - {"kestrel"} else None
     res: dict = {
         "machine": machine(),

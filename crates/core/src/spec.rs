@@ -211,8 +211,9 @@ pub struct FunctionSpec {
     /// Directories the runner puts in front of `sys.path`, so that the modules the function
     /// refers to by name (those not pickled by value) import on the worker as on the client.
     pub path: Vec<String>,
-    /// Results of at most this many bytes travel back with the task's end; larger ones stay
-    /// in the worker's cache as files (data diffusion), never through the server.
+    /// Results of at most this many bytes travel back with the task's end; a larger one
+    /// fails its task with a message pointing to file outputs (which go through the workers'
+    /// caches, not the server).
     pub inline_limit: u32,
 }
 

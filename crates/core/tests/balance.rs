@@ -71,8 +71,16 @@ fn short_tasks_keep_their_prefetch_and_are_not_stolen() {
     assert!(h.sched.job(job).unwrap().is_done());
     // Known to be short (a millisecond), the job goes past the workers' own prefetch of 2,
     // to 32 a cpu (100 ms of run time a slot would be 200).
-    assert_eq!(h.worker_peaks(a).0, 2 + 64, "slots plus a short job's prefetch");
-    assert_eq!(h.worker_peaks(b).0, 2 + 64, "slots plus a short job's prefetch");
+    assert_eq!(
+        h.worker_peaks(a).0,
+        2 + 64,
+        "slots plus a short job's prefetch"
+    );
+    assert_eq!(
+        h.worker_peaks(b).0,
+        2 + 64,
+        "slots plus a short job's prefetch"
+    );
     assert_eq!(h.revoked, 0);
     assert!(h
         .commands

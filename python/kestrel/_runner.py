@@ -1,7 +1,7 @@
 """The Python runner a Kestrel worker keeps per slot: it calls function tasks.
 
-The worker starts it once (``python -c <this file>``) and speaks frames on its stdin and
-stdout; it needs the standard library alone, and cloudpickle for functions pickled by value.
+The worker starts it once (``python -c`` with a few lines that read this file's text as the
+first frame on stdin and run it) and speaks frames on its stdin and stdout; it needs the standard library alone, and cloudpickle for functions pickled by value.
 It is embedded in the ``kestrel`` binary, so a worker's Python needs no Kestrel package.
 
 A frame is a little-endian u32 length, then that many bytes, the first of which says what
@@ -105,6 +105,57 @@ def mismatch(header):
     return None
 
 
+class TaskIdVariable:
+    """``KESTREL_TASK_ID``, set for each call without a leak: glibc's setenv, behind
+    ``os.environ``, keeps every value it was ever given (60 MB a million calls), so the
+    variable is one buffer of this process's, given to putenv once and rewritten in place."""
+
+    PREFIX = b"KESTREL_TASK_ID="
+
+    def __init__(self):
+        self.buffer = None
+        data = getattr(os.environ, "_data", None)
+        try:
+            import ctypes
+
+            buffer = ctypes.create_string_buffer(len(self.PREFIX) + 11)  # a u32's 10 digits
+            buffer.value = self.PREFIX + b"0"
+            if isinstance(data, dict) and ctypes.CDLL(None).putenv(buffer) == 0:
+                self.buffer, self.data = buffer, data
+                self.key = os.environ.encodekey("KESTREL_TASK_ID")
+        except Exception:  # no ctypes or no putenv here: os.environ, and its leak
+            self.buffer = None
+
+    def set(self, task_id):
+        if self.buffer is None:
+            os.environ["KESTREL_TASK_ID"] = str(task_id)
+            return
+        value = str(task_id).encode()
+        self.buffer.value = self.PREFIX + value
+        # What os.environ reads, without a setenv.
+        self.data[self.key] = value
+
+
+class JobEnvironment:
+    """The variables of the job whose calls run (its ``env`` option and the ``KESTREL_*``
+    the worker adds), set when a call of another job comes, not for each call."""
+
+    def __init__(self):
+        self.job = None
+
+    def enter(self, job):
+        if job is self.job:
+            return
+        before = self.job.env if self.job is not None else {}
+        for name in before:
+            if name not in job.env:
+                os.environ.pop(name, None)
+        for name, value in job.env.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        self.job = job
+
+
 class Job:
     def __init__(self, header, pickled):
         self.name = header.get("name") or "function"
@@ -128,12 +179,13 @@ class Job:
             self.error = f"function {self.name} cannot be unpickled here: {type(e).__name__}: {e}"
 
 
-def call(job, task_id, line):
+def call(job, task_id, line, task_var, job_env):
     """Runs one call: (status, result, text, output)."""
     if job.error:
         return 2, b"", job.error, ""
     printed = io.StringIO()
-    os.environ["KESTREL_TASK_ID"] = str(task_id)
+    job_env.enter(job)
+    task_var.set(task_id)
     try:
         args, kwargs = pickle.loads(base64.b64decode(line))
     except Exception as e:
@@ -145,8 +197,11 @@ def call(job, task_id, line):
         if isinstance(e, SystemExit) and e.code in (0, None):
             value = None
         else:
-            # From the function's own frame on: the runner's frame says nothing to its user.
-            tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+            # From the function's own frame on: the runner's frame says nothing to its user
+            # (unless it is the only one, a builtin that raised).
+            tb = e.__traceback__
+            if tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
             text = "".join(traceback.format_exception(type(e), e, tb))
             try:
                 pickled = dumps(e)
@@ -182,6 +237,8 @@ def main():
     }
     write_frame(out, b"H" + json.dumps(hello).encode())
     jobs = {}
+    task_var = TaskIdVariable()
+    job_env = JobEnvironment()
     while True:
         head = read_exact(inp, 4)
         if head is None:
@@ -197,7 +254,7 @@ def main():
             if job is None:
                 status, result, text, output = 2, b"", f"job {job_id} was not defined", ""
             else:
-                status, result, text, output = call(job, task_id, body[9:])
+                status, result, text, output = call(job, task_id, body[9:], task_var, job_env)
             text_b, output_b = text.encode(), output.encode(errors="replace")
             end = END.pack(status, len(result), len(text_b))
             write_frame(out, b"R" + end + result + text_b + output_b)

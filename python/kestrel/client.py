@@ -32,6 +32,7 @@ from ._native import (
     ConnectionLost,
     KestrelError,
     NoServer,
+    ServerError,
     Session,
 )
 from .errors import (
@@ -171,6 +172,17 @@ def _function_spec(func: Callable[..., Any], inline_limit: int) -> dict[str, Any
     }
 
 
+def _submission(submit: Callable[..., int], *args: Any) -> int:
+    """Calls a session's submit, raising the server's refusal of a function no connected
+    worker's Python can run as :class:`EnvironmentMismatch`."""
+    try:
+        return submit(*args)
+    except ServerError as e:
+        if "cannot run on any connected worker" in str(e):
+            raise EnvironmentMismatch(str(e)) from None
+        raise
+
+
 def _split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Takes the job options out of `kwargs` (the rest are the call's)."""
     return {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
@@ -195,6 +207,12 @@ class Client:
 
     Jobs whose futures have all resolved are forgotten on the server (their results are in
     the futures); ``keep_jobs=True`` keeps them for ``kestrel job list``.
+
+    A lost connection is made again for ``reconnect`` seconds (by default 300, and 0 for a
+    :class:`LocalCluster` without a journal, whose server does not come back): a server with
+    a journal that is restarted meanwhile keeps every future going, and the ends it recorded
+    while the client was away arrive then. A call made while the connection is down raises
+    :class:`~kestrel.errors.ConnectionLost`; past the window, every waiting future does.
     """
 
     def __init__(
@@ -205,6 +223,7 @@ class Client:
         access: str | None = None,
         keep_jobs: bool = False,
         inline_limit: int = DEFAULT_INLINE_LIMIT,
+        reconnect: float | None = None,
     ) -> None:
         global _default
         path = (
@@ -221,14 +240,18 @@ class Client:
         self.access_file = path
         self.keep_jobs = keep_jobs
         self.inline_limit = inline_limit
-        self._session = Session(str(path))
+        if reconnect is None:
+            durable = cluster is None or getattr(cluster, "journal", True)
+            reconnect = 300.0 if durable else 0.0
+        self._session = Session(str(path), reconnect)
         self._lock = threading.Lock()
         # Futures not yet resolved, by (job, task).
         self._futures: dict[tuple[int, int], Future] = {}
         # Ends that came before their future was registered (a task quicker than the reply
         # to its submission).
         self._early: dict[tuple[int, int], tuple] = {}
-        # Job -> futures of it not yet resolved, and whether the job is complete (closed).
+        # Job -> [futures of it not yet resolved, whether the job is complete (closed), how
+        # many of its tasks have futures].
         self._jobs: dict[int, list] = {}
         self._forget: list[int] = []
         self._lost: str | None = None
@@ -277,7 +300,7 @@ class Client:
             job = self._session.submit_commands(name, [what], False, options)
         else:
             spec, line = what
-            job = self._session.submit_function(spec, [line], False, options)
+            job = _submission(self._session.submit_function, spec, [line], False, options)
         self._register(job, [future], closed=True, first=0)
         return future
 
@@ -316,8 +339,12 @@ class Client:
             real_args = tuple(value(a) for a in args)
             real_kwargs = {k: value(v) for k, v in kwargs.items()}
             try:
-                job = self._session.submit_function(
-                    spec, [_pickle_call(real_args, real_kwargs)], False, dict(options)
+                job = _submission(
+                    self._session.submit_function,
+                    spec,
+                    [_pickle_call(real_args, real_kwargs)],
+                    False,
+                    dict(options),
                 )
             except BaseException as e:  # the future carries any failure to submit
                 _settle(future, error=e)
@@ -394,9 +421,10 @@ class Client:
         ends came already."""
         ready = []
         with self._lock:
-            entry = self._jobs.setdefault(job, [0, False])
+            entry = self._jobs.setdefault(job, [0, False, 0])
             entry[0] += len(futures)
             entry[1] = closed
+            entry[2] = max(entry[2], first + len(futures))
             for i, f in enumerate(futures, first):
                 f.job, f.task = job, i
                 early = self._early.pop((job, i), None) if self._early else None
@@ -433,15 +461,37 @@ class Client:
                     with self._lock:
                         future = self._futures.pop(key, None)
                         if future is None:
-                            self._early[key] = ev
+                            entry = self._jobs.get(ev[1])
+                            # Told again after a reconnection: its future has its value.
+                            if entry is None or ev[2] >= entry[2]:
+                                self._early[key] = ev
                             continue
                     self._resolve(future, ev)
                 elif kind == "gone":
                     self._fail_job(ev[1], JobForgotten(ev[2]))
+                elif kind == "reconnected":
+                    self._watch_again(ev[1])
                 elif kind == "lost":
                     self._fail_all(ev[1])
                     return
             self._flush_forgets()
+
+    def _watch_again(self, why: str) -> None:
+        """After a reconnection: watches the jobs with futures waiting again (the server tells
+        their ends so far at once); those it no longer has fail."""
+        with self._lock:
+            jobs = list(self._jobs)
+        try:
+            missing = self._session.watch(jobs, True)
+        except KestrelError:
+            return  # Lost again: the next reconnection watches them.
+        for job in missing:
+            self._fail_job(
+                job,
+                JobForgotten(
+                    f"job {job} is gone: the server came back without it (no journal?) after {why}"
+                ),
+            )
 
     def _flush_forgets(self) -> None:
         with self._lock:
@@ -639,7 +689,9 @@ class MapFutures:
                 name = options.pop("name", None) or os.path.basename(lines[0][0])
                 self.job = session.submit_commands(name, lines, not close, options)
             else:
-                self.job = session.submit_function(self._spec, lines, not close, options)
+                self.job = _submission(
+                    session.submit_function, self._spec, lines, not close, options
+                )
         elif (lines or close) and self._spec is None:
             session.extend_commands(self.job, self._sent, lines, close)
         elif lines or close:

@@ -57,7 +57,8 @@ class LocalCluster:
 
     Function tasks run in runners of `python` (this interpreter by default), so a function
     defined here runs there with the same modules. The cluster stops when closed, when left
-    as a context manager, when garbage-collected, and when the interpreter exits.
+    as a context manager, when garbage-collected, and when the interpreter exits, also if
+    it is killed (on Linux; the thread that made the cluster must outlive it).
     ``journal=True`` makes the server durable (its directory's journal); ``store`` (a
     directory or an http(s) URL prefix) is where tasks' ``inputs`` and ``outputs`` live.
 
@@ -83,6 +84,7 @@ class LocalCluster:
         if slots is not None and slots < 1:
             raise ValueError(f"slots={slots}: give 1 or more (or None for one per core)")
         self.slots = slots or os.cpu_count() or 1
+        self.journal = journal
         self.python = python or sys.executable
         self._owns_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="kestrel-cluster-"))
@@ -109,7 +111,10 @@ class LocalCluster:
             server.append("--no-journal")
         if store is not None:
             server += ["--store", os.fspath(store)]
-        self.server = self._spawn(server, "server.log")
+        # The server stops cleanly on SIGTERM; a worker is killed (its reaper then kills its
+        # tasks), since one that drains would wait for them.
+        self._server_argv = server
+        self.server = self._spawn(server, "server.log", "TERM")
         try:
             self._wait_for_access()
             for _ in range(workers):
@@ -124,13 +129,17 @@ class LocalCluster:
         """The server's access file, which clients connect with."""
         return self.directory / "access.json"
 
-    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen:
+    def _spawn(self, argv: list[str], log: str, on_our_death: str) -> subprocess.Popen:
+        # If this interpreter dies without cleaning up (SIGKILL, a crash), its cluster gets
+        # `on_our_death` from the kernel instead of running on (`kestrel.__main__`).
+        env = dict(os.environ, KESTREL_DIE_WITH=f"{os.getpid()}:{on_our_death}")
         with open(self.directory / log, "ab") as out:
             p = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                env=env,
                 # Its own process group: a Ctrl-C in a terminal or a Jupyter interrupt reaches
                 # this interpreter, not the cluster, which the interpreter then stops.
                 start_new_session=True,
@@ -138,6 +147,24 @@ class LocalCluster:
         # Stopped in this order: workers first, the server (started first) last.
         self._processes.insert(0, p)
         return p
+
+    def restart_server(self) -> None:
+        """Kills the server with SIGKILL, as a crash would, and starts it again on the same
+        directory. With ``journal=True`` it carries on where it was: finished tasks keep
+        their results, the workers and the clients (within their ``reconnect`` window) come
+        back by themselves, and no future is lost."""
+        old = self.server
+        if old.poll() is None:
+            old.kill()
+        old.wait()
+        self._processes.remove(old)
+        # The new server writes its own (its port and secret may differ).
+        self.access_file.unlink(missing_ok=True)
+        self.server = self._spawn(self._server_argv, "server.log", "TERM")
+        # Still stopped last.
+        self._processes.remove(self.server)
+        self._processes.append(self.server)
+        self._wait_for_access()
 
     def _wait_for_access(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -171,7 +198,7 @@ class LocalCluster:
             *self.worker_args,
             *args,
         ]
-        p = self._spawn(argv, f"worker-{n}.log")
+        p = self._spawn(argv, f"worker-{n}.log", "KILL")
         self.workers.append(p)
         return p
 

@@ -56,7 +56,32 @@ class EnvironmentMismatch(TaskFailed):
     """The worker's Python cannot run the client's pickles: another Python or cloudpickle
     version, or a module the function uses missing or at another version there. The message
     names both sides; start the worker with ``--python PATH`` naming a matching
-    interpreter."""
+    interpreter.
+
+    Raised by ``submit`` and ``map`` themselves (``job`` and ``task`` None) when no connected
+    worker has the client's Python and cloudpickle, and by a task's future when its runner
+    finds a module of another version."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        job: int | None = None,
+        task: int | None = None,
+        worker: str | None = None,
+        stderr: bytes | None = None,
+    ) -> None:
+        if job is None or task is None:
+            KestrelError.__init__(self, reason)
+            self.reason, self.job, self.task, self.worker, self.stderr = (
+                reason,
+                job,
+                task,
+                worker,
+                stderr,
+            )
+        else:
+            super().__init__(reason, job=job, task=task, worker=worker, stderr=stderr)
 
 
 class TaskCanceled(KestrelError, CancelledError):

@@ -1,4 +1,4 @@
-"""Runners that die and workers killed mid-map: every future resolves."""
+"""Runners that die, workers killed mid-map, a server restarted: every future resolves."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ def segfault():
     import ctypes
 
     ctypes.string_at(0)
+
+
+def sleepy(x):
+    time.sleep(0.05)
+    return x
 
 
 def slow_square(x):
@@ -63,3 +68,31 @@ def test_a_lost_server_fails_waiting_futures_instead_of_hanging():
         client.submit(pow, 2, 2)
     client.close()
     cluster.close()
+
+
+def test_a_server_restarted_with_its_journal_loses_no_future():
+    with (
+        kestrel.LocalCluster(workers=1, slots=2, journal=True) as cluster,
+        kestrel.Client(cluster) as client,
+    ):
+        futures = list(client.map(sleepy, range(40)))
+        done_before = client.submit(sleepy, -1)
+        assert done_before.result(60) == -1
+        time.sleep(0.3)
+        cluster.restart_server()
+        # Every future resolves with its value: those that ended before the crash, while
+        # the client was away, and after.
+        assert [f.result(120) for f in futures] == list(range(40))
+        # And the client goes on submitting.
+        assert client.submit(sleepy, 7).result(60) == 7
+
+
+def test_a_server_that_does_not_come_back_fails_futures_after_the_window():
+    with kestrel.LocalCluster(workers=1, slots=1, journal=True) as cluster:
+        client = kestrel.Client(cluster, reconnect=1.0)
+        f = client.submit(time.sleep, 60)
+        time.sleep(0.3)
+        cluster.server.kill()
+        with pytest.raises(kestrel.ConnectionLost, match="not back within 1 s"):
+            f.result(30)
+        client.close()

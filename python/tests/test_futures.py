@@ -143,3 +143,14 @@ def test_a_command_reads_and_writes_files_of_the_clusters_store(tmp_path):
         with pytest.raises(kestrel.ServerError, match="reads nope.txt, which no task writes"):
             client.submit(["cat", "{input:nope.txt}"], inputs=["nope.txt"])
     assert (store / "out.txt").read_text() == "HELLO\n"
+
+
+def getenv(name):
+    return os.environ.get(name)
+
+
+def test_a_calls_environment_is_its_jobs(client):
+    assert client.submit(getenv, "GREETING", env={"GREETING": "hi"}).result(30) == "hi"
+    # Not left behind for the next job's calls.
+    assert client.submit(getenv, "GREETING").result(30) is None
+    assert client.submit(getenv, "KESTREL_JOB_ID").result(30).isdigit()

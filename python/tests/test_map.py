@@ -81,3 +81,19 @@ def test_map_commands_refuses_what_is_not_a_command_line(client):
         list(client.map_commands(["echo hi"]))
     with pytest.raises(ValueError, match="empty command line"):
         list(client.map_commands([[]]))
+
+
+def task_ids(_):
+    import os
+    import subprocess
+
+    mine = os.environ["KESTREL_TASK_ID"]
+    child = subprocess.run(
+        ["sh", "-c", "echo $KESTREL_TASK_ID"], check=True, capture_output=True, text=True
+    )
+    return mine, child.stdout.strip()
+
+
+def test_each_call_sees_its_task_id_as_do_the_processes_it_starts(client):
+    ids = client.gather(client.map(task_ids, range(20)))
+    assert ids == [(str(i), str(i)) for i in range(20)]

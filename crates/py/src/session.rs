@@ -3,8 +3,11 @@
 //! A reader task on the module's runtime takes every frame the server sends: a reply goes to
 //! the request that waits for it (by id), a pushed task end or a forgotten job goes to the
 //! event queue that the package's dispatcher thread drains with [`Session::next_events`].
-//! When the connection ends, every waiting request fails and a `lost` event says why: no
-//! future waits for an answer that cannot come.
+//! When the connection ends, every waiting request fails. With a reconnection window (a
+//! server with a journal, restarted), the reader then tries the access file again with backoff
+//! and, once back, says `reconnected` (the client watches its jobs again and hears the ends it
+//! missed); otherwise, or once the window has passed, a `lost` event says why: no future waits
+//! for an answer that cannot come.
 
 use crate::specs;
 use crate::{ConnectionLost, KestrelError, NoServer, ServerError};
@@ -17,7 +20,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -25,12 +28,16 @@ use tokio::sync::oneshot;
 /// What the reader task hands over to Python.
 enum Event {
     Ended(TaskEnded),
-    Gone { job: JobId, why: String },
+    Gone {
+        job: JobId,
+        why: String,
+    },
+    /// The connection is back after a loss (why it was lost).
+    Reconnected(String),
     Lost(String),
 }
 
 /// What the reader task and the callers share.
-#[derive(Default)]
 struct Shared {
     /// Requests waiting for their reply, by id.
     waiting: Mutex<FxHashMap<u64, oneshot::Sender<Result<Answer, Refusal>>>>,
@@ -39,6 +46,14 @@ struct Shared {
     arrived: Condvar,
     /// Why the connection ended, once it has.
     ended: Mutex<Option<String>>,
+    /// The connection's writing half; `None` while it is being made again, or once closed.
+    writer: tokio::sync::Mutex<Option<FrameWriter<ConnWrite>>>,
+    /// Read again at each reconnection: a restarted server may listen elsewhere.
+    access_file: PathBuf,
+    /// How long to keep trying after a loss (zero: the first loss is the end).
+    reconnect_for: Duration,
+    /// Set by `close`: a connection closed here is not made again.
+    closing: AtomicBool,
 }
 
 impl Shared {
@@ -61,11 +76,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A connection to a Kestrel server (`kestrel._native.Session(access_file)`).
+/// A connection to a Kestrel server (`kestrel._native.Session(access_file, reconnect_for)`).
 #[pyclass(frozen)]
 pub struct Session {
     runtime: tokio::runtime::Runtime,
-    writer: tokio::sync::Mutex<Option<FrameWriter<ConnWrite>>>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
     version: u32,
@@ -75,9 +89,10 @@ pub struct Session {
 #[pymethods]
 impl Session {
     /// Connects to the server whose access file is `access_file` and authenticates with the
-    /// secret it holds.
+    /// secret it holds; after a lost connection, tries again for `reconnect_for` seconds.
     #[new]
-    fn new(py: Python<'_>, access_file: PathBuf) -> PyResult<Session> {
+    #[pyo3(signature = (access_file, reconnect_for=0.0))]
+    fn new(py: Python<'_>, access_file: PathBuf, reconnect_for: f64) -> PyResult<Session> {
         let access = Access::read(&access_file).map_err(|e| {
             NoServer::new_err(format!(
                 "no Kestrel server at {}: {e}; start one with `kestrel server start --dir DIR` (or use kestrel.LocalCluster())",
@@ -113,11 +128,24 @@ impl Session {
                 kestrel_proto::WATCH_VERSION
             )));
         }
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            waiting: Mutex::default(),
+            events: Mutex::default(),
+            arrived: Condvar::new(),
+            ended: Mutex::default(),
+            writer: tokio::sync::Mutex::new(Some(writer)),
+            access_file,
+            // At most a day; NaN or less than nothing is no reconnection.
+            reconnect_for: Duration::from_secs_f64(if reconnect_for > 0.0 {
+                reconnect_for.min(86_400.0)
+            } else {
+                0.0
+            }),
+            closing: AtomicBool::new(false),
+        });
         runtime.spawn(read_frames(reader, shared.clone()));
         Ok(Session {
             runtime,
-            writer: tokio::sync::Mutex::new(Some(writer)),
             shared,
             next_id: AtomicU64::new(1),
             version,
@@ -332,6 +360,7 @@ impl Session {
             let item = match e {
                 Event::Ended(t) => end_tuple(py, t)?,
                 Event::Gone { job, why } => ("gone", job, why).into_pyobject(py)?,
+                Event::Reconnected(why) => ("reconnected", why).into_pyobject(py)?,
                 Event::Lost(why) => ("lost", why).into_pyobject(py)?,
             };
             list.append(item)?;
@@ -341,10 +370,11 @@ impl Session {
 
     /// Closes the connection (the server forgets this client's watch).
     fn close(&self, py: Python<'_>) {
+        self.shared.closing.store(true, Ordering::SeqCst);
         lock(&self.shared.ended).get_or_insert_with(|| "the client closed the connection".into());
         py.detach(|| {
             self.runtime.block_on(async {
-                if let Some(w) = self.writer.lock().await.take() {
+                if let Some(w) = self.shared.writer.lock().await.take() {
                     let mut inner = w.into_inner();
                     let _ = tokio::io::AsyncWriteExt::shutdown(&mut inner).await;
                 }
@@ -386,9 +416,13 @@ impl Session {
         }
         let result = py.detach(|| {
             self.runtime.block_on(async {
-                let mut writer = self.writer.lock().await;
+                let mut writer = self.shared.writer.lock().await;
                 let Some(w) = writer.as_mut() else {
-                    return Err("the client closed its connection".to_string());
+                    return Err(if self.shared.closing.load(Ordering::SeqCst) {
+                        "the client closed its connection".to_string()
+                    } else {
+                        "the connection to the server is being made again".to_string()
+                    });
                 };
                 if let Err(e) = w.send(&Request { id, body: ask }).await {
                     return Err(format!("cannot send to the server: {e}"));
@@ -412,8 +446,77 @@ impl Session {
     }
 }
 
-/// Takes every frame the server sends until the connection ends.
+/// Takes every frame the server sends until the connection ends for good: after a loss, the
+/// connection is made again while the reconnection window lasts.
 async fn read_frames(mut reader: FrameReader<kestrel_proto::ConnRead>, shared: Arc<Shared>) {
+    loop {
+        let why = read_until_lost(&mut reader, &shared).await;
+        if shared.closing.load(Ordering::SeqCst) || shared.reconnect_for.is_zero() {
+            shared.end(why);
+            return;
+        }
+        // The requests sent on the lost connection get no reply: they fail now.
+        lock(&shared.waiting).clear();
+        *shared.writer.lock().await = None;
+        match reconnect(&shared).await {
+            Ok((r, w)) => {
+                *shared.writer.lock().await = Some(w);
+                reader = r;
+                shared.push(Event::Reconnected(why));
+            }
+            Err(last) => {
+                let window = shared.reconnect_for.as_secs_f64();
+                shared.end(format!(
+                    "{why}; the server was not back within {window:.0} s ({last})"
+                ));
+                return;
+            }
+        }
+    }
+}
+
+/// Connects again with backoff, re-reading the access file, until the window closes or the
+/// client does; returns the new connection, or the last reason it could not be made.
+async fn reconnect(
+    shared: &Shared,
+) -> Result<(FrameReader<kestrel_proto::ConnRead>, FrameWriter<ConnWrite>), String> {
+    let deadline = tokio::time::Instant::now() + shared.reconnect_for;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+        if shared.closing.load(Ordering::SeqCst) {
+            return Err("the client was closed".into());
+        }
+        let last = match Access::read(&shared.access_file) {
+            Err(e) => format!("{}: {e}", shared.access_file.display()),
+            Ok(access) => {
+                match kestrel_proto::client::connect_as(&access, Role::Client, SPOKEN_VERSIONS)
+                    .await
+                {
+                    Ok((r, w, version)) if version >= kestrel_proto::WATCH_VERSION => {
+                        return Ok((r, w))
+                    }
+                    Ok((_, _, version)) => {
+                        return Err(format!(
+                            "the server came back speaking protocol {version}, older than this package needs"
+                        ))
+                    }
+                    Err(e) => e.to_string(),
+                }
+            }
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(last);
+        }
+    }
+}
+
+/// Takes frames until the connection ends; returns why it did.
+async fn read_until_lost(
+    reader: &mut FrameReader<kestrel_proto::ConnRead>,
+    shared: &Shared,
+) -> String {
     loop {
         match reader.recv::<ToClient>().await {
             Ok(ToClient::Reply { id, result }) => {
@@ -430,10 +533,7 @@ async fn read_frames(mut reader: FrameReader<kestrel_proto::ConnRead>, shared: A
             Ok(ToClient::Gone { job, why }) => shared.push(Event::Gone { job, why }),
             // A wait's progress: this client sends no wait.
             Ok(ToClient::Progress { .. }) => {}
-            Err(e) => {
-                shared.end(format!("the connection to the server ended: {e}"));
-                return;
-            }
+            Err(e) => return format!("the connection to the server ended: {e}"),
         }
     }
 }

@@ -115,8 +115,17 @@ fn apply(spec: &mut JobSpec, options: Option<&Bound<'_, PyDict>>) -> PyResult<()
             .map(|job| After { job, tasks: None })
             .collect();
     }
-    if let Some(env) = get(o, "env")? {
-        spec.template.env = env;
+    if let Some(env) = o.get_item("env")?.filter(|v| !v.is_none()) {
+        // A dict, as Python's own `env=` arguments take, or pairs.
+        let pairs = match env.cast::<PyDict>() {
+            Ok(d) => d.items().into_any(),
+            Err(_) => env,
+        };
+        spec.template.env = pairs.extract().map_err(|e: PyErr| {
+            KestrelError::new_err(format!(
+                "option env: give a dict of names to values (strings): {e}"
+            ))
+        })?;
     }
     if let Some(cwd) = get(o, "cwd")? {
         spec.template.cwd = Some(cwd);

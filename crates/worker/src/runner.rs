@@ -2,8 +2,8 @@
 //! thread (so one per slot), started with the first function task the thread runs and kept
 //! for the next ones, never an interpreter per task.
 //!
-//! A runner is `python -c <python/kestrel/_runner.py>`, embedded in this binary, so the
-//! worker's Python needs only cloudpickle. The two speak length-prefixed frames over the
+//! A runner is `python/kestrel/_runner.py`, embedded in this binary (so the worker's Python
+//! needs only cloudpickle) and given to `python -c` through its stdin (see [`BOOT`]). The two speak length-prefixed frames over the
 //! runner's stdin and stdout (the format is in the script's docstring). A job's function is
 //! sent to a runner once, before its first call there; each call then carries only the task's
 //! id and its argument line.
@@ -28,6 +28,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// The runner's source, embedded so that a worker's Python needs no Kestrel package.
 const SOURCE: &str = include_str!("../../../python/kestrel/_runner.py");
+
+/// What `python -c` runs: it reads the runner's source as the first frame on stdin and runs
+/// it, so that the command line `ps` shows is this line, not the whole source. (The worker
+/// sends nothing else until the runner greets it, so nothing past the source is read here.)
+const BOOT: &str = r#"import os, struct
+def take(n):
+    b = b""
+    while len(b) < n:
+        c = os.read(0, n - len(b))
+        if not c:
+            raise SystemExit(1)
+        b += c
+    return b
+exec(compile(take(struct.unpack("<I", take(4))[0]), "kestrel-runner", "exec"))
+"#;
 
 /// How long a runner may take to start (an interpreter, cloudpickle's import) on a loaded
 /// machine with a cold disk.
@@ -126,7 +141,7 @@ impl Runner {
     /// Starts a runner with `program` and reads its greeting.
     fn start(program: &Path, reaper: Option<&Reaper>) -> Result<(Runner, RunnerInfo), String> {
         let mut cmd = Command::new(program);
-        cmd.args(["-u", "-c", SOURCE])
+        cmd.args(["-u", "-c", BOOT])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -149,6 +164,8 @@ impl Runner {
             stdout,
             defined: Vec::new(),
         };
+        // Its source first (see BOOT); an interpreter that died at once is told by the reply.
+        let _ = runner.send(SOURCE.as_bytes());
         let hello = match runner.reply(&CancelHandle::new(), Some(Instant::now() + START_TIMEOUT)) {
             Ok(frame) => frame,
             Err(why) => {

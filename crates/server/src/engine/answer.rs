@@ -66,6 +66,9 @@ impl Engine {
                     Err(Refusal::from(
                         "the job declares files, but neither it nor the server names a store; give one with `--store DIR|URL` (or start the server with `--store`)".to_string(),
                     ))
+                } else if let Some(why) = self.python_misfit(&spec) {
+                    tracing::info!("submission refused: {why}");
+                    Err(Refusal::from(why))
                 } else if let Some(why) = self
                     .store_of(&spec)
                     // A job held until its last piece is checked whole then (a task may read
@@ -518,6 +521,29 @@ impl Engine {
         Refusal::from(format!(
             "{why}; job {job}, sent in pieces, is withdrawn: none of its tasks runs"
         ))
+    }
+
+    /// Why a function job fits the Python of none of the connected workers, if it does not.
+    fn python_misfit(&self, spec: &kestrel_core::JobSpec) -> Option<String> {
+        let kestrel_core::TaskKind::Function(f) = &spec.template.kind else {
+            return None;
+        };
+        let mut workers: Vec<_> = self
+            .conns
+            .workers
+            .iter()
+            .filter_map(|(&id, w)| {
+                let python = w.python.as_ref()?;
+                let host = self
+                    .core
+                    .worker(id)
+                    .map_or("?", |c| c.offer.hostname.as_str());
+                Some((id, host, python))
+            })
+            .collect();
+        // Named in the order of their ids.
+        workers.sort_unstable_by_key(|w| w.0);
+        super::pythons::mismatch(f, workers.into_iter())
     }
 
     /// The store a job's files are read from: its own, else the server's.

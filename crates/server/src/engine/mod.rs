@@ -16,6 +16,8 @@
 //! - `route`: the connections, and the scheduler's commands turned into frames for them.
 //! - `watch`: clients' watches of jobs (protocol 13): each task end pushed to its watchers
 //!   after the commit that makes it durable.
+//! - `pythons`: whether a function job fits the Python of some connected worker, checked at
+//!   submission.
 //!
 //! The engine touches no socket and reads no clock of its own: events come in as [`Inbound`],
 //! everything goes out through each connection's [`Outbox`] (a channel of encoded frames),
@@ -29,6 +31,7 @@ mod control;
 mod departures;
 mod durable;
 mod inputs;
+mod pythons;
 mod route;
 #[cfg(test)]
 mod tests;

@@ -20,6 +20,8 @@ pub(super) struct WorkerConn {
     pub(super) cache_capacity: Option<u64>,
     /// The URL it serves its cache to peers at, if it does.
     pub(super) serves: Option<String>,
+    /// The Python its runners call functions in, if it runs Python (protocol 12).
+    pub(super) python: Option<kestrel_proto::messages::PythonRunner>,
     /// Why it was told to leave, once it was: the reason its departure is recorded with when
     /// its connection then closes.
     pub(super) farewell: Option<String>,

@@ -149,6 +149,7 @@ impl Engine {
             exec: r.exec,
             cache_capacity,
             serves,
+            python: r.python,
             farewell,
         };
         self.conns.workers.insert(id, conn);

@@ -258,8 +258,7 @@ impl Runner {
         (alloc, nodes): (AllocId, u32),
         spec: &AllocQueueSpec,
     ) -> Result<(Pilot, PathBuf), String> {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find the kestrel binary for the pilot: {e}"))?;
+        let exe = super::kestrel_exe().map_err(|e| format!("the pilot: {e}"))?;
         let dir = self.dir.join(dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

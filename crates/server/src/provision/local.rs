@@ -55,9 +55,9 @@ impl Local {
         ends_at_s: u64,
         worker_args: &[String],
     ) -> Result<String, String> {
-        // This binary is `kestrel`: the server runs as `kestrel server start` or `kestrel run`.
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find the kestrel binary to start workers: {e}"))?;
+        // The server runs as `kestrel server start` or `kestrel run`, of a binary or of the
+        // Python package.
+        let exe = super::kestrel_exe().map_err(|e| format!("cannot start workers: {e}"))?;
         let dir = self.dir.join(alloc.to_string());
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

@@ -1202,6 +1202,33 @@ impl Provision {
 /// cores for each worker ([`kestrel_alloc::local_slots`]), written into them so that `alloc
 /// list` shows it and the workers offer what the queue counts on. (A client's default is its
 /// own machine's cores, and the local backend's workers run on the server's.)
+/// The `kestrel` command that workers of allocations run: `KESTREL_EXE` when set, else this
+/// binary. The Python package runs the command inside an interpreter, whose path would start
+/// Python, not Kestrel: its `python -m kestrel` names its own `kestrel` script in `KESTREL_EXE`.
+fn kestrel_exe() -> Result<PathBuf, String> {
+    if let Some(exe) = std::env::var_os("KESTREL_EXE") {
+        let exe = PathBuf::from(exe);
+        return if exe.is_file() {
+            Ok(exe)
+        } else {
+            Err(format!(
+                "KESTREL_EXE names {}, which is not a file: point it at a kestrel binary or the Python package's `kestrel` script",
+                exe.display()
+            ))
+        };
+    }
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the kestrel binary: {e}"))?;
+    let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if name.starts_with("python") {
+        return Err(format!(
+            "this server runs inside {} and knows no kestrel command for workers: set KESTREL_EXE to a kestrel binary or the Python package's `kestrel` script",
+            exe.display()
+        ));
+    }
+    Ok(exe)
+}
+
 fn divide_the_machine(mut spec: AllocQueueSpec) -> AllocQueueSpec {
     if spec.backend != "local" || names_slots(&spec.worker_args) {
         return spec;

@@ -211,8 +211,9 @@ class Client:
     A lost connection is made again for ``reconnect`` seconds (by default 300, and 0 for a
     :class:`LocalCluster` without a journal, whose server does not come back): a server with
     a journal that is restarted meanwhile keeps every future going, and the ends it recorded
-    while the client was away arrive then. A call made while the connection is down raises
-    :class:`~kestrel.errors.ConnectionLost`; past the window, every waiting future does.
+    while the client was away arrive then. A call made while the connection is down waits for
+    it (a submission is sent again under its own key, never run twice); past the window, it
+    and every waiting future raise :class:`~kestrel.errors.ConnectionLost`.
     """
 
     def __init__(
@@ -584,7 +585,9 @@ class Client:
         global _default
         if self.closed:
             return
-        self._flush_forgets()
+        # Not while the connection is being made again: closing does not wait for the server.
+        if self._session.is_up:
+            self._flush_forgets()
         self.closed = True
         self._session.close()
         self._dispatcher.join(5)

@@ -152,7 +152,8 @@ class LocalCluster:
         """Kills the server with SIGKILL, as a crash would, and starts it again on the same
         directory. With ``journal=True`` it carries on where it was: finished tasks keep
         their results, the workers and the clients (within their ``reconnect`` window) come
-        back by themselves, and no future is lost."""
+        back by themselves, and no future is lost. The new server belongs to the calling
+        thread as the first did to the cluster's: call it from one that outlives it."""
         old = self.server
         if old.poll() is None:
             old.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -85,6 +86,21 @@ def test_a_server_restarted_with_its_journal_loses_no_future():
         assert [f.result(120) for f in futures] == list(range(40))
         # And the client goes on submitting.
         assert client.submit(sleepy, 7).result(60) == 7
+        # A submission made while the server is down waits for it to come back. (It is
+        # made on a thread: the cluster's processes belong to the thread that starts them.)
+        cluster.server.kill()
+        cluster.server.wait()
+        got = []
+        waiting = threading.Thread(
+            target=lambda: got.append(client.submit(sleepy, 8).result(60)), daemon=True
+        )
+        waiting.start()
+        time.sleep(0.5)
+        assert not got
+        cluster.restart_server()
+        waiting.join(60)
+        assert got == [8]
+        assert list(client.map(sleepy, range(3)).results(60)) == [0, 1, 2]
 
 
 def test_a_server_that_does_not_come_back_fails_futures_after_the_window():

@@ -54,6 +54,9 @@ struct Shared {
     reconnect_for: Duration,
     /// Set by `close`: a connection closed here is not made again.
     closing: AtomicBool,
+    /// How many times the connection was made again; signalled with `back`, and when it ends.
+    generation: Mutex<u64>,
+    back: Condvar,
 }
 
 impl Shared {
@@ -67,7 +70,29 @@ impl Shared {
     fn end(&self, why: String) {
         *lock(&self.ended) = Some(why.clone());
         lock(&self.waiting).clear();
+        {
+            // Under the lock `wait_back` checks `ended` with, so no waiter misses it.
+            let _generation = lock(&self.generation);
+            self.back.notify_all();
+        }
         self.push(Event::Lost(why));
+    }
+
+    /// The connection is back: calls that failed on the lost one are sent again.
+    fn reconnected(&self, why: String) {
+        *lock(&self.generation) += 1;
+        self.back.notify_all();
+        self.push(Event::Reconnected(why));
+    }
+
+    /// Waits until the connection has been made again since `generation`, or has ended;
+    /// true if it is back.
+    fn wait_back(&self, generation: u64) -> bool {
+        let mut g = lock(&self.generation);
+        while *g == generation && lock(&self.ended).is_none() {
+            g = self.back.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        lock(&self.ended).is_none()
     }
 }
 
@@ -82,6 +107,9 @@ pub struct Session {
     runtime: tokio::runtime::Runtime,
     shared: Arc<Shared>,
     next_id: AtomicU64,
+    /// When it was made (ns since the epoch): with the process id, what makes its
+    /// submissions' keys unique.
+    started_ns: u128,
     version: u32,
     address: String,
 }
@@ -142,12 +170,17 @@ impl Session {
                 0.0
             }),
             closing: AtomicBool::new(false),
+            generation: Mutex::new(0),
+            back: Condvar::new(),
         });
         runtime.spawn(read_frames(reader, shared.clone()));
         Ok(Session {
             runtime,
             shared,
             next_id: AtomicU64::new(1),
+            started_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
             version,
             address,
         })
@@ -169,6 +202,13 @@ impl Session {
     #[getter]
     fn ended(&self) -> Option<String> {
         lock(&self.shared.ended).clone()
+    }
+
+    /// Whether the connection is up now (not ended, not being made again).
+    #[getter]
+    fn is_up(&self) -> bool {
+        lock(&self.shared.ended).is_none()
+            && self.shared.writer.try_lock().map_or(true, |w| w.is_some())
     }
 
     /// Watches `jobs` (their ends already reached are pushed at once) and, with `submitted`,
@@ -393,11 +433,19 @@ impl Session {
     ) -> PyResult<JobId> {
         spec.validate(&tasks)
             .map_err(|e| KestrelError::new_err(format!("invalid job: {e}")))?;
+        // A key of its own, so that sent again after a lost connection (its reply lost with
+        // it) it is answered with the job it made, not made twice.
+        let key = format!(
+            "python-{}-{}-{}",
+            std::process::id(),
+            self.started_ns,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        );
         let ask = Ask::Submit {
             spec,
             tasks,
             open,
-            key: None,
+            key: Some(key),
         };
         match self.call(py, ask)? {
             Answer::Submitted { job, .. } => Ok(job),
@@ -405,14 +453,41 @@ impl Session {
         }
     }
 
-    /// Sends `ask` and waits for its reply, the GIL released.
+    /// Sends `ask` and waits for its reply, the GIL released. A call the connection's loss
+    /// cuts short is sent again once it is back (every request of this client may be: a
+    /// submission carries its key, an extension its position), while the window lasts.
     fn call(&self, py: Python<'_>, ask: Ask) -> PyResult<Answer> {
+        loop {
+            let generation = *lock(&self.shared.generation);
+            match self.call_once(py, ask.clone()) {
+                Err(why) if self.may_retry() => {
+                    if !py.detach(|| self.shared.wait_back(generation)) {
+                        let ended = lock(&self.shared.ended).clone();
+                        return Err(ConnectionLost::new_err(ended.unwrap_or(why)));
+                    }
+                }
+                Err(why) => return Err(ConnectionLost::new_err(why)),
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(refusal)) => return Err(ServerError::new_err(refusal.message)),
+            }
+        }
+    }
+
+    /// Whether a call that failed with the connection waits for it to be made again.
+    fn may_retry(&self) -> bool {
+        !self.shared.reconnect_for.is_zero()
+            && !self.shared.closing.load(Ordering::SeqCst)
+            && lock(&self.shared.ended).is_none()
+    }
+
+    /// One try: the reply or refusal, or why the connection failed it.
+    fn call_once(&self, py: Python<'_>, ask: Ask) -> Result<Result<Answer, Refusal>, String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.shared.waiting).insert(id, tx);
         if let Some(why) = lock(&self.shared.ended).clone() {
             lock(&self.shared.waiting).remove(&id);
-            return Err(ConnectionLost::new_err(why));
+            return Err(why);
         }
         let result = py.detach(|| {
             self.runtime.block_on(async {
@@ -435,14 +510,10 @@ impl Session {
                 })
             })
         });
-        match result {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(refusal)) => Err(ServerError::new_err(refusal.message)),
-            Err(why) => {
-                lock(&self.shared.waiting).remove(&id);
-                Err(ConnectionLost::new_err(why))
-            }
+        if result.is_err() {
+            lock(&self.shared.waiting).remove(&id);
         }
+        result
     }
 }
 
@@ -462,7 +533,7 @@ async fn read_frames(mut reader: FrameReader<kestrel_proto::ConnRead>, shared: A
             Ok((r, w)) => {
                 *shared.writer.lock().await = Some(w);
                 reader = r;
-                shared.push(Event::Reconnected(why));
+                shared.reconnected(why);
             }
             Err(last) => {
                 let window = shared.reconnect_for.as_secs_f64();

@@ -4,6 +4,7 @@
     python3 bench/python_futures.py [--runs 3] [--only kestrel,dask,ray,parsl] [--no-build]
                                     [--out bench/results/python.json]
     python3 bench/python_futures.py --report bench/results/python.json   # only rewrite the doc
+    python3 bench/python_futures.py --redo-stream [--no-build]   # the stream again, the rest kept
 
 Each run starts, for each engine in turn (the order rotates between runs), a fresh process of
 `bench/python_workloads.py ENGINE suite`, which starts a fresh local cluster of 2 slots and
@@ -308,7 +309,13 @@ def report(res: dict) -> None:
             f"{stream['client_peak_rss_kib'] / 1024:,.0f} MB (before the map "
             f"{stream['client_rss_kib_before'] / 1024:,.0f} MB); server peak "
             f"{stream['server_hwm_kib'] / 1024:,.0f} MB; worker peak "
-            f"{(stream.get('worker_hwm_kib') or 0) / 1024:,.0f} MB.\n"
+            f"{(stream.get('worker_hwm_kib') or 0) / 1024:,.0f} MB"
+            + (
+                f"; its largest Python runner's peak {stream['runner_hwm_kib'] / 1024:,.0f} MB"
+                if stream.get("runner_hwm_kib")
+                else ""
+            )
+            + ".\n"
         )
     elif stream:
         a(f"The ten-million-item stream failed: `{stream['error'].strip().splitlines()[-1]}`\n")
@@ -333,11 +340,22 @@ def main() -> int:
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "python.json")
     ap.add_argument("--report", type=Path, help="rewrite the doc from this result file only")
+    ap.add_argument(
+        "--redo-stream",
+        action="store_true",
+        help="measure only the stream again, into the results already in --out",
+    )
     a = ap.parse_args()
     if a.report:
         report(json.loads(a.report.read_text()))
         return 0
-    res = measure(a)
+    if a.redo_stream:
+        res = json.loads(a.out.read_text())
+        py = (a.kestrel_python and a.kestrel_python.absolute()) or kestrel_python(not a.no_build)
+        log(f"stream: {a.stream:,} generator items through client.map")
+        res["stream"] = child(py, "kestrel", "stream", a, timeout=7200)["stream"]
+    else:
+        res = measure(a)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1))
     log(f"wrote {a.out}")

@@ -77,6 +77,21 @@ def hwm_kib(pid: int) -> int | None:
     return None
 
 
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
 def self_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
@@ -158,6 +173,10 @@ def kestrel_stream(a) -> dict:
             "client_peak_rss_kib": self_rss_kib(),
             "server_hwm_kib": hwm_kib(cluster.server.pid),
             "worker_hwm_kib": hwm_kib(cluster.workers[0].pid),
+            # The worker's Python runners (and its reaper, far smaller).
+            "runner_hwm_kib": max(
+                (hwm_kib(c) or 0 for c in children(cluster.workers[0].pid)), default=None
+            ),
         }
         client.close()
     return out

@@ -524,10 +524,14 @@ impl Engine {
     }
 
     /// Why a function job fits the Python of none of the connected workers, if it does not.
+    /// Not while an allocation queue may bring others (their runners check each job).
     fn python_misfit(&self, spec: &kestrel_core::JobSpec) -> Option<String> {
         let kestrel_core::TaskKind::Function(f) = &spec.template.kind else {
             return None;
         };
+        if self.provision.has_active_queue() {
+            return None;
+        }
         let mut workers: Vec<_> = self
             .conns
             .workers

@@ -2,6 +2,8 @@
 //! at submission so that a client of another Python hears it once, naming both sides, before
 //! any task runs (instead of every task failing in a runner).
 //!
+//! Not checked while an allocation queue is active: the workers it brings may fit.
+//!
 //! The rule is the runner's own (`python/kestrel/_runner.py`, `mismatch`): the same Python
 //! minor version and, if the client has one, the same cloudpickle. The versions of the modules
 //! a function uses only a runner can see; they are checked there, per job.

@@ -23,9 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
-import cloudpickle
-
-from . import _env
+from . import _env, _pickling
 from ._native import (
     DEFAULT_INLINE_LIMIT,
     JOB_OPTIONS,
@@ -151,7 +149,7 @@ def _pickle_call(args: tuple, kwargs: dict) -> str:
     try:
         data = pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
-        data = cloudpickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        data = _pickling.dumps((args, kwargs))
     return base64.b64encode(data).decode()
 
 
@@ -159,7 +157,7 @@ def _function_spec(func: Callable[..., Any], inline_limit: int) -> dict[str, Any
     """What the server and the runners need of `func`: fails here, at submit, if it cannot
     be pickled."""
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
-    pickled = cloudpickle.dumps(func, protocol=pickle.HIGHEST_PROTOCOL)
+    pickled = _pickling.dumps(func)
     env = _env.fingerprint()
     return {
         "name": name,

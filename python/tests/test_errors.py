@@ -45,3 +45,14 @@ def test_the_kestrel_command_runs_from_the_package():
         [sys.executable, "-m", "kestrel", "no-such-command"], capture_output=True, check=False
     )
     assert bad.returncode == 2
+
+
+def test_a_function_pickled_by_value_keeps_its_file_in_the_traceback(client):
+    def nested_raiser():
+        raise LookupError("from a nested function")
+
+    with pytest.raises(LookupError) as info:
+        client.submit(nested_raiser).result(30)
+    remote = str(info.value.__cause__)
+    assert f'File "{__file__}"' in remote, remote
+    assert 'raise LookupError("from a nested function")' in remote, remote

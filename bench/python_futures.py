@@ -303,6 +303,8 @@ def report(res: dict) -> None:
         a("")
     if stream and "error" not in stream:
         a("## A generator of ten million items\n")
+        if stream.get("measured"):
+            a(f"Measured again on its own, {stream['measured']}.\n")
         a(
             f"{stream['tasks']:,} items in {stream['seconds']:,.0f} s "
             f"({stream['tasks_per_s']:,.0f} tasks/s). Client peak RSS "
@@ -354,6 +356,14 @@ def main() -> int:
         py = (a.kestrel_python and a.kestrel_python.absolute()) or kestrel_python(not a.no_build)
         log(f"stream: {a.stream:,} generator items through client.map")
         res["stream"] = child(py, "kestrel", "stream", a, timeout=7200)["stream"]
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        res["stream"]["measured"] = f"{machine()['date']}, at commit {commit}"
     else:
         res = measure(a)
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,8 @@ struct Shared {
     /// How many times the connection was made again; signalled with `back`, and when it ends.
     generation: Mutex<u64>,
     back: Condvar,
+    /// Whether the client watches what it submits: said again first on a new connection.
+    watches_submitted: AtomicBool,
 }
 
 impl Shared {
@@ -172,6 +174,7 @@ impl Session {
             closing: AtomicBool::new(false),
             generation: Mutex::new(0),
             back: Condvar::new(),
+            watches_submitted: AtomicBool::new(false),
         });
         runtime.spawn(read_frames(reader, shared.clone()));
         Ok(Session {
@@ -214,6 +217,9 @@ impl Session {
     /// Watches `jobs` (their ends already reached are pushed at once) and, with `submitted`,
     /// every job submitted on this connection from now on. Returns the jobs the server lacks.
     fn watch(&self, py: Python<'_>, jobs: Vec<JobId>, submitted: bool) -> PyResult<Vec<JobId>> {
+        if submitted {
+            self.shared.watches_submitted.store(true, Ordering::SeqCst);
+        }
         match self.call(py, Ask::Watch { jobs, submitted })? {
             Answer::Watching { missing } => Ok(missing),
             other => Err(unexpected(&other)),
@@ -530,7 +536,18 @@ async fn read_frames(mut reader: FrameReader<kestrel_proto::ConnRead>, shared: A
         lock(&shared.waiting).clear();
         *shared.writer.lock().await = None;
         match reconnect(&shared).await {
-            Ok((r, w)) => {
+            Ok((r, mut w)) => {
+                // Before any call can use it: a job submitted on the new connection must be
+                // watched from its creation, as on the first. (Its reply, to id 0, which no
+                // call uses, is dropped.)
+                if shared.watches_submitted.load(Ordering::SeqCst) {
+                    let watch = Ask::Watch {
+                        jobs: Vec::new(),
+                        submitted: true,
+                    };
+                    // A failure shows as the new connection's loss, at once, and another try.
+                    let _ = w.send(&Request { id: 0, body: watch }).await;
+                }
                 *shared.writer.lock().await = Some(w);
                 reader = r;
                 shared.reconnected(why);

@@ -532,6 +532,16 @@ impl Engine {
         if self.provision.has_active_queue() {
             return None;
         }
+        // The common case, on every function submission: some worker fits, found without
+        // building the list a refusal names.
+        let fits = |w: &super::route::WorkerConn| {
+            w.python
+                .as_ref()
+                .is_some_and(|p| super::pythons::fits(&f.env, p))
+        };
+        if self.conns.workers.values().any(fits) {
+            return None;
+        }
         let mut workers: Vec<_> = self
             .conns
             .workers

@@ -60,7 +60,8 @@ fn minor(version: &str) -> Vec<&str> {
     version.split('.').take(2).collect()
 }
 
-fn fits(client: &PythonEnv, worker: &PythonRunner) -> bool {
+/// Whether pickles of `client`'s Python load in `worker`'s.
+pub(super) fn fits(client: &PythonEnv, worker: &PythonRunner) -> bool {
     let python = client.python.is_empty() || minor(&client.python) == minor(&worker.python);
     let pickle = client.cloudpickle.is_empty() || client.cloudpickle == worker.cloudpickle;
     python && pickle

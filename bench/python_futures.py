@@ -5,6 +5,7 @@
                                     [--out bench/results/python.json]
     python3 bench/python_futures.py --report bench/results/python.json   # only rewrite the doc
     python3 bench/python_futures.py --redo-stream [--no-build]   # the stream again, the rest kept
+    python3 bench/python_futures.py --redo-value [--no-build]    # the value again, the rest kept
 
 Each run starts, for each engine in turn (the order rotates between runs), a fresh process of
 `bench/python_workloads.py ENGINE suite`, which starts a fresh local cluster of 2 slots and
@@ -14,9 +15,14 @@ rise with the count); `latency`, --calls sequential `submit(noop).result()` roun
 idle cluster, each timed; `chain`, --links calls each taking the previous one's future; and for
 Kestrel `commands`, --commands `/bin/true` tasks from Python (`client.map_commands`) with,
 right after on the same cluster, `cli`, the same tasks from `kestrel submit --array --wait`.
-`xargs -P 2 /bin/true` gives the machine's own spawn rate in each run. After the runs, one
-`stream`: --stream items of a generator through `client.map`, each result read and dropped,
-with the client's peak RSS and the server's and worker's peak memory (VmHWM).
+`xargs -P 2 /bin/true` gives the machine's own spawn rate in each run. Each run also measures
+`value` for Kestrel and Dask (in turn, the order rotating): on a fresh cluster of
+--value-workers one-slot workers, a --value-mb MB result consumed by as many calls, one on
+the worker holding it and the others elsewhere, with the bytes through the server (Kestrel's
+own count, and for both engines what the kernel counts on the server's or scheduler's TCP
+connections). After the runs, one `stream`: --stream items of a generator through
+`client.map`, each result read and dropped, with the client's peak RSS and the server's and
+worker's peak memory (VmHWM).
 
 Kestrel runs from a venv of its own with the package as a user installs it (`pip install
 ./python`, target/bench-py-venv; --no-build keeps the one there); the peers from the venv of
@@ -90,6 +96,10 @@ def child(py: Path, engine: str, workload: str, a, timeout: float = 3600) -> dic
         str(a.links),
         "--commands",
         str(a.commands if engine == "kestrel" else 0),
+        "--value-mb",
+        str(a.value_mb),
+        "--value-workers",
+        str(a.value_workers),
     ]
     # The venv's own bin first: Parsl starts its interchange by name from there.
     env = dict(os.environ, PATH=f"{py.parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -121,7 +131,8 @@ def measure(a) -> dict:
     res: dict = {
         "machine": machine(),
         "params": {k: getattr(a, k) for k in ("runs", "tasks", "peer_tasks", "calls", "links")}
-        | {"commands": a.commands, "stream": a.stream, "slots": SLOTS},
+        | {"commands": a.commands, "stream": a.stream, "slots": SLOTS}
+        | {"value_mb": a.value_mb, "value_workers": a.value_workers},
         "runs": [],
     }
     for r in range(a.runs):
@@ -137,6 +148,7 @@ def measure(a) -> dict:
                 run[engine] = {"error": str(e)[-3000:]}
         if a.commands:
             run["xargs"] = xargs_true(a.commands)
+        measure_value(a, run, r, kpy, ppy, only)
         res["runs"].append(run)
     if kpy is not None and a.stream:
         log(f"stream: {a.stream:,} generator items through client.map")
@@ -145,6 +157,20 @@ def measure(a) -> dict:
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             res["stream"] = {"error": str(e)[-3000:]}
     return res
+
+
+def measure_value(a, run: dict, r: int, kpy: Path | None, ppy: Path | None, only: list) -> None:
+    """Run `r`'s `value` workload for Kestrel and Dask (those of `only`), into `run`."""
+    engines = [e for e in ("kestrel", "dask") if e in only and a.value_mb]
+    for engine in engines[r % 2 :] + engines[: r % 2]:
+        log(f"run {r + 1}/{a.runs}: {engine} value ({a.value_mb} MB)")
+        py = kpy if engine == "kestrel" else ppy
+        try:
+            value = child(py, engine, "value", a, timeout=1200)["value"]
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            log(f"{engine} value failed: {e}")
+            value = {"error": str(e)[-3000:]}
+        run.setdefault(engine, {})["value"] = value
 
 
 # ----- the report -----------------------------------------------------------------------------
@@ -192,6 +218,14 @@ def report(res: dict) -> None:
     stream = res.get("stream") or {}
     rss = stream.get("client_peak_rss_kib")
     cmd_ratio = py_cmd / cli_cmd if py_cmd and cli_cmd else None
+    # The largest of the runs: the bound is on every run.
+    throughs = figures(res, "kestrel", ["value", "through_server_bytes"])
+    through = max(throughs) if throughs else None
+    d_throughs = figures(res, "dask", ["value", "server_socket_bytes"])
+    d_through = max(d_throughs) if d_throughs else None
+    others_all = figures(res, "kestrel", ["value", "on_other_workers"])
+    others = int(min(others_all)) if others_all else 0
+    consumers = p.get("value_workers", 5)
     goals = [
         (
             f"1. {p['tasks']:,} no-op calls through `client.map`: ≥ 20,000 tasks/s and ≥ 20× Dask",
@@ -223,9 +257,15 @@ def report(res: dict) -> None:
             None if cmd_ratio is None else cmd_ratio >= 0.9,
         ),
         (
-            "6. a 200 MB result consumed by 4 tasks on other workers: < 1 MB through the server",
-            "not built yet: results travel through the server",
-            None,
+            (
+                f"6. a {p.get('value_mb', 200)} MB result consumed by tasks on other workers: "
+                "< 1 MB through the server"
+            ),
+            f"{through / 1024:,.1f} KB through the server ({others} of {consumers} consumers on "
+            f"other workers); Dask's scheduler {d_through / 1024:,.1f} KB"
+            if through is not None and d_through is not None
+            else "—",
+            None if through is None or not others else through < (1 << 20) and others >= 4,
         ),
     ]
     m = res["machine"]
@@ -301,6 +341,32 @@ def report(res: dict) -> None:
             f"| `xargs -P 2` (the machine) | {p['commands']:,} | {spread(res, 'xargs', 'tasks_per_s')} |"
         )
         a("")
+    if through is not None:
+        a(f"## A {p.get('value_mb', 200)} MB result read by {consumers} calls\n")
+        a(
+            "One call returns the value; then as many calls as workers each take its future, "
+            "one on the worker holding it and the others on the other workers, and digest it. "
+            "Seconds from the producer's end to the last consumer's; bytes through the server "
+            "as it counts them, and as the kernel counts them on its TCP connections (`ss`); "
+            "the largest over the runs for bytes.\n"
+        )
+        a(
+            "| engine | consumers on other workers | seconds | through the server (own count) | server's sockets |"
+        )
+        a("|---|---|---|---|---|")
+        for e in ("kestrel", "dask"):
+            socks = figures(res, e, ["value", "server_socket_bytes"])
+            own = figures(res, e, ["value", "through_server_bytes"])
+            on = figures(res, e, ["value", "on_other_workers"])
+            if not socks:
+                continue
+            a(
+                f"| {e} | {int(min(on))} of {consumers} | "
+                f"{spread(res, e, 'value', 'consume_s', digits=2)} | "
+                + (f"{max(own) / 1024:,.1f} KB" if own else "—")
+                + f" | {max(socks) / 1024:,.1f} KB |"
+            )
+        a("")
     if stream and "error" not in stream:
         a("## A generator of ten million items\n")
         if stream.get("measured"):
@@ -335,6 +401,8 @@ def main() -> int:
     ap.add_argument("--links", type=int, default=1000)
     ap.add_argument("--commands", type=int, default=100_000)
     ap.add_argument("--stream", type=int, default=10_000_000)
+    ap.add_argument("--value-mb", type=int, default=200)
+    ap.add_argument("--value-workers", type=int, default=5)
     ap.add_argument("--only", default=",".join(ENGINES))
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument(
@@ -347,11 +415,24 @@ def main() -> int:
         action="store_true",
         help="measure only the stream again, into the results already in --out",
     )
+    ap.add_argument(
+        "--redo-value",
+        action="store_true",
+        help="measure only the value workload again (--runs times), into the results in --out",
+    )
     a = ap.parse_args()
     if a.report:
         report(json.loads(a.report.read_text()))
         return 0
-    if a.redo_stream:
+    if a.redo_value:
+        res = json.loads(a.out.read_text())
+        kpy = (a.kestrel_python and a.kestrel_python.absolute()) or kestrel_python(not a.no_build)
+        only = [e for e in a.only.split(",") if e]
+        ppy = peers_python() if "dask" in only else None
+        for r, run in enumerate(res["runs"][: a.runs]):
+            measure_value(a, run, r, kpy, ppy, only)
+        res["params"] |= {"value_mb": a.value_mb, "value_workers": a.value_workers}
+    elif a.redo_stream:
         res = json.loads(a.out.read_text())
         py = (a.kestrel_python and a.kestrel_python.absolute()) or kestrel_python(not a.no_build)
         log(f"stream: {a.stream:,} generator items through client.map")

@@ -13,6 +13,14 @@ Kestrel package's venv, or the peers' venv of ../shared/anchors/peers.py). WORKL
           --array ... --wait` on the same cluster);
   stream  kestrel only: N items of a generator through `client.map`, each result read and
           dropped, with this process's peak RSS and the server's and worker's peak memory.
+  value   on a fresh cluster of --value-workers workers of one slot: one call returns a
+          --value-mb MB result, then --value-workers calls each take that future and digest the
+          value (one on the worker holding it, the others on the other workers: Kestrel places
+          them so, Dask is told to). Reports the seconds from the producer's end to the last
+          consumer's, where each consumer ran, and the bytes through the server (Kestrel's own
+          count, and for both the bytes the kernel counts on the scheduler process's TCP
+          connections, `ss -tinp`). Dask's scheduler and workers run as processes of their
+          own for that.
 
 Prints one JSON object on its last line. Standard library and the engine only.
 """
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -182,7 +191,164 @@ def kestrel_stream(a) -> dict:
     return out
 
 
+# Which process is a task's worker: Kestrel calls functions in runners, children of their
+# worker; Dask in its worker's own process. Set by `main`, pickled with the functions below.
+WORKER_IS_PARENT = True
+
+
+def worker_process() -> int:
+    return os.getppid() if WORKER_IS_PARENT else os.getpid()
+
+
+def make_value(mb: int) -> tuple:
+    """A result of `mb` MB, with the worker process that made it."""
+    return worker_process(), b"\x01" * (mb << 20)
+
+
+def consume_value(made: tuple) -> tuple:
+    """Where this ran, where the value was made, and the value's digest."""
+    import hashlib
+
+    producer, data = made
+    return worker_process(), producer, len(data), hashlib.blake2b(data).hexdigest()
+
+
+def socket_bytes(pid: int) -> int:
+    """Bytes sent and received so far on the open TCP connections of process `pid`, as the
+    kernel counts them (`ss -tinp`: tcp_info's bytes_sent and bytes_received): the same
+    measure for any engine's server, whatever it counts itself."""
+    out = subprocess.run(["ss", "-tinpH"], check=True, capture_output=True, text=True).stdout
+    total, mine = 0, False
+    for line in out.splitlines():
+        if not line[:1].isspace():
+            mine = f"pid={pid}," in line
+            continue
+        if mine:
+            for key in ("bytes_sent", "bytes_received"):
+                m = re.search(rf"\b{key}:(\d+)", line)
+                if m:
+                    total += int(m.group(1))
+    return total
+
+
+def value_summary(results: list, seconds: float, mb: int) -> dict:
+    producer = results[0][1]
+    digests = {r[3] for r in results}
+    assert len(digests) == 1 and all(r[2] == mb << 20 for r in results), results
+    return {
+        "mb": mb,
+        "consumers": len(results),
+        "on_other_workers": sum(r[0] != producer for r in results),
+        "consume_s": round(seconds, 3),
+    }
+
+
+def kestrel_value(a) -> dict:
+    import kestrel
+
+    out: dict = {"engine": "kestrel", "version": kestrel.__version__}
+    with kestrel.LocalCluster(workers=a.value_workers, slots=1) as cluster:
+        client = kestrel.Client(cluster)
+        client.submit(noop).result()
+        pid = cluster.server.pid
+        own, sockets = sum(client.server_info()["traffic"].values()), socket_bytes(pid)
+        made = client.submit(make_value, a.value_mb)
+        made.exception()
+        t = now()
+        consumers = [client.submit(consume_value, made) for _ in range(a.value_workers)]
+        results = client.gather(consumers)
+        s = now() - t
+        out["value"] = value_summary(results, s, a.value_mb)
+        out["value"]["through_server_bytes"] = sum(client.server_info()["traffic"].values()) - own
+        out["value"]["server_socket_bytes"] = socket_bytes(pid) - sockets
+        out["value"]["result_nbytes"] = made.nbytes
+        client.close()
+    return out
+
+
 # ----- Dask -----------------------------------------------------------------------------------
+
+
+def dask_value(a) -> dict:
+    """Dask's scheduler and workers as processes of their own, so that what passes through
+    the scheduler can be read off its process."""
+    import distributed
+    from distributed import Client
+
+    out: dict = {"engine": "dask", "version": distributed.__version__}
+    tmp = Path(tempfile.mkdtemp(prefix="dask-value-"))
+    sched_file = tmp / "scheduler.json"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_scheduler",
+                "--scheduler-file",
+                str(sched_file),
+                "--host",
+                "127.0.0.1",
+                "--no-dashboard",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=tmp,
+        )
+    ]
+    try:
+        while not sched_file.exists():
+            time.sleep(0.05)
+        for _ in range(a.value_workers):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "distributed.cli.dask_worker",
+                        "--scheduler-file",
+                        str(sched_file),
+                        "--nthreads",
+                        "1",
+                        "--nworkers",
+                        "1",
+                        "--no-nanny",
+                        "--no-dashboard",
+                        "--host",
+                        "127.0.0.1",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    cwd=tmp,
+                )
+            )
+        with Client(scheduler_file=str(sched_file)) as c:
+            c.wait_for_workers(a.value_workers)
+            c.submit(noop, pure=False).result()
+            pid = procs[0].pid
+            sockets = socket_bytes(pid)
+            made = c.submit(make_value, a.value_mb, pure=False)
+            made.exception()
+            holder = next(iter(c.who_has([made])[made.key]))
+            others = [w for w in c.scheduler_info()["workers"] if w != holder]
+            t = now()
+            # One where the value is, the rest on the other workers, as Kestrel places them.
+            consumers = [c.submit(consume_value, made, pure=False, workers=[holder])] + [
+                c.submit(consume_value, made, pure=False, workers=[w], allow_other_workers=False)
+                for w in others
+            ]
+            results = c.gather(consumers)
+            s = now() - t
+            out["value"] = value_summary(results, s, a.value_mb)
+            out["value"]["server_socket_bytes"] = socket_bytes(pid) - sockets
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return out
 
 
 def dask_suite(a) -> dict:
@@ -287,18 +453,26 @@ def parsl_suite(a) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("engine", choices=["kestrel", "dask", "ray", "parsl"])
-    ap.add_argument("workload", choices=["suite", "stream"])
+    ap.add_argument("workload", choices=["suite", "stream", "value"])
     ap.add_argument("--tasks", type=int, default=100_000, help="kestrel's map, or stream items")
     ap.add_argument("--peer-tasks", type=int, default=10_000, help="a peer's map")
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--links", type=int, default=1000)
     ap.add_argument("--commands", type=int, default=0)
+    ap.add_argument("--value-mb", type=int, default=200)
+    ap.add_argument("--value-workers", type=int, default=5)
     a = ap.parse_args()
     if a.workload == "stream":
         if a.engine != "kestrel":
             ap.error("stream is a kestrel workload")
         out = kestrel_stream(a)
+    elif a.workload == "value":
+        if a.engine not in ("kestrel", "dask"):
+            ap.error("value is a kestrel and dask workload")
+        global WORKER_IS_PARENT
+        WORKER_IS_PARENT = a.engine == "kestrel"
+        out = {"kestrel": kestrel_value, "dask": dask_value}[a.engine](a)
     else:
         out = {
             "kestrel": kestrel_suite,

@@ -26,6 +26,7 @@ from .errors import (
     ServerError,
     TaskCanceled,
     TaskFailed,
+    ValueLost,
 )
 from .executor import Executor, task
 from .progress import progress
@@ -50,6 +51,7 @@ __all__ = [
     "ServerError",
     "TaskCanceled",
     "TaskFailed",
+    "ValueLost",
     "__version__",
     "as_completed",
     "default_client",

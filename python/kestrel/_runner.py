@@ -10,15 +10,22 @@ the frame is:
 worker to runner
     ``D`` job:u32, header length:u32, header (JSON: name, python, cloudpickle, modules, path,
     env, inline_limit), the pickled function: defines job ``job``'s function.
-    ``C`` job:u32, task id:u32, the task's line (base64 of the pickled ``(args, kwargs)``):
-    calls it.
+    ``C`` job:u32, task id:u32, the task's line (base64 of the pickled ``(args, kwargs)``, or
+    ``@NAME``: the pickled call is value NAME): calls it.
+    ``V`` job:u32, task id:u32, count:u32, that many (name length:u32, name, path length:u32,
+    path), the task's line: calls it, the values it reads staged at those paths.
     ``F`` job:u32: forgets the job's function.
 runner to worker
     ``H`` JSON (python, cloudpickle, executable, pid): once, when it is ready.
     ``R`` status:u8, result length:u32, text length:u32, result, text, output: a call's end.
     Status 0: returned (result: the pickled value); 1: raised (result: the pickled
-    exception, text: its traceback); 2: cannot run here (text: why; not worth a retry).
-    Output is what the call printed.
+    exception, text: its traceback); 2: cannot run here (text: why; not worth a retry);
+    3: returned a value larger than the job's inline limit, pickled into a file of the
+    directory ``KESTREL_SPILL_DIR`` names (result: its path), for the worker to keep in its
+    cache. Output is what the call printed.
+
+Values (Python results and arguments kept in the workers' caches) appear in a call's pickle as
+persistent ids ``("kestrel-value", NAME)``, loaded from the paths the ``V`` frame gave.
 
 What the function prints is captured per call; the protocol's stdout is kept apart from the
 process's file descriptor 1, which goes to stderr, so that nothing a C extension writes can
@@ -39,7 +46,12 @@ import traceback
 
 U32 = struct.Struct("<I")
 CALL = struct.Struct("<II")
+VALUES = struct.Struct("<III")
 END = struct.Struct("<BII")
+
+# Where results above the inline limit are written (the worker's cache's own disk); the user's
+# function does not see the variable.
+SPILL_DIR = os.environ.pop("KESTREL_SPILL_DIR", None)
 
 try:
     import cloudpickle
@@ -76,6 +88,107 @@ def dumps(value):
         if cloudpickle is None:
             raise
         return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class ValueUnpickler(pickle.Unpickler):
+    """Unpickles a call whose values are persistent ids, loading each from its staged file
+    (once, however often the call refers to it)."""
+
+    def __init__(self, file, values, loaded=None):
+        super().__init__(file)
+        self.values = values
+        self.loaded = {} if loaded is None else loaded
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "kestrel-value"):
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        name = pid[1]
+        if name in self.loaded:
+            return self.loaded[name]
+        path = self.values.get(name)
+        if path is None:
+            raise pickle.UnpicklingError(f"value {name} was not staged for this call")
+        with open(path, "rb") as f:
+            value = ValueUnpickler(f, self.values, self.loaded).load()
+        self.loaded[name] = value
+        return value
+
+
+def load_call(line, values):
+    """The ``(args, kwargs)`` of a task's line: inline, or a value of its own (``@NAME``)."""
+    if not values and not line.startswith(b"@"):
+        # Most calls read no value: the plain unpickler, without a Python subclass per call.
+        try:
+            return pickle.loads(base64.b64decode(line))
+        except pickle.UnpicklingError:
+            pass  # A persistent id with nothing staged: said below.
+    if line.startswith(b"@"):
+        name = line[1:].decode()
+        path = values.get(name)
+        if path is None:
+            raise pickle.UnpicklingError(f"the call's value {name} was not staged")
+        with open(path, "rb") as f:
+            return ValueUnpickler(f, values).load()
+    return ValueUnpickler(io.BytesIO(base64.b64decode(line)), values).load()
+
+
+class Spool:
+    """Where a result is pickled: in memory up to the job's inline limit, past it a file in
+    the spill directory (so a large result is never held twice in memory)."""
+
+    def __init__(self, limit, name):
+        self.limit = limit
+        self.name = name
+        self.parts = []
+        self.size = 0
+        self.file = None
+        self.path = None
+
+    def write(self, data):
+        if self.file is None and (not self.limit or self.size + len(data) <= self.limit):
+            self.parts.append(bytes(data))
+        else:
+            if self.file is None:
+                if SPILL_DIR is None:
+                    raise ResultTooLarge()
+                self.path = os.path.join(SPILL_DIR, self.name)
+                # Written by each call of the pickler, closed by `spool` or `discard`.
+                self.file = open(self.path, "wb")  # noqa: SIM115
+                for part in self.parts:
+                    self.file.write(part)
+                self.parts = []
+            self.file.write(data)
+        self.size += len(data)
+        return len(data)
+
+    def discard(self):
+        if self.file is not None:
+            self.file.close()
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+        self.file, self.path, self.parts, self.size = None, None, [], 0
+
+
+class ResultTooLarge(Exception):
+    """A result above the inline limit, on a worker with no cache to keep it in."""
+
+
+def spool(value, limit, name):
+    """Pickles `value` into a :class:`Spool` (plainly if it can, else by value), closed."""
+    out = Spool(limit, name)
+    try:
+        pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except ResultTooLarge:
+        raise
+    except Exception:
+        if cloudpickle is None:
+            out.discard()
+            raise
+        out.discard()
+        cloudpickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    if out.file is not None:
+        out.file.close()
+    return out
 
 
 def module_version(name):
@@ -179,7 +292,7 @@ class Job:
             self.error = f"function {self.name} cannot be unpickled here: {type(e).__name__}: {e}"
 
 
-def call(job, task_id, line, task_var, job_env):
+def call(job, task_id, line, values, task_var, job_env):
     """Runs one call: (status, result, text, output)."""
     if job.error:
         return 2, b"", job.error, ""
@@ -187,7 +300,7 @@ def call(job, task_id, line, task_var, job_env):
     job_env.enter(job)
     task_var.set(task_id)
     try:
-        args, kwargs = pickle.loads(base64.b64decode(line))
+        args, kwargs = load_call(line, values)
     except Exception as e:
         return 2, b"", f"the arguments of task {task_id} cannot be unpickled here: {e!r}", ""
     try:
@@ -209,18 +322,26 @@ def call(job, task_id, line, task_var, job_env):
                 pickled = dumps(RuntimeError(f"{type(e).__name__}: {e}"))
             return 1, pickled, text, printed.getvalue()
     try:
-        result = dumps(value)
+        out = spool(value, job.inline_limit, f"{os.getpid()}-{task_id}.result")
+    except ResultTooLarge:
+        why = (
+            f"the result of {job.name} is above the {job.inline_limit} bytes a result may "
+            "carry back, and this worker has no cache to keep it in; return a smaller value, "
+            "or write a file and declare it as an output"
+        )
+        return 2, b"", why, printed.getvalue()
+    except OSError as e:
+        why = (
+            f"the result of {job.name} could not be written to the worker's cache directory "
+            f"({e}); return a smaller value, or write a file and declare it as an output"
+        )
+        return 2, b"", why, printed.getvalue()
     except Exception as e:
         why = f"the result of {job.name} cannot be pickled: {type(e).__name__}: {e}"
         return 2, b"", why, printed.getvalue()
-    if job.inline_limit and len(result) > job.inline_limit:
-        why = (
-            f"the result of {job.name} is {len(result)} bytes, above the {job.inline_limit} "
-            "bytes a result may carry back; return a smaller value, or write a file and "
-            "declare it as an output"
-        )
-        return 2, b"", why, printed.getvalue()
-    return 0, result, "", printed.getvalue()
+    if out.path is not None:
+        return 3, out.path.encode(), "", printed.getvalue()
+    return 0, b"".join(out.parts), "", printed.getvalue()
 
 
 def main():
@@ -248,13 +369,27 @@ def main():
         if body is None:
             return
         tag = body[:1]
-        if tag == b"C":
-            job_id, task_id = CALL.unpack_from(body, 1)
+        if tag in (b"C", b"V"):
+            values = {}
+            if tag == b"C":
+                job_id, task_id = CALL.unpack_from(body, 1)
+                at = 9
+            else:
+                job_id, task_id, count = VALUES.unpack_from(body, 1)
+                at = 13
+                for _ in range(count):
+                    (n,) = U32.unpack_from(body, at)
+                    name = body[at + 4 : at + 4 + n].decode()
+                    at += 4 + n
+                    (n,) = U32.unpack_from(body, at)
+                    values[name] = body[at + 4 : at + 4 + n].decode()
+                    at += 4 + n
             job = jobs.get(job_id)
             if job is None:
                 status, result, text, output = 2, b"", f"job {job_id} was not defined", ""
             else:
-                status, result, text, output = call(job, task_id, body[9:], task_var, job_env)
+                line = body[at:]
+                status, result, text, output = call(job, task_id, line, values, task_var, job_env)
             text_b, output_b = text.encode(), output.encode(errors="replace")
             end = END.pack(status, len(result), len(text_b))
             write_frame(out, b"R" + end + result + text_b + output_b)

@@ -4,6 +4,11 @@ A :class:`Client` holds one connection. It watches every job it submits: the ser
 each task's end (with a function's pickled result) as soon as the journal holds it, and a
 dispatcher thread resolves the task's :class:`Future`. Nothing polls.
 
+Results and arguments larger than the inline limit are values kept in the workers' caches
+(:mod:`kestrel._values`): a future holds such a result by name until it is asked for, calls
+that take it as an argument read it on their workers, and it is deleted when its future is
+dropped.
+
 Every future resolves. A task lost with its worker is run again by the server; a task that
 ends in any other way than success raises a typed error (:mod:`kestrel.errors`); a lost
 connection fails every future still waiting with :class:`~kestrel.errors.ConnectionLost`.
@@ -18,12 +23,13 @@ import os
 import pickle
 import sys
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
-from . import _env, _pickling
+from . import _env, _pickling, _values
 from ._native import (
     DEFAULT_INLINE_LIMIT,
     JOB_OPTIONS,
@@ -32,6 +38,7 @@ from ._native import (
     NoServer,
     ServerError,
     Session,
+    ValueLost,
 )
 from .errors import (
     DependencyFailed,
@@ -98,7 +105,10 @@ class Future(concurrent.futures.Future):
     work with it, and so do :func:`kestrel.wait` and :func:`kestrel.as_completed`.
 
     Given as an argument to another call, it is that call's dependency: the call runs once
-    this future has its value, with the value in its place.
+    this future has its value, with the value in its place. A value larger than the client's
+    inline limit stays on the worker that computed it: :meth:`result` fetches it from there
+    (once), a call given the future reads it where it is, and it is deleted from the
+    workers' caches when the future is dropped.
     """
 
     def __init__(self, client: Client, kind: str, single: bool) -> None:
@@ -109,6 +119,38 @@ class Future(concurrent.futures.Future):
         self._single = single
         self.job: int | None = None
         self.task: int | None = None
+        # Its value, when a worker's cache keeps it (see kestrel._values).
+        self._remote: _values.Remote | None = None
+        # The futures whose values this call reads, kept (and so their values) until it ends.
+        self._keep: list[Future] | None = None
+        self._fetching = threading.Lock()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's value (fetched from the worker that keeps it, the first time, if it
+        was larger than the inline limit); raises what the call raised."""
+        value = super().result(timeout)
+        if type(value) is _values.Remote:
+            return self._fetch()
+        return value
+
+    def _fetch(self) -> Any:
+        with self._fetching:
+            value = self._result
+            if type(value) is _values.Remote:
+                value = self._client._fetch_value(value)
+                self._result = value
+            return value
+
+    @property
+    def nbytes(self) -> int | None:
+        """The size of its pickled value if a worker's cache keeps it, else None."""
+        return None if self._remote is None else self._remote.size
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a kestrel.Future is a dependency only as an argument of its own: pass it to "
+            "submit directly, not inside a list, dict or other object (or pass its .result())"
+        )
 
     @property
     def key(self) -> str | None:
@@ -117,11 +159,15 @@ class Future(concurrent.futures.Future):
 
     def cancel(self) -> bool:
         """Cancels the call if it has not ended: it resolves as canceled at once, and the
-        server stops its task (a task of a map keeps running, its result unread)."""
+        server stops its task (one task of a map by itself, the others going on)."""
         if not super().cancel():
             return False
-        if self._single and self.job is not None:
-            self._client._cancel_jobs([self.job])
+        if self.job is not None:
+            if self._single:
+                self._client._cancel_jobs([self.job])
+            else:
+                # Sent by the dispatcher, with the others canceled meanwhile.
+                self._client._canceled_tasks.append((self.job, self.task))
         return True
 
     def __repr__(self) -> str:
@@ -144,13 +190,22 @@ def _has_future(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(a, Future) for a in itertools.chain(args, kwargs.values()))
 
 
-def _pickle_call(args: tuple, kwargs: dict) -> str:
-    """A call's arguments as a task's line: base64 of the pickled ``(args, kwargs)``."""
-    try:
-        data = pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        data = _pickling.dumps((args, kwargs))
+def _pickle_call(args: tuple, kwargs: dict, limit: int = 0) -> str | None:
+    """A call's arguments as a task's line: base64 of the pickled ``(args, kwargs)``; None if
+    the pickle is larger than `limit` (such a call goes as a value of its own)."""
+    data, _ = _values.dumps_call(args, kwargs, False)
+    if limit and len(data) > limit:
+        return None
     return base64.b64encode(data).decode()
+
+
+def _value_gone(client: weakref.ref, job: int | None, name: str) -> None:
+    """A future holding value `name` was dropped (called by the garbage collector, on any
+    thread, maybe while that thread holds the client's lock: it only queues the news, for
+    the dispatcher)."""
+    c = client()
+    if c is not None:
+        c._gone_values.append((job, name))
 
 
 def _function_spec(func: Callable[..., Any], inline_limit: int) -> dict[str, Any]:
@@ -172,12 +227,15 @@ def _function_spec(func: Callable[..., Any], inline_limit: int) -> dict[str, Any
 
 def _submission(submit: Callable[..., int], *args: Any) -> int:
     """Calls a session's submit, raising the server's refusal of a function no connected
-    worker's Python can run as :class:`EnvironmentMismatch`."""
+    worker's Python can run as :class:`EnvironmentMismatch`, and of a call reading a value no
+    worker holds any more as :class:`ValueLost`."""
     try:
         return submit(*args)
     except ServerError as e:
         if "cannot run on any connected worker" in str(e):
             raise EnvironmentMismatch(str(e)) from None
+        if "which no worker holds any more" in str(e):
+            raise ValueLost(str(e)) from None
         raise
 
 
@@ -250,9 +308,15 @@ class Client:
         # to its submission).
         self._early: dict[tuple[int, int], tuple] = {}
         # Job -> [futures of it not yet resolved, whether the job is complete (closed), how
-        # many of its tasks have futures].
+        # many of its tasks have futures, values of it that futures hold].
         self._jobs: dict[int, list] = {}
         self._forget: list[int] = []
+        # Values held by futures, name -> job (None for a scattered one).
+        self._live_values: dict[str, int | None] = {}
+        # Values whose futures were dropped, (job, name), for the dispatcher to let go of.
+        self._gone_values: deque[tuple[int | None, str]] = deque()
+        # Tasks of maps whose futures were canceled, (job, task), for the dispatcher to cancel.
+        self._canceled_tasks: deque[tuple[int, int]] = deque()
         self._lost: str | None = None
         self.closed = False
         self._session.watch([], True)
@@ -290,24 +354,59 @@ class Client:
         spec = _function_spec(func, self.inline_limit)
         if _has_future(args, kwargs):
             return self._submit_after(spec, args, kwargs, options)
-        return self._submit_now("function", (spec, _pickle_call(args, kwargs)), options)
+        future = Future(self, "function", single=True)
+        self._send_call(future, spec, args, kwargs, options, remote=False)
+        return future
 
     def _submit_now(self, kind: str, what: Any, options: dict[str, Any]) -> Future:
         future = Future(self, kind, single=True)
-        if kind == "command":
-            name = options.pop("name", None) or os.path.basename(what[0])
-            job = self._session.submit_commands(name, [what], False, options)
-        else:
-            spec, line = what
-            job = _submission(self._session.submit_function, spec, [line], False, options)
+        name = options.pop("name", None) or os.path.basename(what[0])
+        job = self._session.submit_commands(name, [what], False, options)
         self._register(job, [future], closed=True, first=0)
+        return future
+
+    def _send_call(
+        self,
+        future: Future,
+        spec: dict,
+        args: tuple,
+        kwargs: dict,
+        options: dict,
+        remote: bool,
+    ) -> None:
+        """Submits one call as a job of its own for `future`: its pickle inline, or put on a
+        worker first if it is larger than the inline limit; `remote` says some argument is
+        a value kept on a worker, which its task reads there."""
+        line, values = _values.encode_call(
+            args, kwargs, remote, self.inline_limit, self._session.place_value
+        )
+        try:
+            job = _submission(self._session.submit_function, spec, [line], False, options, values)
+        except BaseException:
+            # A call put on a worker for a job that never was is nobody's.
+            own = [v for v in values if v.startswith(_values.PREFIX + "a/")]
+            if own:
+                self._gone_values.extend((None, v) for v in own)
+            raise
+        self._register(job, [future], closed=True, first=0)
+
+    def _call_of_its_own(self, spec: dict, args: tuple, options: dict) -> Future:
+        """A call of a map that goes as a job of its own (see :meth:`MapFutures._fill`)."""
+        options = dict(options)
+        if _has_future(args, {}):
+            return self._submit_after(spec, tuple(args), {}, options)
+        future = Future(self, "function", single=True)
+        self._send_call(future, spec, tuple(args), {}, options, remote=False)
         return future
 
     def _submit_after(self, spec: dict, args: tuple, kwargs: dict, options: dict) -> Future:
         """A call that waits for the futures among its arguments, then is submitted with
-        their values (here, by the dispatcher that resolved the last one)."""
+        their values (here, by the dispatcher that resolved the last one): each value inline,
+        or, if a worker keeps it, by name (its task reads it on its worker)."""
         future = Future(self, "function", single=True)
         deps = [a for a in itertools.chain(args, kwargs.values()) if isinstance(a, Future)]
+        # Their values stay on their workers while this call may read them.
+        future._keep = deps
         left = [len(deps)]
         guard = threading.Lock()
 
@@ -332,23 +431,21 @@ class Client:
                 _settle(future, error=error)
                 return
 
+            remote = any(isinstance(d, Future) and d._remote is not None for d in deps)
+
             def value(a: Any) -> Any:
-                return a.result() if isinstance(a, Future) else a
+                if not isinstance(a, Future):
+                    return a
+                # A value a worker keeps is read there, fetched here or not.
+                return a._remote if a._remote is not None else a.result()
 
             real_args = tuple(value(a) for a in args)
             real_kwargs = {k: value(v) for k, v in kwargs.items()}
             try:
-                job = _submission(
-                    self._session.submit_function,
-                    spec,
-                    [_pickle_call(real_args, real_kwargs)],
-                    False,
-                    dict(options),
-                )
+                self._send_call(future, spec, real_args, real_kwargs, dict(options), remote)
             except BaseException as e:  # the future carries any failure to submit
+                future._keep = None
                 _settle(future, error=e)
-                return
-            self._register(job, [future], closed=True, first=0)
 
         for d in deps:
             d.add_done_callback(one_done)
@@ -397,6 +494,34 @@ class Client:
         """The results of `futures`, in order; raises the first error met."""
         return [f.result(timeout) for f in futures]
 
+    def scatter(self, value: Any) -> Future:
+        """Puts `value` on a worker and returns a future holding it there: give the future
+        to any number of calls (``submit`` or ``map``) and each reads the value on its worker,
+        copied worker to worker as needed, instead of sending it with every call. The value
+        is deleted from the workers' caches when the future is dropped."""
+        self._check_open()
+        data = _values.dumps_value(value)
+        name = _values.new_name("s")
+        self._session.place_value(name, data)
+        future = Future(self, "function", single=False)
+        remote = _values.Remote(name, len(data))
+        future._remote = remote
+        with self._lock:
+            self._live_values[name] = None
+        weakref.finalize(future, _value_gone, weakref.ref(self), None, name)
+        _settle(future, remote)
+        return future
+
+    def _fetch_value(self, remote: _values.Remote) -> Any:
+        """The value a worker keeps as `remote`, fetched from it."""
+        if self.closed:
+            raise KestrelError(
+                f"this client is closed, and the value it left on a worker ({remote.size} "
+                "bytes) was deleted with it: ask for results before closing the client"
+            )
+        data = self._session.fetch_value(remote.name, remote.size)
+        return pickle.loads(data)
+
     # ----- the server's side ---------------------------------------------------------------
 
     def workers(self) -> list[dict[str, Any]]:
@@ -420,7 +545,7 @@ class Client:
         ends came already."""
         ready = []
         with self._lock:
-            entry = self._jobs.setdefault(job, [0, False, 0])
+            entry = self._jobs.setdefault(job, [0, False, 0, 0])
             entry[0] += len(futures)
             entry[1] = closed
             entry[2] = max(entry[2], first + len(futures))
@@ -440,8 +565,9 @@ class Client:
             self._fail_all(lost)
 
     def _job_settled(self, job: int, entry: list) -> None:
-        """Called with the lock held: a job whose futures have all resolved is forgotten."""
-        if entry[0] == 0 and entry[1]:
+        """Called with the lock held: a job whose futures have all resolved, and hold none of
+        its values (forgetting the job deletes them), is forgotten."""
+        if entry[0] == 0 and entry[1] and entry[3] == 0:
             del self._jobs[job]
             if not self.keep_jobs:
                 self._forget.append(job)
@@ -466,6 +592,9 @@ class Client:
                                 self._early[key] = ev
                             continue
                     self._resolve(future, ev)
+                    # Not held here until the next end: a dropped future must be collected
+                    # (its value deleted) at once.
+                    future = None
                 elif kind == "gone":
                     self._fail_job(ev[1], JobForgotten(ev[2]))
                 elif kind == "reconnected":
@@ -493,20 +622,42 @@ class Client:
             )
 
     def _flush_forgets(self) -> None:
+        drops: list[str] = []
         with self._lock:
+            while self._gone_values:
+                job, name = self._gone_values.popleft()
+                drops.append(name)
+                self._live_values.pop(name, None)
+                entry = self._jobs.get(job) if job is not None else None
+                if entry is not None:
+                    entry[3] -= 1
+                    self._job_settled(job, entry)
             jobs, self._forget = self._forget, []
-        if jobs:
-            try:
+        cancels: dict[int, list[int]] = {}
+        while self._canceled_tasks:
+            job, task = self._canceled_tasks.popleft()
+            cancels.setdefault(job, []).append(task)
+        try:
+            for job, tasks in cancels.items():
+                self._session.cancel_tasks(job, tasks)
+            if drops:
+                self._session.drop_values(drops)
+            if jobs:
                 self._session.forget(jobs)
-            except KestrelError:
-                pass  # Forgetting is housekeeping: a lost connection fails futures elsewhere.
+        except KestrelError:
+            pass  # Housekeeping: a lost connection fails futures elsewhere.
 
     def _resolve(self, future: Future, ev: tuple) -> None:
         _, job, task, state, reason, worker, stdout, _total, stderr = ev
         value: Any = None
         error: BaseException | None = None
         if state == "finished":
-            if future._kind == "function":
+            remote = (
+                _values.parse_reference(stdout) if future._kind == "function" and stdout else None
+            )
+            if remote is not None:
+                value = self._hold_value(future, job, remote)
+            elif future._kind == "function":
                 try:
                     value = pickle.loads(stdout) if stdout else None
                 except Exception as e:
@@ -522,11 +673,25 @@ class Client:
                 f"task {job}:{task} was canceled: {reason or 'its job was canceled'}"
             )
         _settle(future, value, error)
+        # Its arguments' values may go now.
+        future._keep = None
         with self._lock:
             entry = self._jobs.get(job)
             if entry is not None:
                 entry[0] -= 1
                 self._job_settled(job, entry)
+
+    def _hold_value(self, future: Future, job: int, remote: _values.Remote) -> _values.Remote:
+        """`future`'s value is kept on a worker: its job is not forgotten (which would delete
+        it) until the future is dropped."""
+        future._remote = remote
+        with self._lock:
+            entry = self._jobs.get(job)
+            if entry is not None:
+                entry[3] += 1
+            self._live_values[remote.name] = job
+        weakref.finalize(future, _value_gone, weakref.ref(self), job, remote.name)
+        return remote
 
     @staticmethod
     def _failure(
@@ -585,6 +750,11 @@ class Client:
             return
         # Not while the connection is being made again: closing does not wait for the server.
         if self._session.is_up:
+            with self._lock:
+                held = list(self._live_values)
+                self._live_values.clear()
+            # The values futures hold go with the client.
+            self._gone_values.extend((None, name) for name in held)
             self._flush_forgets()
         self.closed = True
         self._session.close()
@@ -612,6 +782,10 @@ def _argv(command: Any) -> list[str]:
     if not command:
         raise ValueError("an empty command line: each needs at least its program")
     return list(command)
+
+
+# The end of a map's input.
+_END = object()
 
 
 def _sized(iterables: tuple) -> int | None:
@@ -646,8 +820,10 @@ class MapFutures:
         self._size = size
         self._ready: deque[Future] = deque()
         self.job: int | None = None
+        # Lines sent to the job (items that went as calls of their own are not among them).
         self._sent = 0
         self._exhausted = False
+        self._closed = False
         self._lock = threading.Lock()
         self._fill(_WINDOW)
 
@@ -657,25 +833,40 @@ class MapFutures:
         return self._size
 
     def _fill(self, ahead: int) -> None:
-        """Submits items until `ahead` futures wait unread, or the input ends."""
+        """Submits items until `ahead` futures wait unread, or the input ends. An item that
+        cannot share the map's job (a future among its arguments, or a pickle larger than the
+        inline limit) goes as a call of its own, its future in its place among the others."""
         with self._lock:
-            while not self._exhausted and len(self._ready) < ahead:
-                lines: list[str] = []
-                size = 0
-                want = min(_PIECE_ITEMS, ahead - len(self._ready))
-                commands = self._spec is None
-                for item in self._items:
-                    line = item if commands else _pickle_call(item, {})
-                    lines.append(line)
-                    size += sum(map(len, line)) if commands else len(line)
-                    if len(lines) >= want or size >= _PIECE_BYTES:
-                        break
+            commands = self._spec is None
+            limit = self._client.inline_limit
+            lines: list[Any] = []
+            size = 0
+            while not self._exhausted and len(self._ready) + len(lines) < ahead:
+                item = next(self._items, _END)
+                if item is _END:
+                    self._exhausted = True
+                    break
+                if commands:
+                    lines.append(item)
+                    size += sum(map(len, item))
                 else:
-                    self._exhausted = True
-                if not lines and self.job is None:
-                    # An empty map: no job at all.
-                    self._exhausted = True
-                    return
+                    line = None if _has_future(item, {}) else _pickle_call(item, {}, limit)
+                    if line is None:
+                        if lines:
+                            self._send(lines)
+                            lines, size = [], 0
+                        self._ready.append(
+                            self._client._call_of_its_own(self._spec, item, self._options)
+                        )
+                        continue
+                    lines.append(line)
+                    size += len(line)
+                if len(lines) >= _PIECE_ITEMS or size >= _PIECE_BYTES:
+                    self._send(lines)
+                    lines, size = [], 0
+            # The last lines, or the close of a job whose last lines went before the end
+            # was seen.
+            if lines or (self._exhausted and self.job is not None and not self._closed):
                 self._send(lines)
 
     def _send(self, lines: list[Any]) -> None:
@@ -684,6 +875,7 @@ class MapFutures:
         kind = "command" if self._spec is None else "function"
         futures = [Future(client, kind, single=False) for _ in lines]
         close = self._exhausted
+        self._closed = close
         if self.job is None:
             options = dict(self._options)
             if self._spec is None:
@@ -719,7 +911,7 @@ class MapFutures:
     def cancel(self) -> None:
         """Cancels the map: its futures not yet resolved resolve as canceled."""
         for f in list(self._ready):
-            concurrent.futures.Future.cancel(f)
+            f.cancel()
         if self.job is not None:
             self._client._cancel_jobs([self.job])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from concurrent.futures import CancelledError
 
-from ._native import ConnectionLost, KestrelError, NoServer, ServerError
+from ._native import ConnectionLost, KestrelError, NoServer, ServerError, ValueLost
 
 __all__ = [
     "ConnectionLost",
@@ -22,6 +22,7 @@ __all__ = [
     "ServerError",
     "TaskCanceled",
     "TaskFailed",
+    "ValueLost",
 ]
 
 

@@ -4,7 +4,10 @@ failures, cancels, timeouts, and the concurrent.futures functions over them."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -84,6 +87,54 @@ def test_cancel_stops_a_running_call(client):
         f.result(1)
     # Its slot is free again: a quick call does not wait for the sleep.
     assert client.submit(add, 1, 1).result(20) == 2
+
+
+def mark(directory, i):
+    time.sleep(0.1)
+    with open(os.path.join(directory, str(i)), "w") as f:
+        f.write("ran")
+    return i
+
+
+def test_canceling_futures_of_a_map_cancels_their_tasks_alone(tmp_path):
+    with (
+        kestrel.LocalCluster(workers=1, slots=1) as cluster,
+        kestrel.Client(cluster, keep_jobs=True) as client,
+    ):
+        fs = list(client.map(mark, [str(tmp_path)] * 20, range(20)))
+        for f in fs[10:]:
+            assert f.cancel()
+        assert client.gather(fs[:10], timeout=60) == list(range(10))
+        assert all(f.cancelled() for f in fs[10:])
+        # The server ended the canceled tasks, so the map's job ends with the others.
+        job = fs[0].job
+
+        def counts():
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "kestrel",
+                    "--server-dir",
+                    str(cluster.directory),
+                    "job",
+                    "info",
+                    str(job),
+                    "--output",
+                    "json",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            return json.loads(out)["counts"]
+
+        deadline = time.monotonic() + 30
+        while counts()["canceled"] < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert counts()["finished"] == 10 and counts()["canceled"] == 10
+        ran = sorted(int(p.name) for p in tmp_path.iterdir())
+        assert ran == list(range(10)), f"canceled tasks ran: {ran}"
 
 
 def test_a_timeout_fails_the_task(client):

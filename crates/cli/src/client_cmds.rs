@@ -702,7 +702,7 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
         return Err(unexpected());
     };
     if g.output == Format::Json {
-        output::json(&ServerView::from(&i));
+        output::json(&ServerView::from(&*i));
     } else {
         println!(
             "server    {} (pid {}, kestrel {}, protocol {})",
@@ -719,8 +719,23 @@ pub async fn server_info(g: &Global) -> Result<ExitCode> {
                 output::bytes(bytes)
             );
         }
-        if let Some(n) = i.intermediates_remade {
+        if let Some(n) = i.intermediates_remade.filter(|&n| n > 0) {
             println!("re-ran    {n} tasks to make intermediate files lost with their workers");
+        }
+        if let Some((files, bytes)) = i.values_deleted.filter(|d| d.0 > 0) {
+            println!(
+                "deleted   {files} Python values from caches ({})",
+                output::bytes(bytes)
+            );
+        }
+        if let Some(t) = &i.traffic {
+            println!(
+                "traffic   {} from clients, {} to clients, {} from workers, {} to workers",
+                output::bytes(t.from_clients),
+                output::bytes(t.to_clients),
+                output::bytes(t.from_workers),
+                output::bytes(t.to_workers)
+            );
         }
         match &i.journal {
             Some(j) => {

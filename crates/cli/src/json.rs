@@ -519,6 +519,22 @@ pub struct ServerView {
     pub intermediate_bytes_deleted: u64,
     /// Tasks run again to make intermediate files lost with their workers (lineage).
     pub intermediate_tasks_rerun: u64,
+    /// Copies of Python values (results and arguments kept in caches) deleted from caches,
+    /// and their bytes.
+    pub value_files_deleted: u64,
+    pub value_bytes_deleted: u64,
+    /// Bytes through the server's connections since it started (`null` from a server older
+    /// than protocol 14).
+    pub traffic: Option<TrafficView>,
+}
+
+/// Bytes the server read from and wrote to its clients and workers.
+#[derive(Serialize)]
+pub struct TrafficView {
+    pub from_clients: u64,
+    pub to_clients: u64,
+    pub from_workers: u64,
+    pub to_workers: u64,
 }
 
 #[derive(Serialize)]
@@ -546,6 +562,14 @@ impl From<&ServerInfo> for ServerView {
             intermediate_files_deleted: i.intermediates_deleted.map_or(0, |d| d.0),
             intermediate_bytes_deleted: i.intermediates_deleted.map_or(0, |d| d.1),
             intermediate_tasks_rerun: i.intermediates_remade.unwrap_or(0),
+            value_files_deleted: i.values_deleted.map_or(0, |d| d.0),
+            value_bytes_deleted: i.values_deleted.map_or(0, |d| d.1),
+            traffic: i.traffic.map(|t| TrafficView {
+                from_clients: t.from_clients,
+                to_clients: t.to_clients,
+                from_workers: t.from_workers,
+                to_workers: t.to_workers,
+            }),
             journal: i.journal.as_ref().map(|j| JournalView {
                 path: j.path.clone(),
                 bytes: j.bytes,

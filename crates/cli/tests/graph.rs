@@ -113,7 +113,17 @@ fn the_failed_subtree_points_to_the_rest_on_the_same_server() {
     let mut c = Cluster::new();
     c.add_worker(2);
     c.wait_workers(1);
-    let first = c.run(&["submit", "--array", "1-12", "--", "false"]);
+    // Slow enough that job 1 still runs when job 2 names it (`false` alone ended it first, now
+    // and then, and job 2 was refused as one that could never start).
+    let first = c.run(&[
+        "submit",
+        "--array",
+        "1-12",
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.3; false",
+    ]);
     first.ok();
     let second = c.run(&["submit", "--after", "1", "--", "true"]);
     second.ok();

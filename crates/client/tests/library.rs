@@ -328,7 +328,7 @@ fn a_watch_goes_only_to_a_server_of_version_13_and_its_connection_splits() {
             vec![42]
         );
         let (_reader, _writer, version, next_id) = client.into_parts();
-        assert_eq!((version, next_id), (kestrel_proto::WATCH_VERSION, 2));
+        assert_eq!((version, next_id), (kestrel_proto::PROTOCOL_VERSION, 2));
         server.stop().await;
     });
 }

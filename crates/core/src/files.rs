@@ -18,8 +18,13 @@ pub type FileId = u32;
 /// The name a file of store `store` goes by in caches and in the index: `KEY/NAME`, where
 /// KEY is a short digest of the store's location. Two stores may both hold `raw/1.fits`;
 /// qualified, the two are different files, and a typo in a job's store is a miss, not
-/// another store's file. Workers and the scheduler both name files so.
+/// another store's file. Workers and the scheduler both name files so. A value
+/// ([`crate::values`]) belongs to no store: it goes by its own name, which no `KEY/` name
+/// can be.
 pub fn cached_name(store: Option<&str>, name: &str) -> String {
+    if crate::values::is_value(name) {
+        return name.to_string();
+    }
     format!("{}/{name}", store_key(store.unwrap_or("")))
 }
 

@@ -21,6 +21,7 @@ mod queue;
 mod sched;
 mod spec;
 mod table;
+pub mod values;
 pub mod window;
 
 pub use outcome::{Command, Failure, Finished, IndexRun, Record, RunEnd, Started};

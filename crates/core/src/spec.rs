@@ -609,6 +609,23 @@ impl IdRanges {
         Self::from_runs(runs).expect("one run fits")
     }
 
+    /// The ids `ids` (in any order, repeats allowed), sorted and unique, consecutive ones in
+    /// one run: a client's list of tasks (the futures it cancels) as few runs as it makes.
+    pub fn from_ids(ids: impl IntoIterator<Item = TaskId>) -> IdRanges {
+        let mut ids: Vec<TaskId> = ids.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut runs: Vec<IdRun> = Vec::new();
+        for id in ids {
+            match runs.last_mut() {
+                Some(r) if r.first as u64 + r.count as u64 == id as u64 => r.count += 1,
+                _ => runs.push(IdRun::new(id, 1, 1)),
+            }
+        }
+        // At most 2^32 ids, each once: never too many for the index.
+        IdRanges::from_runs(runs).expect("fewer than 2^32 distinct ids")
+    }
+
     fn from_runs(runs: Vec<IdRun>) -> Result<IdRanges, RangeError> {
         let mut starts = Vec::with_capacity(runs.len());
         let mut total: u64 = 0;
@@ -1167,6 +1184,15 @@ impl fmt::Display for TaskState {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_list_of_ids_becomes_sorted_unique_runs() {
+        let r = IdRanges::from_ids([9, 3, 4, 5, 3, 12, u32::MAX]);
+        assert_eq!(r.to_string(), format!("3-5,9,12,{}", u32::MAX));
+        assert!(r.is_sorted_unique());
+        assert_eq!(r.len(), 6);
+        assert!(IdRanges::from_ids([]).is_empty());
+    }
 
     #[test]
     fn parses_ranges_steps_and_lists() {

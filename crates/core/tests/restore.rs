@@ -271,3 +271,79 @@ fn crash_counts_survive_a_replay_and_still_stop_a_worker_killer() {
         Some("lost with 3 workers (it may kill its worker)")
     );
 }
+
+#[test]
+fn single_tasks_canceled_end_at_once_or_on_their_worker_and_replay_so() {
+    let mut a = Scheduler::new(Config::default());
+    let w = a.worker_joined(
+        0,
+        WorkerOffer {
+            prefetch: 0,
+            ..common::offer(false, false)
+        },
+    );
+    let job = a.submit(10, spec("map", 0), array(6), false).unwrap();
+    a.take_records();
+    a.schedule(20);
+    // Two run on the worker's two slots; four are queued.
+    assert_eq!(assigned(&mut a), vec![(job, 0), (job, 1)]);
+    a.task_started(w, job, 1, 30);
+    let reply = a
+        .call(
+            40,
+            Event::CancelTasks {
+                job,
+                indices: vec![1, 3, 4, 99, 3],
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        reply,
+        Reply::Canceled {
+            queued: 2,
+            running: 1
+        }
+    );
+    // The queued ones ended now, as canceled ends; the running one is its worker's to end.
+    let records = a.take_records();
+    let ended: Vec<(TaskIndex, RunEnd)> = records
+        .iter()
+        .flat_map(|r| match r {
+            Record::Ended { ends } => ends.iter().map(|f| (f.index, f.end.clone())).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(ended, vec![(3, RunEnd::Canceled), (4, RunEnd::Canceled)]);
+    let cancels: Vec<_> = a
+        .take_commands()
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Cancel { worker, tasks } => Some((worker, tasks)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancels, vec![(w, vec![(job, 1)])]);
+    // The others run on: the canceled queued ones are passed over.
+    a.task_finished(50, w, Finished::at_once(job, 0, 50, RunEnd::Success));
+    a.task_finished(50, w, Finished::at_once(job, 1, 50, RunEnd::Canceled));
+    a.schedule(60);
+    assert_eq!(assigned(&mut a), vec![(job, 2), (job, 5)]);
+    a.task_finished(70, w, Finished::at_once(job, 2, 70, RunEnd::Success));
+    a.task_finished(70, w, Finished::at_once(job, 5, 70, RunEnd::Success));
+    let j = a.job(job).unwrap();
+    assert!(j.is_done());
+    assert_eq!((j.counts.finished, j.counts.canceled), (3, 3));
+    assert!(a.audit().is_empty(), "{:?}", a.audit());
+
+    // A restart replays the canceled ends: the same tasks are canceled, none is queued.
+    let mut b = Scheduler::new(Config::default());
+    b.restore_submit(job, 10, spec("map", 0), array(6), false)
+        .unwrap();
+    for (index, end) in ended {
+        b.restore_task_end(Finished::at_once(job, index, 40, end), 0);
+    }
+    b.restore_done();
+    let j = b.job(job).unwrap();
+    assert_eq!((j.counts.canceled, j.counts.ready), (2, 4));
+    assert_eq!(j.record(3).state, TaskState::Canceled);
+}

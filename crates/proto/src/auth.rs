@@ -38,8 +38,17 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// output files of a task hold output ([`OUTPUT_FILES_VERSION`]), multi-node tasks
 /// ([`NODES_VERSION`]) and task-level dependencies ([`TASK_DEPS_VERSION`]). Version 12 adds
 /// function tasks ([`FUNCTIONS_VERSION`]). Version 13 adds watches: a client's `Watch` and the
-/// task ends pushed to it ([`WATCH_VERSION`]).
-pub const PROTOCOL_VERSION: u32 = 13;
+/// task ends pushed to it ([`WATCH_VERSION`]). Version 14 adds values, the Python results and
+/// arguments kept in the workers' caches (`Locate`, `Place`, `Placed`, `DropValues`), the
+/// cancel of single tasks (`CancelTasks`) and the bytes through the server in its info
+/// ([`VALUES_VERSION`]).
+pub const PROTOCOL_VERSION: u32 = 14;
+
+/// The first version with values (see `kestrel_core::values`): a client asks where they are,
+/// places and drops them, and cancels single tasks; `ServerInfo` carries the server's traffic.
+/// A client does not ask these of an older server, and an older client gets `ServerInfo`
+/// without its new fields.
+pub const VALUES_VERSION: u32 = 14;
 
 /// The first version in which a client watches jobs (`Ask::Watch`) and the server pushes it
 /// each task end of them (`ToClient::Ended`, `ToClient::Gone`): a client asks no watch of an

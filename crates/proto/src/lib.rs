@@ -25,7 +25,7 @@ pub use auth::{
     accept_handshake, connect_handshake, connect_handshake_speaking, negotiate, Handshake, Role,
     ALLOC_VERSION, FILES_VERSION, FUNCTIONS_VERSION, GRAPH_VERSION, NODES_VERSION,
     OLDEST_PROTOCOL_VERSION, OUTPUT_FILES_VERSION, PROTOCOL_VERSION, SPOKEN_VERSIONS,
-    TASK_DEPS_VERSION, WAITING_FOR_VERSION, WATCH_VERSION, WORKERS_VERSION,
+    TASK_DEPS_VERSION, VALUES_VERSION, WAITING_FOR_VERSION, WATCH_VERSION, WORKERS_VERSION,
 };
 pub use client::{Client, ClientError};
 pub use frame::{decode, encode, FrameReader, FrameWriter, ProtoError, MAX_FRAME_BYTES};

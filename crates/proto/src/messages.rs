@@ -692,6 +692,38 @@ pub enum Ask {
         jobs: Vec<JobId>,
         submitted: bool,
     },
+    /// Where these files are cached (version 14): each with the URLs of the workers that hold
+    /// it and serve their caches. A client fetches a value it was told of so. Answered with
+    /// [`Answer::Located`], files no worker holds left out.
+    Locate {
+        files: Vec<String>,
+    },
+    /// A worker to put a value of `bytes` bytes on (version 14): one that runs Python and
+    /// serves a cache that can hold it. Answered with [`Answer::Place`]; the client then
+    /// uploads it there (a signed `PUT` to the worker's peer port) and says [`Ask::Placed`].
+    Place {
+        bytes: u64,
+    },
+    /// Values the client put on `worker` (version 14), with their sizes: the server names the
+    /// worker as their holder from now on, so a job submitted next finds them. Only argument
+    /// and scattered values (see `kestrel_core::values`); answered with [`Answer::Placed`].
+    Placed {
+        worker: WorkerId,
+        files: Vec<(String, u64)>,
+    },
+    /// Values the client no longer needs (version 14): the workers holding them delete them.
+    /// Other names are ignored. Answered with [`Answer::ValuesDropped`].
+    DropValues {
+        files: Vec<String>,
+    },
+    /// Cancel these tasks of a job, by their ids (version 14): those not ended are canceled,
+    /// queued ones at once, running ones by asking their workers. Answered with
+    /// [`Answer::Canceled`], one result for the job.
+    CancelTasks {
+        job: JobId,
+        #[serde(with = "crate::wire::IdRangesDef")]
+        tasks: IdRanges,
+    },
 }
 
 /// An allocation queue as `kestrel alloc add` gives it.
@@ -859,7 +891,7 @@ pub enum Answer {
     Workers(Vec<WorkerRow>),
     Canceled(Vec<CancelResult>),
     WaitDone(WaitProgress),
-    Info(ServerInfo),
+    Info(Box<ServerInfo>),
     Stopping,
     /// Tasks resubmitted by `Retry`.
     Retried {
@@ -903,6 +935,19 @@ pub enum Answer {
     /// (a restarted server without journal, a forgotten job); the others are watched.
     Watching {
         missing: Vec<JobId>,
+    },
+    /// The answer to `Locate` (version 14): the files some worker holds, with where.
+    Located(Vec<FileSources>),
+    /// The answer to `Place` (version 14): the worker to upload to, and the URL of its cache.
+    Place {
+        worker: WorkerId,
+        url: String,
+    },
+    /// The answer to `Placed` (version 14).
+    Placed,
+    /// The answer to `DropValues` (version 14): how many of the values some worker held.
+    ValuesDropped {
+        held: u32,
     },
 }
 
@@ -1465,6 +1510,24 @@ pub struct ServerInfo {
     /// the message being an array).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intermediates_remade: Option<u64>,
+    /// What went through the server's connections since it started (version 14; the two
+    /// fields before it are then sent too, the message being an array).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<Traffic>,
+    /// Copies of values deleted from caches since the server started, and their bytes
+    /// (version 14, sent with `traffic`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values_deleted: Option<(u64, u64)>,
+}
+
+/// Bytes a server read from and wrote to its clients and its workers, frames whole (their
+/// length prefixes included): what went through it, as opposed to worker to worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Traffic {
+    pub from_clients: u64,
+    pub to_clients: u64,
+    pub from_workers: u64,
+    pub to_workers: u64,
 }
 
 /// Where a server journals its state, and how big the journal is.

@@ -799,9 +799,11 @@ fn server_answers() {
             },
         ]),
         Answer::WaitDone(progress()),
-        Answer::Info(ServerInfo {
+        Answer::Info(Box::new(ServerInfo {
             intermediates_deleted: None,
             intermediates_remade: None,
+            traffic: None,
+            values_deleted: None,
             version: "0.1.0".into(),
             protocol: 6,
             address: "head:7777".into(),
@@ -818,7 +820,7 @@ fn server_answers() {
                 rows: 1000,
                 error: None,
             }),
-        }),
+        })),
         Answer::Stopping,
         Answer::Retried {
             job: 7,
@@ -1161,5 +1163,72 @@ fn watches_of_version_13() {
             job: 7,
             why: "job 7 was forgotten (`kestrel job forget`)".into(),
         },
+    );
+}
+
+/// Version 14: values (where they are, where to put one, those put there and those dropped)
+/// and the server's traffic in its info, which brings the fields before it along.
+#[test]
+fn values_of_version_14() {
+    let value = "kestrel-values/r/3f9a0c77d1e2/7/0".to_string();
+    golden(
+        "ask-values",
+        vec![
+            Ask::Locate {
+                files: vec![value.clone()],
+            },
+            Ask::Place { bytes: 209_715_200 },
+            Ask::Placed {
+                worker: 2,
+                files: vec![("kestrel-values/a/9d1c".into(), 4096)],
+            },
+            Ask::DropValues {
+                files: vec![value.clone()],
+            },
+            Ask::CancelTasks {
+                job: 7,
+                tasks: IdRanges::parse("3,5-9").unwrap(),
+            },
+        ],
+    );
+    golden(
+        "answer-values",
+        vec![
+            Answer::Located(vec![FileSources {
+                file: value,
+                peers: vec!["http://10.0.0.7:7100/".into()],
+            }]),
+            Answer::Place {
+                worker: 2,
+                url: "http://10.0.0.8:7100/".into(),
+            },
+            Answer::Placed,
+            Answer::ValuesDropped { held: 1 },
+        ],
+    );
+    golden(
+        "answer-info-traffic",
+        Answer::Info(Box::new(ServerInfo {
+            version: "0.1.0".into(),
+            protocol: 14,
+            address: "head:7777".into(),
+            dir: "/srv/kestrel".into(),
+            pid: 4242,
+            started_us: 1_700_000_000_000_000,
+            workers: 2,
+            jobs: 3,
+            live_jobs: 1,
+            queued: 50,
+            journal: None,
+            intermediates_deleted: Some((0, 0)),
+            intermediates_remade: Some(0),
+            traffic: Some(Traffic {
+                from_clients: 3151,
+                to_clients: 2904,
+                from_workers: 1877,
+                to_workers: 1733,
+            }),
+            values_deleted: Some((4, 838_860_800)),
+        })),
     );
 }

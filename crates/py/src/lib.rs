@@ -41,6 +41,13 @@ pyo3::create_exception!(
     "No server could be reached where the client looked."
 );
 
+pyo3::create_exception!(
+    _native,
+    ValueLost,
+    KestrelError,
+    "A value kept in the workers' caches (a large result or argument) is held by no worker any more."
+);
+
 /// Runs the `kestrel` command with `argv` (the program's name first) and returns its exit
 /// status. The GIL is released while it runs: a server or worker runs until it is stopped.
 #[pyfunction]
@@ -80,6 +87,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ServerError", py.get_type::<ServerError>())?;
     m.add("ConnectionLost", py.get_type::<ConnectionLost>())?;
     m.add("NoServer", py.get_type::<NoServer>())?;
+    m.add("ValueLost", py.get_type::<ValueLost>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_INLINE_LIMIT", kestrel_core::DEFAULT_INLINE_LIMIT)?;
     m.add("JOB_OPTIONS", specs::OPTIONS.to_vec())?;

@@ -10,7 +10,7 @@
 //! for an answer that cannot come.
 
 use crate::specs;
-use crate::{ConnectionLost, KestrelError, NoServer, ServerError};
+use crate::{ConnectionLost, KestrelError, NoServer, ServerError, ValueLost};
 use kestrel_core::{JobId, LineList, TaskState};
 use kestrel_proto::auth::Role;
 use kestrel_proto::messages::{Answer, Ask, Refusal, Request, TaskEnded, ToClient};
@@ -59,6 +59,9 @@ struct Shared {
     back: Condvar,
     /// Whether the client watches what it submits: said again first on a new connection.
     watches_submitted: AtomicBool,
+    /// The cluster's secret, which signs transfers of values to and from workers (read again
+    /// with the access file at each reconnection).
+    secret: Mutex<Vec<u8>>,
 }
 
 impl Shared {
@@ -175,6 +178,7 @@ impl Session {
             generation: Mutex::new(0),
             back: Condvar::new(),
             watches_submitted: AtomicBool::new(false),
+            secret: Mutex::new(access.secret_bytes()),
         });
         runtime.spawn(read_frames(reader, shared.clone()));
         Ok(Session {
@@ -227,9 +231,10 @@ impl Session {
     }
 
     /// Submits a job of calls of a pickled function, one per line (base64 of the pickled
-    /// `(args, kwargs)`); with `open`, more lines follow with [`Session::extend_lines`].
-    /// Returns the job's id.
-    #[pyo3(signature = (function, lines, open=false, options=None))]
+    /// `(args, kwargs)`, or `@NAME` for a call that is value NAME); with `open`, more lines
+    /// follow with [`Session::extend_lines`]. `values` names the values its calls read (kept
+    /// in workers' caches, staged like inputs). Returns the job's id.
+    #[pyo3(signature = (function, lines, open=false, options=None, values=Vec::new()))]
     fn submit_function(
         &self,
         py: Python<'_>,
@@ -237,8 +242,12 @@ impl Session {
         lines: Vec<String>,
         open: bool,
         options: Option<&Bound<'_, PyDict>>,
+        values: Vec<String>,
     ) -> PyResult<JobId> {
-        let spec = specs::function_job(function, options)?;
+        if !values.is_empty() {
+            self.needs_values()?;
+        }
+        let spec = specs::function_job(function, options, values)?;
         let tasks = kestrel_core::TaskSet::Lines(lines.iter().map(String::as_str).collect());
         self.submit(py, spec, tasks, open)
     }
@@ -314,6 +323,26 @@ impl Session {
         }
     }
 
+    /// Cancels tasks `ids` of `job` (those not ended): returns how many had not started and
+    /// how many were running.
+    fn cancel_tasks(&self, py: Python<'_>, job: JobId, ids: Vec<u32>) -> PyResult<(u32, u32)> {
+        if self.version < kestrel_proto::VALUES_VERSION {
+            // An older server cancels whole jobs only: the task is left to end.
+            return Ok((0, 0));
+        }
+        let tasks = kestrel_core::IdRanges::from_ids(ids);
+        match self.call(py, Ask::CancelTasks { job, tasks })? {
+            Answer::Canceled(mut results) => match results.pop().map(|r| r.result) {
+                Some(Ok(counts)) => Ok(counts),
+                Some(Err(refusal)) => Err(ServerError::new_err(refusal.message)),
+                None => Err(KestrelError::new_err(
+                    "the server answered a cancel with nothing",
+                )),
+            },
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Drops ended jobs from the server; returns `(job, error or None)` for each.
     fn forget(&self, py: Python<'_>, jobs: Vec<JobId>) -> PyResult<Vec<(JobId, Option<String>)>> {
         match self.call(
@@ -370,7 +399,94 @@ impl Session {
         d.set_item("pid", info.pid)?;
         d.set_item("workers", info.workers)?;
         d.set_item("jobs", info.jobs)?;
+        if let Some(t) = info.traffic {
+            let traffic = PyDict::new(py);
+            traffic.set_item("from_clients", t.from_clients)?;
+            traffic.set_item("to_clients", t.to_clients)?;
+            traffic.set_item("from_workers", t.from_workers)?;
+            traffic.set_item("to_workers", t.to_workers)?;
+            d.set_item("traffic", traffic)?;
+        }
+        if let Some((files, bytes)) = info.values_deleted {
+            d.set_item("values_deleted", (files, bytes))?;
+        }
         Ok(d)
+    }
+
+    /// The bytes of value `name` (`size` bytes, as its reference said), fetched from a worker
+    /// whose cache holds it, never through the server.
+    fn fetch_value<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        size: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        self.needs_values()?;
+        let located = match self.call(
+            py,
+            Ask::Locate {
+                files: vec![name.clone()],
+            },
+        )? {
+            Answer::Located(files) => files,
+            other => return Err(unexpected(&other)),
+        };
+        let peers: Vec<String> = located.into_iter().flat_map(|f| f.peers).collect();
+        if peers.is_empty() {
+            return Err(ValueLost::new_err(lost(&name)));
+        }
+        let key = lock(&self.shared.secret).clone();
+        let fetched = py.detach(|| {
+            let mut tried = Vec::new();
+            for peer in &peers {
+                match kestrel_worker::values::fetch(peer, &name, size, &key) {
+                    Ok(data) => return Ok(data),
+                    Err(why) => tried.push(why),
+                }
+            }
+            Err(tried.join("; "))
+        });
+        match fetched {
+            Ok(data) => Ok(PyBytes::new(py, &data)),
+            Err(why) => Err(ValueLost::new_err(format!("{} ({why})", lost(&name)))),
+        }
+    }
+
+    /// Puts `data` on a worker as value `name` (an argument or scattered value): uploaded
+    /// straight to the worker the server chooses, which the server then names as its holder.
+    /// Returns the worker's id.
+    fn place_value(&self, py: Python<'_>, name: String, data: Vec<u8>) -> PyResult<u32> {
+        self.needs_values()?;
+        let size = data.len() as u64;
+        let (worker, url) = match self.call(py, Ask::Place { bytes: size })? {
+            Answer::Place { worker, url } => (worker, url),
+            other => return Err(unexpected(&other)),
+        };
+        let key = lock(&self.shared.secret).clone();
+        py.detach(|| kestrel_worker::values::upload(&url, &name, data, &key))
+            .map_err(|why| {
+                KestrelError::new_err(format!("cannot put a value on worker {worker}: {why}"))
+            })?;
+        let placed = Ask::Placed {
+            worker,
+            files: vec![(name, size)],
+        };
+        match self.call(py, placed)? {
+            Answer::Placed => Ok(worker),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Drops values the client no longer needs: the workers holding them delete them.
+    /// Returns how many some worker held.
+    fn drop_values(&self, py: Python<'_>, names: Vec<String>) -> PyResult<u32> {
+        if names.is_empty() || self.version < kestrel_proto::VALUES_VERSION {
+            return Ok(0);
+        }
+        match self.call(py, Ask::DropValues { files: names })? {
+            Answer::ValuesDropped { held } => Ok(held),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Stops the server (its workers are told to exit).
@@ -430,6 +546,20 @@ impl Session {
 }
 
 impl Session {
+    /// Refuses what needs values of a server too old to have them.
+    fn needs_values(&self) -> PyResult<()> {
+        if self.version >= kestrel_proto::VALUES_VERSION {
+            return Ok(());
+        }
+        Err(KestrelError::new_err(format!(
+            "the server at {} speaks protocol {}, and values above the inline limit need {} (Kestrel {}): upgrade the server to the package's version",
+            self.address,
+            self.version,
+            kestrel_proto::VALUES_VERSION,
+            env!("CARGO_PKG_VERSION")
+        )))
+    }
+
     fn submit(
         &self,
         py: Python<'_>,
@@ -583,7 +713,8 @@ async fn reconnect(
                     .await
                 {
                     Ok((r, w, version)) if version >= kestrel_proto::WATCH_VERSION => {
-                        return Ok((r, w))
+                        *lock(&shared.secret) = access.secret_bytes();
+                        return Ok((r, w));
                     }
                     Ok((_, _, version)) => {
                         return Err(format!(
@@ -641,6 +772,16 @@ fn end_tuple(py: Python<'_>, t: TaskEnded) -> PyResult<Bound<'_, PyTuple>> {
         "end", t.job, t.id, state, t.reason, t.worker, stdout, total, stderr,
     )
         .into_pyobject(py)
+}
+
+/// Why value `name` cannot be had.
+fn lost(name: &str) -> String {
+    match kestrel_core::values::kind_of(name) {
+        Some(kestrel_core::values::ValueKind::Result { job, index }) => format!(
+            "the result of task {job}:{index} is held by no worker any more: the worker that kept it was lost (or the value was dropped); compute it again"
+        ),
+        _ => format!("value {name} is held by no worker any more (lost with its worker, or dropped)"),
+    }
 }
 
 fn unexpected(answer: &Answer) -> PyErr {

@@ -8,7 +8,8 @@
 
 use crate::KestrelError;
 use kestrel_core::{
-    After, FunctionSpec, JobSpec, PythonEnv, Sink, TaskKind, DEFAULT_INLINE_LIMIT, MAX_STREAM_LIMIT,
+    After, FunctionSpec, JobSpec, PolicyName, PythonEnv, Sink, TaskKind, DEFAULT_INLINE_LIMIT,
+    MAX_STREAM_LIMIT,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -32,10 +33,13 @@ pub const OPTIONS: &[&str] = &[
 ];
 
 /// A job calling the function `f` describes: `name`, `pickled` (bytes), `python`,
-/// `cloudpickle`, `modules` (pairs of name and version), `path` and `inline_limit`.
+/// `cloudpickle`, `modules` (pairs of name and version), `path` and `inline_limit`; its calls
+/// read `values` (see `kestrel_core::values`), which are staged like inputs and place the
+/// calls by data (`max-compute-util`: a free worker, the one holding most of them first).
 pub fn function_job(
     f: &Bound<'_, PyDict>,
     options: Option<&Bound<'_, PyDict>>,
+    values: Vec<String>,
 ) -> PyResult<JobSpec> {
     let name: String = required(f, "name")?;
     let inline_limit: u32 = get(f, "inline_limit")?.unwrap_or(DEFAULT_INLINE_LIMIT);
@@ -57,6 +61,12 @@ pub fn function_job(
     spec.template.stderr = Sink::Stream { limit: 64 << 10 };
     spec.template.kind = TaskKind::Function(Box::new(function));
     apply(&mut spec, options)?;
+    if !values.is_empty() {
+        spec.template.files.inputs.extend(values);
+        spec.placement
+            .policy
+            .get_or_insert(PolicyName::MaxComputeUtil);
+    }
     Ok(spec)
 }
 

@@ -10,6 +10,7 @@
 
 use crate::engine::Inbound;
 use crate::outbox::Outbox;
+use crate::traffic::TrafficCounters;
 use bytes::Bytes;
 use kestrel_proto::auth::refuse_hello;
 use kestrel_proto::gate::{Evicted, Gate, Limits, Pass};
@@ -172,14 +173,17 @@ struct Listening {
     failures: SharedFailures,
     /// See [`WRITE_TIMEOUT`].
     write_timeout: Duration,
+    traffic: Arc<TrafficCounters>,
 }
 
 /// Accepts connections until aborted. With `tls`, every connection is TLS before the handshake.
+/// What the connections carry is counted in `traffic`.
 pub async fn accept_loop(
     listener: TcpListener,
     secret: Vec<u8>,
     tls: Option<TlsAcceptor>,
     write_timeout: Duration,
+    traffic: Arc<TrafficCounters>,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let failures: SharedFailures =
@@ -189,6 +193,7 @@ pub async fn accept_loop(
         tls,
         failures: failures.clone(),
         write_timeout,
+        traffic,
     });
     let gate = Gate::new(Limits {
         total: MAX_HANDSHAKES,
@@ -330,11 +335,13 @@ async fn serve(
     let (out_tx, out_rx) = mpsc::unbounded_channel::<Bytes>();
     // Told when the peer stopped reading, so its reader ends too and the engine forgets it.
     let (stalled_tx, stalled) = oneshot::channel();
+    let traffic = Arc::clone(&listening.traffic);
     let writer_task = tokio::spawn(write_loop(
         writer,
         out_rx,
-        peer,
+        (peer, role),
         listening.write_timeout,
+        Arc::clone(&traffic),
         stalled_tx,
     ));
     let outbox = Outbox {
@@ -343,8 +350,8 @@ async fn serve(
         version,
     };
     match role {
-        Role::Worker => serve_worker(reader, peer, outbox, stalled, engine).await,
-        Role::Client => serve_client(reader, peer, outbox, stalled, engine).await,
+        Role::Worker => serve_worker(reader, peer, outbox, stalled, &traffic, engine).await,
+        Role::Client => serve_client(reader, peer, outbox, stalled, &traffic, engine).await,
     }
     // The engine drops its sender when it forgets the connection; the writer then drains
     // what is queued and ends.
@@ -356,6 +363,7 @@ async fn serve_worker(
     peer: SocketAddr,
     outbox: Outbox,
     mut stalled: oneshot::Receiver<Stalled>,
+    traffic: &TrafficCounters,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let registration = match reader.recv::<FromWorker>().await {
@@ -385,9 +393,16 @@ async fn serve_worker(
     let Ok(worker) = id_rx.await else { return };
     let reason = loop {
         let next = tokio::select! {
-            next = reader.try_recv::<FromWorker>() => next,
+            next = reader.next_frame() => next,
             Ok(Stalled) = &mut stalled => break stalled_reason(),
         };
+        let next = next.and_then(|frame| match frame {
+            Some(frame) => {
+                traffic.came(Role::Worker, frame.len());
+                kestrel_proto::decode::<FromWorker>(&frame).map(Some)
+            }
+            None => Ok(None),
+        });
         match next {
             Ok(Some(msg)) => {
                 if engine.send(Inbound::FromWorker { worker, msg }).is_err() {
@@ -448,6 +463,7 @@ async fn serve_client(
     peer: SocketAddr,
     outbox: Outbox,
     mut stalled: oneshot::Receiver<Stalled>,
+    traffic: &TrafficCounters,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let conn = outbox.conn;
@@ -468,7 +484,10 @@ async fn serve_client(
             Ok(Stalled) = &mut stalled => break,
         };
         let frame = match next {
-            Ok(Some(frame)) => frame,
+            Ok(Some(frame)) => {
+                traffic.came(Role::Client, frame.len());
+                frame
+            }
             Ok(None) => break,
             Err(e) if peer_went_away(&e) => {
                 tracing::debug!(%peer, "client connection closed: {e}");
@@ -515,13 +534,15 @@ fn stalled_reason() -> String {
 async fn write_loop(
     mut writer: FrameWriter<ConnWrite>,
     mut rx: mpsc::UnboundedReceiver<Bytes>,
-    peer: SocketAddr,
+    (peer, role): (SocketAddr, Role),
     timeout: Duration,
+    traffic: Arc<TrafficCounters>,
     stalled: oneshot::Sender<Stalled>,
 ) {
     let result = async {
         while let Some(frame) = rx.recv().await {
-            within(timeout, write_burst(&mut writer, &mut rx, frame)).await?;
+            let (bytes, frames) = within(timeout, write_burst(&mut writer, &mut rx, frame)).await?;
+            traffic.went(role, bytes, frames);
         }
         Ok(())
     }
@@ -543,20 +564,24 @@ async fn write_loop(
     }
 }
 
-/// Writes `first` and what else is queued, up to [`BURST_BYTES`], then flushes.
+/// Writes `first` and what else is queued, up to [`BURST_BYTES`], then flushes: the bytes
+/// of the frames' bodies written, and how many frames.
 async fn write_burst(
     writer: &mut FrameWriter<ConnWrite>,
     rx: &mut mpsc::UnboundedReceiver<Bytes>,
     first: Bytes,
-) -> Result<(), ProtoError> {
+) -> Result<(usize, usize), ProtoError> {
     let mut taken = first.len();
+    let mut frames = 1;
     writer.feed(first).await?;
     while taken < BURST_BYTES {
         let Ok(more) = rx.try_recv() else { break };
         taken += more.len();
+        frames += 1;
         writer.feed(more).await?;
     }
-    writer.flush().await
+    writer.flush().await?;
+    Ok((taken, frames))
 }
 
 /// Why a write loop ended early.
@@ -568,12 +593,12 @@ enum WriteEnd {
 }
 
 /// `write`, within `timeout`.
-async fn within(
+async fn within<T>(
     timeout: Duration,
-    write: impl std::future::Future<Output = Result<(), ProtoError>>,
-) -> Result<(), WriteEnd> {
+    write: impl std::future::Future<Output = Result<T, ProtoError>>,
+) -> Result<T, WriteEnd> {
     match tokio::time::timeout(timeout, write).await {
-        Ok(Ok(())) => Ok(()),
+        Ok(Ok(done)) => Ok(done),
         Ok(Err(_)) => Err(WriteEnd::Failed),
         Err(_) => Err(WriteEnd::Stalled),
     }

@@ -23,6 +23,7 @@ mod outputs;
 mod provision;
 pub mod record;
 mod start;
+mod traffic;
 mod views;
 
 pub use clock::now_us;

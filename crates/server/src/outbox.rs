@@ -7,7 +7,7 @@ use kestrel_proto::messages::{
 };
 use kestrel_proto::{
     encode, ProtoError, ALLOC_VERSION, FILES_VERSION, FUNCTIONS_VERSION, MAX_FRAME_BYTES,
-    OUTPUT_FILES_VERSION, TASK_DEPS_VERSION, WAITING_FOR_VERSION,
+    OUTPUT_FILES_VERSION, TASK_DEPS_VERSION, VALUES_VERSION, WAITING_FOR_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -95,6 +95,16 @@ impl Outbox {
             // lines without a command.
             if let Ok(Answer::Job(d)) = &mut result {
                 d.spec.template.kind = TaskKind::Command;
+            }
+        }
+        if let Ok(Answer::Info(info)) = &mut result {
+            if self.version < VALUES_VERSION {
+                info.traffic = None;
+                info.values_deleted = None;
+            } else if info.traffic.is_some() {
+                // Positional: the fields before `traffic` go whenever it does.
+                info.intermediates_deleted.get_or_insert((0, 0));
+                info.intermediates_remade.get_or_insert(0);
             }
         }
         match encode(&ToClient::Reply { id, result }) {

@@ -211,6 +211,7 @@ pub(crate) fn serve(
         access.secret_bytes(),
         tls,
         write_timeout,
+        engine.traffic(),
         tx.clone(),
     ));
     let done = tokio::spawn(async move {

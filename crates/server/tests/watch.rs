@@ -81,7 +81,7 @@ fn a_watching_client_is_pushed_the_ends_a_worker_reports() {
             panic!("submit answered {submitted:?}");
         };
         let (mut reader, mut writer, version, next_id) = client.into_parts();
-        assert_eq!(version, kestrel_proto::WATCH_VERSION);
+        assert_eq!(version, kestrel_proto::PROTOCOL_VERSION);
         assert!(next_id > 2, "two requests were sent");
 
         // The worker gets both tasks and reports them: a success and a failure.

@@ -183,6 +183,9 @@ impl Cache {
             delta: CacheChange::default(),
             next_partial: 0,
         };
+        // Values (`kestrel_core::values`) belong to the worker's life with one server, which
+        // ended: their futures and jobs are gone with it. Never announced as held.
+        let _ = fs::remove_dir_all(files.join(kestrel_core::values::PREFIX));
         let mut found = Vec::new();
         walk(&files, &files, &mut found)?;
         // Oldest first, so LRU and FIFO order survives a restart roughly.
@@ -231,9 +234,34 @@ impl Cache {
         v
     }
 
+    /// Whether it holds `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
     /// Where file `name` lives when cached.
     pub fn path_of(&self, name: &str) -> PathBuf {
         self.dir.join("files").join(name)
+    }
+
+    /// Where incoming files are written before [`Self::insert`]: a Python runner spills
+    /// a large result there, on the cache's own disk, so it goes in by a rename.
+    pub fn partial_dir(&self) -> PathBuf {
+        self.dir.join("partial")
+    }
+
+    /// Lets go of every value (`kestrel_core::values`) the cache holds: the worker is now
+    /// another server's, which will never drop the old one's. Returns the paths to delete
+    /// (after letting go of the lock); values a run still reads go once it is done.
+    #[must_use = "the files returned must be deleted"]
+    pub fn release_values(&mut self) -> Vec<PathBuf> {
+        let names: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|n| kestrel_core::values::is_value(n))
+            .cloned()
+            .collect();
+        names.iter().filter_map(|n| self.release(n)).collect()
     }
 
     /// A fresh path to write an incoming file to, before [`Self::insert`].

@@ -260,8 +260,12 @@ pub struct FilesPlan {
 }
 
 impl FilesPlan {
-    /// What the cache calls file `name` of this job's store.
+    /// What the cache calls file `name` of this job's store (a value goes by its own name:
+    /// see [`kestrel_core::files::cached_name`]).
     pub(crate) fn cached(&self, name: &str) -> String {
+        if kestrel_core::values::is_value(name) {
+            return name.to_string();
+        }
         format!("{}{name}", self.cache_prefix)
     }
 }
@@ -466,6 +470,10 @@ fn read_from_store(
     cancel: &CancelHandle,
 ) -> Result<(u64, Digest), NotFetched> {
     let exit = |why| Err(NotFetched::Exit(why));
+    if kestrel_core::values::is_value(name) {
+        // In no store: only a cache ever held it.
+        return exit(ExitKind::Unrunnable(crate::values::lost(name)));
+    }
     let Some(store) = &plan.store else {
         return exit(ExitKind::Unrunnable(format!(
             "input {name} is in no cache and the job has no store; give one with `--store DIR|URL` (or `kestrel server start --store`)"

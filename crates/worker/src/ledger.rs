@@ -62,6 +62,7 @@ impl Ledger {
                 worker: 0,
                 server: String::new(),
                 server_dir: config.server_dir.clone(),
+                values_tag: String::new(),
             },
             local: config.local(),
             running: FxHashMap::default(),

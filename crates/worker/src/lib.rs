@@ -44,6 +44,7 @@ mod sinks;
 mod staging;
 mod state;
 pub mod store;
+pub mod values;
 
 pub use config::{CacheConfig, ExecMode, PeerListen, StopAsk, WorkerConfig};
 pub use connected::{Connected, Handover};

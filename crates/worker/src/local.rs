@@ -191,6 +191,9 @@ pub struct Identity {
     pub server: String,
     /// The server directory, for `KESTREL_SERVER_DIR`, so a task can submit tasks.
     pub server_dir: Option<String>,
+    /// The tag of the server's values ([`kestrel_core::values::server_tag`]), in the names
+    /// of the results this worker keeps.
+    pub values_tag: String,
 }
 
 /// Templates, queued tasks and free resources of one worker.
@@ -469,6 +472,7 @@ impl Local {
             timeout: t.timeout_ms.map(Duration::from_millis),
             result_limit: limit(&t.stdout),
             output_limit: limit(&t.stderr),
+            value: kestrel_core::values::result_name(&me.values_tag, task.job, task.index),
         };
         let (job_s, id_s) = def.ids_of(task);
         let values = Values {
@@ -664,6 +668,7 @@ mod tests {
             worker: 7,
             server: "h:1".into(),
             server_dir: None,
+            values_tag: "ab".into(),
         }
     }
 

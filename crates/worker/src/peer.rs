@@ -66,8 +66,8 @@ pub const PERMIT_WAIT: Duration = Duration::from_secs(5);
 /// How long a peer that could not be reached is skipped as a source.
 pub const UNREACHABLE_FOR: Duration = Duration::from_secs(60);
 /// The header carrying a request's signature, and the one carrying a file's digest.
-const AUTH_HEADER: &str = "x-kestrel-peer";
-const DIGEST_HEADER: &str = "x-kestrel-blake3";
+pub(crate) const AUTH_HEADER: &str = "x-kestrel-peer";
+pub(crate) const DIGEST_HEADER: &str = "x-kestrel-blake3";
 /// How far ahead of its maker's clock a signature expires, and how far the clocks of a
 /// cluster's nodes may differ: a signature is taken up to `CLOCK_SLACK_S` after its expiry, so
 /// it is good for `SIGNED_FOR_S + CLOCK_SLACK_S` (a minute, as docs/security.md says) at most.
@@ -265,7 +265,7 @@ impl Peers {
             .contains_key(peer)
     }
 
-    fn key(&self) -> Vec<u8> {
+    pub(crate) fn key(&self) -> Vec<u8> {
         self.key
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -274,7 +274,7 @@ impl Peers {
 }
 
 /// The URL of `file` on `peer`, each part of the name percent-encoded.
-fn file_url(peer: &str, file: &str) -> Result<reqwest::Url, String> {
+pub(crate) fn file_url(peer: &str, file: &str) -> Result<reqwest::Url, String> {
     let mut url = reqwest::Url::parse(peer).map_err(|e| format!("bad peer URL {peer}: {e}"))?;
     url.path_segments_mut()
         .map_err(|()| format!("peer URL {peer} cannot take a path"))?
@@ -300,16 +300,26 @@ fn http() -> &'static reqwest::blocking::Client {
     })
 }
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 fn mac(key: &[u8], path: &str, expires: u64) -> Hmac<Sha256> {
+    mac_of(key, &format!("kestrel-peer-v1 {expires} {path}"))
+}
+
+fn mac_of(key: &[u8], text: &str) -> Hmac<Sha256> {
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
-    mac.update(format!("kestrel-peer-v1 {expires} {path}").as_bytes());
+    mac.update(text.as_bytes());
     mac
+}
+
+/// What an upload's signature covers: its method, expiry and path, and the size and digest
+/// of its body, so that a signature seen on the wire puts those bytes there and nothing else.
+fn upload_text(expires: u64, path: &str, size: u64, digest: &str) -> String {
+    format!("kestrel-peer-v1 PUT {expires} {path} {size} {digest}")
 }
 
 /// The signature a fetcher sends at `now` (seconds since the epoch) for `path`.
@@ -323,8 +333,41 @@ pub fn sign(key: &[u8], path: &str, expires: u64) -> String {
     format!("{expires}.{}", hex::encode(tag))
 }
 
+/// The signature of an upload to `path` of `size` bytes whose BLAKE3 digest is `digest`
+/// (hex), made at `now`.
+pub fn sign_upload(key: &[u8], path: &str, size: u64, digest: &str, now: u64) -> String {
+    let expires = now + SIGNED_FOR_S;
+    let tag = mac_of(key, &upload_text(expires, path, size, digest))
+        .finalize()
+        .into_bytes();
+    format!("{expires}.{}", hex::encode(tag))
+}
+
 /// Whether `signature` signs `path` with `key` and has not expired at `now` (seconds).
 pub fn verify(key: &[u8], path: &str, signature: &str, now: u64) -> bool {
+    verify_with(key, signature, now, |expires| mac(key, path, expires))
+}
+
+/// Whether `signature` signs an upload of `size` bytes of digest `digest` to `path`.
+pub fn verify_upload(
+    key: &[u8],
+    path: &str,
+    size: u64,
+    digest: &str,
+    signature: &str,
+    now: u64,
+) -> bool {
+    verify_with(key, signature, now, |expires| {
+        mac_of(key, &upload_text(expires, path, size, digest))
+    })
+}
+
+fn verify_with(
+    key: &[u8],
+    signature: &str,
+    now: u64,
+    mac: impl FnOnce(u64) -> Hmac<Sha256>,
+) -> bool {
     let Some((expires, tag)) = signature.split_once('.') else {
         return false;
     };
@@ -338,13 +381,15 @@ pub fn verify(key: &[u8], path: &str, signature: &str, now: u64) -> bool {
         return false;
     }
     // Constant time: `verify_slice` compares without an early exit.
-    mac(key, path, expires).verify_slice(&tag).is_ok()
+    mac(expires).verify_slice(&tag).is_ok()
 }
 
+/// What every request to the peer port shares.
 #[derive(Clone)]
-struct Serving {
-    files: SharedFiles,
-    permits: Arc<Semaphore>,
+pub(crate) struct Serving {
+    pub(crate) files: SharedFiles,
+    /// Transfers at once, served and received ([`MAX_SERVING`]).
+    pub(crate) permits: Arc<Semaphore>,
 }
 
 /// The bounds of a worker's peer port (see the module's documentation).
@@ -417,7 +462,7 @@ pub fn serve_within(
 
 /// The connection a request came on, so that a signed request proves it.
 #[derive(Clone)]
-struct OnConnection(Arc<Pass>);
+pub(crate) struct OnConnection(pub(crate) Arc<Pass>);
 
 async fn serve_on(
     files: SharedFiles,
@@ -431,7 +476,10 @@ async fn serve_on(
         permits: Arc::new(Semaphore::new(MAX_SERVING)),
     };
     let app = axum::Router::new()
-        .route("/files/{*name}", axum::routing::get(serve_file))
+        .route(
+            "/files/{*name}",
+            axum::routing::get(serve_file).put(crate::values::receive),
+        )
         .fallback(|| async { refuse_unproven(StatusCode::NOT_FOUND, "no such path") })
         .with_state(state);
     let app = hyper_util::service::TowerToHyperService::new(app);
@@ -620,13 +668,13 @@ pub fn url_of(addr: SocketAddr) -> String {
     format!("http://{addr}/")
 }
 
-fn refuse(status: StatusCode, why: &str) -> Response {
+pub(crate) fn refuse(status: StatusCode, why: &str) -> Response {
     (status, format!("{why}\n")).into_response()
 }
 
 /// [`refuse`], closing the connection after: a request that proves nothing must not keep an
 /// unproven connection alive (each new header would restart its header timeout).
-fn refuse_unproven(status: StatusCode, why: &str) -> Response {
+pub(crate) fn refuse_unproven(status: StatusCode, why: &str) -> Response {
     let mut r = refuse(status, why);
     r.headers_mut().insert(
         header::CONNECTION,

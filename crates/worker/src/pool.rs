@@ -97,11 +97,17 @@ fn run_body(
             };
             match (files, cache) {
                 (Some(plan), Some(cache)) => {
-                    with_files(work.key, plan, cache, &work.cancel, |_| {
-                        slot.call(call, &work.cancel, reaper)
+                    with_files(work.key, plan, cache, &work.cancel, |paths| {
+                        // The values among its inputs, which its arguments refer to.
+                        let values: Vec<(String, PathBuf)> = paths
+                            .iter()
+                            .filter(|(name, _)| kestrel_core::values::is_value(name))
+                            .cloned()
+                            .collect();
+                        slot.call(call, &values, &work.cancel, reaper)
                     })
                 }
-                _ => slot.call(call, &work.cancel, reaper),
+                _ => slot.call(call, &[], &work.cancel, reaper),
             }
         }
     }
@@ -141,7 +147,7 @@ impl Pool {
         for i in 0..threads {
             let (rx, done_tx) = (rx.clone(), done_tx.clone());
             let (reaper, deck, cache) = (reaper.clone(), deck.clone(), cache.clone());
-            let mut runner = program.clone().map(RunnerSlot::new);
+            let mut runner = program.clone().map(|p| RunnerSlot::new(p, cache.clone()));
             let handle = std::thread::Builder::new()
                 .name(format!("kestrel-exec-{i}"))
                 .spawn(move || {

@@ -8,6 +8,11 @@
 //! sent to a runner once, before its first call there; each call then carries only the task's
 //! id and its argument line.
 //!
+//! A call that reads values (`kestrel_core::values`) is sent with the paths they were staged
+//! at; a result larger than the job's inline limit is pickled by the runner into the cache's
+//! `partial` directory and kept in the cache as the task's result value
+//! ([`crate::values::keep_result`]), its end carrying a reference to it.
+//!
 //! A call is waited for as a process is ([`crate::exec::wait_readable`]): a timeout or a
 //! cancel kills the runner's process group, and a runner that dies (a segfault, `os._exit`,
 //! killed for memory) fails its task with how it ended. Either way the thread's slot is left
@@ -15,6 +20,7 @@
 
 use crate::capture::Captured;
 use crate::exec::{exit_kind, tail_of, wait_readable, CancelHandle, ExitKind, Outcome, Woken};
+use crate::files::{lock, SharedFiles};
 use crate::reaper::Reaper;
 use kestrel_core::{FunctionSpec, JobId};
 use serde::Deserialize;
@@ -117,6 +123,8 @@ pub(crate) struct Call {
     pub(crate) result_limit: Option<u32>,
     /// Bytes kept of what the call printed (the job's streamed stderr), `None` if not kept.
     pub(crate) output_limit: Option<u32>,
+    /// The name its result goes by if it is kept as a value (larger than the inline limit).
+    pub(crate) value: String,
 }
 
 /// A runner process.
@@ -132,15 +140,22 @@ pub(crate) struct Runner {
 /// worker started with `--python` checks before it registers, so that a wrong interpreter
 /// is refused at start rather than task by task.
 pub fn probe(program: &Path) -> Result<RunnerInfo, String> {
-    let (runner, info) = Runner::start(program, None)?;
+    let (runner, info) = Runner::start(program, None, None)?;
     runner.end(None);
     Ok(info)
 }
 
 impl Runner {
-    /// Starts a runner with `program` and reads its greeting.
-    fn start(program: &Path, reaper: Option<&Reaper>) -> Result<(Runner, RunnerInfo), String> {
+    /// Starts a runner with `program` and reads its greeting; large results go to `spill`.
+    fn start(
+        program: &Path,
+        spill: Option<&Path>,
+        reaper: Option<&Reaper>,
+    ) -> Result<(Runner, RunnerInfo), String> {
         let mut cmd = Command::new(program);
+        if let Some(dir) = spill {
+            cmd.env("KESTREL_SPILL_DIR", dir);
+        }
         cmd.args(["-u", "-c", BOOT])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -284,28 +299,33 @@ impl std::fmt::Display for Stop {
 pub(crate) struct RunnerSlot {
     program: PathBuf,
     runner: Option<Runner>,
+    /// The worker's cache, where results larger than their job's inline limit are kept.
+    cache: Option<SharedFiles>,
 }
 
 impl RunnerSlot {
-    pub(crate) fn new(program: PathBuf) -> RunnerSlot {
+    pub(crate) fn new(program: PathBuf, cache: Option<SharedFiles>) -> RunnerSlot {
         RunnerSlot {
             program,
             runner: None,
+            cache,
         }
     }
 
-    /// Calls `call` in this slot's runner, starting one if there is none.
+    /// Calls `call` in this slot's runner, starting one if there is none; `values` are the
+    /// values it reads, by name, and where they were staged.
     pub(crate) fn call(
         &mut self,
         call: &Call,
+        values: &[(String, PathBuf)],
         cancel: &CancelHandle,
         reaper: Option<&Reaper>,
     ) -> Outcome {
         let started = SystemTime::now();
-        match self.call_inner(call, cancel, reaper) {
+        match self.call_inner(call, values, cancel, reaper) {
             Ok(reply) => {
                 let mut outcome = Outcome::ended(started, ExitKind::Exited(0));
-                reply.into_outcome(call, &mut outcome);
+                reply.into_outcome(call, self.cache.as_ref(), &mut outcome);
                 outcome
             }
             Err(status) => Outcome::ended(started, status),
@@ -315,6 +335,7 @@ impl RunnerSlot {
     fn call_inner(
         &mut self,
         call: &Call,
+        values: &[(String, PathBuf)],
         cancel: &CancelHandle,
         reaper: Option<&Reaper>,
     ) -> Result<Reply, ExitKind> {
@@ -323,15 +344,14 @@ impl RunnerSlot {
         }
         let mut runner = match self.runner.take() {
             Some(r) => r,
-            None => Runner::start(&self.program, reaper)
-                .map(|(r, _)| r)
-                .map_err(ExitKind::SpawnFailed)?,
+            None => {
+                let spill = self.cache.as_ref().map(|c| lock(c).partial_dir());
+                Runner::start(&self.program, spill.as_deref(), reaper)
+                    .map(|(r, _)| r)
+                    .map_err(ExitKind::SpawnFailed)?
+            }
         };
-        let mut frame = Vec::with_capacity(9 + call.line.len());
-        frame.push(b'C');
-        frame.extend_from_slice(&call.function.job.to_le_bytes());
-        frame.extend_from_slice(&call.task_id.to_le_bytes());
-        frame.extend_from_slice(call.line.as_bytes());
+        let frame = call_frame(call, values);
         if runner.define(&call.function).is_err() || runner.send(&frame).is_err() {
             return Err(ExitKind::RunnerDied(Box::new(runner.end(reaper))));
         }
@@ -369,6 +389,26 @@ impl RunnerSlot {
     }
 }
 
+/// The frame that calls `call`: `C`, or `V` with the values it reads and their paths.
+fn call_frame(call: &Call, values: &[(String, PathBuf)]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(13 + call.line.len());
+    frame.push(if values.is_empty() { b'C' } else { b'V' });
+    frame.extend_from_slice(&call.function.job.to_le_bytes());
+    frame.extend_from_slice(&call.task_id.to_le_bytes());
+    if !values.is_empty() {
+        frame.extend_from_slice(&(values.len() as u32).to_le_bytes());
+        for (name, path) in values {
+            let path = path.as_os_str().as_encoded_bytes();
+            for part in [name.as_bytes(), path] {
+                frame.extend_from_slice(&(part.len() as u32).to_le_bytes());
+                frame.extend_from_slice(part);
+            }
+        }
+    }
+    frame.extend_from_slice(call.line.as_bytes());
+    frame
+}
+
 /// A call's end, as the runner sent it.
 struct Reply {
     status: u8,
@@ -396,7 +436,7 @@ impl Reply {
         })
     }
 
-    fn into_outcome(self, call: &Call, outcome: &mut Outcome) {
+    fn into_outcome(self, call: &Call, cache: Option<&SharedFiles>, outcome: &mut Outcome) {
         let kept = |data: Vec<u8>, limit: Option<u32>| {
             let limit = limit? as usize;
             let total = data.len() as u64;
@@ -425,6 +465,26 @@ impl Reply {
                 output.extend_from_slice(self.text.as_bytes());
                 outcome.stderr = kept(output, call.output_limit);
             }
+            3 => {
+                // A result larger than the inline limit, spilled into the cache's directory.
+                outcome.stderr = kept(self.output, call.output_limit);
+                let path = PathBuf::from(String::from_utf8_lossy(&self.result).into_owned());
+                let kept = match cache {
+                    Some(c) => {
+                        crate::values::keep_result(c, &call.value, &path, &call.function.name)
+                    }
+                    None => {
+                        let _ = std::fs::remove_file(&path);
+                        Err(ExitKind::SpawnFailed(
+                            "the runner spilled a result, and this worker has no cache".into(),
+                        ))
+                    }
+                };
+                match kept {
+                    Ok(reference) => outcome.stdout = Some(reference),
+                    Err(why) => outcome.status = why,
+                }
+            }
             _ => {
                 outcome.status = ExitKind::Unrunnable(self.text);
                 outcome.stderr = kept(self.output, call.output_limit);
@@ -434,13 +494,13 @@ impl Reply {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
     use kestrel_core::PythonEnv;
 
     /// What `python3` makes of `code`, which writes to `out` (the test's pickles and
     /// arguments are made by the interpreter the runner runs in).
-    fn python(code: &str) -> Vec<u8> {
+    pub(super) fn python(code: &str) -> Vec<u8> {
         let script = format!(
             "import base64, operator, os, pickle, sys, time\nout = sys.stdout.buffer\n{code}"
         );
@@ -456,7 +516,12 @@ mod tests {
         out.stdout
     }
 
-    fn function(job: JobId, expr: &str, env: PythonEnv, inline_limit: u32) -> Arc<FunctionDef> {
+    pub(super) fn function(
+        job: JobId,
+        expr: &str,
+        env: PythonEnv,
+        inline_limit: u32,
+    ) -> Arc<FunctionDef> {
         let spec = FunctionSpec {
             name: expr.into(),
             pickled: python(&format!("out.write(pickle.dumps({expr}))")),
@@ -467,7 +532,7 @@ mod tests {
         Arc::new(FunctionDef::new(job, &spec, &[]))
     }
 
-    fn call(f: &Arc<FunctionDef>, args: &str, timeout: Option<Duration>) -> Call {
+    pub(super) fn call(f: &Arc<FunctionDef>, args: &str, timeout: Option<Duration>) -> Call {
         let line = python(&format!(
             "out.write(base64.b64encode(pickle.dumps(({args}, {{}}))))"
         ));
@@ -478,11 +543,12 @@ mod tests {
             timeout,
             result_limit: Some(1 << 20),
             output_limit: Some(1 << 16),
+            value: "kestrel-values/r/ab/1/0".into(),
         }
     }
 
     /// The value a result pickles, as Python prints it.
-    fn shown(result: &[u8]) -> String {
+    pub(super) fn shown(result: &[u8]) -> String {
         let code = format!(
             "sys.stdout.write(repr(pickle.loads(bytes.fromhex({:?}))))",
             hex::encode(result)
@@ -490,9 +556,16 @@ mod tests {
         String::from_utf8(python(&code)).unwrap()
     }
 
-    fn slot() -> RunnerSlot {
-        RunnerSlot::new("python3".into())
+    pub(super) fn slot() -> RunnerSlot {
+        RunnerSlot::new("python3".into(), None)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::*;
+    use super::*;
+    use kestrel_core::PythonEnv;
 
     #[test]
     fn calls_return_their_values_from_one_runner_kept_between_them() {
@@ -500,12 +573,12 @@ mod tests {
         let pid = function(1, "os.getpid", PythonEnv::default(), 0);
         let add = function(2, "operator.add", PythonEnv::default(), 0);
         let cancel = CancelHandle::new();
-        let first = slot.call(&call(&pid, "()", None), &cancel, None);
+        let first = slot.call(&call(&pid, "()", None), &[], &cancel, None);
         assert_eq!(first.status, ExitKind::Exited(0));
-        let second = slot.call(&call(&pid, "()", None), &cancel, None);
+        let second = slot.call(&call(&pid, "()", None), &[], &cancel, None);
         let (a, b) = (first.stdout.unwrap().data, second.stdout.unwrap().data);
         assert_eq!(shown(&a), shown(&b), "one runner for both calls");
-        let sum = slot.call(&call(&add, "(2, 40)", None), &cancel, None);
+        let sum = slot.call(&call(&add, "(2, 40)", None), &[], &cancel, None);
         assert_eq!(shown(&sum.stdout.unwrap().data), "42");
         slot.close(None);
     }
@@ -514,7 +587,7 @@ mod tests {
     fn a_raise_fails_the_task_with_the_exception_and_its_traceback() {
         let mut slot = slot();
         let div = function(1, "operator.truediv", PythonEnv::default(), 0);
-        let out = slot.call(&call(&div, "(1, 0)", None), &CancelHandle::new(), None);
+        let out = slot.call(&call(&div, "(1, 0)", None), &[], &CancelHandle::new(), None);
         assert_eq!(
             out.status,
             ExitKind::Raised("ZeroDivisionError: division by zero".into())
@@ -532,13 +605,13 @@ mod tests {
         let exit = function(1, "os._exit", PythonEnv::default(), 0);
         let pid = function(2, "os.getpid", PythonEnv::default(), 0);
         let cancel = CancelHandle::new();
-        let before = slot.call(&call(&pid, "()", None), &cancel, None);
-        let died = slot.call(&call(&exit, "(3,)", None), &cancel, None);
+        let before = slot.call(&call(&pid, "()", None), &[], &cancel, None);
+        let died = slot.call(&call(&exit, "(3,)", None), &[], &cancel, None);
         assert_eq!(
             died.status,
             ExitKind::RunnerDied(Box::new(ExitKind::Exited(3)))
         );
-        let after = slot.call(&call(&pid, "()", None), &cancel, None);
+        let after = slot.call(&call(&pid, "()", None), &[], &cancel, None);
         assert_eq!(after.status, ExitKind::Exited(0));
         assert_ne!(
             shown(&before.stdout.unwrap().data),
@@ -555,6 +628,7 @@ mod tests {
         let started = Instant::now();
         let out = slot.call(
             &call(&sleep, "(30,)", Some(Duration::from_millis(300))),
+            &[],
             &CancelHandle::new(),
             None,
         );
@@ -566,7 +640,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             c.cancel();
         });
-        let out = slot.call(&call(&sleep, "(30,)", None), &cancel, None);
+        let out = slot.call(&call(&sleep, "(30,)", None), &[], &cancel, None);
         canceler.join().unwrap();
         assert_eq!(out.status, ExitKind::Canceled);
         slot.close(None);
@@ -580,14 +654,19 @@ mod tests {
             ..PythonEnv::default()
         };
         let pid = function(1, "os.getpid", other, 0);
-        let out = slot.call(&call(&pid, "()", None), &CancelHandle::new(), None);
+        let out = slot.call(&call(&pid, "()", None), &[], &CancelHandle::new(), None);
         let ExitKind::Unrunnable(why) = out.status else {
             panic!("{:?}", out.status);
         };
         assert!(why.contains("Python 2.7.18 on the client"), "{why}");
         assert!(why.contains("--python"), "{why}");
         let bytes = function(2, "os.urandom", PythonEnv::default(), 1000);
-        let out = slot.call(&call(&bytes, "(5000,)", None), &CancelHandle::new(), None);
+        let out = slot.call(
+            &call(&bytes, "(5000,)", None),
+            &[],
+            &CancelHandle::new(),
+            None,
+        );
         let ExitKind::Unrunnable(why) = out.status else {
             panic!("{:?}", out.status);
         };
@@ -601,5 +680,112 @@ mod tests {
         assert!(err.contains("/nonexistent/python9"), "{err}");
         let info = probe(Path::new("python3")).expect("python3 starts a runner");
         assert!(info.python.starts_with('3'), "{info:?}");
+    }
+}
+
+#[cfg(test)]
+mod value_tests {
+    use super::tests_support::*;
+    use super::*;
+    use crate::cache::{Cache, EvictionPolicy};
+    use crate::files::WorkerFiles;
+    use kestrel_core::PythonEnv;
+
+    /// A slot whose worker has a cache of `capacity` bytes in `dir`.
+    fn slot_with_cache(dir: &Path, capacity: u64) -> (RunnerSlot, SharedFiles) {
+        let cache = Cache::open(dir, capacity, EvictionPolicy::Lru).unwrap();
+        let files = Arc::new(WorkerFiles::new(cache, 1));
+        (
+            RunnerSlot::new("python3".into(), Some(files.clone())),
+            files,
+        )
+    }
+
+    #[test]
+    fn a_result_above_the_inline_limit_is_kept_in_the_cache_and_its_end_refers_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut slot, files) = slot_with_cache(dir.path(), 1 << 20);
+        let bytes = function(1, "os.urandom", PythonEnv::default(), 1000);
+        let big = call(&bytes, "(50_000,)", None);
+        let out = slot.call(&big, &[], &CancelHandle::new(), None);
+        assert_eq!(out.status, ExitKind::Exited(0));
+        let reference = out.stdout.expect("a reference").data;
+        let (name, size) = kestrel_core::values::parse_reference(&reference).expect("parses");
+        assert_eq!(name, big.value);
+        assert!(size > 50_000, "{size}");
+        let mut c = lock(&files);
+        assert!(c.has(name));
+        // Kept until the server drops it: nothing evicts it.
+        assert!(c.release(name).is_some(), "released only when told");
+        drop(c);
+        // A small result still comes inline.
+        let small = slot.call(
+            &call(&bytes, "(10,)", None),
+            &[],
+            &CancelHandle::new(),
+            None,
+        );
+        let small = small.stdout.unwrap().data;
+        assert!(kestrel_core::values::parse_reference(&small).is_none());
+        assert!(shown(&small).starts_with("b'") || shown(&small).starts_with("b\""));
+        // One the cache cannot hold fails, saying what to do instead, and leaves nothing.
+        let huge = slot.call(
+            &call(&bytes, "(3_000_000,)", None),
+            &[],
+            &CancelHandle::new(),
+            None,
+        );
+        let ExitKind::Unrunnable(why) = huge.status else {
+            panic!("{:?}", huge.status);
+        };
+        assert!(
+            why.contains("cannot keep it") && why.contains("outputs=[...]"),
+            "{why}"
+        );
+        let partial: Vec<_> = fs_entries(&dir.path().join("partial"));
+        assert!(partial.is_empty(), "{partial:?}");
+        slot.close(None);
+    }
+
+    #[test]
+    fn a_call_reads_the_values_staged_for_it_by_name_or_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut slot, _files) = slot_with_cache(dir.path(), 1 << 20);
+        let value = dir.path().join("v1");
+        std::fs::write(&value, python("out.write(pickle.dumps(b'hello'))")).unwrap();
+        let length = function(1, "len", PythonEnv::default(), 1000);
+        // An argument that is a value: a persistent id in the call's pickle.
+        let line = python(
+            "import io\n\
+             class Ref:\n    name = 'kestrel-values/s/v1'\n\
+             class P(pickle.Pickler):\n    def persistent_id(self, o):\n        return ('kestrel-value', o.name) if isinstance(o, Ref) else None\n\
+             b = io.BytesIO(); P(b, protocol=5).dump(((Ref(),), {})); out.write(base64.b64encode(b.getvalue()))",
+        );
+        let mut by_ref = call(&length, "()", None);
+        by_ref.line = String::from_utf8(line).unwrap();
+        let staged = vec![("kestrel-values/s/v1".to_string(), value.clone())];
+        let out = slot.call(&by_ref, &staged, &CancelHandle::new(), None);
+        assert_eq!(shown(&out.stdout.unwrap().data), "5");
+        // A whole call too large for its line: the line names the value holding it.
+        let whole = dir.path().join("v2");
+        std::fs::write(&whole, python("out.write(pickle.dumps(((b'abc',), {})))")).unwrap();
+        let mut by_name = call(&length, "()", None);
+        by_name.line = "@kestrel-values/a/v2".into();
+        let staged = vec![("kestrel-values/a/v2".to_string(), whole)];
+        let out = slot.call(&by_name, &staged, &CancelHandle::new(), None);
+        assert_eq!(shown(&out.stdout.unwrap().data), "3");
+        // A value the call needs but was not given fails the call, naming it.
+        let out = slot.call(&by_name, &[], &CancelHandle::new(), None);
+        let ExitKind::Unrunnable(why) = out.status else {
+            panic!("{:?}", out.status);
+        };
+        assert!(why.contains("kestrel-values/a/v2"), "{why}");
+        slot.close(None);
+    }
+
+    fn fs_entries(dir: &Path) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
     }
 }

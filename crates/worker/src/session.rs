@@ -349,6 +349,7 @@ impl Session<'_> {
             };
         let l = &mut *self.ledger;
         let carried = (l.running.len(), l.finished.len());
+        let values_tag = kestrel_core::values::server_tag(&server_id);
         let handover = match prev.take() {
             Some((_, old, _)) if old != server_id => {
                 // Another server: its tasks are not this one's; stop them and drop their results.
@@ -359,6 +360,13 @@ impl Session<'_> {
                 );
                 crate::executor::abandon(l, &mut *self.exec).await;
                 l.local = self.config.local();
+                // And its values, which it alone would have dropped.
+                if let Some(files) = &l.files {
+                    let gone = crate::files::lock(files).release_values();
+                    for path in gone {
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
                 Some(Handover::Dropped {
                     running: carried.0,
                     results: carried.1,
@@ -394,6 +402,7 @@ impl Session<'_> {
         }
         self.ledger.me.worker = worker;
         self.ledger.me.server = server;
+        self.ledger.me.values_tag = values_tag;
         Ok(Ok((worker, heartbeat_ms)))
     }
 

@@ -11,6 +11,7 @@
 //! ([`DispatchPolicy::accepts`]): max-cache-hit only those it holds the most of, max-compute-
 //! util any, good-cache-compute as one or the other by the share of busy cpus.
 
+use super::dispatch::Depth;
 use super::{Job, Scheduler};
 use crate::files::{cached_name, CacheDelta, FileId, FileIndex, Hits};
 use crate::outcome::{Command, IndexRun};
@@ -143,6 +144,7 @@ impl Scheduler {
             evicted: evicted.iter().filter_map(|n| files.id(n)).collect(),
         };
         self.files.apply(worker, &delta);
+        self.note_values(&delta.added);
         if self.graph_has_files() {
             // Lineage: an intermediate evicted from its last cache is made again; one back
             // (a worker restarted with its cache) need not be.
@@ -195,6 +197,7 @@ impl Scheduler {
         now_us: u64,
         ids: &[WorkerId],
         given: &mut [Vec<IndexRun>],
+        depth: Depth,
     ) {
         self.top_up_window();
         if self.window.is_empty() {
@@ -211,7 +214,7 @@ impl Scheduler {
             if w.offer.stages_files
                 && w.node_of.is_none()
                 && w.before_end_margin(now_us)
-                && w.room_for(Resources::ONE_CPU, w.offer.prefetch) > 0
+                && w.room_for(Resources::ONE_CPU, depth.prefetch(w.offer.prefetch)) > 0
             {
                 free.insert(w.id);
             }
@@ -239,7 +242,7 @@ impl Scheduler {
             if self.window.is_empty() {
                 break;
             }
-            self.fill_from_window(now_us, ids[i], &mut given[i], &mut busy, total);
+            self.fill_from_window(now_us, ids[i], &mut given[i], (&mut busy, total), depth);
         }
     }
 
@@ -250,15 +253,15 @@ impl Scheduler {
         now_us: u64,
         id: WorkerId,
         runs: &mut Vec<IndexRun>,
-        busy: &mut u64,
-        total: u64,
+        (busy, total): (&mut u64, u64),
+        depth: Depth,
     ) {
         let Some(w) = self.workers.get(&id) else {
             return;
         };
         if w.quarantined.is_some()
             || !w.offer.stages_files
-            || w.room_for(Resources::ONE_CPU, w.offer.prefetch) == 0
+            || w.room_for(Resources::ONE_CPU, depth.prefetch(w.offer.prefetch)) == 0
         {
             return;
         }
@@ -280,7 +283,7 @@ impl Scheduler {
         held_seqs.sort_unstable();
         let mut full_up = false;
         for &(seq, here) in &hits {
-            match self.offer_from_window(now_us, id, seq, here, runs, busy, total) {
+            match self.offer_from_window(now_us, (id, depth), seq, here, runs, busy, total) {
                 Offered::Full => {
                     full_up = true;
                     break;
@@ -310,7 +313,16 @@ impl Scheduler {
             };
             from = last + 1;
             for seq in chunk {
-                match self.offer_from_window(now_us, id, seq, Hits::default(), runs, busy, total) {
+                let offered = self.offer_from_window(
+                    now_us,
+                    (id, depth),
+                    seq,
+                    Hits::default(),
+                    runs,
+                    busy,
+                    total,
+                );
+                match offered {
                     Offered::Full => break 'scan,
                     Offered::Taken | Offered::Unfit => {}
                     Offered::Declined => {
@@ -330,7 +342,7 @@ impl Scheduler {
     fn offer_from_window(
         &mut self,
         now_us: u64,
-        id: WorkerId,
+        (id, depth): (WorkerId, Depth),
         seq: Seq,
         here: Hits,
         runs: &mut Vec<IndexRun>,
@@ -348,7 +360,7 @@ impl Scheduler {
         let Some(w) = self.workers.get(&id) else {
             return Offered::Full;
         };
-        if w.room_for(Resources::ONE_CPU, w.offer.prefetch) == 0 {
+        if w.room_for(Resources::ONE_CPU, depth.prefetch(w.offer.prefetch)) == 0 {
             return Offered::Full;
         }
         // A failed task's retry keeps away from the worker it failed on for a while, as on
@@ -365,7 +377,10 @@ impl Scheduler {
         if !w.can_ever_run(need)
             || !j.runs_on(&w.offer)
             || !w.fits_time(j, now_us)
-            || w.room_for(need, j.prefetch_for(w, self.config.prefetch_horizon_us)) == 0
+            || w.room_for(
+                need,
+                depth.prefetch(j.prefetch_for(w, self.config.prefetch_horizon_us)),
+            ) == 0
         {
             return Offered::Unfit;
         }

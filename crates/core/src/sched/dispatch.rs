@@ -9,11 +9,22 @@ use crate::spec::{JobId, Resources, TaskIndex, TaskState, WorkerId};
 
 /// How deep one pass of [`Scheduler::schedule`] fills workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Depth {
+pub(super) enum Depth {
     /// Only free slots: tasks that start at once.
     Slots,
     /// Slots and the prefetch window.
     Prefetch,
+}
+
+impl Depth {
+    /// How much of the prefetch window `depth` lets worker `w` fill beyond its free slots,
+    /// for tasks whose useful depth there is `deepest`.
+    pub(super) fn prefetch(self, deepest: u32) -> u32 {
+        match self {
+            Depth::Slots => 0,
+            Depth::Prefetch => deepest,
+        }
+    }
 }
 
 impl Scheduler {
@@ -60,10 +71,13 @@ impl Scheduler {
             let elsewhere_us = self.elsewhere_us();
             // Each worker's runs of both passes go out as one assignment.
             let mut given: Vec<Vec<IndexRun>> = vec![Vec::new(); ids.len()];
-            if !self.windowed_jobs.is_empty() {
-                self.dispatch_window(now_us, &ids, &mut given);
-            }
             for &depth in depths {
+                // Data-aware placement too fills free slots before prefetch windows: a task
+                // queued behind a busy holder of its data, while another worker idles, would
+                // wait (against max-compute-util) and be stolen back and forth.
+                if !self.windowed_jobs.is_empty() {
+                    self.dispatch_window(now_us, &ids, &mut given, depth);
+                }
                 for (&id, runs) in ids.iter().zip(&mut given) {
                     if self.ready.is_empty() {
                         break;
@@ -235,17 +249,19 @@ impl Scheduler {
             };
             let n = policy.take(&offer).min(offer.room);
             let mut given = 0;
-            let mut taken = n;
-            for index in span.next..span.next + n {
+            // Entries of tasks that are no longer ready (taken back by a resumed worker, or
+            // canceled one by one) are passed over without counting against the room.
+            let end = span.next + span.len();
+            let mut index = span.next;
+            while index < end && given < n {
                 let rec = j.table.get(index);
-                // A resumed worker may have taken the task back while its entry was queued.
                 if rec.state != TaskState::Ready {
+                    index += 1;
                     continue;
                 }
                 if let Some(until) = j.kept_from(index, &rec, id, now_us, config, elsewhere_us) {
                     // It and what follows it in the span stay queued for another worker.
                     kept_until = Some(kept_until.map_or(until, |k| k.min(until)));
-                    taken = index - span.next;
                     break;
                 }
                 j.assign(index, id, now_us);
@@ -256,7 +272,9 @@ impl Scheduler {
                     count: 1,
                 };
                 IndexRun::append(&mut mine, run);
+                index += 1;
             }
+            let taken = index - span.next;
             w.held += given;
             w.used = w.used.plus(&need, given);
             if given > 0 && w.known_jobs.insert(span.job) {

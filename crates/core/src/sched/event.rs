@@ -48,6 +48,16 @@ pub enum Event {
         /// The job to cancel.
         job: JobId,
     },
+    /// Cancel these tasks of a job (by index) that have not ended: queued and waiting ones at
+    /// once (each recorded as a canceled end), assigned and running ones by asking their
+    /// workers; what waits for them is canceled in turn. Indices past the job's end and tasks
+    /// that ended are left alone.
+    CancelTasks {
+        /// The job.
+        job: JobId,
+        /// The tasks, by index.
+        indices: Vec<TaskIndex>,
+    },
     /// Queue a job's failed tasks again (and its canceled ones unless `failed_only`), with
     /// fresh retry and crash counts.
     Retry {
@@ -196,6 +206,12 @@ pub enum Event {
         /// The same, task by task (adding up to `moved`).
         tasks: Vec<(TaskIndex, Transfers)>,
     },
+    /// A client no longer needs these values ([`crate::values`]; other names are ignored):
+    /// the workers holding them delete them.
+    DropValues {
+        /// The values, by name.
+        files: Vec<String>,
+    },
     /// Time passed: workers silent past the heartbeat timeout are lost, retries whose backoff
     /// has passed are queued.
     Tick,
@@ -234,6 +250,8 @@ pub enum Reply {
     },
     /// What became of a resumed worker's report.
     Resumed(Resumed),
+    /// How many of the values a client dropped some worker held.
+    Dropped(u32),
     /// How many task reports were taken and how many ignored as stale (the task was re-queued,
     /// ended already, or is held by another worker).
     Reports {
@@ -267,6 +285,10 @@ impl Scheduler {
             }
             Event::Cancel { job } => {
                 let (queued, running) = self.cancel_job(now_us, job)?;
+                Reply::Canceled { queued, running }
+            }
+            Event::CancelTasks { job, indices } => {
+                let (queued, running) = self.cancel_tasks(now_us, job, &indices)?;
                 Reply::Canceled { queued, running }
             }
             Event::Retry { job, failed_only } => {
@@ -381,6 +403,7 @@ impl Scheduler {
                 }
                 Reply::Done
             }
+            Event::DropValues { files } => Reply::Dropped(self.drop_values(&files)),
             Event::Tick => {
                 self.tick(now_us);
                 Reply::Done

@@ -884,9 +884,22 @@ impl Scheduler {
         let Some(files) = self.graph.locals.remove(&root) else {
             return;
         };
+        for &f in &files {
+            self.graph.produced.remove(&f);
+        }
+        let (copies, bytes) = self.drop_from_caches(&files);
+        self.graph.freed_files += copies;
+        self.graph.freed_bytes += bytes;
+    }
+
+    /// Tells the workers holding `files` to delete them, and stops naming them as holders
+    /// at once: a task reading a file of that name again (a workflow run again) must not be
+    /// told a worker has it while that worker deletes it. The copies deleted and their bytes.
+    pub(super) fn drop_from_caches(&mut self, files: &[FileId]) -> (u64, u64) {
         let mut by_worker: FxHashMap<u32, Vec<String>> = FxHashMap::default();
         let mut unheld = Vec::new();
-        for f in files {
+        let (mut copies, mut bytes) = (0, 0);
+        for &f in files {
             let size = self.files.size(f).unwrap_or(0);
             let Some(name) = self.files.name(f) else {
                 continue;
@@ -894,13 +907,10 @@ impl Scheduler {
             for &w in self.files.holders(f) {
                 by_worker.entry(w).or_default().push(name.to_string());
                 unheld.push((w, f));
-                self.graph.freed_files += 1;
-                self.graph.freed_bytes += size;
+                copies += 1;
+                bytes += size;
             }
-            self.graph.produced.remove(&f);
         }
-        // Not held from now on: a task reading a file of that name again (a workflow run
-        // again) must not be told a worker has it while that worker deletes it.
         for (w, f) in unheld {
             self.files.not_held(w, f);
         }
@@ -909,6 +919,7 @@ impl Scheduler {
         for (worker, files) in workers {
             self.commands.push(Command::DropFiles { worker, files });
         }
+        (copies, bytes)
     }
 
     /// A job is being forgotten: the files it wrote are no longer anyone's.

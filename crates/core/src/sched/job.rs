@@ -145,6 +145,9 @@ pub struct Job {
     /// They stay stored ready and untouched (no record is written for a million held tasks),
     /// are counted waiting, and read as waiting ([`Job::record`]); none is queued.
     pub(super) held: bool,
+    /// Results of its tasks kept in caches as values (see [`crate::values`]): deleted from
+    /// them when the job is forgotten.
+    pub(super) values: Vec<FileId>,
 }
 
 impl Job {
@@ -191,6 +194,7 @@ impl Job {
             unmet: FxHashMap::default(),
             feeds: false,
             held: false,
+            values: Vec::new(),
         }
     }
 

@@ -213,6 +213,70 @@ impl Scheduler {
         Ok((queued, running))
     }
 
+    /// Cancels single tasks of a job (see [`super::Event::CancelTasks`]): how many had not
+    /// started (queued, waiting, or sent ahead to a worker) and how many were running.
+    pub(crate) fn cancel_tasks(
+        &mut self,
+        now_us: u64,
+        job: JobId,
+        indices: &[TaskIndex],
+    ) -> Result<(u32, u32), SchedError> {
+        let j = self.jobs.get_mut(&job).ok_or(SchedError::NoSuchJob(job))?;
+        if j.canceled || j.is_done() {
+            return Ok((0, 0));
+        }
+        if j.held {
+            return Err(SchedError::CancelIncomplete(job));
+        }
+        let mut indices: Vec<TaskIndex> =
+            indices.iter().copied().filter(|&i| i < j.len()).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let (mut queued, mut running) = (0, 0);
+        // Ended at once, as a cancel before it started would have ended them on a worker: the
+        // journal and the watches take them as such ends.
+        let mut ends = Vec::new();
+        let mut by_worker: std::collections::BTreeMap<u32, Vec<(JobId, TaskIndex)>> =
+            std::collections::BTreeMap::new();
+        for index in indices {
+            let rec = j.table.get(index);
+            match rec.state {
+                TaskState::Ready | TaskState::Waiting => {
+                    // Its queue or window entry is passed over when reached.
+                    j.set_state(index, TaskState::Canceled).finished_us = now_us;
+                    j.unmet.remove(&index);
+                    ends.push(crate::Finished::at_once(
+                        job,
+                        index,
+                        now_us,
+                        crate::RunEnd::Canceled,
+                    ));
+                    queued += 1;
+                }
+                TaskState::Assigned | TaskState::Running => {
+                    // Its worker ends it and reports it canceled.
+                    if rec.state == TaskState::Running {
+                        running += 1;
+                    } else {
+                        queued += 1;
+                    }
+                    by_worker.entry(rec.worker).or_default().push((job, index));
+                }
+                _ => {}
+            }
+        }
+        for (worker, tasks) in by_worker {
+            self.commands.push(Command::Cancel { worker, tasks });
+        }
+        if !ends.is_empty() {
+            let gone: Vec<_> = ends.iter().map(|f| (f.job, f.index)).collect();
+            self.records.push(Record::Ended { ends });
+            self.graph_cascade(now_us, gone);
+            self.check_job_done(now_us, job);
+        }
+        Ok((queued, running))
+    }
+
     /// Puts a job's failed tasks (and with `failed_only` false, its canceled ones) back with
     /// fresh retry and crash counts; the job is live again. Each waits again for what it
     /// depends on that has not finished; when that has failed for good the retry is refused
@@ -407,6 +471,7 @@ impl Scheduler {
             return Err(SchedError::NotEnded { job, left });
         }
         self.graph_forget(job);
+        self.forget_values(job);
         self.jobs.remove(&job);
         self.live_jobs.remove(&job);
         // An ended job rarely has queue entries left (a task a resumed worker took back keeps

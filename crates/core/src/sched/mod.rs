@@ -25,6 +25,7 @@ mod multinode;
 pub mod restore;
 mod resume;
 mod stall;
+mod values;
 mod worker;
 mod workers;
 
@@ -102,6 +103,9 @@ pub enum SchedError {
     /// A job canceled while it was being sent in pieces holds only part of its tasks.
     #[error("job {0} was canceled while its tasks were still being sent in pieces, so it holds only part of them; submit it again")]
     RetryIncomplete(JobId),
+    /// Single tasks of a job still being sent in pieces cannot be canceled yet.
+    #[error("job {0} is still being sent in pieces, and its tasks wait for the last one: cancel the whole job, or its tasks once the last piece is in")]
+    CancelIncomplete(JobId),
     /// More names of resources than the scheduler tells apart.
     #[error("resource '{name}' would be the server's {max}th name of a resource, past the most it tells apart ({known}); use one of those names", max = MAX_NAMED + 1)]
     TooManyNames {
@@ -194,6 +198,8 @@ pub struct Scheduler {
     /// Multi-node tasks: their queue, the workers they run on or are held for (see
     /// `multinode`).
     nodes: multinode::Nodes,
+    /// Python values kept in the caches (see `values`).
+    values: values::ValueStats,
 }
 
 impl Default for Scheduler {
@@ -231,6 +237,7 @@ impl Scheduler {
             hit_buf: Vec::new(),
             cand_buf: Vec::new(),
             graph: graph::Graph::default(),
+            values: values::ValueStats::default(),
             nodes: multinode::Nodes::default(),
         }
     }

@@ -58,7 +58,10 @@ impl Engine {
                             "key {k:?} was used for job {job}, a different submission (another command, options or tasks); give this one a key of its own"
                         )))
                     }
-                } else if !spec.template.files.is_empty()
+                } else if let Some(why) = super::inputs::missing_value(&self.core, &spec) {
+                    tracing::info!("submission refused: {why}");
+                    Err(Refusal::from(why))
+                } else if super::inputs::needs_store(&spec)
                     && spec.placement.store.is_none()
                     && self.store.is_none()
                 {
@@ -264,13 +267,16 @@ impl Engine {
                 info.intermediates_deleted = (freed.0 > 0 || remade > 0).then_some(freed);
                 info.intermediates_remade = (remade > 0).then_some(remade);
                 info.queued = self.core.queued();
+                // For a client of version 14 on (`Outbox::reply` leaves them out for others).
+                info.traffic = Some(self.traffic.snapshot());
+                info.values_deleted = Some(self.core.values_freed());
                 info.journal = self.durable.journal.as_ref().map(|j| JournalInfo {
                     path: j.path().display().to_string(),
                     bytes: j.bytes(),
                     rows: j.rows(),
                     error: self.durable.error.clone(),
                 });
-                Ok(Answer::Info(info))
+                Ok(Answer::Info(Box::new(info)))
             }
             Ask::Retry { job, failed_only } => {
                 // Re-running tasks is new work: refused, like a submission, while it cannot be
@@ -343,6 +349,14 @@ impl Engine {
                     None => Err(no_such_job(job)),
                 }
             }
+            Ask::Locate { files } => self.locate(files),
+            Ask::Place { bytes } => self.place(bytes),
+            Ask::Placed { worker, files } => self.placed(now, worker, files),
+            Ask::DropValues { files } => self.drop_values(now, files),
+            Ask::CancelTasks { job, tasks } => Ok(Answer::Canceled(vec![CancelResult {
+                job,
+                result: self.cancel_tasks(now, job, &tasks),
+            }])),
             Ask::Watch { jobs, submitted } => {
                 let version = self.conns.clients.get(&conn).map_or(0, |c| c.version);
                 if version < kestrel_proto::WATCH_VERSION {
@@ -406,6 +420,37 @@ impl Engine {
         };
         self.pass_rows = self.pass_rows.saturating_add(rows_of(&result));
         self.reply(conn, req.id, result);
+    }
+
+    /// Cancels the tasks of `job` with ids in `tasks`; ids the job does not have are left
+    /// alone (those it has are canceled, as far as they have not ended).
+    fn cancel_tasks(
+        &mut self,
+        now: u64,
+        job: JobId,
+        tasks: &kestrel_core::IdRanges,
+    ) -> Result<(u32, u32), Refusal> {
+        let Some(j) = self.core.job(job) else {
+            return Err(no_such_job(job));
+        };
+        if tasks.len() > j.len() {
+            return Err(Refusal::from(format!(
+                "{} task ids for job {job}, which has {}: name fewer (or cancel the job)",
+                tasks.len(),
+                j.len()
+            )));
+        }
+        let indices: Vec<u32> = (0..tasks.len())
+            .filter_map(|k| j.index_of(tasks.id_at(k)?))
+            .collect();
+        match self.core.handle(now, Event::CancelTasks { job, indices }) {
+            Ok(Reply::Canceled { queued, running }) => {
+                tracing::info!(job, queued, running, "tasks canceled");
+                Ok((queued, running))
+            }
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(Refusal::from(e)),
+        }
     }
 
     /// Forgets ended jobs (`jobs`, and with `all_ended` every ended job); the scheduler records
@@ -682,6 +727,7 @@ fn reads_only(ask: &Ask) -> bool {
             | Ask::AllocList
             | Ask::AllocLog { .. }
             | Ask::Watch { .. }
+            | Ask::Locate { .. }
     )
 }
 

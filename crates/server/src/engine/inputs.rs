@@ -43,8 +43,10 @@ pub(super) fn missing_input(
             return Ok(());
         }
         let name = name.into_owned();
-        // A name that leaves the store is the worker's to refuse, with its own message.
-        let fine = core.is_produced(&cached_name(Some(store), &name))
+        // A name that leaves the store is the worker's to refuse, with its own message; a
+        // value is in no store (see `missing_value`).
+        let fine = kestrel_core::values::is_value(&name)
+            || core.is_produced(&cached_name(Some(store), &name))
             || name.split('/').any(|p| p == "..")
             || listed.holds(Path::new(store), &name);
         if fine {
@@ -60,6 +62,39 @@ pub(super) fn missing_input(
     } else {
         format!("task {task} reads {name}, but the store {store} does not exist (no such directory: check --store)")
     })
+}
+
+/// Why a job cannot be taken, if a value (`kestrel_core::values`) its tasks read is held by no
+/// worker: dropped by its client, or lost with the worker that held it. Nothing can bring it
+/// back, so every task reading it would fail.
+pub(super) fn missing_value(core: &Scheduler, spec: &JobSpec) -> Option<String> {
+    let files = &spec.template.files;
+    let name = files
+        .inputs
+        .iter()
+        .chain(&files.statics)
+        .filter(|n| kestrel_core::values::is_value(n))
+        .find(|n| core.holders_of(n).is_empty())?;
+    Some(match kestrel_core::values::kind_of(name) {
+        Some(kestrel_core::values::ValueKind::Result { job, index }) => format!(
+            "the call reads the result of task {job}:{index}, which no worker holds any more (its future was dropped, its job forgotten, or the worker holding it was lost); compute it again"
+        ),
+        _ => format!(
+            "the call reads value {name}, which no worker holds any more (dropped, or lost with the worker that held it)"
+        ),
+    })
+}
+
+/// Whether a job's files need a store: outputs go to one, and so may any input but a value
+/// (a value is in the workers' caches alone).
+pub(super) fn needs_store(spec: &JobSpec) -> bool {
+    let files = &spec.template.files;
+    !files.outputs.is_empty()
+        || files
+            .inputs
+            .iter()
+            .chain(&files.statics)
+            .any(|n| !kestrel_core::values::is_value(n))
 }
 
 /// The entries of the store's directories, each listed once when first asked about.

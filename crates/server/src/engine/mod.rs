@@ -18,6 +18,8 @@
 //!   after the commit that makes it durable.
 //! - `pythons`: whether a function job fits the Python of some connected worker, checked at
 //!   submission.
+//! - `values`: clients' requests about values (protocol 14): where they are cached, where to
+//!   put one, and those dropped.
 //!
 //! The engine touches no socket and reads no clock of its own: events come in as [`Inbound`],
 //! everything goes out through each connection's [`Outbox`] (a channel of encoded frames),
@@ -35,6 +37,7 @@ mod pythons;
 mod route;
 #[cfg(test)]
 mod tests;
+mod values;
 mod watch;
 mod workers;
 
@@ -43,6 +46,7 @@ use crate::journal::{Journal, JournalError, Restored};
 use crate::now_us;
 use crate::outbox::{ConnId, Outbox};
 use crate::outputs::OutputLog;
+use crate::traffic::TrafficCounters;
 use answer::Waiter;
 use durable::Durability;
 use kestrel_core::{Config, Event, JobId, Reply, Scheduler, WorkerId};
@@ -51,6 +55,7 @@ use kestrel_proto::Access;
 use route::Conns;
 use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// Events from connections to the engine.
@@ -126,6 +131,10 @@ pub struct Engine {
     pass_rows: usize,
     /// Clients' events left for the next pass once this one answered its share of pages.
     postponed: Vec<Inbound>,
+    /// Bytes through the connections, counted by them (`server info`).
+    traffic: Arc<TrafficCounters>,
+    /// Which of the fitting workers the next value placed goes to (see `values`).
+    next_place: usize,
 }
 
 impl Engine {
@@ -165,6 +174,8 @@ impl Engine {
             journal: None,
             intermediates_deleted: None,
             intermediates_remade: None,
+            traffic: None,
+            values_deleted: None,
         };
         let server_id = crate::journal::new_server_id();
         Engine {
@@ -186,6 +197,8 @@ impl Engine {
             departures: departures::Departures::default(),
             pass_rows: 0,
             postponed: Vec::new(),
+            traffic: Arc::default(),
+            next_place: 0,
             server_id,
             epoch: rand::random(),
             durable: Durability::default(),
@@ -194,6 +207,11 @@ impl Engine {
             clock: now_us,
             store: config.store.clone(),
         }
+    }
+
+    /// What counts the bytes through its connections, for them to count into.
+    pub(crate) fn traffic(&self) -> Arc<TrafficCounters> {
+        Arc::clone(&self.traffic)
     }
 
     /// Replays the journal into the (fresh) scheduler and journals from now on.

@@ -18,6 +18,9 @@ mod workers;
 /// Watches of jobs (protocol 13): task ends pushed to their watchers.
 mod watch;
 
+/// Values (protocol 14), single tasks canceled, the server's traffic.
+mod values;
+
 thread_local! {
     /// The test's clock, in microseconds (each test runs on a thread of its own).
     static NOW: Cell<u64> = const { Cell::new(1_000_000_000) };

@@ -22,7 +22,7 @@ fn kept(data: &[u8]) -> Kept {
 
 impl Server {
     /// Submits `spec` with `tasks` from `client`; returns the job's id.
-    fn submit_job(&mut self, client: &mut Peer, spec: JobSpec, tasks: TaskSet) -> JobId {
+    pub(super) fn submit_job(&mut self, client: &mut Peer, spec: JobSpec, tasks: TaskSet) -> JobId {
         let submit = Ask::Submit {
             spec,
             tasks,

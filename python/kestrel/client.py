@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import copy
 import itertools
 import os
 import pickle
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -63,6 +65,14 @@ _PIECE_ITEMS = 20_000
 # Items a map keeps submitted ahead of the one its consumer reads, at most: what bounds the
 # client's memory for a generator of any length.
 _WINDOW = 50_000
+# With more futures than this waiting, the dispatcher lets ends gather for _GATHER_S after a
+# batch of fewer than _GATHER_BELOW of them: each batch wakes this thread and the threads
+# waiting on its futures, and thread switches were half the client's CPU time for a stream
+# of short tasks (/bin/true from Python: 102 µs of client CPU a task, 54 µs gathered; 91% of
+# the CLI's rate, 98% gathered). A lone call's end (what submit→result measures) never waits.
+_BUSY = 256
+_GATHER_BELOW = 64
+_GATHER_S = 0.003
 
 _default: Client | None = None
 
@@ -137,7 +147,7 @@ class Future(concurrent.futures.Future):
         with self._fetching:
             value = self._result
             if type(value) is _values.Remote:
-                value = self._client._fetch_value(value)
+                value = self._client._fetch_value(self, value)
                 self._result = value
             return value
 
@@ -512,14 +522,22 @@ class Client:
         _settle(future, remote)
         return future
 
-    def _fetch_value(self, remote: _values.Remote) -> Any:
-        """The value a worker keeps as `remote`, fetched from it."""
+    def _fetch_value(self, future: Future, remote: _values.Remote) -> Any:
+        """The value a worker keeps as `remote` (`future`'s), fetched from it. A result lost
+        with its worker is made again (its task runs again, as for a call that reads it)."""
         if self.closed:
             raise KestrelError(
                 f"this client is closed, and the value it left on a worker ({remote.size} "
                 "bytes) was deleted with it: ask for results before closing the client"
             )
-        data = self._session.fetch_value(remote.name, remote.size)
+        try:
+            data = self._session.fetch_value(remote.name, remote.size)
+        except ValueLost:
+            if future.job is None:
+                raise  # A scattered value: nothing can make it again.
+            # A call that reads it makes the server run its task again first; its copy of
+            # the value is this one's.
+            return self.submit(copy.copy, future).result()
         return pickle.loads(data)
 
     # ----- the server's side ---------------------------------------------------------------
@@ -603,6 +621,8 @@ class Client:
                     self._fail_all(ev[1])
                     return
             self._flush_forgets()
+            if len(events) < _GATHER_BELOW and len(self._futures) > _BUSY:
+                time.sleep(_GATHER_S)
 
     def _watch_again(self, why: str) -> None:
         """After a reconnection: watches the jobs with futures waiting again (the server tells
@@ -637,15 +657,17 @@ class Client:
         while self._canceled_tasks:
             job, task = self._canceled_tasks.popleft()
             cancels.setdefault(job, []).append(task)
-        try:
-            for job, tasks in cancels.items():
-                self._session.cancel_tasks(job, tasks)
-            if drops:
-                self._session.drop_values(drops)
-            if jobs:
-                self._session.forget(jobs)
-        except KestrelError:
-            pass  # Housekeeping: a lost connection fails futures elsewhere.
+        # Each on its own: one refused (a job forgotten meanwhile) must not lose the others.
+        calls = [(self._session.cancel_tasks, (job, tasks)) for job, tasks in cancels.items()]
+        if drops:
+            calls.append((self._session.drop_values, (drops,)))
+        if jobs:
+            calls.append((self._session.forget, (jobs,)))
+        for call, args in calls:
+            try:
+                call(*args)
+            except KestrelError:
+                pass  # Housekeeping: a lost connection fails futures elsewhere.
 
     def _resolve(self, future: Future, ev: tuple) -> None:
         _, job, task, state, reason, worker, stdout, _total, stderr = ev

@@ -106,10 +106,26 @@ def test_a_result_larger_than_the_workers_cache_fails_saying_what_to_do():
         assert client.submit(len, blob(2 * MB)).result(60) == 2 * MB
 
 
-def test_a_value_lost_with_its_worker_raises_value_lost_and_nothing_hangs():
+def test_a_result_lost_with_its_worker_is_made_again_when_it_is_needed():
     with kestrel.LocalCluster(workers=1, slots=1) as cluster, kestrel.Client(cluster) as client:
-        f = client.submit(blob, 3 * MB)
-        f.exception(60)
+        read, asked = client.submit(blob, 3 * MB, 5), client.submit(blob, 3 * MB, 6)
+        kestrel.wait([read, asked], 60)
+        cluster.add_worker()
+        cluster.wait_for_workers(2)
+        holder = cluster.workers[0]
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        wait_for(lambda: len(client.workers()) == 1)
+        # A call that reads one waits for its task to run again on the worker left.
+        assert client.submit(digest, read).result(60) == digest(blob(3 * MB, 5))
+        # Asked for here, the other is made again too.
+        assert asked.result(60) == blob(3 * MB, 6)
+        assert read.result(60) == blob(3 * MB, 5)
+
+
+def test_a_scattered_value_lost_with_its_worker_raises_value_lost():
+    with kestrel.LocalCluster(workers=1, slots=1) as cluster, kestrel.Client(cluster) as client:
+        table = client.scatter(blob(2 * MB))
         cluster.add_worker()
         cluster.wait_for_workers(2)
         holder = cluster.workers[0]
@@ -117,6 +133,6 @@ def test_a_value_lost_with_its_worker_raises_value_lost_and_nothing_hangs():
         holder.wait(10)
         wait_for(lambda: len(client.workers()) == 1)
         with pytest.raises(kestrel.ValueLost, match="held by no worker"):
-            f.result(60)
+            table.result(60)
         with pytest.raises(kestrel.ValueLost, match="no worker holds any more"):
-            client.submit(len, f).result(60)
+            client.submit(len, table).result(60)

@@ -272,3 +272,43 @@ fn readers_of_one_value_fill_idle_workers_before_queueing_behind_its_busy_holder
         .count();
     assert_eq!(revokes, 0);
 }
+
+#[test]
+fn a_result_lost_with_its_worker_is_made_again_for_the_call_that_reads_it() {
+    let mut s = Scheduler::default();
+    let a = s.worker_joined(0, offer(true, true));
+    let job = s.submit(0, function_job(), lines(1), false).unwrap();
+    assert_eq!(common::assignments(&mut s, 1), vec![(a, job, 1)]);
+    let value = values::result_name("ab12", job, 0);
+    cached(&mut s, a, &[&value]);
+    s.task_finished(2, a, Finished::at_once(job, 0, 2, RunEnd::Success));
+    // Its only holder goes; another worker comes.
+    s.worker_lost(3, a);
+    let b = s.worker_joined(4, offer(true, true));
+    assert!(s.holders_of(&value).is_empty());
+    assert!(s.value_readable(&value), "its task can run again");
+    // A call reading it: the task that made it runs again first, the call waits for it.
+    let mut spec = function_job();
+    spec.template.files.inputs = vec![value.clone()];
+    spec.placement.policy = Some(PolicyName::MaxComputeUtil);
+    let reader = s.submit(5, spec, lines(1), false).unwrap();
+    assert_eq!(
+        s.job(reader).map(|j| j.record(0).state),
+        Some(TaskState::Waiting)
+    );
+    assert_eq!(common::assignments(&mut s, 6), vec![(b, job, 1)]);
+    cached(&mut s, b, &[&value]);
+    s.task_finished(7, b, Finished::at_once(job, 0, 7, RunEnd::Success));
+    assert_eq!(common::assignments(&mut s, 8), vec![(b, reader, 1)]);
+    assert_eq!(s.reruns(), 1);
+    // Dropped by its client, it is nobody's to make again.
+    s.call(
+        9,
+        Event::DropValues {
+            files: vec![value.clone()],
+        },
+    )
+    .unwrap();
+    assert!(!s.value_readable(&value));
+    assert!(s.audit().is_empty(), "{:?}", s.audit());
+}

@@ -38,14 +38,16 @@ const BODY_STALL: Duration = Duration::from_secs(30);
 /// size at this rate, so a large value is not cut off, nor a stalled peer waited for forever.
 const SLOWEST_BYTES_PER_S: u64 = 1 << 20;
 
-/// Why a task cannot read value `name`: no cache holds it, and no store ever does.
+/// Why a task cannot read value `name`: no cache holds it, and no store ever does. Worded
+/// `input NAME is in no cache: ...`, which the scheduler reads to make a lost result again
+/// (lineage) rather than fail the task.
 pub(crate) fn lost(name: &str) -> String {
     match values::kind_of(name) {
         Some(ValueKind::Result { job, index }) => format!(
-            "the result of task {job}:{index}, which this call reads, is held by no worker any more (lost with the worker that held it, or dropped); compute it again"
+            "input {name} is in no cache: the result of task {job}:{index}, which this call reads, is held by no worker any more (lost with the worker that held it, or dropped)"
         ),
         _ => format!(
-            "value {name}, which this call reads, is held by no worker any more (lost with the worker that held it, or dropped); submit the call again"
+            "input {name} is in no cache: a value this call reads is held by no worker any more (lost with the worker that held it, or dropped); submit the call again"
         ),
     }
 }

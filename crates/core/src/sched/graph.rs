@@ -140,6 +140,9 @@ struct Links {
     joined: Vec<JobId>,
     /// Each output pattern's mode.
     keep: Vec<Keep>,
+    /// (reader index, writer, file) for inputs whose writer finished but whose every copy is
+    /// lost (local intermediates, values): the writer runs again, the reader waits for it.
+    lost_reads: Vec<(TaskIndex, TaskKey, FileId)>,
 }
 
 /// `name` without its store's key (`KEY/raw/1` → `raw/1`), for messages.
@@ -163,8 +166,12 @@ impl Scheduler {
     /// and on success registers it, leaving its tasks that must wait `Waiting`. On an error
     /// nothing has changed.
     pub(super) fn link_graph(&mut self, id: JobId) -> Result<(), SchedError> {
-        let links = self.plan_links(id)?;
+        let mut links = self.plan_links(id)?;
+        let lost = std::mem::take(&mut links.lost_reads);
         self.commit_links(id, links);
+        for (index, writer, file) in lost {
+            self.remake_for((id, index), file, writer);
+        }
         Ok(())
     }
 
@@ -189,6 +196,7 @@ impl Scheduler {
             parent: None,
             joined: Vec::new(),
             keep: Vec::new(),
+            lost_reads: Vec::new(),
         };
         let Some(j) = self.jobs.get(&id) else {
             return Ok(links);
@@ -330,7 +338,13 @@ impl Scheduler {
                     links.joined.push(by.0);
                     let state = self.jobs.get(&by.0).map(|pj| pj.record(by.1).state);
                     match state {
-                        Some(TaskState::Finished) => {}
+                        Some(TaskState::Finished) => {
+                            if self.files.holders(file).is_empty()
+                                && self.is_local_output(by, file)
+                            {
+                                links.lost_reads.push((index, by, file));
+                            }
+                        }
                         Some(s) if s.is_terminal() => {
                             return graph_err(format!(
                                 "task {} reads {}, but its writer, task {}, has {s}; `kestrel job retry {}` first",
@@ -463,6 +477,7 @@ impl Scheduler {
             parent,
             joined,
             keep,
+            lost_reads: _,
         } = links;
         self.enter_workflow(id, &joined);
         let per = keep.len().max(1);
@@ -920,6 +935,22 @@ impl Scheduler {
             self.commands.push(Command::DropFiles { worker, files });
         }
         (copies, bytes)
+    }
+
+    /// `file` was written by `writer` outside its job's declared outputs (a result value):
+    /// its writer for lineage, unless one is known.
+    pub(super) fn graph_note_writer(&mut self, file: FileId, writer: TaskKey) {
+        self.graph.produced.entry(file).or_insert(writer);
+    }
+
+    /// `file` is no longer anyone's to make again.
+    pub(super) fn graph_forget_writer(&mut self, file: FileId) {
+        self.graph.produced.remove(&file);
+    }
+
+    /// The task that writes `file`, if one is known.
+    pub(super) fn graph_writer_of(&self, file: FileId) -> Option<TaskKey> {
+        self.graph.produced.get(&file).copied()
     }
 
     /// A job is being forgotten: the files it wrote are no longer anyone's.

@@ -27,11 +27,14 @@ impl Scheduler {
             let Some(name) = self.files.name(file) else {
                 continue;
             };
-            if let Some(ValueKind::Result { job, .. }) = values::kind_of(name) {
-                if let Some(j) = self.jobs.get_mut(&job) {
+            if let Some(ValueKind::Result { job, index }) = values::kind_of(name) {
+                if let Some(j) = self.jobs.get_mut(&job).filter(|j| index < j.len()) {
                     if !j.values.contains(&file) {
                         j.values.push(file);
                     }
+                    // Its writer, for lineage: lost with its workers while a call may still
+                    // read it, it is made again by running the task again.
+                    self.graph_note_writer(file, (job, index));
                 }
             }
         }
@@ -43,7 +46,8 @@ impl Scheduler {
         let Some(j) = self.jobs.get(&job) else {
             return;
         };
-        let mut files = j.values.clone();
+        let results = j.values.clone();
+        let mut files = results.clone();
         if j.inputs_per_task() > 0 {
             let arguments = j.inputs.iter().copied().filter(|&f| {
                 self.files
@@ -51,6 +55,9 @@ impl Scheduler {
                     .is_some_and(|n| values::kind_of(n) == Some(ValueKind::Argument))
             });
             files.extend(arguments);
+        }
+        for f in results {
+            self.graph_forget_writer(f);
         }
         self.free_values(&files);
     }
@@ -71,6 +78,8 @@ impl Scheduler {
                 if let Some(j) = self.jobs.get_mut(&job) {
                     j.values.retain(|&f| f != file);
                 }
+                // Dropped by its client: nothing may read it any more, nor make it again.
+                self.graph_forget_writer(file);
             }
             files.push(file);
         }
@@ -94,6 +103,19 @@ impl Scheduler {
     /// Copies of values deleted from caches so far, and their bytes.
     pub fn values_freed(&self) -> (u64, u64) {
         (self.values.freed_files, self.values.freed_bytes)
+    }
+
+    /// Whether a call may still read value `name`: a worker holds it, or it is the result of
+    /// a finished task that lineage can run again (its every copy was lost).
+    pub fn value_readable(&self, name: &str) -> bool {
+        let Some(file) = self.files.id(name) else {
+            return false;
+        };
+        if !self.files.holders(file).is_empty() {
+            return true;
+        }
+        self.graph_writer_of(file)
+            .is_some_and(|writer| self.remakeable(writer))
     }
 
     /// The workers whose caches hold file `name` (a value, or any file), by id.

@@ -65,8 +65,9 @@ pub(super) fn missing_input(
 }
 
 /// Why a job cannot be taken, if a value (`kestrel_core::values`) its tasks read is held by no
-/// worker: dropped by its client, or lost with the worker that held it. Nothing can bring it
-/// back, so every task reading it would fail.
+/// worker and cannot be made again: dropped by its client, or lost with the worker that held
+/// it when its task cannot run again (a result whose task can is made again by lineage, and
+/// the job waits for it). Every task reading it would fail.
 pub(super) fn missing_value(core: &Scheduler, spec: &JobSpec) -> Option<String> {
     let files = &spec.template.files;
     let name = files
@@ -74,7 +75,7 @@ pub(super) fn missing_value(core: &Scheduler, spec: &JobSpec) -> Option<String> 
         .iter()
         .chain(&files.statics)
         .filter(|n| kestrel_core::values::is_value(n))
-        .find(|n| core.holders_of(n).is_empty())?;
+        .find(|n| !core.value_readable(n))?;
     Some(match kestrel_core::values::kind_of(name) {
         Some(kestrel_core::values::ValueKind::Result { job, index }) => format!(
             "the call reads the result of task {job}:{index}, which no worker holds any more (its future was dropped, its job forgotten, or the worker holding it was lost); compute it again"

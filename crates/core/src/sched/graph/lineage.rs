@@ -33,29 +33,41 @@ fn missing_input(reason: &str) -> Option<&str> {
     let rest = reason.strip_prefix("input ")?;
     rest.split_once(" not found in ")
         .or_else(|| rest.split_once(" is in no cache and the job has no store"))
+        // A value: in no store, ever.
+        .or_else(|| rest.split_once(" is in no cache: "))
         .map(|(name, _)| name)
 }
 
 impl Scheduler {
-    /// Whether `file` is a `local` output of task `writer` (never written to the store).
-    fn is_local_output(&self, (job, index): TaskKey, file: FileId) -> bool {
+    /// Whether `file` is a `local` output of task `writer` (never written to the store), or
+    /// the result value it left in a cache (see [`crate::values`]): a file that only caches
+    /// hold, made again by running `writer` again.
+    pub(in crate::sched) fn is_local_output(&self, (job, index): TaskKey, file: FileId) -> bool {
         let Some(j) = self.jobs.get(&job) else {
             return false;
         };
+        if j.values.contains(&file) {
+            return true;
+        }
         let per = j.spec.template.files.outputs.len();
         let first = index as usize * per;
         (0..per)
             .any(|p| j.outputs.get(first + p) == Some(&file) && j.keep.get(p) == Some(&Keep::Local))
     }
 
-    /// The files task `writer` writes.
+    /// The files task `writer` writes: its outputs, and its result value if it left one.
     pub(in crate::sched) fn outputs_of(&self, (job, index): TaskKey) -> Vec<FileId> {
         let Some(j) = self.jobs.get(&job) else {
             return Vec::new();
         };
         let per = j.spec.template.files.outputs.len();
         let first = index as usize * per;
-        j.outputs.get(first..first + per).unwrap_or(&[]).to_vec()
+        let mut files = j.outputs.get(first..first + per).unwrap_or(&[]).to_vec();
+        files.extend(j.values.iter().copied().filter(|&f| {
+            self.files.name(f).and_then(crate::values::kind_of)
+                == Some(crate::values::ValueKind::Result { job, index })
+        }));
+        files
     }
 
     /// Copies local intermediates among `files` to other workers until each is held by as
@@ -235,6 +247,37 @@ impl Scheduler {
             }
         }
         rescued
+    }
+
+    /// A task just submitted reads `file`, whose writer `writer` has finished but whose every
+    /// copy is gone: the writer runs again and the task waits for it, as if the loss had come
+    /// after the submission. Whether it will run again.
+    pub(in crate::sched) fn remake_for(
+        &mut self,
+        reader: TaskKey,
+        file: FileId,
+        writer: TaskKey,
+    ) -> bool {
+        if !self.remake(writer) {
+            return false;
+        }
+        self.wait_for(reader, file, writer);
+        true
+    }
+
+    /// Whether `writer` could run again to make its lost outputs (see [`Self::remake`]).
+    pub(in crate::sched) fn remakeable(&self, writer: TaskKey) -> bool {
+        let Some(j) = self.jobs.get(&writer.0) else {
+            return false;
+        };
+        if j.canceled {
+            return false;
+        }
+        if self.graph.remaking.contains_key(&writer) {
+            return true;
+        }
+        j.table.get(writer.1).state == TaskState::Finished
+            && self.graph.remade.get(&writer).copied().unwrap_or(0) < MAX_REMAKES
     }
 
     /// Runs `writer` again to make its lost outputs, unless it already is; whether it will.
@@ -444,6 +487,10 @@ mod tests {
         assert_eq!(
             missing_input("input a b is in no cache and the job has no store; give one with `--store DIR|URL`"),
             Some("a b")
+        );
+        assert_eq!(
+            missing_input("input kestrel-values/r/ab/3/0 is in no cache: the result of task 3:0"),
+            Some("kestrel-values/r/ab/3/0")
         );
         assert_eq!(missing_input("exit code 1"), None);
         assert_eq!(missing_input("input x: producer task 1:1 failed"), None);

@@ -678,6 +678,11 @@ pub struct ServerStartArgs {
     /// --server-dir read the new one when they reconnect, the others must be given it
     #[arg(long)]
     pub new_secret: bool,
+    /// How long a connecting worker or client has to prove the secret; a fifth of it once
+    /// half the handshake places are taken, so a flood of idle connections gives way sooner.
+    /// Longer for links with a high round-trip time
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub handshake_timeout: String,
     #[command(flatten)]
     pub tls: TlsArgs,
 }

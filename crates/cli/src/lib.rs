@@ -186,6 +186,7 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         util_threshold,
         window,
         new_secret,
+        handshake_timeout,
         tls,
     } = args;
     let store = match store {
@@ -232,6 +233,14 @@ async fn server_start(g: &Global, args: args::ServerStartArgs) -> Result<ExitCod
         run_record: false,
         new_secret,
         write_timeout: kestrel_server::WRITE_TIMEOUT,
+        handshake_timeout: match jobs::parse_duration(&handshake_timeout)
+            .context("--handshake-timeout")?
+        {
+            d if d < std::time::Duration::from_millis(100) => {
+                bail!("--handshake-timeout {handshake_timeout} is too short for any peer to prove the secret; give at least 100ms (the default is 10s)")
+            }
+            d => d,
+        },
     };
     let first_job = config.first_job;
     let server = kestrel_server::start(config).await?;

@@ -45,6 +45,9 @@ pub struct ServerConfig {
     /// How long a burst of writes to an authenticated client or worker may take before its
     /// connection is dropped ([`crate::WRITE_TIMEOUT`]; shorter only in tests).
     pub write_timeout: Duration,
+    /// How long a peer has to finish the handshake ([`crate::HANDSHAKE_TIMEOUT`]); a fifth of
+    /// it when half the handshake places or more are taken as it comes in.
+    pub handshake_timeout: Duration,
 }
 
 /// Where the server's TLS certificate comes from.
@@ -63,6 +66,14 @@ pub enum TlsConfig {
 }
 
 impl ServerConfig {
+    /// The time limits of the server's connections.
+    pub(crate) fn timeouts(&self) -> crate::conn::Timeouts {
+        crate::conn::Timeouts {
+            write: self.write_timeout,
+            handshake: self.handshake_timeout,
+        }
+    }
+
     /// A server on loopback with a free port, for embedded use and tests.
     pub fn local(dir: PathBuf) -> ServerConfig {
         ServerConfig {
@@ -83,6 +94,7 @@ impl ServerConfig {
             run_record: false,
             new_secret: false,
             write_timeout: crate::WRITE_TIMEOUT,
+            handshake_timeout: crate::HANDSHAKE_TIMEOUT,
         }
     }
 }

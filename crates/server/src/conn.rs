@@ -28,11 +28,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
-/// A peer has this long to finish the handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// And this long when half the handshake places or more are taken as it comes in: a real
+/// A peer has this long to finish the handshake (`server start --handshake-timeout`).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// And this part of it when half the handshake places or more are taken as it comes in: a real
 /// worker or client finishes in milliseconds, an idle connection is made to give way sooner.
-const CROWDED_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+const CROWDED_HANDSHAKE_DIVISOR: u32 = 5;
 /// Connections allowed in their handshake at once. Each holds buffers until it proves the
 /// secret (or times out), so without a bound a flood of idle connections grows memory; 512 is
 /// well above a few hundred workers reconnecting together, and those retry with backoff.
@@ -166,13 +166,21 @@ fn handshake_failed(failures: &SharedFailures, peer: SocketAddr, reason: &str) {
     }
 }
 
+/// The time limits of a listener's connections.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// See [`WRITE_TIMEOUT`].
+    pub write: Duration,
+    /// See [`HANDSHAKE_TIMEOUT`].
+    pub handshake: Duration,
+}
+
 /// What every connection of a listener shares.
 struct Listening {
     secret: Arc<[u8]>,
     tls: Option<TlsAcceptor>,
     failures: SharedFailures,
-    /// See [`WRITE_TIMEOUT`].
-    write_timeout: Duration,
+    timeouts: Timeouts,
     traffic: Arc<TrafficCounters>,
 }
 
@@ -182,7 +190,7 @@ pub async fn accept_loop(
     listener: TcpListener,
     secret: Vec<u8>,
     tls: Option<TlsAcceptor>,
-    write_timeout: Duration,
+    timeouts: Timeouts,
     traffic: Arc<TrafficCounters>,
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
@@ -192,7 +200,7 @@ pub async fn accept_loop(
         secret: secret.into(),
         tls,
         failures: failures.clone(),
-        write_timeout,
+        timeouts,
         traffic,
     });
     let gate = Gate::new(Limits {
@@ -304,10 +312,11 @@ async fn serve(
     engine: mpsc::UnboundedSender<Inbound>,
 ) {
     let failures = &listening.failures;
+    let full = listening.timeouts.handshake;
     let deadline = if pass.crowded {
-        CROWDED_HANDSHAKE_TIMEOUT
+        full / CROWDED_HANDSHAKE_DIVISOR
     } else {
-        HANDSHAKE_TIMEOUT
+        full
     };
     let tls = listening.tls.clone();
     let hs = tokio::time::timeout(deadline, open(stream, &listening.secret, tls));
@@ -340,7 +349,7 @@ async fn serve(
         writer,
         out_rx,
         (peer, role),
-        listening.write_timeout,
+        listening.timeouts.write,
         Arc::clone(&traffic),
         stalled_tx,
     ));

@@ -28,6 +28,6 @@ mod views;
 
 pub use clock::now_us;
 pub use config::{ServerConfig, TlsConfig};
-pub use conn::WRITE_TIMEOUT;
+pub use conn::{HANDSHAKE_TIMEOUT, WRITE_TIMEOUT};
 pub use lock::LockError;
 pub use start::{start, RunningServer, StartError, StopHandle};

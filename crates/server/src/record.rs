@@ -94,7 +94,7 @@ pub async fn open(dir: &Path) -> Result<RunningServer, StartError> {
         listener,
         access,
         None,
-        config.write_timeout,
+        config.timeouts(),
         None,
     ))
 }

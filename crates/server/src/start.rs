@@ -187,7 +187,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, StartError> {
     access.write(&access_path)?;
     tracing::info!(address = %access.address(), dir = %config.dir.display(), "server listening");
     let placed = Some((lock, access_path));
-    let mut server = serve(engine, listener, access, tls, config.write_timeout, placed);
+    let mut server = serve(engine, listener, access, tls, config.timeouts(), placed);
     server.restored = restored;
     Ok(server)
 }
@@ -199,7 +199,7 @@ pub(crate) fn serve(
     listener: TcpListener,
     access: Access,
     tls: Option<kestrel_proto::tls::TlsAcceptor>,
-    write_timeout: std::time::Duration,
+    timeouts: conn::Timeouts,
     placed: Option<(lock::DirLock, PathBuf)>,
 ) -> RunningServer {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -210,7 +210,7 @@ pub(crate) fn serve(
         listener,
         access.secret_bytes(),
         tls,
-        write_timeout,
+        timeouts,
         engine.traffic(),
         tx.clone(),
     ));

@@ -273,7 +273,7 @@ impl Engine {
                 info.journal = self.durable.journal.as_ref().map(|j| JournalInfo {
                     path: j.path().display().to_string(),
                     bytes: j.bytes(),
-                    rows: j.rows(),
+                    rows: self.durable.rows,
                     error: self.durable.error.clone(),
                 });
                 Ok(Answer::Info(Box::new(info)))
@@ -330,7 +330,7 @@ impl Engine {
                     .core
                     .job(job)
                     .is_some_and(|j| Stream::of(stderr).sink(&j.spec).is_stream());
-                if streamed && self.durable.journaling() && !self.durable.pending.is_empty() {
+                if streamed && self.durable.journaling() && !self.durable.settled() {
                     self.commit(true);
                 }
                 match self.core.job(job) {

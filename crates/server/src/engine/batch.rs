@@ -26,6 +26,8 @@ impl Engine {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut batch = Vec::with_capacity(BATCH);
         let mut last_tick = tokio::time::Instant::now();
+        // Woken when the journal's writer carried out a commit (never without a journal).
+        let committed = self.durable.wake().unwrap_or_default();
         loop {
             if !self.postponed.is_empty() {
                 // Requests left by the last pass go first, with what has come in meanwhile;
@@ -63,6 +65,7 @@ impl Engine {
                     let now = self.now();
                     self.tick(now);
                 }
+                () = committed.notified() => self.collect_commits(),
             }
             if self.settle() {
                 break;

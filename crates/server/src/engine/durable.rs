@@ -1,17 +1,20 @@
 //! Durability: what goes into the journal and when.
 //!
-//! The scheduler's records of each event are encoded into the pending transaction right after
-//! the event (their order is the journal's). A batch's inputs (submissions, extensions,
-//! cancels, ...) are committed before its scheduling pass, so no task of a job goes out before
-//! the job is durable; task ends alone may gather for a few milliseconds. Replies that promise
-//! something the journal must hold wait in `deferred` for the commit.
+//! The scheduler's records of each event are gathered into the pending batch right after the
+//! event (their order is the journal's). The journal's writer thread commits the batches (see
+//! [`crate::journal::Writer`]), one at a time, in order. A batch's inputs (submissions,
+//! extensions, cancels, ...) are committed, and waited for, before its scheduling pass, so no
+//! task of a job goes out before the job is durable; task ends alone may gather for a few
+//! milliseconds, and their commit runs while the engine goes on. Replies that promise
+//! something the journal must hold wait for the commit that holds it.
 
 use super::{ConnId, Engine};
-use crate::journal::{Journal, Pending};
+use crate::journal::{Done, Journal, Pending, Writer};
 use crate::outputs::OutputLog;
 use kestrel_core::{Event, JobId, Record, RunEnd};
 use kestrel_proto::messages::{Answer, Refusal, TaskOutput};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// How long accepted task ends may wait for a journal commit when nothing else needs one.
@@ -20,9 +23,19 @@ const ENDS_COMMIT_EVERY: Duration = Duration::from_millis(20);
 /// The journal, and what waits for its next commit.
 #[derive(Default)]
 pub(super) struct Durability {
-    /// The journal, when kept; entries of the current batch wait in `pending`.
+    /// The journal, when kept, for reads (outputs, sizes); entries of the current batch wait
+    /// in `pending`.
     pub(super) journal: Option<Journal>,
-    pub(super) pending: Pending,
+    /// The thread that commits batches, with a connection of its own (none for a read-only
+    /// record).
+    pub(super) writer: Option<Writer>,
+    pub(super) pending: Box<Pending>,
+    /// Commits handed to the writer and not yet carried out, oldest first.
+    in_flight: VecDeque<InFlight>,
+    /// An emptied batch given back by the writer, for the next one.
+    spare: Option<Box<Pending>>,
+    /// Rows in the log, as the writer last counted them.
+    pub(super) rows: u64,
     /// Why the journal's last commit failed; new work is refused until one succeeds again
     /// (after `job forget` made room, or disk space was freed).
     pub(super) error: Option<String>,
@@ -37,7 +50,7 @@ pub(super) struct Durability {
     /// Client replies held until the batch's journal entries are committed.
     deferred: Vec<Deferred>,
     /// Jobs with task ends in the pending transaction.
-    ends_pending: rustc_hash::FxHashSet<JobId>,
+    ends_pending: FxHashSet<JobId>,
     /// Jobs some of whose task ends a failed commit dropped: those tasks run again after a
     /// restart, so a wait for such a job is not told it ended as if that were durable.
     ends_lost: rustc_hash::FxHashSet<JobId>,
@@ -51,7 +64,24 @@ impl Durability {
     /// Whether inputs are journaled: also while the journal is full (each commit tries again,
     /// and a forget, which makes room, gets in).
     pub(super) fn journaling(&self) -> bool {
-        self.journal.is_some() && self.read_only.is_none()
+        self.writer.is_some() && self.read_only.is_none()
+    }
+
+    /// Whether everything gathered is committed (or nothing is journaled).
+    pub(super) fn settled(&self) -> bool {
+        self.in_flight.is_empty() && self.pending.is_empty()
+    }
+
+    /// Notified when the writer carried out a commit (none without a writer).
+    pub(super) fn wake(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.writer.as_ref().map(Writer::wake)
+    }
+
+    /// Asks the writer for a step of compaction.
+    pub(super) fn compact(&self) {
+        if let Some(w) = &self.writer {
+            w.compact();
+        }
     }
 
     /// What the journal held of job ids at start (see [`Engine::attach_journal`]).
@@ -107,6 +137,18 @@ impl Durability {
     }
 }
 
+/// A commit handed to the writer, with what waits for it.
+struct InFlight {
+    /// Replies released when it is carried out.
+    deferred: Vec<Deferred>,
+    /// Jobs with task ends in it.
+    ends: FxHashSet<JobId>,
+    /// The `next_job` it keeps.
+    next_job: JobId,
+    /// Whether it holds inputs (submissions, ...), withdrawn if it fails.
+    inputs: bool,
+}
+
 /// A reply held back until the journal commit that makes it true.
 struct Deferred {
     conn: ConnId,
@@ -136,11 +178,15 @@ impl Deferred {
 }
 
 impl Engine {
-    /// Writes the batch's journal entries in one transaction, then sends the replies that
-    /// waited for it. If the write fails, jobs created in this batch are withdrawn and their
-    /// submitters told why (unless the journal was only full and kept the batch's inputs), and
-    /// no new work is accepted until a commit succeeds again.
+    /// Hands the batch's journal entries to the writer when a commit is due, and sends the
+    /// replies that can go: those that promise nothing at once, the others once the commit
+    /// holding what they promise is carried out. `force` (and inputs, and watched ends) waits
+    /// for that commit; task ends alone gather for [`ENDS_COMMIT_EVERY`] and are committed one
+    /// batch at a time while the engine goes on. A failed commit withdraws the jobs it created
+    /// and their submitters are told why (unless the journal was only full and kept the
+    /// batch's inputs), and no new work is accepted until a commit succeeds again.
     pub(super) fn commit(&mut self, force: bool) {
+        self.collect_commits();
         let now = self.now();
         self.journal_records(now);
         let next_job = self.core.next_job_id();
@@ -148,83 +194,167 @@ impl Engine {
         // millisecond: they do not wait for ends to gather.
         let watched = self.watch.due(&self.core);
         let d = &mut self.durable;
+        let wait = force || watched || d.pending.has_inputs();
         // Task ends alone promise nothing to anyone (a lost one only means a re-run), so they
         // may gather for a few milliseconds: fewer syncs under a flood of tiny tasks.
-        let due = force
-            || watched
+        let due = wait
             || d.deferred.iter().any(Deferred::needs_durability)
-            || d.pending.has_inputs()
             // Either way: a step back of the wall clock must not hold ends back.
             || now.abs_diff(d.last_commit_us) >= ENDS_COMMIT_EVERY.as_micros() as u64;
-        let mut failed = None;
-        if let (Some(j), true, true) = (d.journal.as_mut(), due, d.read_only.is_none()) {
-            // Ids given out are kept, so none is given out again after a restart (a job whose
-            // rows went with `job forget`, or one withdrawn below, leaves no other trace).
-            if d.next_job_kept.is_none_or(|kept| kept < next_job) {
-                d.pending.next_job = Some(next_job);
-            }
-            if !d.pending.is_empty() {
-                d.last_commit_us = now;
-                let committed = j.commit(&mut d.pending);
-                // Ends are kept only by a whole commit: one refused for want of room keeps
-                // the batch's inputs without them.
-                let mut lost = Vec::new();
-                if committed.is_err() {
-                    d.ends_lost.extend(d.ends_pending.iter().copied());
-                    lost.extend(d.ends_pending.iter().copied());
-                }
-                d.ends_pending.clear();
-                match committed {
-                    Ok(()) => {
-                        d.next_job_kept = Some(next_job);
-                        if let Some(was) = d.error.take() {
-                            tracing::info!(
-                                "the journal is written again; new work is accepted (it had failed: {was})"
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        let msg = j.explain(&e.err, &self.info.dir);
-                        if e.inputs_kept {
-                            d.next_job_kept = Some(next_job);
-                        }
-                        if d.error.is_none() {
-                            tracing::error!("{msg}; work that does not fit is refused, and retries are, until it can be written again");
-                        }
-                        // Their ends are not durable: a watch of them is not told they are.
-                        for job in lost {
-                            let why = format!(
-                                "the journal could not record how some tasks of job {job} ended ({msg}), so a restart of the server would run them again; the watch of job {job} ends"
-                            );
-                            self.watch.end(job, why, true);
-                        }
-                        d.error = Some(msg.clone());
-                        if !e.inputs_kept {
-                            failed = Some(msg);
-                        }
-                    }
-                }
-            }
+        // One commit of ends at a time: while one is carried out the next batch gathers.
+        let sent = due && (wait || d.in_flight.is_empty()) && self.hand_over(now, next_job);
+        let d = &mut self.durable;
+        // Replies that promise nothing go now; the others with the commit that holds what they
+        // promise: this one, or the last one handed over if nothing is gathered since.
+        let (held, now_free): (Vec<Deferred>, Vec<Deferred>) = std::mem::take(&mut d.deferred)
+            .into_iter()
+            .partition(|x| x.needs_durability() && d.journaling());
+        let mut free = now_free;
+        match (sent, d.in_flight.back_mut()) {
+            (true, Some(last)) => last.deferred.extend(held),
+            (false, Some(last)) if d.pending.is_empty() => last.deferred.extend(held),
+            (false, Some(_)) => d.deferred = held,
+            (_, None) => free.extend(held),
         }
-        if let Some(msg) = failed {
-            self.withdraw_unjournaled(&msg);
+        self.unconfirm_waits(&mut free);
+        for x in free {
+            self.conns.send_now(x.conn, x.id, x.result);
         }
-        self.unconfirm_waits();
-        for d in std::mem::take(&mut self.durable.deferred) {
-            self.conns.send_now(d.conn, d.id, d.result);
+        if wait {
+            self.await_commits();
         }
         // Watched ends go once the journal holds them (or at once without a journal), after
         // the replies (a `Watching` comes before the ends it watches).
-        if !self.durable.journaling() || self.durable.pending.is_empty() {
+        if !self.durable.journaling() || self.durable.settled() {
             self.flush_watches();
         }
     }
 
-    /// A held `WaitDone` for a job whose task ends the journal did not record (in this batch's
-    /// failed commit or an earlier one) becomes an error: the jobs did end, but a restart
-    /// would run those tasks again, and the client must not take it as durable.
-    fn unconfirm_waits(&mut self) {
+    /// Hands the pending batch to the writer, if there is anything to write; whether it did.
+    fn hand_over(&mut self, now: u64, next_job: JobId) -> bool {
         let d = &mut self.durable;
+        let Some(writer) = d.writer.as_ref().filter(|_| d.read_only.is_none()) else {
+            return false;
+        };
+        // Ids given out are kept, so none is given out again after a restart (a job whose
+        // rows went with `job forget`, or one withdrawn, leaves no other trace).
+        if d.next_job_kept.is_none_or(|kept| kept < next_job) {
+            d.pending.next_job = Some(next_job);
+        }
+        if d.pending.is_empty() {
+            return false;
+        }
+        d.last_commit_us = now;
+        let inputs = d.pending.has_inputs();
+        let next = d.spare.take().unwrap_or_default();
+        let batch = std::mem::replace(&mut d.pending, next);
+        let flight = InFlight {
+            deferred: Vec::new(),
+            ends: std::mem::take(&mut d.ends_pending),
+            next_job,
+            inputs,
+        };
+        if writer.commit(batch) {
+            d.in_flight.push_back(flight);
+            return true;
+        }
+        // The writer thread is gone (it panicked): as a failed commit.
+        let done = writer_gone(d.rows);
+        d.in_flight.push_back(flight);
+        self.commit_done(done);
+        false
+    }
+
+    /// Takes in the commits the writer carried out, without waiting.
+    pub(super) fn collect_commits(&mut self) {
+        while let Some(done) = self.durable.writer.as_ref().and_then(Writer::try_done) {
+            self.commit_done(done);
+        }
+    }
+
+    /// Waits until the writer did everything handed over (commits and compaction), and takes
+    /// in the commits: tests step the engine as if commits were instant.
+    #[cfg(test)]
+    pub(super) fn sync_journal(&mut self) {
+        if let Some(w) = &self.durable.writer {
+            w.barrier();
+        }
+        self.await_commits();
+    }
+
+    /// Waits until every commit handed over is carried out.
+    fn await_commits(&mut self) {
+        while !self.durable.in_flight.is_empty() {
+            match self.durable.writer.as_ref().and_then(Writer::wait_done) {
+                Some(done) => self.commit_done(done),
+                None => {
+                    // The writer is gone with them: their replies say so.
+                    self.commit_done(writer_gone(self.durable.rows));
+                }
+            }
+        }
+    }
+
+    /// A commit carried out (the oldest handed over): what it made true, or what its failure
+    /// takes back; then the replies that waited for it.
+    fn commit_done(&mut self, done: Done) {
+        let d = &mut self.durable;
+        let Some(mut flight) = d.in_flight.pop_front() else {
+            return;
+        };
+        d.rows = done.rows;
+        d.spare = Some(done.pending);
+        let mut failed = None;
+        match done.result {
+            Ok(()) => {
+                d.next_job_kept = d.next_job_kept.max(Some(flight.next_job));
+                if let Some(was) = d.error.take() {
+                    tracing::info!(
+                        "the journal is written again; new work is accepted (it had failed: {was})"
+                    );
+                }
+            }
+            Err(e) => {
+                // Ends are kept only by a whole commit: one refused for want of room keeps
+                // the batch's inputs without them.
+                d.ends_lost.extend(flight.ends.iter().copied());
+                if e.inputs_kept {
+                    d.next_job_kept = d.next_job_kept.max(Some(flight.next_job));
+                }
+                if d.error.is_none() {
+                    tracing::error!("{}; work that does not fit is refused, and retries are, until it can be written again", e.msg);
+                }
+                d.error = Some(e.msg.clone());
+                // Their ends are not durable: a watch of them is not told they are.
+                for &job in &flight.ends {
+                    let why = format!(
+                        "the journal could not record how some tasks of job {job} ended ({}), so a restart of the server would run them again; the watch of job {job} ends",
+                        e.msg
+                    );
+                    self.watch.end(job, why, true);
+                }
+                if !e.inputs_kept && flight.inputs {
+                    failed = Some(e.msg);
+                }
+            }
+        }
+        if let Some(msg) = failed {
+            self.withdraw_unjournaled(&msg, &mut flight.deferred);
+        }
+        self.unconfirm_waits(&mut flight.deferred);
+        for x in flight.deferred {
+            self.conns.send_now(x.conn, x.id, x.result);
+        }
+        if self.durable.settled() {
+            self.flush_watches();
+        }
+    }
+
+    /// A held `WaitDone` for a job whose task ends the journal did not record (in a failed
+    /// commit) becomes an error: the jobs did end, but a restart would run those tasks again,
+    /// and the client must not take it as durable.
+    fn unconfirm_waits(&self, replies: &mut [Deferred]) {
+        let d = &self.durable;
         if d.ends_lost.is_empty() {
             return;
         }
@@ -232,7 +362,7 @@ impl Engine {
             .error
             .as_deref()
             .unwrap_or("an earlier write of the journal failed");
-        for w in d.deferred.iter_mut().filter(|w| !w.waited.is_empty()) {
+        for w in replies.iter_mut().filter(|w| !w.waited.is_empty()) {
             let mut lost: Vec<JobId> = w
                 .waited
                 .iter()
@@ -258,24 +388,21 @@ impl Engine {
     }
 
     /// Gives back a step of the room forgotten jobs left in the journal (a bounded one, so a
-    /// big job's room is given back over several ticks, not in one stall).
+    /// big job's room is given back over several ticks, not in one stall), on the writer.
     pub(super) fn compact_journal(&mut self) {
-        if let Some(j) = self.durable.journal.as_mut() {
-            if j.compaction_due() {
-                j.compact_step();
-            }
-        }
+        self.durable.compact();
     }
 
-    /// After a commit that kept nothing: jobs created in the failed batch are withdrawn
-    /// (canceled, then forgotten: their ids never reached the journal) and their submitters
-    /// told why; a job whose piece was not kept is canceled (its client stops sending pieces:
-    /// left open, it would never end); a forget in the batch is said to be lost with a restart.
-    fn withdraw_unjournaled(&mut self, msg: &str) {
+    /// After a commit that kept nothing: jobs created in the failed batch (replies `held`) are
+    /// withdrawn (canceled, then forgotten: their ids never reached the journal) and their
+    /// submitters told why; a job whose piece was not kept is canceled (its client stops
+    /// sending pieces: left open, it would never end); a forget in the batch is said to be lost
+    /// with a restart.
+    fn withdraw_unjournaled(&mut self, msg: &str, held: &mut [Deferred]) {
         let now = self.now();
         let mut withdrawn = Vec::new();
         let mut partial = Vec::new();
-        for d in &mut self.durable.deferred {
+        for d in held.iter_mut() {
             match (&mut d.result, d.created.take()) {
                 (Ok(Answer::Submitted { .. }), Some((job, key))) => {
                     withdrawn.push(job);
@@ -328,7 +455,7 @@ impl Engine {
         self.core.swap_records(&mut records);
         let journaling = self.durable.journaling();
         let streaming = self.outputs.streaming();
-        let pending = &mut self.durable.pending;
+        let pending: &mut Pending = &mut self.durable.pending;
         // Jobs forgotten one after another go in one FORGET entry.
         let mut forgotten = Vec::new();
         for r in records.drain(..) {
@@ -447,6 +574,18 @@ impl Engine {
             pending.forget(forgotten, now);
         }
         self.durable.records = records;
+    }
+}
+
+/// What a commit handed to a writer thread that is gone comes to: a failed one.
+fn writer_gone(rows: u64) -> Done {
+    Done {
+        result: Err(crate::journal::Failed {
+            msg: "the journal's writer stopped (see the server's log); restart the server".into(),
+            inputs_kept: false,
+        }),
+        rows,
+        pending: Box::default(),
     }
 }
 

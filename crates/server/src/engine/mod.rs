@@ -237,6 +237,17 @@ impl Engine {
             Ok(None) => {}
             Err(e) => return Err(journal.damaged(format!("its allocation queues: {e}"))),
         }
+        // The writer commits on a connection of its own; this one is kept for reads.
+        let writer = journal.reopen().and_then(|w| {
+            crate::journal::Writer::start(w, self.info.dir.clone()).map_err(|e| {
+                JournalError::Open {
+                    path: journal.path().to_path_buf(),
+                    err: format!("cannot start the journal's writer thread: {e}"),
+                }
+            })
+        })?;
+        self.durable.rows = journal.rows();
+        self.durable.writer = Some(writer);
         self.durable.journal = Some(journal);
         Ok(restored)
     }

@@ -99,6 +99,7 @@ impl Server {
     fn batch(&mut self, events: impl IntoIterator<Item = Inbound>) {
         self.engine.apply(test_clock(), events);
         self.engine.settle();
+        self.engine.sync_journal();
     }
 
     fn connect(&mut self) -> (Peer, Outbox) {
@@ -341,6 +342,7 @@ fn a_silent_worker_is_dropped_at_the_tick_after_four_heartbeats_and_its_tasks_mo
     let (_, mut second) = s.worker(1);
     s.engine.tick(test_clock());
     s.engine.settle();
+    s.engine.sync_journal();
     assert_eq!(assigned(&second.sent()), vec![run(job, 0, 1)]);
     assert!(peer.closed(), "the lost worker's connection is dropped");
 }
@@ -556,6 +558,7 @@ fn forgetting_jobs_shrinks_the_journal_and_replays_give_them_back_no_more() {
     for _ in 0..10 {
         s.engine.tick(test_clock());
     }
+    s.engine.sync_journal();
     let after = s.engine.durable.journal.as_ref().unwrap().bytes();
     assert!(after * 4 < before, "{before} bytes before, {after} after");
     drop(s);

@@ -12,12 +12,15 @@
 //! - `store`: the SQLite file ([`Journal`]): open, `meta`, append a batch in one transaction,
 //!   delete a forgotten job's rows (every row names its job) and give their room back.
 //! - `replay`: reading the log back into the scheduler at start.
+//! - `writer`: the thread that commits the engine's batches, off the engine's loop.
 
 mod encoding;
 mod replay;
 mod store;
+mod writer;
 
 pub use encoding::Pending;
 pub use replay::Restored;
 pub(crate) use store::new_server_id;
 pub use store::{CommitError, Journal, JournalError, Meta, JOURNAL_FILE};
+pub use writer::{Done, Failed, Writer};

@@ -166,6 +166,10 @@ impl Journal {
             .map_err(damaged)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(damaged)?;
+        // The writer's connection, the engine's (reads) and the allocation queues' share the
+        // file: one waits for another's transaction rather than failing at once.
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(damaged)?;
         if let Some(limit) = limit_bytes {
             let page: i64 = conn
                 .pragma_query_value(None, "page_size", |r| r.get(0))
@@ -264,6 +268,12 @@ impl Journal {
                 self.path.display()
             ),
         }
+    }
+
+    /// Another connection to the same journal (for the writer thread).
+    pub fn reopen(&self) -> Result<Journal, JournalError> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        Journal::open(dir, self.limit)
     }
 
     /// The database file.

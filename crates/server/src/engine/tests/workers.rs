@@ -291,6 +291,7 @@ fn a_worker_lost_to_its_heartbeat_is_listed_as_departed_with_why() {
     s.advance(25_000_000);
     s.engine.tick(test_clock());
     s.engine.settle();
+    s.engine.sync_journal();
     let l = listing(&mut s, &mut client);
     let [d] = &l.departed[..] else {
         panic!("{l:?}")

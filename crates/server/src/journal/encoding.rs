@@ -82,8 +82,9 @@ pub(super) struct CancelBody {
     pub(super) at_us: u64,
 }
 
-/// A batch of accepted task ends. Successes, the bulk, are tuples of small integers relative
-/// to `base_us` (about 20 bytes a task); other ends keep their full report. The workers that
+/// A batch of accepted task ends. Successes, the bulk, are packed as differences from the
+/// success before (`packed`, about 6 bytes a task; before schema 8, `ok`: tuples of small
+/// integers relative to `base_us`, about 20 bytes a task); other ends keep their full report. The workers that
 /// ran them are runs over the ends (one update's ends are one worker's): a few bytes a
 /// batch, not a number per task.
 #[derive(Serialize, Deserialize)]
@@ -102,6 +103,61 @@ pub(super) struct EndsBody {
     /// Absent from entries written before it (schema 5): their ends name worker 0.
     #[serde(default)]
     pub(super) workers: Vec<(WorkerId, u32)>,
+    /// Schema 8: the job of the successes in `packed`.
+    #[serde(default)]
+    pub(super) job: JobId,
+    /// Schema 8: the successes of `job`, written in place of `ok` (see [`pack_successes`]);
+    /// read back into `ok` by [`Entry::decode`].
+    #[serde(default, with = "serde_bytes")]
+    pub(super) packed: Vec<u8>,
+}
+
+/// A success as journaled: (job, index, assigned, started, finished), times as offsets.
+type Success = (JobId, TaskIndex, i64, i64, i64);
+
+/// `ok`'s successes of one job as a MessagePack stream of integers, four a task: the index
+/// and the assignment time as differences from the task before, the start as a difference
+/// from the assignment, the end from the start. The differences are small (consecutive
+/// indices, tasks a few microseconds apart), so most take one or two bytes where the tuples
+/// took about twenty, and writing them is a loop over integers rather than serde's tuple
+/// machinery: this is most of what the journal writes and encodes under a flood of short
+/// tasks (issue 32). Wrapping arithmetic, so that any offsets go through and come back.
+fn pack_successes(ok: &[Success]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ok.len() * 8);
+    let (mut index, mut assigned) = (0i64, 0i64);
+    for &(_, i, a, st, f) in ok {
+        for v in [
+            i64::from(i).wrapping_sub(index),
+            a.wrapping_sub(assigned),
+            st.wrapping_sub(a),
+            f.wrapping_sub(st),
+        ] {
+            // Writing to a Vec cannot fail.
+            let _ = rmp::encode::write_sint(&mut out, v);
+        }
+        (index, assigned) = (i64::from(i), a);
+    }
+    out
+}
+
+/// The inverse of [`pack_successes`], for `job`.
+fn unpack_successes(job: JobId, mut packed: &[u8]) -> Result<Vec<Success>, String> {
+    let mut ok = Vec::with_capacity(packed.len() / 6);
+    let (mut index, mut assigned) = (0i64, 0i64);
+    while !packed.is_empty() {
+        let mut next = || {
+            rmp::decode::read_int::<i64, _>(&mut packed)
+                .map_err(|e| format!("packed task ends: {e}"))
+        };
+        let (di, da, ds, df) = (next()?, next()?, next()?, next()?);
+        index = index.wrapping_add(di);
+        assigned = assigned.wrapping_add(da);
+        let started = assigned.wrapping_add(ds);
+        let i = TaskIndex::try_from(index)
+            .map_err(|_| format!("packed task ends: task index {index} out of range"))?;
+        ok.push((job, i, assigned, started, started.wrapping_add(df)));
+    }
+    Ok(ok)
 }
 
 /// `(report, assigned_us)` pairs, the report in its full wire form.
@@ -171,7 +227,14 @@ impl Entry {
             KIND_SUBMIT => Entry::Submit(de(body)?),
             KIND_EXTEND => Entry::Extend(de(body)?),
             KIND_CANCEL => Entry::Cancel(de(body)?),
-            KIND_ENDS => Entry::Ends(de(body)?),
+            KIND_ENDS => {
+                let mut b: EndsBody = de(body)?;
+                if !b.packed.is_empty() {
+                    let packed = std::mem::take(&mut b.packed);
+                    b.ok = unpack_successes(b.job, &packed)?;
+                }
+                Entry::Ends(b)
+            }
             KIND_RETRY => Entry::Retry(de(body)?),
             KIND_GIVE_UP => Entry::GiveUp(de(body)?),
             KIND_LOST => Entry::Lost(de(body)?),
@@ -508,15 +571,18 @@ impl Pending {
                 _ => workers.push((w, n)),
             }
         }
+        let ok: Vec<_> = ok
+            .into_iter()
+            .map(|(j, i, a, s, f)| (j, i, off(a), off(s), off(f)))
+            .collect();
         let body = EndsBody {
             base_us,
-            ok: ok
-                .into_iter()
-                .map(|(j, i, a, s, f)| (j, i, off(a), off(s), off(f)))
-                .collect(),
+            ok: Vec::new(),
             other,
             waited,
             workers,
+            job,
+            packed: pack_successes(&ok),
         };
         self.push(KIND_ENDS, Some(job), &body);
     }
@@ -765,7 +831,8 @@ mod tests {
             .collect();
         // Written by the journal of 6c03047, before core's types lost their serde derives;
         // task ends name their workers since schema 5 (the last element of the ENDS entry,
-        // see `an_ends_entry_of_schema_4_reads_with_unknown_workers`).
+        // see `an_ends_entry_of_schema_4_reads_with_unknown_workers`), and pack their
+        // successes since schema 8 (see `an_ends_entry_of_schema_7_reads_as_it_did`).
         #[rustfmt::skip]
         let expected: &[&str] = &[
             "1:9607cd03e8a36b657996a573776565709692a373696da67b7461736b7d9192a14ba176ae2f736372617463682f7b6a6f627d81a446696c65aa6f75742e7b7461736b7d81a653747265616d91cd1000cdea60930200ce40000000ff039192a86c6963656e7365730181a5417272617993930105019309010193140305c2",
@@ -773,7 +840,7 @@ mod tests {
             "2:9508cd03ea90c291a86220632e66697473",
             "1:9609cd03ebc096a163969090c0a44e756c6ca44e756c6cc09301000000009081a44c6973749292a46563686fa13191a474727565c3",
             "2:9509cd03ec9191a474727565c390",
-            "4:95cd076c919507020064cd02589292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a89192072891920303",
+            "4:97cd076c909292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a8919207289192030307c406020064cd01f4",
             "3:9209cd0bb8",
             "5:9307cd0bb9c3",
             "6:940704cd0bba94c0c0b36c6f73742077697468203320776f726b657273a0",
@@ -784,6 +851,68 @@ mod tests {
         for (kind, body) in &p.rows {
             assert!(Entry::decode(*kind, body).is_ok(), "kind {kind} reads back");
         }
+    }
+
+    /// The ENDS entry above as schema 7 wrote it (successes as tuples) reads back as the packed
+    /// one does.
+    #[test]
+    fn an_ends_entry_of_schema_7_reads_as_it_did() {
+        let row = |h: &str| hex::decode(h).unwrap();
+        let old = row("95cd076c919507020064cd02589292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a89192072891920303");
+        let new = row("97cd076c909292950702cd07d0cd09c481a1469403c0ab6578697420636f64652033a4626f6f6dcd079e92950702cd07d0cd09c4a143cd07a8919207289192030307c406020064cd01f4");
+        let ends = |body: &[u8]| {
+            let Ok(Entry::Ends(b)) = Entry::decode(KIND_ENDS, body) else {
+                panic!("not task ends");
+            };
+            let ok: Vec<(Finished, u64)> = b.successes().collect();
+            (ok, b.other.len(), b.waited.clone(), b.workers.clone())
+        };
+        let (ok, others, waited, workers) = ends(&old);
+        assert_eq!(ok.len(), 1);
+        assert_eq!(
+            (
+                ok[0].0.index,
+                ok[0].0.started_us,
+                ok[0].0.finished_us,
+                ok[0].1
+            ),
+            (2, 2_000, 2_500, 1_900)
+        );
+        assert_eq!(
+            (others, waited.clone(), workers.clone()),
+            (2, vec![(7, 40)], vec![(3, 3)])
+        );
+        assert_eq!(ends(&new), (ok, others, waited, workers));
+    }
+
+    proptest::proptest! {
+        /// Any successes, times anywhere in u64 (offsets clamped as `seal_ends` does), read back
+        /// as they were written.
+        #[test]
+        fn packed_successes_read_back_as_written(
+            ends in proptest::collection::vec(
+                (0u32..u32::MAX, proptest::num::i64::ANY, proptest::num::i64::ANY, proptest::num::i64::ANY),
+                0..64,
+            )
+        ) {
+            let ok: Vec<_> = ends.iter().map(|&(i, a, s, f)| (5, i, a, s, f)).collect();
+            let packed = pack_successes(&ok);
+            proptest::prop_assert_eq!(unpack_successes(5, &packed), Ok(ok));
+        }
+    }
+
+    /// Packed successes cut short, or with a value that is not an integer, are an error, not
+    /// a panic or made-up ends.
+    #[test]
+    fn damaged_packed_successes_are_refused() {
+        let packed = pack_successes(&[(1, 3, 10, 20, 30), (1, 4, 11, 21, 31)]);
+        assert!(unpack_successes(1, &packed[..packed.len() - 1]).is_err());
+        assert!(unpack_successes(1, &[0xc0]).is_err());
+        // The second task's four differences are one byte each: its index, u32::MAX + 127.
+        let mut too_big = pack_successes(&[(1, u32::MAX, 0, 0, 0), (1, u32::MAX, 0, 0, 0)]);
+        let at = too_big.len() - 4;
+        too_big[at] = 0x7f;
+        assert!(unpack_successes(1, &too_big).is_err());
     }
 
     /// A job of multi-node tasks with task dependencies (version 11): its two trailing fields

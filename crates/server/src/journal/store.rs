@@ -19,8 +19,9 @@ pub const JOURNAL_FILE: &str = "journal.sqlite";
 /// entries' `workers`). 6: rows deleted with their forgotten job (the `job` column; ENDS and LOST
 /// entries one per job; `next_job` in `meta`: an older Kestrel would give a deleted job's id
 /// out again). 7: function jobs (a `function` after the template's `files`: an older Kestrel
-/// would read such a job as an empty command). Older journals are read as they are.
-pub(super) const SCHEMA_VERSION: i64 = 7;
+/// would read such a job as an empty command). 8: successes packed in ENDS entries (`packed`:
+/// an older Kestrel would read no success). Older journals are read as they are.
+pub(super) const SCHEMA_VERSION: i64 = 8;
 
 /// Pages given back to the file system per compaction step (16 MiB of 4 KiB pages): a big
 /// forgotten job is given back over several passes of the engine, not in one long stall.

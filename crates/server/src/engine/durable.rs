@@ -17,8 +17,12 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// How long accepted task ends may wait for a journal commit when nothing else needs one.
-const ENDS_COMMIT_EVERY: Duration = Duration::from_millis(20);
+/// How long accepted task ends may wait for a journal commit when nothing else needs one. The
+/// commit runs on the writer thread, one at a time, so a short wait costs the engine nothing
+/// and shortens the tail of a job (its wait is answered once its last ends are committed):
+/// 1M no-op tasks took 124 ms with 20 ms, 110–113 ms with 5 ms or 1 ms (issue 32). 5 ms keeps
+/// the syncs of a slow disk fewer.
+const ENDS_COMMIT_EVERY: Duration = Duration::from_millis(5);
 
 /// The journal, and what waits for its next commit.
 #[derive(Default)]

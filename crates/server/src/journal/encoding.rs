@@ -122,10 +122,10 @@ type Success = (JobId, TaskIndex, i64, i64, i64);
 /// took about twenty, and writing them is a loop over integers rather than serde's tuple
 /// machinery: this is most of what the journal writes and encodes under a flood of short
 /// tasks (issue 32). Wrapping arithmetic, so that any offsets go through and come back.
-fn pack_successes(ok: &[Success]) -> Vec<u8> {
+fn pack_successes(ok: impl ExactSizeIterator<Item = Success>) -> Vec<u8> {
     let mut out = Vec::with_capacity(ok.len() * 8);
     let (mut index, mut assigned) = (0i64, 0i64);
-    for &(_, i, a, st, f) in ok {
+    for (_, i, a, st, f) in ok {
         for v in [
             i64::from(i).wrapping_sub(index),
             a.wrapping_sub(assigned),
@@ -500,8 +500,12 @@ impl Pending {
             first.filter(|&j| jobs.all(|k| k == j))
         };
         if let Some(job) = one_job {
-            // The common case (ends come in runs of one job): one row, as always.
-            self.seal_ends_of(job, ok, other, waited, ok_workers, other_workers);
+            // The common case (ends come in runs of one job): one row, as always. The buffer
+            // goes back for the next batch's ends, its room kept.
+            self.seal_ends_of(job, &ok, other, waited, ok_workers, other_workers);
+            let mut ok = ok;
+            ok.clear();
+            self.ok = ok;
             return;
         }
         // Each end with its worker, then split by job, each job's ends in their order.
@@ -543,7 +547,7 @@ impl Pending {
         }
         for job in order {
             if let Some(g) = groups.remove(&job) {
-                self.seal_ends_of(job, g.ok, g.other, g.waited, g.ok_workers, g.other_workers);
+                self.seal_ends_of(job, &g.ok, g.other, g.waited, g.ok_workers, g.other_workers);
             }
         }
     }
@@ -552,7 +556,7 @@ impl Pending {
     fn seal_ends_of(
         &mut self,
         job: JobId,
-        ok: Vec<(JobId, TaskIndex, u64, u64, u64)>,
+        ok: &[(JobId, TaskIndex, u64, u64, u64)],
         other: Vec<(Finished, u64)>,
         waited: Vec<(JobId, u64)>,
         ok_workers: Vec<(WorkerId, u32)>,
@@ -571,10 +575,6 @@ impl Pending {
                 _ => workers.push((w, n)),
             }
         }
-        let ok: Vec<_> = ok
-            .into_iter()
-            .map(|(j, i, a, s, f)| (j, i, off(a), off(s), off(f)))
-            .collect();
         let body = EndsBody {
             base_us,
             ok: Vec::new(),
@@ -582,7 +582,10 @@ impl Pending {
             waited,
             workers,
             job,
-            packed: pack_successes(&ok),
+            packed: pack_successes(
+                ok.iter()
+                    .map(|&(j, i, a, s, f)| (j, i, off(a), off(s), off(f))),
+            ),
         };
         self.push(KIND_ENDS, Some(job), &body);
     }
@@ -896,7 +899,7 @@ mod tests {
             )
         ) {
             let ok: Vec<_> = ends.iter().map(|&(i, a, s, f)| (5, i, a, s, f)).collect();
-            let packed = pack_successes(&ok);
+            let packed = pack_successes(ok.iter().copied());
             proptest::prop_assert_eq!(unpack_successes(5, &packed), Ok(ok));
         }
     }
@@ -905,11 +908,12 @@ mod tests {
     /// a panic or made-up ends.
     #[test]
     fn damaged_packed_successes_are_refused() {
-        let packed = pack_successes(&[(1, 3, 10, 20, 30), (1, 4, 11, 21, 31)]);
+        let packed = pack_successes([(1, 3, 10, 20, 30), (1, 4, 11, 21, 31)].into_iter());
         assert!(unpack_successes(1, &packed[..packed.len() - 1]).is_err());
         assert!(unpack_successes(1, &[0xc0]).is_err());
         // The second task's four differences are one byte each: its index, u32::MAX + 127.
-        let mut too_big = pack_successes(&[(1, u32::MAX, 0, 0, 0), (1, u32::MAX, 0, 0, 0)]);
+        let mut too_big =
+            pack_successes([(1, u32::MAX, 0, 0, 0), (1, u32::MAX, 0, 0, 0)].into_iter());
         let at = too_big.len() - 4;
         too_big[at] = 0x7f;
         assert!(unpack_successes(1, &too_big).is_err());

@@ -81,13 +81,6 @@ impl Durability {
         self.writer.as_ref().map(Writer::wake)
     }
 
-    /// Asks the writer for a step of compaction.
-    pub(super) fn compact(&self) {
-        if let Some(w) = &self.writer {
-            w.compact();
-        }
-    }
-
     /// What the journal held of job ids at start (see [`Engine::attach_journal`]).
     pub(super) fn kept_next_job(&mut self, next: Option<JobId>) {
         self.next_job_kept = next;
@@ -394,7 +387,9 @@ impl Engine {
     /// Gives back a step of the room forgotten jobs left in the journal (a bounded one, so a
     /// big job's room is given back over several ticks, not in one stall), on the writer.
     pub(super) fn compact_journal(&mut self) {
-        self.durable.compact();
+        if let Some(w) = &self.durable.writer {
+            w.compact();
+        }
     }
 
     /// After a commit that kept nothing: jobs created in the failed batch (replies `held`) are

@@ -182,7 +182,9 @@ class Future(concurrent.futures.Future):
 
     def __repr__(self) -> str:
         where = f" task {self.key}" if self.job is not None else ""
-        return f"<kestrel.Future{where} {self._state.lower()}>"
+        # As concurrent.futures says it: a future that ended with an error says which.
+        raised = f" raised {type(self._exception).__name__}" if self._exception else ""
+        return f"<kestrel.Future{where} {self._state.lower()}{raised}>"
 
 
 def _settle(future: Future, value: Any = None, error: BaseException | None = None) -> None:

@@ -95,6 +95,9 @@ pub enum Command {
     /// Allocation queues: workers that come when work waits and leave when it is done
     #[command(subcommand)]
     Alloc(crate::alloc::AllocCommand),
+    /// Simulate a scenario in virtual time: Kestrel's scheduler on simulated nodes, store and network
+    #[command(after_help = SIM_HELP)]
+    Sim(crate::sim::SimArgs),
     /// Print a shell completion script
     #[command(
         after_help = "Examples:\n  kestrel completions bash > ~/.local/share/bash-completion/completions/kestrel\n  kestrel completions zsh > ~/.zfunc/_kestrel        # with fpath+=~/.zfunc before compinit\n  kestrel completions fish > ~/.config/fish/completions/kestrel.fish"
@@ -104,6 +107,23 @@ pub enum Command {
         shell: clap_complete::Shell,
     },
 }
+
+const SIM_HELP: &str = "\
+The scenario names the cluster ([cluster] nodes, cpus, latency, link, disk, cache), the shared
+store ([store] bandwidth, servers, latency), the scheduler ([scheduler] policy, window,
+threshold, dispatch_cost), the workload ([workload] tasks, compute, files, file_size, inputs,
+arrival, retries) and failures ([failures] task, kill, return_after); each [[runs]] entry
+changes some of it. Every task is placed by Kestrel's own scheduler; nodes, store and network
+are simulated in virtual time, so a run of hours takes seconds and repeats with its seed.
+docs/simulation.md describes every key, with the seeds' experiments reproduced.
+
+Exit status: 0 when every run ended with every task finished, 1 when a run stopped at its
+time bound (or could not go on) or tasks failed, 2 for a scenario it refuses.
+
+Examples:
+  kestrel sim examples/sim/falkon-mi.toml
+  kestrel sim examples/sim/falkon-mi.toml --run fa,gcc-2g --seed 7
+  kestrel sim examples/sim/sc08-1m.toml --output json | jq '.runs[] | {name, makespan_s}'";
 
 const SUBMIT_HELP: &str = "\
 Placeholders, replaced in the command, --stdout, --stderr, --cwd and --env values:

@@ -20,6 +20,7 @@ mod run;
 mod run_dirs;
 mod server_tls;
 mod session;
+mod sim;
 mod sizes;
 mod workers;
 
@@ -109,6 +110,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Task(c) => queries::task(&g, c).await,
         Command::Alloc(c) => alloc::alloc(&g, c).await,
         Command::Completions { shell } => Ok(completions::print(shell)),
+        Command::Sim(a) => sim::sim(g.output, a),
         Command::Worker(WorkerCommand::List { all }) => workers::worker_list(&g, all).await,
         Command::Worker(WorkerCommand::Info { worker }) => workers::worker_info(&g, worker).await,
         Command::Worker(WorkerCommand::Stop { workers, all, now }) => {

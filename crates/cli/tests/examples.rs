@@ -64,3 +64,59 @@ fn the_pipeline_example_runs_its_tasks_after_their_deps() {
     let all = fs::read_to_string(copy.join("out/all.txt")).unwrap();
     assert_eq!(all, "part 1\npart 2\npart 3\n");
 }
+
+#[test]
+fn sim_prints_each_runs_figures_and_refuses_a_bad_scenario_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("s.toml");
+    fs::write(
+        &scenario,
+        r#"
+[cluster]
+nodes = 8
+cpus = 2
+[workload]
+tasks = 400
+compute = "2s"
+[[runs]]
+name = "eight"
+[[runs]]
+name = "four"
+cluster.nodes = 4
+"#,
+    )
+    .unwrap();
+    let mut cmd = kestrel();
+    cmd.args(["sim", "--output", "json"]).arg(&scenario);
+    let doc = run_bounded(cmd, COMMAND_LIMIT).ok().json();
+    let runs = doc["runs"].as_array().expect("runs");
+    let names: Vec<_> = runs.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["eight", "four"]);
+    // 400 two-second tasks on 16 and on 8 cpus: 25 and 50 waves.
+    assert_eq!(runs[0]["makespan_s"].as_f64(), Some(50.0));
+    assert_eq!(runs[1]["makespan_s"].as_f64(), Some(100.0));
+    assert_eq!(runs[1]["finished"].as_u64(), Some(400));
+
+    let mut cmd = kestrel();
+    cmd.args(["sim", "--run", "four"]).arg(&scenario);
+    let out = run_bounded(cmd, COMMAND_LIMIT);
+    let table = &out.ok().stdout;
+    assert!(
+        table.contains("four") && !table.contains("eight"),
+        "{table}"
+    );
+
+    fs::write(
+        &scenario,
+        "[cluster]\nnodes = 1\nnodse = 3\n[workload]\ntasks = 1\ncompute = \"1s\"\n",
+    )
+    .unwrap();
+    let mut cmd = kestrel();
+    cmd.arg("sim").arg(&scenario);
+    let out = run_bounded(cmd, COMMAND_LIMIT);
+    assert_eq!(out.status.code(), Some(2), "{out:#?}");
+    assert!(
+        out.stderr.contains("nodse") && out.stderr.contains("`nodes`"),
+        "{out:#?}"
+    );
+}

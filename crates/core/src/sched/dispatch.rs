@@ -134,9 +134,12 @@ impl Scheduler {
     /// there for a slot) are asked back ([`Command::Revoke`]) rather than left to start in the
     /// last seconds and die with the allocation. What it runs, it finishes.
     fn reclaim_from_ending(&mut self, now_us: u64) {
+        let workers = &self.workers;
+        self.ending.retain(|id| workers.contains_key(id));
         let ending: Vec<WorkerId> = self
-            .workers
-            .values()
+            .ending
+            .iter()
+            .filter_map(|id| self.workers.get(id))
             .filter(|w| {
                 !w.before_end_margin(now_us) && w.revoking.is_empty() && w.waiting_cpus() > 0
             })
@@ -300,6 +303,29 @@ impl Scheduler {
     /// time, and no more is asked back than the idle slots can take.
     fn steal(&mut self, now_us: u64) {
         let min_run = self.config.steal_min_run_us;
+        // Only workers with a prefetch window hold tasks waiting for a slot, and only they and
+        // draining ones (their end known) are ever asked for tasks back: looked at first, as
+        // there are usually none, and the idle cpus are counted only if there are.
+        let workers = &self.workers;
+        self.prefetching.retain(|id| workers.contains_key(id));
+        let askable = || {
+            self.prefetching
+                .iter()
+                .chain(
+                    self.ending
+                        .iter()
+                        .filter(|id| !self.prefetching.contains(id)),
+                )
+                .filter_map(|id| self.workers.get(id))
+        };
+        // The busiest first: the most tasks waiting for a slot.
+        let mut victims: Vec<(u32, WorkerId)> = askable()
+            .filter(|w| w.revoking.is_empty() && w.waiting_cpus() > 0)
+            .map(|w| (w.waiting_cpus(), w.id))
+            .collect();
+        if victims.is_empty() {
+            return;
+        }
         // Idle cpus are on open workers only (the others have no room at all).
         let idle: u32 = self
             .open
@@ -308,22 +334,9 @@ impl Scheduler {
             .filter(|w| w.takes_tasks(now_us))
             .map(|w| w.idle_cpus())
             .sum();
-        if idle == 0 {
-            return;
-        }
-        let on_the_way: u32 = self.workers.values().map(|w| w.revoking_cpus).sum();
+        let on_the_way: u32 = askable().map(|w| w.revoking_cpus).sum();
         let mut wanted = idle.saturating_sub(on_the_way);
         if wanted == 0 {
-            return;
-        }
-        // The busiest first: the most tasks waiting for a slot.
-        let mut victims: Vec<(u32, WorkerId)> = self
-            .workers
-            .values()
-            .filter(|w| w.revoking.is_empty() && w.waiting_cpus() > 0)
-            .map(|w| (w.waiting_cpus(), w.id))
-            .collect();
-        if victims.is_empty() {
             return;
         }
         victims.sort_unstable_by(|a, b| b.cmp(a));

@@ -319,6 +319,7 @@ impl Scheduler {
                     .get_mut(&worker)
                     .ok_or(SchedError::NoSuchWorker(worker))?;
                 w.ends_at_us = Some(at_us);
+                self.ending.insert(worker);
                 Reply::Done
             }
             Event::WorkerNodes { worker, group } => {

@@ -84,6 +84,9 @@ impl Scheduler {
             .collect();
         offer.resources.named = self.number(&named).unwrap_or([0; MAX_NAMED]);
         self.open.insert(id);
+        if offer.prefetch > 0 {
+            self.prefetching.insert(id);
+        }
         self.workers
             .entry(id)
             .insert_entry(Worker::new(id, offer, now_us))

@@ -4,11 +4,11 @@ tasks on 160K cores, each run from the workload as the seed describes it, beside
 figure.
 
     python3 bench/simulation.py [--no-build] [--seeds 1,2,3] [--out bench/results/simulation.json]
-                                [--real bench/results/diffusion-arrival.json]
+                                [--real bench/results/diffusion-arrival.json] [--only SCENARIO,...]
     python3 bench/simulation.py --report bench/results/simulation.json   # only rewrite the doc
 
-Runs `kestrel sim --output json` on examples/sim/falkon-mi.toml, examples/sim/sc08-1m.toml and
-examples/sim/diffusion-mi.toml once per seed; writes the raw results,
+Runs `kestrel sim --output json` on examples/sim/falkon-mi.toml, sc08-1m.toml, diffusion-mi.toml
+and sc08-efficiency.toml once per seed; writes the raw results,
 docs/simulation-figures.md (the tables, with each run's error against the seed, the validation
 against the real engine, and the simulator's speed) and docs/simulation.png (with matplotlib:
 the benchmark venv's, see bench/run.py, when this Python has none). The validation compares
@@ -57,7 +57,15 @@ SCENARIOS = [
     "examples/sim/falkon-mi.toml",
     "examples/sim/sc08-1m.toml",
     "examples/sim/diffusion-mi.toml",
+    "examples/sim/sc08-efficiency.toml",
 ]
+# SC08's efficiency figures, where the paper gives one (Figs. 5-6 and their text).
+SC08_EFFICIENCY = {
+    "one-256-4s": "95%+",
+    "one-2048-4s": "95%+",
+    "many-163840-4s": "7%",
+    "many-163840-64s": "90%+ needs at least 64 s",
+}
 # diffusion-mi.toml's runs, by bench/diffusion.py's labels.
 REAL_LABELS = {
     "fa-no-cache": "first-available, no caches",
@@ -78,9 +86,12 @@ def simulate(scenario: str, seed: int) -> tuple[dict, float]:
     return json.loads(out.stdout), wall
 
 
-def measure(seeds: list[int]) -> dict:
-    res: dict = {"seeds": seeds, "scenarios": {}}
-    for scenario in SCENARIOS:
+def measure(seeds: list[int], only: list[str], res: dict) -> dict:
+    """Runs the scenarios (those of `only`, if given, into the results `res` holds already)."""
+    res = dict(res) if only else {}
+    res["seeds"] = seeds
+    res.setdefault("scenarios", {})
+    for scenario in only or SCENARIOS:
         runs: dict = {}
         walls = []
         for seed in seeds:
@@ -149,8 +160,30 @@ def report(res: dict) -> str:
             f"{statistics.median(r['wall_s'] for r in rs):.2f} s | "
             f"{statistics.median(r['events_per_s'] for r in rs):,.0f} |"
         )
+    lines += efficiency(res)
     lines += validation(res)
     return "\n".join(lines) + "\n"
+
+
+def efficiency(res: dict) -> list[str]:
+    """SC08's efficiency against task length, beside the paper's figures."""
+    runs = res["scenarios"].get("examples/sim/sc08-efficiency.toml", {}).get("runs", {})
+    out = [
+        "",
+        "### SC08: efficiency against task length (`examples/sim/sc08-efficiency.toml`)",
+        "",
+        "`one-`: one dispatcher (1,758 tasks/s); `many-`: distributed dispatchers (3,071 tasks/s).",
+        "",
+        "| run | cores | task length | paper | simulated efficiency |",
+        "|---|---|---|---|---|",
+    ]
+    for name, rs in runs.items():
+        _, cores, length = name.split("-")
+        eff = statistics.median(r["efficiency"] for r in rs)
+        out.append(
+            f"| {name} | {int(cores):,} | {length} | {SC08_EFFICIENCY.get(name, '')} | {eff:.0%} |"
+        )
+    return out
 
 
 def validation(res: dict) -> list[str]:
@@ -232,6 +265,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "simulation.json")
     ap.add_argument("--report", type=Path, help="only rewrite the doc from these results")
     ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated scenario paths to run again, the others kept from --out",
+    )
+    ap.add_argument(
         "--real",
         type=Path,
         default=RESULTS / "diffusion-arrival.json",
@@ -249,8 +287,10 @@ def main() -> None:
             subprocess.run(
                 ["cargo", "build", "--release", "-p", "kestrel-cli"], cwd=REPO, check=True
             )
-        res = measure([int(s) for s in a.seeds.split(",")])
-        if a.real.exists():
+        only = [o for o in a.only.split(",") if o]
+        before = json.loads(a.out.read_text()) if only and a.out.exists() else {}
+        res = measure([int(s) for s in a.seeds.split(",")], only, before)
+        if a.real.exists() and "real" not in res:
             res["real"] = json.loads(a.real.read_text()).get("arrival", [])
             res["real_source"] = f"`{a.real.relative_to(REPO)}`"
         a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -196,4 +196,9 @@ fn the_example_scenarios_read_with_the_runs_the_doc_names() {
         ["fa", "gcc-1g", "gcc-1.5g", "gcc-2g", "gcc-4g", "mch-4g", "mcu-4g"]
     );
     assert_eq!(names("sc08-1m.toml"), ["sc08-1m"]);
+    assert_eq!(
+        names("diffusion-mi.toml"),
+        ["fa-no-cache", "fa", "mch", "mcu", "gcc"]
+    );
+    assert_eq!(names("sc08-efficiency.toml").len(), 13);
 }

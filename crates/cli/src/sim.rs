@@ -154,7 +154,7 @@ fn print(description: Option<&str>, reports: &[RunReport]) {
     ]);
     for r in reports {
         let d = &r.data;
-        let inputs = d.local_hits + d.peer_hits + d.store_reads;
+        let inputs = d.inputs();
         let share = |n: u64| {
             if inputs == 0 {
                 "-".to_string()

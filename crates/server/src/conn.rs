@@ -420,7 +420,12 @@ async fn serve_worker(
             }
             Ok(None) => break "connection closed".to_string(),
             // The engine says what a worker's end means ("worker left", its tasks elsewhere).
-            Err(e) if peer_went_away(&e) => break format!("connection closed ({e})"),
+            // A reset or a TLS stream cut short is a worker that exited or was killed, as a
+            // clean close is: said the same way (the transport's words only in the log).
+            Err(e) if peer_went_away(&e) => {
+                tracing::debug!(%peer, worker, "worker connection ended: {e}");
+                break "connection closed".to_string();
+            }
             Err(e) => {
                 tracing::warn!(%peer, worker, "closing worker connection: {e}");
                 break e.to_string();

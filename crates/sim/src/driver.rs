@@ -19,6 +19,7 @@ use kestrel_core::{
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::fmt::Write as _;
 use std::time::Instant;
 
 type Task = (JobId, TaskIndex);
@@ -156,15 +157,6 @@ struct Node {
     link_free: u64,
 }
 
-/// Running totals the timeline takes differences of.
-#[derive(Default, Clone, Copy)]
-struct Totals {
-    store_bytes: u64,
-    staged_bytes: u64,
-    hits: u64,
-    inputs: u64,
-}
-
 /// One simulated run.
 pub struct Driver<'a> {
     setup: &'a Setup,
@@ -187,7 +179,6 @@ pub struct Driver<'a> {
     /// When each of the store's I/O servers is next free.
     store_free: BinaryHeap<Reverse<u64>>,
     data: DataReport,
-    totals: Totals,
     busy_cpus: u64,
     busy_cpu_us: u128,
     busy_since: u64,
@@ -199,7 +190,10 @@ pub struct Driver<'a> {
     dispatched_by_second: HashMap<u64, u64>,
     timeline: Vec<Sample>,
     next_sample: u64,
-    last_totals: Totals,
+    /// `data` at the last sample, for the timeline's rates.
+    last_data: DataReport,
+    /// Reused for each task's inputs.
+    inputs: Vec<FileId>,
     seed: u64,
 }
 
@@ -228,7 +222,6 @@ impl<'a> Driver<'a> {
             dispatcher_free: 0,
             store_free: (0..setup.store.servers).map(|_| Reverse(0)).collect(),
             data: DataReport::default(),
-            totals: Totals::default(),
             busy_cpus: 0,
             busy_cpu_us: 0,
             busy_since: 0,
@@ -240,7 +233,8 @@ impl<'a> Driver<'a> {
             dispatched_by_second: HashMap::new(),
             timeline: Vec::new(),
             next_sample: 0,
-            last_totals: Totals::default(),
+            last_data: DataReport::default(),
+            inputs: Vec::new(),
             seed,
         };
         for _ in 0..setup.cluster.nodes {
@@ -376,10 +370,8 @@ impl<'a> Driver<'a> {
                 }
             }
             for (k, f) in picked.iter().enumerate() {
-                if k > 0 {
-                    line.push(' ');
-                }
-                line.push_str(&format!("f{f}"));
+                let sep = if k > 0 { " " } else { "" };
+                let _ = write!(line, "{sep}f{f}");
             }
             lines.push(&line);
         }
@@ -673,21 +665,18 @@ impl<'a> Driver<'a> {
         }
         let size = w.file_size.0;
         let (link, disk) = (self.setup.cluster.link, self.setup.cluster.disk);
-        let inputs: Vec<FileId> = self
-            .sched
-            .job(task.0)
-            .map(|j| j.inputs_of(task.1).to_vec())
-            .unwrap_or_default();
-        for f in inputs {
-            self.totals.inputs += 1;
-            self.totals.staged_bytes += size;
+        let mut inputs = std::mem::take(&mut self.inputs);
+        inputs.clear();
+        if let Some(j) = self.sched.job(task.0) {
+            inputs.extend_from_slice(j.inputs_of(task.1));
+        }
+        for &f in &inputs {
             if let Some(ready) = self.nodes[node].cache.ready_at(f) {
                 let start = t.max(ready).max(self.nodes[node].disk_free);
                 t = start + disk.map_or(0, |d| d.time_us(size));
                 self.nodes[node].disk_free = t;
                 self.data.local_hits += 1;
                 self.data.local_bytes += size;
-                self.totals.hits += 1;
             } else if let Some(peer) = self.peer_holding(node, f, t) {
                 // The peer's link serves its copies one after another; this node's link caps
                 // the copy's speed.
@@ -696,7 +685,6 @@ impl<'a> Driver<'a> {
                 self.nodes[peer].link_free = t;
                 self.data.peer_hits += 1;
                 self.data.peer_bytes += size;
-                self.totals.hits += 1;
             } else {
                 let Reverse(free) = self.store_free.pop().unwrap_or(Reverse(0));
                 let per_server = self
@@ -712,11 +700,11 @@ impl<'a> Driver<'a> {
                 self.store_free.push(Reverse(start + took));
                 self.data.store_reads += 1;
                 self.data.store_bytes += size;
-                self.totals.store_bytes += size;
             }
             let n = &mut self.nodes[node];
             n.cache.touch(f, size, t, &mut n.delta);
         }
+        self.inputs = inputs;
         t
     }
 
@@ -751,8 +739,8 @@ impl<'a> Driver<'a> {
         while self.next_sample <= until {
             let dt = self.setup.sample.secs();
             let d = |a: u64, b: u64| (a - b) as f64 / dt;
-            let (now, last) = (self.totals, self.last_totals);
-            let inputs = now.inputs - last.inputs;
+            let (now, last) = (&self.data, &self.last_data);
+            let inputs = now.inputs() - last.inputs();
             let cpus = self.nodes.iter().filter(|n| n.worker.is_some()).count() as u64
                 * u64::from(self.setup.cluster.cpus);
             self.timeline.push(Sample {
@@ -762,10 +750,10 @@ impl<'a> Driver<'a> {
                 cpus,
                 finished: self.finished,
                 store_bytes_per_s: d(now.store_bytes, last.store_bytes),
-                staged_bytes_per_s: d(now.staged_bytes, last.staged_bytes),
-                hit_ratio: (inputs > 0).then(|| (now.hits - last.hits) as f64 / inputs as f64),
+                staged_bytes_per_s: d(now.staged_bytes(), last.staged_bytes()),
+                hit_ratio: (inputs > 0).then(|| (now.hits() - last.hits()) as f64 / inputs as f64),
             });
-            self.last_totals = now;
+            self.last_data = self.data.clone();
             self.next_sample += self.setup.sample.0;
         }
     }

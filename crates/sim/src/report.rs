@@ -72,6 +72,23 @@ pub struct DataReport {
     pub hit_ratio: Option<f64>,
 }
 
+impl DataReport {
+    /// Inputs staged, from anywhere.
+    pub fn inputs(&self) -> u64 {
+        self.local_hits + self.peer_hits + self.store_reads
+    }
+
+    /// Inputs found in some cache (the node's own or a peer's).
+    pub fn hits(&self) -> u64 {
+        self.local_hits + self.peer_hits
+    }
+
+    /// Bytes of inputs staged, from anywhere.
+    pub fn staged_bytes(&self) -> u64 {
+        self.local_bytes + self.peer_bytes + self.store_bytes
+    }
+}
+
 /// The cluster at one moment (the rates are over the interval that ends there).
 #[derive(Clone, Debug, Serialize)]
 pub struct Sample {

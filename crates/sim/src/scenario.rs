@@ -357,6 +357,8 @@ impl Scenario {
     /// Reads a scenario from `text`; traces are read relative to `dir`.
     pub fn parse(text: &str, dir: &Path) -> Result<Scenario, String> {
         let mut base: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        // Without [[runs]], the document is one run, named `main`.
+        let implicit = !base.contains_key("runs");
         let runs = match base.remove("runs") {
             None => vec![toml::Table::new()],
             Some(toml::Value::Array(runs)) => runs
@@ -374,7 +376,7 @@ impl Scenario {
         let mut setups = Vec::new();
         for (i, mut over) in runs.into_iter().enumerate() {
             let name = match over.remove("name") {
-                None if i == 0 && setups.is_empty() && !text.contains("[[runs]]") => "main".into(),
+                None if implicit => "main".into(),
                 None => return Err(format!("run {} of [[runs]] has no `name`", i + 1)),
                 Some(toml::Value::String(s)) if !s.trim().is_empty() => s,
                 Some(_) => return Err(format!("run {}: `name` is a non-empty string", i + 1)),
@@ -410,6 +412,10 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
+/// The most nodes a scenario may ask for: ten times the seeds' largest machine (163,840
+/// cores), a few hundred bytes of memory each.
+const MAX_NODES: u32 = 2_000_000;
+
 fn fraction(key: &str, v: f64) -> Result<(), String> {
     if (0.0..=1.0).contains(&v) {
         Ok(())
@@ -430,8 +436,14 @@ impl Setup {
     /// Refuses values no simulation can use, and reads traces.
     fn check(&mut self, dir: &Path) -> Result<(), String> {
         let c = &self.cluster;
-        if c.nodes == 0 && self.failures.return_after.is_none() {
+        if c.nodes == 0 {
             return Err("cluster.nodes = 0: a cluster needs at least one node".into());
+        }
+        if c.nodes > MAX_NODES {
+            return Err(format!(
+                "cluster.nodes = {}: at most {MAX_NODES} (each simulated node is kept in memory)",
+                c.nodes
+            ));
         }
         if c.cpus == 0 {
             return Err("cluster.cpus = 0: a node needs at least one cpu".into());

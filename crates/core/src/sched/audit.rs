@@ -139,6 +139,22 @@ impl Scheduler {
         if let Some(id) = self.open.iter().find(|id| !self.workers.contains_key(id)) {
             bad.push(format!("worker {id} is gone but the passes look at it"));
         }
+        // Stealing and draining look only at these: every worker holding tasks that wait for a
+        // slot must be among them, and none gone.
+        for (id, w) in &self.workers {
+            let askable = self.prefetching.contains(id) || self.ending.contains(id);
+            if w.waiting_cpus() > 0 && !askable {
+                bad.push(format!(
+                    "worker {id} holds waiting tasks but stealing skips it"
+                ));
+            }
+        }
+        let mut sets = self.prefetching.iter().chain(&self.ending);
+        if let Some(id) = sets.find(|id| !self.workers.contains_key(id)) {
+            bad.push(format!(
+                "worker {id} is gone but stealing or draining looks at it"
+            ));
+        }
         bad.extend(self.files.audit());
         bad.extend(self.window.audit());
         for w in self.files.workers() {

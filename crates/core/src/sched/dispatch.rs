@@ -134,8 +134,6 @@ impl Scheduler {
     /// there for a slot) are asked back ([`Command::Revoke`]) rather than left to start in the
     /// last seconds and die with the allocation. What it runs, it finishes.
     fn reclaim_from_ending(&mut self, now_us: u64) {
-        let workers = &self.workers;
-        self.ending.retain(|id| workers.contains_key(id));
         let ending: Vec<WorkerId> = self
             .ending
             .iter()
@@ -306,8 +304,6 @@ impl Scheduler {
         // Only workers with a prefetch window hold tasks waiting for a slot, and only they and
         // draining ones (their end known) are ever asked for tasks back: looked at first, as
         // there are usually none, and the idle cpus are counted only if there are.
-        let workers = &self.workers;
-        self.prefetching.retain(|id| workers.contains_key(id));
         let askable = || {
             self.prefetching
                 .iter()

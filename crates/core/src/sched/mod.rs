@@ -153,8 +153,8 @@ pub struct Scheduler {
     open: BTreeSet<WorkerId>,
     /// Workers that can hold tasks waiting for a slot (a prefetch window), and workers whose
     /// allocation's end is known: the only ones work stealing and draining look at, so that
-    /// a pass costs nothing per worker (at 40,000 workers it did). Workers that left are
-    /// dropped from them when next looked at.
+    /// a pass costs nothing per worker (at 40,000 workers it did). A worker gets no waiting
+    /// task without a prefetch window (its credit is its cpus), so none is missed.
     prefetching: BTreeSet<WorkerId>,
     ending: BTreeSet<WorkerId>,
     ready: ReadyQueue,

@@ -42,7 +42,7 @@ impl Scheduler {
             return self.worker_joined(now_us, offer);
         }
         let old = self.workers.remove(&previous);
-        self.open.remove(&previous);
+        self.forget_worker_sets(previous);
         let (finished, failed, quarantined) = match &old {
             Some(o) => (o.tasks_finished, o.tasks_failed, o.quarantined.clone()),
             None => match self.departed.remove(&previous) {
@@ -71,6 +71,13 @@ impl Scheduler {
         // It keeps its place in a multi-node task's set.
         self.node_moved(previous, previous);
         previous
+    }
+
+    /// Takes a worker that left out of the sets a pass looks at.
+    fn forget_worker_sets(&mut self, id: WorkerId) {
+        self.open.remove(&id);
+        self.prefetching.remove(&id);
+        self.ending.remove(&id);
     }
 
     /// Registers worker `id` with `offer` (its named resources numbered).
@@ -122,7 +129,7 @@ impl Scheduler {
         let Some(w) = self.workers.remove(&worker) else {
             return;
         };
-        self.open.remove(&worker);
+        self.forget_worker_sets(worker);
         // Intermediate files it may have held alone: made again if a task still needs them.
         let held: Vec<_> = if self.graph_has_files() {
             self.files.held_by(worker).collect()
